@@ -1,0 +1,79 @@
+"""What a workload is: a Relax module with symbolic, bounded dimensions, its weights, and a reference."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import numpy as np
+
+from ..errors import UserError
+
+
+@dataclass(frozen=True)
+class Dim:
+    """A symbolic dimension: its name in the IR, its bounds, and the value tuning specialises at."""
+
+    name: str
+    lower: int
+    upper: int
+    representative: int
+
+    def check(self, value: int) -> None:
+        if not self.lower <= value <= self.upper:
+            raise UserError(
+                f"shape {self.name}={value} is outside the declared bounds: "
+                f"{self.name} must be in [{self.lower}, {self.upper}]"
+            )
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input tensor: its shape uses ints for static and dimension names for symbolic sizes."""
+
+    name: str
+    shape: tuple[int | str, ...]
+    dtype: str
+
+    def concrete(self, values: Mapping[str, int]) -> tuple[int, ...]:
+        return tuple(values[d] if isinstance(d, str) else d for d in self.shape)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model ready for the pipeline.
+
+    ``mod["main"]`` takes the inputs first, then every weight, in the order of ``inputs`` and
+    ``params``; it carries ``num_input`` and ``tir_var_upper_bound`` / ``tir_var_lower_bound``.
+    ``reference(inputs, params)`` computes the expected output with numpy or torch, and
+    ``torch_module()`` (when given) builds an equivalent ``torch.nn.Module`` with these weights,
+    whose ``forward`` takes the inputs positionally, for benchmarks.
+    """
+
+    name: str
+    mod: object  # tvm.IRModule; typed loosely so this module imports without TVM
+    params: dict[str, np.ndarray]
+    inputs: tuple[TensorSpec, ...]
+    dims: dict[str, Dim]
+    config: dict[str, object] = field(default_factory=dict)
+    reference: Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], np.ndarray] | None = None
+    torch_module: Callable[[], object] | None = None
+    flops: Callable[[Mapping[str, int]], float] | None = None
+
+    def check_shape(self, values: Mapping[str, int]) -> None:
+        unknown = sorted(set(values) - set(self.dims))
+        if unknown:
+            raise UserError(
+                f"unknown dimension {unknown[0]!r} for {self.name}: its symbolic dimensions are "
+                f"{sorted(self.dims)}"
+            )
+        missing = sorted(set(self.dims) - set(values))
+        if missing:
+            raise UserError(f"no value given for dimension {missing[0]!r} of {self.name} (use --shape {missing[0]}=N)")
+        for name, value in values.items():
+            self.dims[name].check(value)
+
+    def random_inputs(self, values: Mapping[str, int], seed: int = 0) -> dict[str, np.ndarray]:
+        self.check_shape(values)
+        rng = np.random.default_rng(seed)
+        return {t.name: rng.standard_normal(t.concrete(values)).astype(t.dtype) for t in self.inputs}

@@ -1,0 +1,1 @@
+"""Kernel search: rules, cost model, tuning driver, cache (installed as ``relaxtune.schedules``)."""
