@@ -1,0 +1,100 @@
+"""The workload registry and loader.
+
+``load(spec, config, dtype)`` returns a :class:`Workload`: ``spec`` is a built-in name from
+:data:`BUILTIN` (``llama-block``, ``gpt2-block``, ``mlp``) or the path of a user ``.py`` file
+(see :mod:`relaxtune.workloads.user`). ``config`` overrides a built-in's defaults; its values
+may be strings (as parsed by :func:`parse_config` from ``hidden=512,heads=8``) and are converted
+to the type of the default.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Mapping
+
+from ..errors import UserError
+from . import gpt2_block, llama_block, mlp
+from .base import Dim, TensorSpec, Workload
+from .common import DTYPES, Builtin, check_dtype
+from .user import load_user
+
+__all__ = ["BUILTIN", "DTYPES", "Builtin", "Dim", "TensorSpec", "Workload", "load", "parse_config", "resolve_config"]
+
+BUILTIN: dict[str, Builtin] = {b.name: b for b in (llama_block.BUILTIN, gpt2_block.BUILTIN, mlp.BUILTIN)}
+
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_FORM = "expected key=value,key=value,... (e.g. hidden=512,heads=8)"
+
+
+def parse_config(text: str) -> dict[str, str]:
+    """Parse ``"hidden=512,heads=8"`` into ``{"hidden": "512", "heads": "8"}``.
+
+    Whitespace around items is ignored, as are empty items (a trailing comma).
+    """
+    result: dict[str, str] = {}
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not _KEY.match(key) or not value:
+            raise UserError(f"malformed config item {item!r}: {_FORM}")
+        if key in result:
+            raise UserError(f"config key {key!r} is given twice in {text!r}")
+        result[key] = value
+    return result
+
+
+def _convert(key: str, value: object, default: object) -> object:
+    kind = type(default)
+    if isinstance(value, kind) and not isinstance(value, bool):
+        return value
+    if kind is int:
+        try:
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            return int(str(value).strip())
+        except ValueError:
+            pass
+        raise UserError(f"config {key}={value!r} is not an integer (default {default})")
+    if kind is float:
+        try:
+            return float(str(value).strip())
+        except ValueError:
+            raise UserError(f"config {key}={value!r} is not a number (default {default})") from None
+    return kind(value)
+
+
+def resolve_config(
+    builtin: Builtin, config: Mapping[str, object] | None = None, dtype: str | None = None
+) -> dict[str, object]:
+    """The built-in's defaults overridden by ``config`` (converted) and ``dtype``."""
+    resolved = dict(builtin.defaults)
+    for key, value in (config or {}).items():
+        if key not in resolved:
+            raise UserError(
+                f"unknown config key {key!r} for {builtin.name}: valid keys are {', '.join(builtin.defaults)}"
+            )
+        resolved[key] = _convert(key, value, builtin.defaults[key])
+    if dtype is not None:
+        resolved["dtype"] = dtype
+    check_dtype(resolved["dtype"])
+    return resolved
+
+
+def load(spec: str, config: Mapping[str, str] | None = None, dtype: str | None = None) -> Workload:
+    """Build a built-in workload by name, or load a user ``.py`` file (see module docstring)."""
+    if dtype is not None:
+        check_dtype(dtype)
+    if spec in BUILTIN:
+        builtin = BUILTIN[spec]
+        return builtin.build(resolve_config(builtin, config, dtype))
+    if os.path.isfile(spec):
+        return load_user(spec, config, dtype)
+    if spec.endswith(".py") or os.sep in spec or "/" in spec:
+        raise UserError(f"user workload file {spec!r} does not exist: give a built-in name or a path to a .py file")
+    raise UserError(
+        f"unknown workload {spec!r}: use one of {', '.join(BUILTIN)} or a path to a .py file"
+    )
