@@ -1,0 +1,81 @@
+"""The relaxtune compiler, stage by stage: one function, read top to bottom."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import tvm
+from tvm import relax
+
+from .bucket_dispatch import BucketDispatch, Bucket
+
+
+def fusion_passes(plan: dict[str, list[Bucket]]) -> list:
+    """Model → fused kernels with symbolic shapes, one copy per shape bucket (what tuning sees)."""
+    return [
+        BucketDispatch(plan),  # one function per shape bucket; main checks bounds and dispatches
+        relax.backend.DispatchSampling(),  # ops that need a library form before legalization
+        relax.backend.DispatchSortScan(),
+        relax.transform.FuseTransposeMatmul(),  # x @ permute_dims(W) reads W in place: no transpose kernel
+        relax.transform.LegalizeOps(),  # every op becomes a TIR kernel, shapes stay symbolic
+        relax.transform.AnnotateTIROpPattern(),  # op patterns that FuseOps reads
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),  # stock fusion: element-wise into neighbours
+        relax.transform.FuseTIR(),
+        relax.transform.DeadCodeElimination(),
+    ]
+
+
+def rule_schedules(target) -> tvm.transform.Pass:
+    """Rule-based schedules for every kernel the cache did not schedule (never a naive loop nest)."""
+    from tvm.s_tir import dlight as dl
+
+    if "gpu" in target.keys:
+        rules = [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+    else:
+        from ..schedules.rules import cpu_rules
+
+        rules = cpu_rules()
+    return dl.ApplyDefaultSchedule(*rules)
+
+
+def pipeline(target, plan: dict[str, list[Bucket]], database=None, report: Counter | None = None) -> tvm.transform.Pass:
+    """The full pipeline for `target`: fusion, tuned schedules, rules, memory planning, lowering."""
+    from ..schedules.apply import ApplyTunedSchedules
+
+    tuned = []
+    if database is not None:
+        tuned = [
+            ApplyTunedSchedules(database, report),  # cached records, padded where that is exact
+            relax.transform.LegalizeOps(),  # the pad/slice ops it inserted
+            relax.transform.AnnotateTIROpPattern(),
+        ]
+    passes = [
+        *fusion_passes(plan),
+        *tuned,
+        rule_schedules(target),
+        relax.transform.RewriteDataflowReshape(),  # reshapes become views, not copies
+        relax.transform.ToNonDataflow(),
+        relax.transform.RemovePurityChecking(),
+        relax.transform.CallTIRRewrite(),  # explicit output allocation
+        relax.transform.StaticPlanBlockMemory(),  # storage reuse, sized by the upper bounds
+        relax.transform.LowerAllocTensor(),
+        relax.transform.KillAfterLastUse(),
+        relax.transform.LowerRuntimeBuiltin(),
+        relax.transform.ComputePrimValue(),
+        relax.transform.VMShapeLower(),
+        relax.transform.AttachGlobalSymbol(),
+    ]
+
+    @tvm.transform.module_pass(opt_level=0, name="relaxtune")
+    def _run(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        with target:
+            return tvm.transform.Sequential(passes)(mod)
+
+    return _run
+
+
+def fuse(mod: tvm.IRModule, target, plan: dict[str, list[Bucket]]) -> tvm.IRModule:
+    """Run the fusion stage only (what task extraction reads)."""
+    with target:
+        return tvm.transform.Sequential(fusion_passes(plan))(mod)

@@ -1,0 +1,113 @@
+"""The Python API the CLI calls: tune a workload into the cache, compile it into an artifact."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import JobConfig
+from .errors import UserError
+from .targets import ResolvedTarget
+from .workloads import Workload
+
+logger = logging.getLogger(__name__)
+
+
+def bucket_plan(workload: Workload, job: JobConfig):
+    from .relax_passes.bucket_dispatch import plan_buckets
+
+    bounds = {d.name: (d.lower, d.upper, d.representative) for d in workload.dims.values()}
+    return plan_buckets(bounds, job.buckets.edges)
+
+
+def _open_cache(target: ResolvedTarget, job: JobConfig, writable: bool):
+    from .schedules import cache, intrin
+    from .schedules.database import CacheDatabase
+
+    intrin.register_for(target.target.kind.name)
+    folder = cache.folder_for(job.cache_dir, target)
+    if not writable and not folder.exists():
+        if not Path(job.cache_dir).exists():
+            raise UserError(f"cache directory {job.cache_dir} does not exist (run `relaxtune tune` first, or pass --no-cache)")
+        logger.warning("no tuning records for target %s in %s: every kernel uses rule-based schedules", target.slug, job.cache_dir)
+        return None, folder
+    cache.check_compatible(folder, target)
+    return CacheDatabase(folder, writable=writable), folder
+
+
+def extract_tasks(workload: Workload, target: ResolvedTarget, job: JobConfig):
+    from .relax_passes.pipeline import fuse
+    from .schedules import intrin
+    from .schedules.tasks import extract_tasks as extract
+
+    intrin.register_for(target.target.kind.name)
+    return extract(fuse(workload.mod, target.target, bucket_plan(workload, job)))
+
+
+def tune(workload: Workload, target: ResolvedTarget, job: JobConfig, progress: bool = True):
+    """Tune every contraction kernel of every bucket; records go to the target's cache folder."""
+    from .schedules import cache
+    from .schedules.tune import tune as run_tuning
+
+    tasks = extract_tasks(workload, target, job)
+    database, folder = _open_cache(target, job, writable=True)
+    try:
+        logger.info("target %s; cache %s; %d tasks", target.json, folder, len(tasks))
+        result = run_tuning(tasks, target.target, database, job.tune, folder / "logs", progress=progress)
+        cache.write_manifest(
+            folder,
+            target,
+            workload.name,
+            {"config": workload.config, "trials_budget": job.tune.trials, "tasks": [t.name for t in tasks]},
+        )
+    finally:
+        database.close()
+    return result
+
+
+@dataclass
+class CompileResult:
+    path: Path
+    manifest: dict
+    schedules: Counter
+    seconds: float
+
+
+def cache_fingerprint(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for name in ("database_workload.json", "database_tuning_record.json"):
+        path = folder / name
+        if path.exists():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def build(workload: Workload, target: ResolvedTarget, job: JobConfig, report: Counter | None = None):
+    """The compiled executable (not exported): the full pipeline with the cache applied."""
+    import tvm
+
+    from .relax_passes.pipeline import pipeline
+
+    database = None
+    folder = None
+    if job.compile.use_cache:
+        database, folder = _open_cache(target, job, writable=False)
+    report = report if report is not None else Counter()
+    passes = pipeline(target.target, bucket_plan(workload, job), database, report)
+    executable = tvm.compile(workload.mod, target=target.target, relax_pipeline=passes)
+    return executable, report, folder
+
+
+def compile(workload: Workload, target: ResolvedTarget, job: JobConfig, output: Path) -> CompileResult:
+    """Compile with the cache applied and export `output` (.so) with its params and manifest."""
+    from . import artifact
+
+    start = time.perf_counter()
+    executable, report, folder = build(workload, target, job)
+    fingerprint = cache_fingerprint(folder) if folder is not None and folder.exists() else None
+    manifest = artifact.export(executable, workload, target, Path(output), bucket_plan(workload, job), fingerprint, dict(report))
+    return CompileResult(Path(output), manifest, report, time.perf_counter() - start)

@@ -1,0 +1,156 @@
+"""The deployable artifact: `NAME.so` + `NAME.params.npz` + `NAME.json` (the manifest).
+
+Loading needs the TVM runtime only: nothing here compiles. The manifest says what the library
+expects (inputs with symbolic dimensions and their bounds, dtypes, weights), so a call with a
+wrong name, dtype or a shape outside the bounds is refused with one clear line before it runs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import UserError
+
+FORMAT = 1
+
+
+def paths(so_path: Path) -> tuple[Path, Path]:
+    """The params and manifest files that go with a `.so`."""
+    stem = so_path.with_suffix("")
+    return stem.with_name(stem.name + ".params.npz"), stem.with_name(stem.name + ".json")
+
+
+def export(executable, workload, target, so_path: Path, plan, cache_fingerprint, schedules) -> dict:
+    import tvm
+
+    so_path.parent.mkdir(parents=True, exist_ok=True)
+    executable.export_library(str(so_path))
+    params_path, manifest_path = paths(so_path)
+    np.savez(params_path, **workload.params)
+    manifest = {
+        "format": FORMAT,
+        "workload": workload.name,
+        "config": workload.config,
+        "entry": "main",
+        "inputs": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in workload.inputs],
+        "params": [{"name": k, "shape": list(v.shape), "dtype": str(v.dtype)} for k, v in workload.params.items()],
+        "dims": {d.name: {"lower": d.lower, "upper": d.upper} for d in workload.dims.values()},
+        "buckets": {dim: [[b.lo, b.hi, b.tune_at] for b in buckets] for dim, buckets in plan.items()},
+        "target": target.config,
+        "device": "cuda" if target.is_gpu else "cpu",
+        "tvm_version": tvm.__version__,
+        "cache_fingerprint": cache_fingerprint,
+        "schedules": schedules,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+@dataclass
+class Artifact:
+    """A loaded artifact: call it with named numpy inputs."""
+
+    path: Path
+    manifest: dict
+    vm: object
+    device: object
+    params: list
+
+    @staticmethod
+    def load(so_path: str | Path) -> "Artifact":
+        so_path = Path(so_path)
+        params_path, manifest_path = paths(so_path)
+        for path in (so_path, params_path, manifest_path):
+            if not path.exists():
+                raise UserError(f"artifact file {path} does not exist (an artifact is NAME.so, NAME.params.npz and NAME.json)")
+        try:
+            manifest = json.loads(manifest_path.read_text())
+        except json.JSONDecodeError as err:
+            raise UserError(f"artifact manifest {manifest_path} is damaged: {err.msg} at line {err.lineno}") from None
+        if manifest.get("format") != FORMAT:
+            raise UserError(f"artifact manifest {manifest_path} has format {manifest.get('format')!r}; this relaxtune reads format {FORMAT}")
+        import tvm
+        from tvm.runtime.vm import VirtualMachine
+
+        device = tvm.cuda(0) if manifest["device"] == "cuda" else tvm.cpu(0)
+        lib = tvm.runtime.load_module(str(so_path))
+        vm = VirtualMachine(lib, device)
+        stored = np.load(params_path)
+        params = [tvm.runtime.tensor(stored[p["name"]], device) for p in manifest["params"]]
+        return Artifact(so_path, manifest, vm, device, params)
+
+    def dims_of(self, inputs: dict[str, np.ndarray]) -> dict[str, int]:
+        """Check inputs against the manifest; return the value of every symbolic dimension."""
+        specs = {t["name"]: t for t in self.manifest["inputs"]}
+        unknown = sorted(set(inputs) - set(specs))
+        if unknown:
+            raise UserError(f"unknown input {unknown[0]!r}: the inputs are {sorted(specs)}")
+        values: dict[str, int] = {}
+        for name, spec in specs.items():
+            if name not in inputs:
+                raise UserError(f"missing input {name!r} (shape {spec['shape']}, {spec['dtype']})")
+            array = inputs[name]
+            if str(array.dtype) != spec["dtype"]:
+                raise UserError(f"input {name!r} has dtype {array.dtype}; the artifact takes {spec['dtype']}")
+            if array.ndim != len(spec["shape"]):
+                raise UserError(f"input {name!r} has {array.ndim} dimensions; the artifact takes shape {spec['shape']}")
+            for axis, (want, got) in enumerate(zip(spec["shape"], array.shape)):
+                if isinstance(want, str):
+                    if values.setdefault(want, got) != got:
+                        raise UserError(f"dimension {want} is {values[want]} in one input and {got} in {name!r}")
+                elif want != got:
+                    raise UserError(f"input {name!r} has size {got} on axis {axis}; the artifact takes {want}")
+        self.check_dims(values)
+        return values
+
+    def check_dims(self, values: dict[str, int]) -> None:
+        for dim, value in values.items():
+            bounds = self.manifest["dims"].get(dim)
+            if bounds is None:
+                raise UserError(f"unknown dimension {dim!r}: the artifact's dimensions are {sorted(self.manifest['dims'])}")
+            if not bounds["lower"] <= value <= bounds["upper"]:
+                raise UserError(f"shape {dim}={value} is outside the compiled bounds: {dim} must be in [{bounds['lower']}, {bounds['upper']}]")
+
+    def random_inputs(self, dims: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
+        self.check_dims(dims)
+        missing = sorted(set(self.manifest["dims"]) - set(dims))
+        if missing:
+            raise UserError(f"no value given for dimension {missing[0]!r} (use --shape {missing[0]}=N)")
+        rng = np.random.default_rng(seed)
+        out = {}
+        for spec in self.manifest["inputs"]:
+            shape = tuple(dims[d] if isinstance(d, str) else d for d in spec["shape"])
+            out[spec["name"]] = rng.standard_normal(shape).astype(spec["dtype"])
+        return out
+
+    def _args(self, inputs: dict[str, np.ndarray]) -> list:
+        import tvm
+
+        self.dims_of(inputs)
+        ordered = [tvm.runtime.tensor(inputs[t["name"]], self.device) for t in self.manifest["inputs"]]
+        return ordered + self.params
+
+    def __call__(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        out = self.vm["main"](*self._args(inputs))
+        return out.numpy()
+
+    def time_ms(self, inputs: dict[str, np.ndarray], repeat: int = 10, min_seconds: float = 0.5) -> list[float]:
+        """Per-call latencies (ms) over at least `repeat` calls or `min_seconds`, after one warm-up."""
+        args = self._args(inputs)
+        self.vm["main"](*args)
+        times, start = [], time.perf_counter()
+        while len(times) < repeat or time.perf_counter() - start < min_seconds:
+            t0 = time.perf_counter()
+            self.vm["main"](*args)
+            self.device.sync()
+            times.append((time.perf_counter() - t0) * 1e3)
+            if len(times) >= 1000:
+                break
+        return times

@@ -1,0 +1,44 @@
+"""relaxtune bench WORKLOAD --target cpu --shape n=1,32,128,512"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import common
+
+
+def add_arguments(parser) -> None:
+    common.add_workload(parser)
+    common.add_target(parser)
+    common.add_cache(parser)
+    common.add_shape(parser, many=True)
+    parser.add_argument("--systems", default="relaxtune,tvm-stock,torch,torch.compile", help="comma-separated subset to run")
+    parser.add_argument("--out", type=Path, default=Path("build/bench"), help="folder for the markdown table and the PNG plot")
+    parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON")
+
+
+def run(args) -> int:
+    from .. import api, targets
+    from ..bench import SYSTEMS, bench, markdown, plot
+    from ..errors import UserError
+
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown or not systems:
+        raise UserError(f"unknown system {unknown[0] if unknown else args.systems!r}: choose from {', '.join(SYSTEMS)}")
+    target = targets.resolve(args.target)
+    job = common.job_config(args)
+    workload = common.load_workload(args)
+    shapes = common.parse_shapes(args.shape, many=True)
+    print(f"target: {target.json}")
+    rows = bench(workload, target, job, shapes, systems)
+    table = markdown(rows, baseline="torch" if "torch" in systems else systems[0])
+    print(table)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"{workload.name}-{target.kind}"
+    stem.with_suffix(".md").write_text(f"# {workload.name} on {target.json}\n\n{table}")
+    plot(rows, stem.with_suffix(".png"), f"{workload.name} ({target.slug})")
+    common.write_json(stem.with_suffix(".json"), {"target": target.config, "rows": [r.as_json() for r in rows]})
+    common.write_json(args.json, {"target": target.config, "rows": [r.as_json() for r in rows]})
+    print(f"saved {stem}.md, .png and .json")
+    return 0

@@ -1,0 +1,75 @@
+"""Arguments shared by subcommands, and their validation into config objects."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..config import BucketConfig, CompileConfig, JobConfig, TuneConfig
+from ..errors import UserError
+
+
+def add_workload(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("workload", help="built-in name (llama-block, gpt2-block, mlp) or a user .py file")
+    parser.add_argument("--config", default="", help="overrides, e.g. hidden=512,heads=8,max_seq=2048")
+    parser.add_argument("--dtype", default=None, help="float32 (default) or float16")
+
+
+def add_target(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", default="cpu", help="cpu, cuda, cuda:sm_80, or a TVM target as JSON")
+
+
+def add_cache(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cache", type=Path, default=Path("tuning_logs"), help="tuning cache folder (default tuning_logs/)")
+    parser.add_argument("--buckets", action="append", default=None, metavar="DIM=T1,T2,...", help="shape bucket tops for a dimension")
+
+
+def add_shape(parser: argparse.ArgumentParser, many: bool) -> None:
+    parser.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="DIM=N" + (",N,..." if many else ""),
+        help="value of a symbolic dimension; repeat for several" + (" (a list per dimension)" if many else ""),
+    )
+
+
+def parse_shapes(items: list[str], many: bool) -> dict[str, list[int]]:
+    """`["b=2", "n=1,32"]` → {"b": [2], "n": [1, 32]}."""
+    shapes: dict[str, list[int]] = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        try:
+            numbers = [int(v) for v in values.split(",")]
+        except ValueError:
+            numbers = []
+        if not sep or not name.strip() or not numbers or (len(numbers) > 1 and not many):
+            form = "DIM=N[,N,...]" if many else "DIM=N"
+            raise UserError(f"--shape {item!r} is malformed: use {form} with integers, e.g. n=128")
+        if name.strip() in shapes:
+            raise UserError(f"--shape gives {name.strip()!r} twice")
+        shapes[name.strip()] = numbers
+    return shapes
+
+
+def load_workload(args):
+    from ..workloads import load, parse_config
+
+    return load(args.workload, parse_config(args.config), args.dtype)
+
+
+def job_config(args, tune: TuneConfig | None = None, use_cache: bool = True) -> JobConfig:
+    return JobConfig(
+        cache_dir=args.cache,
+        tune=tune or TuneConfig(),
+        buckets=BucketConfig.parse(args.buckets),
+        compile=CompileConfig(use_cache=use_cache),
+    )
+
+
+def write_json(path: Path | None, payload: dict) -> None:
+    import json
+
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(payload, indent=2) + "\n")

@@ -1,0 +1,58 @@
+"""relaxtune run build/NAME.so --shape n=128: runtime only, checked against the reference."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from . import common
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("artifact", type=Path, help="the .so written by relaxtune compile")
+    common.add_shape(parser, many=False)
+    parser.add_argument("--inputs", type=Path, default=None, help="an .npz of named inputs instead of random ones")
+    parser.add_argument("--repeat", type=int, default=20, help="timed calls (median reported)")
+    parser.add_argument("--json", type=Path, default=None, help="write what is printed as JSON")
+
+
+def reference(manifest: dict, inputs: dict, params: dict):
+    """The workload's numpy/torch reference, or None for a workload without one."""
+    from ..workloads import BUILTIN, load
+
+    if manifest["workload"] not in BUILTIN:
+        return None
+    workload = load(manifest["workload"], manifest["config"])
+    return workload.reference(inputs, params)
+
+
+def run(args) -> int:
+    from ..artifact import Artifact
+    from ..errors import UserError
+
+    art = Artifact.load(args.artifact)
+    if args.inputs is not None:
+        if not args.inputs.exists():
+            raise UserError(f"--inputs file {args.inputs} does not exist")
+        inputs = dict(np.load(args.inputs))
+    else:
+        shapes = {k: v[0] for k, v in common.parse_shapes(args.shape, many=False).items()}
+        inputs = art.random_inputs(shapes)
+    dims = art.dims_of(inputs)
+    out = art(inputs)
+    params = dict(np.load(str(args.artifact.with_suffix("")) + ".params.npz"))
+    ref = reference(art.manifest, inputs, params)
+    times = art.time_ms(inputs, repeat=args.repeat)
+    median = statistics.median(times)
+    shape = " ".join(f"{k}={v}" for k, v in dims.items())
+    if ref is None:
+        check, err = "no reference for this workload: output not checked", None
+    else:
+        err = float(np.max(np.abs(out.astype("float64") - ref)) / max(1.0, float(np.max(np.abs(ref)))))
+        tol = 1e-3 if art.manifest["inputs"][0]["dtype"] == "float32" else 3e-2
+        check = f"max error vs reference {err:.2e} ({'ok' if err <= tol else 'MISMATCH'})"
+    print(f"{art.manifest['workload']} {shape}: output {tuple(out.shape)}; {check}; median {median:.3f} ms over {len(times)} calls")
+    common.write_json(args.json, {"shape": dims, "median_ms": median, "max_rel_error": err, "output_shape": list(out.shape)})
+    return 0 if ref is None or err <= tol else 1

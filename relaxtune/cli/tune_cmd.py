@@ -1,0 +1,45 @@
+"""relaxtune tune WORKLOAD --target cpu --trials N"""
+
+from __future__ import annotations
+
+from ..config import TuneConfig
+from . import common
+
+
+def add_arguments(parser) -> None:
+    common.add_workload(parser)
+    common.add_target(parser)
+    common.add_cache(parser)
+    parser.add_argument("--trials", type=int, default=TuneConfig.trials, help=f"trial budget for the job, cached trials included (default {TuneConfig.trials})")
+    parser.add_argument("--trials-per-iter", type=int, default=TuneConfig.trials_per_iter, help="candidates measured per batch")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--json", type=lambda p: __import__("pathlib").Path(p), default=None, help="write what is printed as JSON")
+
+
+def run(args) -> int:
+    from .. import api, targets
+
+    target = targets.resolve(args.target)
+    job = common.job_config(args, TuneConfig(trials=args.trials, trials_per_iter=args.trials_per_iter))
+    workload = common.load_workload(args)
+    print(f"target: {target.json}")
+    result = api.tune(workload, target, job, progress=not args.no_progress)
+    if result.trials_run == 0:
+        print(f"{workload.name}: 0 trials run: the cache already holds {result.trials_cached} trials for its {len(result.tasks)} tasks (budget {args.trials})")
+    else:
+        print(f"{workload.name}: {result.trials_run} trials in {result.wall_s:.0f} s ({result.failed} failed), {result.trials_cached} were cached")
+    print(f"{'task':48} {'trials':>6} {'best us':>10} {'GFLOP/s':>8}")
+    for t in result.tasks:
+        print(f"{t.name:48} {t.trials:>6} {t.best_us:>10.1f} {t.gflops:>8.2f}")
+    common.write_json(
+        args.json,
+        {
+            "target": target.config,
+            "trials_run": result.trials_run,
+            "trials_cached": result.trials_cached,
+            "wall_s": result.wall_s,
+            "failed": result.failed,
+            "tasks": [{"name": t.name, "trials": t.trials, "best_us": t.best_us, "gflops": t.gflops} for t in result.tasks],
+        },
+    )
+    return 0

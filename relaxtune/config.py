@@ -1,0 +1,82 @@
+"""Configuration: frozen dataclasses, the one place each default lives.
+
+A job is described by one `JobConfig`, passed down whole; the stages read the part they own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from .errors import UserError
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """How MetaSchedule searches. Defaults are sized for a 2-core machine."""
+
+    trials: int = 64  # global budget over all tasks of the job, counting trials already in the cache
+    trials_per_iter: int = 8  # candidates measured per batch
+    build_workers: int = 0  # 0: one per core
+    build_timeout_s: float = 60.0
+    run_timeout_s: float = 30.0
+    runs_per_measure: int = 3
+    min_repeat_ms: int = 20
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.trials < 0:
+            raise UserError(f"--trials {self.trials} is negative: give 0 (no tuning) or more")
+        if self.trials_per_iter < 1:
+            raise UserError(f"trials per batch {self.trials_per_iter} must be at least 1")
+
+
+@dataclass(frozen=True)
+class BucketConfig:
+    """Shape buckets per symbolic dimension: each bucket is a closed range tuned at its top.
+
+    ``edges[dim]`` lists bucket tops in increasing order; the last is the dimension's upper bound.
+    A dimension without edges is one bucket over its whole range, tuned at its representative value.
+    """
+
+    edges: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    @staticmethod
+    def parse(items: list[str] | None) -> "BucketConfig":
+        """`["n=1,16,64"]` → edges {"n": (1, 16, 64)}."""
+        edges: dict[str, tuple[int, ...]] = {}
+        for item in items or []:
+            name, sep, values = item.partition("=")
+            try:
+                tops = tuple(sorted({int(v) for v in values.split(",") if v.strip()}))
+            except ValueError:
+                tops = ()
+            if not sep or not name.strip() or not tops or tops[0] < 1:
+                raise UserError(f"--buckets {item!r} is malformed: use NAME=TOP1,TOP2,... with positive integers")
+            edges[name.strip()] = tops
+        return BucketConfig(edges)
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    """How the pipeline builds: which planner, and whether tuned records are applied."""
+
+    memory_planner: str = "tvm"  # "tvm": StaticPlanBlockMemory with the upper bounds
+    use_cache: bool = True
+
+    def __post_init__(self) -> None:
+        if self.memory_planner not in ("tvm",):
+            raise UserError(f"unknown memory planner {self.memory_planner!r}: use one of tvm")
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """Everything one tune/compile job needs, passed down as one object."""
+
+    cache_dir: Path = Path("tuning_logs")
+    tune: TuneConfig = TuneConfig()
+    buckets: BucketConfig = BucketConfig()
+    compile: CompileConfig = CompileConfig()
+
+    def with_(self, **changes) -> "JobConfig":
+        return replace(self, **changes)

@@ -1,0 +1,126 @@
+"""Tuning tasks: the kernels of each bucket's function, specialised at the bucket's tuning point.
+
+Runs on the module after fusion (each `main_<bucket>` calls fused PrimFuncs with symbolic shapes).
+MetaSchedule cannot tune a kernel with a symbolic dimension, so each call site's kernel is
+specialised by binding the bucket's `tune_at` values in its Relax caller and letting
+`SpecializePrimFuncBasedOnCallSite` propagate the static shapes. The static kernels are
+normalised exactly as MetaSchedule stores workloads, so the same kernel met again (another
+bucket, another workload) has the same key and is tuned once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tvm
+import tvm_ffi
+from tvm import relax, tirx
+from tvm.s_tir import analysis as s_tir_analysis
+
+from ..relax_passes.bucket_dispatch import BUCKET_ATTR
+
+
+@dataclass
+class Task:
+    """One static kernel to tune, and the call sites (bucket function, kernel name) it serves."""
+
+    name: str
+    mod: tvm.IRModule
+    key: str
+    flops: float
+    sites: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def weight(self) -> int:
+        return len(self.sites)
+
+
+def normalize(func: tirx.PrimFunc) -> tvm.IRModule:
+    """The module MetaSchedule tunes and stores: `main`, noalias, no other attributes."""
+    return tvm.IRModule({"main": _strip(func).with_attr("global_symbol", "main").with_attr("tirx.noalias", True)})
+
+
+def _strip(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    for key in list(func.attrs.keys()) if func.attrs else []:
+        func = func.without_attr(key)
+    return func
+
+
+def workload_key(mod: tvm.IRModule) -> str:
+    return str(tvm_ffi.structural_hash(mod))
+
+
+def call_sites(func: relax.Function) -> list[relax.Call]:
+    """The `call_tir` calls of a Relax function, in binding order."""
+    calls = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.call_tir":
+            calls.append(expr)
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return calls
+
+
+def bucket_functions(mod: tvm.IRModule) -> list[tvm.ir.GlobalVar]:
+    return [gv for gv, f in mod.functions_items() if isinstance(f, relax.Function) and f.attrs and BUCKET_ATTR in f.attrs]
+
+
+def specialise(mod: tvm.IRModule, gv: tvm.ir.GlobalVar) -> list[tuple[str, tirx.PrimFunc]]:
+    """(kernel name, kernel specialised at the bucket's tuning point) for each call site of `gv`."""
+    func = mod[gv]
+    symbolic = {v.name for v in relax.analysis.defined_symbolic_vars(func)}
+    values = {name: int(spec[2]) for name, spec in func.attrs[BUCKET_ATTR].items() if name in symbolic}
+    calls = call_sites(func)
+    kernels = {c.args[0] for c in calls}
+    tmp = tvm.IRModule({g: mod[g] for g in kernels})
+    tmp[gv.name_hint] = func.with_attr("global_symbol", gv.name_hint)
+    if values:
+        tmp = relax.transform.BindSymbolicVars(values, func_name=gv.name_hint)(tmp)
+    tmp = relax.transform.SpecializePrimFuncBasedOnCallSite()(tmp)
+    static_calls = call_sites(tmp[gv.name_hint])
+    assert len(static_calls) == len(calls), "specialisation changed the call sites"
+    return [(c.args[0].name_hint, tmp[s.args[0]]) for c, s in zip(calls, static_calls)]
+
+
+def is_contraction(func: tirx.PrimFunc) -> bool:
+    """Whether a kernel holds a reduction that reads two or more buffers (a matmul, not a norm).
+
+    These are where search pays; element-wise, norm and softmax kernels get rule-based schedules.
+    """
+    from .replay import fresh_schedule
+
+    sch = fresh_schedule(func)
+    pending = [sch.get_sblock("root", func_name="main")] if _has_root(sch) else []
+    while pending:
+        block_rv = pending.pop()
+        block = sch.get(block_rv)
+        reduces = [iv for iv in block.iter_vars if int(iv.iter_type) == 2]
+        if reduces and len({region.source.name for region in block.reads}) >= 2:
+            return True
+        pending.extend(sch.get_child_blocks(block_rv))
+    return False
+
+
+def _has_root(sch) -> bool:
+    try:
+        sch.get_sblock("root", func_name="main")
+        return True
+    except Exception:  # no root block: not a schedulable kernel
+        return False
+
+
+def extract_tasks(mod: tvm.IRModule, only_contractions: bool = True) -> list[Task]:
+    """Deduplicated tuning tasks over every bucket function of a fused module."""
+    tasks: dict[str, Task] = {}
+    for gv in bucket_functions(mod):
+        for kernel, static in specialise(mod, gv):
+            if only_contractions and not is_contraction(static):
+                continue
+            task_mod = normalize(static)
+            key = workload_key(task_mod)
+            if key not in tasks:
+                flops = float(s_tir_analysis.estimate_tir_flops(task_mod))
+                tasks[key] = Task(name=f"{kernel}@{gv.name_hint.removeprefix('main_')}", mod=task_mod, key=key, flops=flops)
+            tasks[key].sites.append((gv.name_hint, kernel))
+    return list(tasks.values())
