@@ -13,10 +13,10 @@ from .bucket_dispatch import BucketDispatch, Bucket
 def fusion_passes(plan: dict[str, list[Bucket]]) -> list:
     """Model → fused kernels with symbolic shapes, one copy per shape bucket (what tuning sees)."""
     return [
+        relax.transform.LiftTransformParams(),  # weight-only work (transposes) runs once, at load
         BucketDispatch(plan),  # one function per shape bucket; main checks bounds and dispatches
         relax.backend.DispatchSampling(),  # ops that need a library form before legalization
         relax.backend.DispatchSortScan(),
-        relax.transform.FuseTransposeMatmul(),  # x @ permute_dims(W) reads W in place: no transpose kernel
         relax.transform.LegalizeOps(),  # every op becomes a TIR kernel, shapes stay symbolic
         relax.transform.AnnotateTIROpPattern(),  # op patterns that FuseOps reads
         relax.transform.FoldConstant(),

@@ -53,6 +53,17 @@ def export(executable, workload, target, so_path: Path, plan, cache_fingerprint,
     return manifest
 
 
+def prepare_params(vm, params: list) -> list:
+    """Run the weight-only work the compiler lifted out of `main` (`main_transform_params`), once."""
+    if not params:
+        return params
+    try:
+        transform = vm["main_transform_params"]
+    except Exception:  # no lifted work: the weights are used as they are
+        return params
+    return list(transform(params))
+
+
 @dataclass
 class Artifact:
     """A loaded artifact: call it with named numpy inputs."""
@@ -83,7 +94,7 @@ class Artifact:
         lib = tvm.runtime.load_module(str(so_path))
         vm = VirtualMachine(lib, device)
         stored = np.load(params_path)
-        params = [tvm.runtime.tensor(stored[p["name"]], device) for p in manifest["params"]]
+        params = prepare_params(vm, [tvm.runtime.tensor(stored[p["name"]], device) for p in manifest["params"]])
         return Artifact(so_path, manifest, vm, device, params)
 
     def dims_of(self, inputs: dict[str, np.ndarray]) -> dict[str, int]:

@@ -54,9 +54,11 @@ def _tvm_runner(executable, device, workload, inputs):
     import tvm
     from tvm import relax
 
+    from .artifact import prepare_params
+
     vm = relax.VirtualMachine(executable, device)
     args = [tvm.runtime.tensor(inputs[t.name], device) for t in workload.inputs]
-    args += [tvm.runtime.tensor(v, device) for v in workload.params.values()]
+    args += prepare_params(vm, [tvm.runtime.tensor(v, device) for v in workload.params.values()])
 
     def call():
         out = vm["main"](*args)

@@ -180,4 +180,4 @@ class CacheDatabase(ms.database.PyDatabase):
         """Every valid record of this workload, best first."""
         if not self._mem.has_workload(mod):
             return []
-        return list(self._mem.get_top_k(self._mem.commit_workload(mod), 1 << 30))
+        return list(self._mem.get_top_k(self._mem.commit_workload(mod), 1 << 20))

@@ -1,0 +1,113 @@
+"""The tuning cache: records survive, damage is reported and skipped, nothing is overwritten."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+
+import pytest
+import tvm
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.schedule import Trace
+from tvm.script import tirx as T
+
+from relaxtune.errors import UserError
+from relaxtune.schedules import cache
+from relaxtune.schedules.database import RECORDS, WORKLOADS, CacheDatabase
+
+
+@T.prim_func(s_tir=True)
+def add_one(a: T.Buffer((16,), "float32"), b: T.Buffer((16,), "float32")):
+    T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+    for i in range(16):
+        with T.sblock("b"):
+            vi = T.axis.spatial(16, i)
+            b[vi] = a[vi] + T.float32(1)
+
+
+def _record(db, secs: float):
+    mod = tvm.IRModule({"main": add_one})
+    sch = tvm.s_tir.Schedule(mod)
+    (loop,) = sch.get_loops(sch.get_sblock("b"))
+    sch.split(loop, [None, 4])
+    workload = db.commit_workload(mod)
+    return ms.database.TuningRecord(sch.trace, workload, [tvm.tirx.FloatImm("float64", secs)], tvm.target.Target("llvm"), ms.arg_info.ArgInfo.from_prim_func(add_one))
+
+
+def test_records_persist_and_reopen(tmp_path):
+    db = CacheDatabase(tmp_path, writable=True)
+    for secs in (3e-6, 1e-6, 2e-6):
+        db.commit_tuning_record(_record(db, secs))
+    db.close()
+    again = CacheDatabase(tmp_path)
+    assert len(again.get_all_tuning_records()) == 3
+    best = again.records_for(tvm.IRModule({"main": add_one}))[0]
+    assert float(best.run_secs[0]) == pytest.approx(1e-6)
+    assert again.problems == []
+    # the files stay readable by stock MetaSchedule
+    assert len(ms.database.JSONDatabase(work_dir=str(tmp_path)).get_all_tuning_records()) == 3
+
+
+def test_damaged_and_half_written_lines_are_reported_and_skipped(tmp_path):
+    db = CacheDatabase(tmp_path, writable=True)
+    db.commit_tuning_record(_record(db, 1e-6))
+    db.close()
+    lines = (tmp_path / RECORDS).read_text()
+    with open(tmp_path / RECORDS, "a") as f:
+        f.write("this is not json\n")
+        f.write(lines.strip()[: len(lines) // 2])  # an interrupted append: no newline
+    size_before = (tmp_path / RECORDS).stat().st_size
+    writer = CacheDatabase(tmp_path, writable=True)  # closes the partial line, keeps every byte
+    assert (tmp_path / RECORDS).stat().st_size == size_before + 1
+    assert len(writer.problems) == 2 and all(RECORDS in p for p in writer.problems)
+    assert ":2:" in writer.problems[0] and ":3:" in writer.problems[1]
+    writer.commit_tuning_record(_record(writer, 5e-7))
+    writer.close()
+    reader = CacheDatabase(tmp_path)
+    assert len(reader.get_all_tuning_records()) == 2
+    assert len(reader.problems) == 2
+
+
+def test_record_of_a_damaged_workload_is_reported(tmp_path):
+    db = CacheDatabase(tmp_path, writable=True)
+    db.commit_tuning_record(_record(db, 1e-6))
+    db.close()
+    (tmp_path / WORKLOADS).write_text('["123", "not base64 IR"]\n')
+    reader = CacheDatabase(tmp_path)
+    assert len(reader.get_all_tuning_records()) == 0
+    assert any("workload line" in p for p in reader.problems)
+
+
+def _hold_lock(path, ready, release):
+    db = CacheDatabase(path, writable=True)
+    ready.set()
+    release.wait(30)
+    db.close()
+
+
+def test_one_writer_at_a_time(tmp_path):
+    ready, release = multiprocessing.Event(), multiprocessing.Event()
+    proc = multiprocessing.Process(target=_hold_lock, args=(tmp_path, ready, release))
+    proc.start()
+    try:
+        assert ready.wait(60)
+        with pytest.raises(UserError, match="being written by pid"):
+            CacheDatabase(tmp_path, writable=True)
+        CacheDatabase(tmp_path)  # readers are never blocked
+    finally:
+        release.set()
+        proc.join(30)
+
+
+def test_manifest_refuses_another_target(tmp_path, target):
+    from relaxtune import targets
+
+    cache.write_manifest(tmp_path, target, "mlp", {"trials_budget": 8})
+    assert cache.read_manifest(tmp_path)["workloads"]["mlp"]["trials_budget"] == 8
+    other = targets.resolve('{"kind": "llvm", "mcpu": "skylake", "num-cores": 4}')
+    with pytest.raises(UserError, match="holds records for target"):
+        cache.check_compatible(tmp_path, other)
+    (tmp_path / cache.MANIFEST).write_text("{broken")
+    with pytest.raises(UserError, match="damaged"):
+        cache.read_manifest(tmp_path)
+    assert (tmp_path / cache.MANIFEST).read_text() == "{broken"
