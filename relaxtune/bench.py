@@ -82,6 +82,11 @@ def _torch_runner(module, workload, inputs):
 
 def shape_grid(workload, shapes: dict[str, list[int]]) -> list[dict[str, int]]:
     """Every combination of the given values; a dimension not given takes its representative value."""
+    unknown = sorted(set(shapes) - set(workload.dims))
+    if unknown:
+        from .errors import UserError
+
+        raise UserError(f"unknown dimension {unknown[0]!r} for {workload.name}: its symbolic dimensions are {sorted(workload.dims)}")
     dims = list(workload.dims.values())
     values = [shapes.get(d.name, [d.representative]) for d in dims]
     grid = [dict(zip([d.name for d in dims], combo)) for combo in itertools.product(*values)]
@@ -96,7 +101,7 @@ def bench(workload, target, job, shapes: dict[str, list[int]], systems=SYSTEMS) 
 
     from . import api
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    grid = shape_grid(workload, shapes)  # bad shapes fail before anything is built
     device = tvm.cuda(0) if target.is_gpu else tvm.cpu(0)
     builders = {}
     if "relaxtune" in systems:
@@ -110,7 +115,7 @@ def bench(workload, target, job, shapes: dict[str, list[int]], systems=SYSTEMS) 
         if "torch.compile" in systems:
             modules["torch.compile"] = torch.compile(eager, dynamic=True)
     rows: list[Row] = []
-    for point in shape_grid(workload, shapes):
+    for point in grid:
         inputs = workload.random_inputs(point)
         expected = workload.reference(inputs, workload.params) if workload.reference else None
         for system in systems:

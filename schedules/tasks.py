@@ -84,7 +84,7 @@ def specialise(mod: tvm.IRModule, gv: tvm.ir.GlobalVar) -> list[tuple[str, tirx.
 
 
 def is_contraction(func: tirx.PrimFunc) -> bool:
-    """Whether a kernel holds a reduction that reads two or more buffers (a matmul, not a norm).
+    """Whether a kernel holds a reduction over two or more buffers (a matmul, not a norm).
 
     These are where search pays; element-wise, norm and softmax kernels get rule-based schedules.
     """
@@ -95,8 +95,13 @@ def is_contraction(func: tirx.PrimFunc) -> bool:
     while pending:
         block_rv = pending.pop()
         block = sch.get(block_rv)
-        reduces = [iv for iv in block.iter_vars if int(iv.iter_type) == 2]
-        if reduces and len({region.source.name for region in block.reads}) >= 2:
+        reduce_vars = {iv.var.name for iv in block.iter_vars if int(iv.iter_type) == 2}
+        along_reduction = {
+            region.source.name
+            for region in block.reads
+            if any(v.name in reduce_vars for r in region.region for v in tirx.analysis.undefined_vars(r.min))
+        }
+        if len(along_reduction) >= 2:
             return True
         pending.extend(sch.get_child_blocks(block_rv))
     return False

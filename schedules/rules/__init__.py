@@ -1,0 +1,49 @@
+"""Rule-based CPU schedules (dlight style) for kernels that have no tuning record.
+
+``cpu_rules()`` lists the rules, most specific first; ``apply_cpu_rules(mod, target)`` runs them on
+every PrimFunc of a fused module (after ``LegalizeOps -> AnnotateTIROpPattern -> FuseOps -> FuseTIR``)
+that is not already marked ``tirx.is_scheduled``. Every rule handles symbolic dimensions.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import tvm
+from tvm.s_tir import dlight as dl
+
+from .cpu_elementwise import Elementwise
+from .cpu_fallback import Fallback
+from .cpu_matmul import Matmul
+from .cpu_reduction import Reduction
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Elementwise", "Fallback", "Matmul", "Reduction", "apply_cpu_rules", "cpu_rules"]
+
+
+def cpu_rules(fast_math: bool = True) -> list:
+    """The CPU rules in the order they are tried: matmul, row reductions, element-wise, fallback.
+
+    ``fast_math`` replaces float32 exp / erf / tanh by vectorizable approximations (rel. error
+    < 4e-7, see ``fast_math``); TVM otherwise calls scalar libm for each element.
+    """
+    return [Matmul(fast_math=fast_math), Reduction(fast_math=fast_math),
+            Elementwise(fast_math=fast_math), Fallback(fast_math=fast_math)]
+
+
+def apply_cpu_rules(mod: tvm.IRModule, target, fast_math: bool = True) -> tvm.IRModule:
+    """Schedule every unscheduled PrimFunc of ``mod`` for the llvm ``target`` (dict, str or Target).
+
+    Functions already marked ``tirx.is_scheduled`` (e.g. from a tuning database) are left untouched;
+    ``mod`` itself is not modified.
+    """
+    if not isinstance(target, tvm.target.Target):
+        target = tvm.target.Target(target)
+    with target:  # ApplyDefaultSchedule edits the module it is given: work on a copy
+        out = dl.ApplyDefaultSchedule(*cpu_rules(fast_math))(mod.clone())
+    left = [gv.name_hint for gv, f in out.functions_items()
+            if isinstance(f, tvm.tirx.PrimFunc) and not f.attrs.get("tirx.is_scheduled", False)]
+    if left:
+        logger.info("no CPU rule scheduled: %s", ", ".join(sorted(left)))
+    return out

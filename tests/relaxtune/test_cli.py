@@ -1,0 +1,82 @@
+"""The CLI: bad input gets one line naming the value and what is allowed (exit 2)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from relaxtune.__main__ import main
+
+SMALL = "hidden=64,ffn=128,max_seq=64,max_batch=2"
+
+
+def _error_line(capsys, argv):
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2, err
+    assert len(err) == 1 and "error:" in err[0]
+    return err[0]
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["tune", "nosuch-model"], ["'nosuch-model'", "llama-block", "mlp"]),
+        (["tune", "mlp", "--target", "tpu"], ["'tpu'", "cpu", "cuda"]),
+        (["tune", "mlp", "--target", "{bad json"], ["not valid JSON"]),
+        (["tune", "mlp", "--config", "hidden"], ["'hidden'", "key=value"]),
+        (["tune", "mlp", "--config", "heads=4"], ["'heads'", "hidden"]),
+        (["tune", "mlp", "--config", "hidden=big"], ["hidden", "big"]),
+        (["tune", "mlp", "--dtype", "int8"], ["int8", "float32"]),
+        (["tune", "mlp", "--trials", "-1"], ["-1"]),
+        (["tune", "mlp", "--buckets", "n=abc"], ["n=abc", "NAME=TOP1"]),
+        (["compile", "mlp", "-o", "x.txt"], ["x.txt", ".so"]),
+        (["run", "missing/none.so"], ["missing/none.so", "does not exist"]),
+        (["bench", "mlp", "--systems", "tensorrt"], ["tensorrt", "torch.compile"]),
+        (["bench", "mlp", "--config", SMALL, "--shape", "n=1,100"], ["n=100", "[1, 64]"]),
+        (["bench", "mlp", "--config", SMALL, "--shape", "q=1"], ["'q'", "'b'"]),
+    ],
+)
+def test_bad_input_is_one_clear_line(capsys, argv, words):
+    line = _error_line(capsys, argv)
+    for word in words:
+        assert word in line, line
+
+
+def test_compile_with_a_missing_cache_dir_is_refused(capsys, tmp_path):
+    line = _error_line(capsys, ["compile", "mlp", "--config", SMALL, "--cache", str(tmp_path / "nope"), "-o", str(tmp_path / "m.so")])
+    assert "does not exist" in line
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    out = tmp_path_factory.mktemp("art") / "mlp.so"
+    assert main(["compile", "mlp", "--config", SMALL, "--no-cache", "-o", str(out)]) == 0
+    return out
+
+
+def test_run_refuses_out_of_bounds_and_wrong_dtype(capsys, artifact, tmp_path):
+    assert "n=65" in _error_line(capsys, ["run", str(artifact), "--shape", "b=1", "--shape", "n=65"])
+    assert "'q'" in _error_line(capsys, ["run", str(artifact), "--shape", "q=3"])
+    bad = tmp_path / "in.npz"
+    np.savez(bad, x=np.zeros((1, 4, 64), dtype="float64"))
+    line = _error_line(capsys, ["run", str(artifact), "--inputs", str(bad)])
+    assert "float64" in line and "float32" in line
+    manifest = artifact.with_name("mlp.json")
+    saved = manifest.read_text()
+    manifest.write_text("{oops")
+    try:
+        assert "damaged" in _error_line(capsys, ["run", str(artifact), "--shape", "b=1", "--shape", "n=4"])
+    finally:
+        manifest.write_text(saved)
+
+
+def test_manifest_describes_the_artifact(artifact):
+    manifest = json.loads(artifact.with_name("mlp.json").read_text())
+    assert manifest["entry"] == "main"
+    assert manifest["inputs"] == [{"name": "x", "shape": ["b", "n", 64], "dtype": "float32"}]
+    assert manifest["dims"] == {"b": {"lower": 1, "upper": 2}, "n": {"lower": 1, "upper": 64}}
+    assert manifest["target"]["kind"] == "llvm" and manifest["tvm_version"]
+    assert len(manifest["params"]) == 3

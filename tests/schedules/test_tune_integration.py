@@ -1,0 +1,53 @@
+"""Integration tier, tiny budget, always runs: tune → cache → compile → correct at every n."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from relaxtune import api
+from relaxtune.artifact import prepare_params
+from relaxtune.config import JobConfig, TuneConfig
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory, tiny_mlp, target):
+    job = JobConfig(cache_dir=tmp_path_factory.mktemp("cache"), tune=TuneConfig(trials=16, trials_per_iter=8))
+    first = api.tune(tiny_mlp, target, job, progress=False)
+    return job, first
+
+
+def test_tuning_commits_every_trial(tuned):
+    job, first = tuned
+    assert first.trials_run == 16 and first.trials_cached == 0
+    assert sum(t.trials for t in first.tasks) == 16
+    assert any(t.best_us < float("inf") for t in first.tasks)
+
+
+def test_same_job_again_runs_zero_trials(tuned, tiny_mlp, target):
+    job, _ = tuned
+    again = api.tune(tiny_mlp, target, job, progress=False)
+    assert again.trials_run == 0 and again.trials_cached == 16
+
+
+def test_larger_budget_continues_from_the_cache(tuned, tiny_mlp, target):
+    job, _ = tuned
+    more = api.tune(tiny_mlp, target, job.with_(tune=TuneConfig(trials=24, trials_per_iter=8)), progress=False)
+    assert more.trials_cached == 16 and more.trials_run == 8
+
+
+def test_compiled_with_cache_matches_reference_at_every_n(tuned, tiny_mlp, target):
+    import tvm
+    from tvm import relax
+
+    job, _ = tuned
+    executable, report, _ = api.build(tiny_mlp, target, job)
+    assert sum(v for k, v in report.items() if k.startswith("tuned")) >= 1
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    params = prepare_params(vm, [tvm.runtime.tensor(v) for v in tiny_mlp.params.values()])
+    for b, n in [(1, 1), (2, 1), (1, 2), (1, 17), (2, 33), (1, 64)]:
+        inputs = tiny_mlp.random_inputs({"b": b, "n": n})
+        out = vm["main"](tvm.runtime.tensor(inputs["x"]), *params).numpy()
+        np.testing.assert_allclose(out, tiny_mlp.reference(inputs, tiny_mlp.params), rtol=1e-4, atol=1e-5)
