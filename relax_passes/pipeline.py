@@ -7,13 +7,15 @@ from collections import Counter
 import tvm
 from tvm import relax
 
-from .bucket_dispatch import BucketDispatch, Bucket
+from .bucket_dispatch import Bucket, BucketDispatch
+from .decompose_attention import DecomposeAttention
 
 
 def fusion_passes(plan: dict[str, list[Bucket]]) -> list:
     """Model → fused kernels with symbolic shapes, one copy per shape bucket (what tuning sees)."""
     return [
         relax.transform.LiftTransformParams(),  # weight-only work (transposes) runs once, at load
+        DecomposeAttention(),  # attention as matmul / masked softmax / matmul kernels
         BucketDispatch(plan),  # one function per shape bucket; main checks bounds and dispatches
         relax.backend.DispatchSampling(),  # ops that need a library form before legalization
         relax.backend.DispatchSortScan(),

@@ -57,7 +57,7 @@ def tune(workload: Workload, target: ResolvedTarget, job: JobConfig, progress: b
     database, folder = _open_cache(target, job, writable=True)
     try:
         logger.info("target %s; cache %s; %d tasks", target.json, folder, len(tasks))
-        result = run_tuning(tasks, target.target, database, job.tune, folder / "logs", progress=progress)
+        result = run_tuning(tasks, target.target, database, job.tune, folder, progress=progress)
         cache.write_manifest(
             folder,
             target,

@@ -107,7 +107,7 @@ class ApplyTunedSchedules:
             self.report["tuned"] += 1
             return ("direct", bb.add_func(direct, f"{name}_tuned"), None)
         samples = replay.row_samples(static, record.trace, tune_at)
-        rows_trace = replay.generalize(record.trace, set(samples))
+        rows_trace = replay.generalize(record.trace, {i: keep for i, (_, keep, _) in samples.items()})
         args = list(call.args[1].fields)
         dims = _symbolic_dims(args)
         pads = {n: (dims[n], m) for n, m in replay.multiples(samples).items() if m > 1 and n in dims}
@@ -123,7 +123,7 @@ class ApplyTunedSchedules:
             logger.debug("padding %s failed: %s", name, err, exc_info=True)
             scheduled = None
         if scheduled is not None and not replay.has_guard(scheduled):
-            self.report["tuned, padded" if mode == "padded" else "tuned, row tile 1"] += 1
+            self.report["tuned, padded" if mode == "padded" else "tuned, small row tile"] += 1
             return (mode, bb.add_func(scheduled, f"{name}_{mode}"), pads if mode == "padded" else None)
         logger.info("%s keeps a guard in its inner loops (not exactly paddable)", name)
         self.report["tuned, guarded"] += 1

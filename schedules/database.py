@@ -33,6 +33,34 @@ WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
 
 
+def _plain(obj):
+    """TVM JSON containers → Python JSON; an IndexMap is kept as its IR JSON string, the way
+    `Trace.as_json` writes one (the stock converter raises on it: layout-rewriting traces)."""
+    import tvm
+
+    if obj is None or isinstance(obj, (bool, int, float)):
+        return obj
+    if isinstance(obj, str):
+        return str(obj)
+    if isinstance(obj, (tvm.tirx.IntImm, tvm.tirx.FloatImm)):
+        return obj.value
+    if isinstance(obj, tvm.tirx.IndexMap):
+        return tvm.ir.save_json(obj)
+    if hasattr(obj, "items"):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    return [_plain(x) for x in obj]
+
+
+def record_json(record: TuningRecord) -> list:
+    """A record as JSONDatabase writes it: [trace, run_secs, target, args_info]."""
+    return [
+        _plain(record.trace.as_json(remove_postproc=False)),
+        [float(s) for s in record.run_secs] if record.run_secs is not None else None,
+        _plain(record.target.export()) if record.target is not None else None,
+        [_plain(a.as_json()) for a in record.args_info] if record.args_info is not None else None,
+    ]
+
+
 def _read_lines(path: Path) -> list[tuple[int, object | None, str]]:
     """(line number, parsed JSON or None when damaged, raw text) for every non-empty line."""
     if not path.exists():
@@ -155,7 +183,7 @@ class CacheDatabase(ms.database.PyDatabase):
     def commit_tuning_record(self, record: TuningRecord) -> None:
         workload = self.commit_workload(record.workload.mod)
         self._mem.commit_tuning_record(record)
-        self._append(RECORDS, [self._index[str(workload.as_json()[0])], record.as_json()])
+        self._append(RECORDS, [self._index[str(workload.as_json()[0])], record_json(record)])
 
     def get_top_k(self, workload: Workload, top_k: int) -> list[TuningRecord]:
         return self._mem.get_top_k(workload, top_k)

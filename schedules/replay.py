@@ -30,14 +30,28 @@ def fresh_schedule(func: tirx.PrimFunc) -> s_tir.Schedule:
     return s_tir.Schedule(tvm.IRModule({"main": copy.with_attr("global_symbol", "main")}))
 
 
-def generalize(trace: Trace, row_samples: set[int] = frozenset()) -> list:
+ROW_TILE_CAP = 16  # rows a symbolic dimension may be padded by, at most (one register/cache tile)
+
+
+def row_tile(decision) -> tuple[int, int]:
+    """How many innermost tile levels of a symbolic loop to keep, and their product (<= the cap)."""
+    kept, product = 0, 1
+    for factor in reversed([int(f) for f in decision[1:]]):
+        if product * factor > ROW_TILE_CAP:
+            break
+        kept, product = kept + 1, product * factor
+    return kept, product
+
+
+def generalize(trace: Trace, row_samples: dict[int, int] | None = None) -> list:
     """The trace as JSON with every SamplePerfectTile folded into its Split as literal factors.
 
-    Samples listed in `row_samples` (instruction indices, on symbolic loops) keep only their
-    innermost factor, `[None, 1, ..., d]`: the loop structure the rest of the trace refers to is
-    unchanged, and a symbolic extent then only needs padding to a multiple of `d` (a register
-    tile, a few rows) instead of the whole tuned extent.
+    Samples in `row_samples` (instruction index → innermost levels to keep, on symbolic loops)
+    get their outer levels set to 1, e.g. `[None, 1, 8, 2]`: the loop structure the rest of the
+    trace refers to is unchanged, and a symbolic extent then only needs padding to a multiple of
+    the kept tile (a few rows) instead of the whole tuned extent.
     """
+    row_samples = row_samples or {}
     insts, decisions = trace.as_json()
     decision_of = {int(index): decision for index, decision in decisions}
     literal: dict[str, object] = {}
@@ -47,7 +61,8 @@ def generalize(trace: Trace, row_samples: set[int] = frozenset()) -> list:
         if kind == "SamplePerfectTile":
             factors = [int(f) for f in decision_of[index]]
             if index in row_samples:
-                factors = [factors[0]] + [1] * (len(factors) - 2) + [factors[-1]]
+                keep = row_samples[index]
+                factors = [factors[0]] + [1] * (len(factors) - 1 - keep) + factors[len(factors) - keep :]
             literal.update({rv: (None if k == 0 else factors[k]) for k, rv in enumerate(outputs)})
             continue
         if index in decision_of:
@@ -72,8 +87,8 @@ def has_guard(func: tirx.PrimFunc) -> bool:
     return "T.where(" in func.script()
 
 
-def row_samples(static_func: tirx.PrimFunc, trace: Trace, tune_at: dict[str, int]) -> dict[int, tuple[str, int]]:
-    """The SamplePerfectTile instructions on symbolic loops: index → (dimension, innermost factor).
+def row_samples(static_func: tirx.PrimFunc, trace: Trace, tune_at: dict[str, int]) -> dict[int, tuple[str, int, int]]:
+    """The SamplePerfectTile instructions on symbolic loops: index → (dimension, kept levels, tile).
 
     Read off the trace replayed on the static kernel: a sampled loop whose extent equals a
     dimension's tuning value is taken as that dimension's loop. A static loop of the same extent
@@ -89,16 +104,16 @@ def row_samples(static_func: tirx.PrimFunc, trace: Trace, tune_at: dict[str, int
             index = next(i for i, other in enumerate(insts) if other.same_as(inst))
             for name, value in tune_at.items():
                 if value > 1 and isinstance(extent, tirx.IntImm) and int(extent) == value:
-                    found[index] = (name, int(decision[-1]))
+                    found[index] = (name, *row_tile(decision))
         return decision
 
     trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=provider)
     return found
 
 
-def multiples(samples: dict[int, tuple[str, int]]) -> dict[str, int]:
-    """Per dimension, the lcm of the innermost factors of its loops: what it must be padded to."""
+def multiples(samples: dict[int, tuple[str, int, int]]) -> dict[str, int]:
+    """Per dimension, the lcm of the kept row tiles of its loops: what it must be padded to."""
     out: dict[str, int] = {}
-    for name, factor in samples.values():
-        out[name] = math.lcm(out.get(name, 1), factor)
+    for name, _, tile in samples.values():
+        out[name] = math.lcm(out.get(name, 1), tile)
     return out

@@ -84,27 +84,30 @@ def specialise(mod: tvm.IRModule, gv: tvm.ir.GlobalVar) -> list[tuple[str, tirx.
 
 
 def is_contraction(func: tirx.PrimFunc) -> bool:
-    """Whether a kernel holds a reduction over two or more buffers (a matmul, not a norm).
+    """Whether a kernel is one contraction (a matmul with its fused prologue/epilogue).
 
-    These are where search pays; element-wise, norm and softmax kernels get rule-based schedules.
+    A contraction block reduces over two or more buffers (a norm reduces over one). These are
+    where search pays; norms, softmax and element-wise kernels get rule-based schedules, and so do
+    kernels with several contractions (the legalised attention: MetaSchedule's layout rewrite
+    breaks their builds in TVM 0.27, and a fused attention rule is the better answer).
     """
     from .replay import fresh_schedule
 
     sch = fresh_schedule(func)
     pending = [sch.get_sblock("root", func_name="main")] if _has_root(sch) else []
+    contractions = 0
     while pending:
         block_rv = pending.pop()
         block = sch.get(block_rv)
         reduce_vars = {iv.var.name for iv in block.iter_vars if int(iv.iter_type) == 2}
-        along_reduction = {
-            region.source.name
-            for region in block.reads
-            if any(v.name in reduce_vars for r in region.region for v in tirx.analysis.undefined_vars(r.min))
-        }
-        if len(along_reduction) >= 2:
-            return True
+        along_reduction = []
+        for region in block.reads:
+            indexed = any(v.name in reduce_vars for r in region.region for v in tirx.analysis.undefined_vars(r.min))
+            if indexed and not any(region.source.same_as(seen) for seen in along_reduction):
+                along_reduction.append(region.source)
+        contractions += len(along_reduction) >= 2
         pending.extend(sch.get_child_blocks(block_rv))
-    return False
+    return contractions == 1
 
 
 def _has_root(sch) -> bool:

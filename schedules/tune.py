@@ -60,6 +60,8 @@ def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig,
     result = TuneResult(trials_run=0, trials_cached=sum(cached.values()), wall_s=0.0)
     if remaining > 0 and tasks:
         log_dir.mkdir(parents=True, exist_ok=True)
+        # per-task log files (traces, build errors) under <log_dir>/logs, as stock MetaSchedule writes them
+        loggers = ms.logging.get_loggers_from_work_dir(str(log_dir), [t.name.replace("@", "_") for t in tasks])
         contexts = [
             ms.TuneContext(
                 mod=t.mod,
@@ -67,7 +69,7 @@ def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig,
                 space_generator="post-order-apply",
                 search_strategy="evolutionary",
                 task_name=t.name,
-                logger=ms.logging.get_logger(f"relaxtune.task.{i}"),
+                logger=loggers[i],
                 rand_state=config.seed + i + 1,
                 num_threads=config.build_workers or "physical",
             ).clone()

@@ -14,21 +14,22 @@ from tvm.s_tir import dlight as dl
 
 from .cpu_elementwise import Elementwise
 from .cpu_fallback import Fallback
+from .cpu_gemv import Gemv
 from .cpu_matmul import Matmul
 from .cpu_reduction import Reduction
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Elementwise", "Fallback", "Matmul", "Reduction", "apply_cpu_rules", "cpu_rules"]
+__all__ = ["Elementwise", "Fallback", "Gemv", "Matmul", "Reduction", "apply_cpu_rules", "cpu_rules"]
 
 
 def cpu_rules(fast_math: bool = True) -> list:
-    """The CPU rules in the order they are tried: matmul, row reductions, element-wise, fallback.
+    """The CPU rules in the order they are tried: GEMV, matmul, row reductions, element-wise, fallback.
 
-    ``fast_math`` replaces float32 exp / erf / tanh by vectorizable approximations (rel. error
-    < 4e-7, see ``fast_math``); TVM otherwise calls scalar libm for each element.
+    ``fast_math`` replaces float32 exp / erf / tanh / sigmoid by vectorizable approximations
+    (error < 4e-7, see ``fast_math``); TVM otherwise calls scalar libm for each element.
     """
-    return [Matmul(fast_math=fast_math), Reduction(fast_math=fast_math),
+    return [Gemv(fast_math=fast_math), Matmul(fast_math=fast_math), Reduction(fast_math=fast_math),
             Elementwise(fast_math=fast_math), Fallback(fast_math=fast_math)]
 
 

@@ -15,10 +15,6 @@ from tvm.target.codegen import target_has_features
 logger = logging.getLogger(__name__)
 
 
-def is_llvm(target: Target | None) -> bool:
-    return target is not None and target.kind.name == "llvm"
-
-
 def vector_bits(target: Target) -> int:
     """SIMD register width of an llvm target, in bits.
 
@@ -61,6 +57,14 @@ def largest_pow2_divisor(value: int, limit: int) -> int:
     while best * 2 <= limit and value % (best * 2) == 0:
         best *= 2
     return best
+
+
+def root_children(sch: s_tir.Schedule) -> list | None:
+    """The blocks directly under the root block; None for a function without one (plain TIR)."""
+    try:
+        return list(sch.get_child_blocks(sch.get_sblock("root")))
+    except Exception:  # pylint: disable=broad-except
+        return None
 
 
 def writes_param(sch: s_tir.Schedule, block) -> bool:
@@ -130,3 +134,26 @@ def vectorize_inner(sch: s_tir.Schedule, loop, vec: int, max_vec: int | None = N
         _, inner = sch.split(loop, [None, width])
         sch.vectorize(inner)
     return True
+
+
+def parallel_depth(sch: s_tir.Schedule, loops: list, lane_work: int) -> int:
+    """How many outer loops to fuse into the parallel loop.
+
+    The fused index is split back with div / mod by the extents of the loops fused after each one;
+    a symbolic divisor is a real division per iteration. So: a symbolic loop is fused only as the
+    outermost loop (free) or as the last one when each iteration still has >= 256 elements of
+    work; static loops are always fused. A (b, 4, n, 64) transpose, n=128, 1 thread: 13.6 us with
+    every loop fused, 3.4 us with (b, 4, n), 2.4 us with (b, 4).
+    """
+    exts = [static(extent(sch, lp)) for lp in loops]
+    depth = 0
+    for i, ext in enumerate(exts):
+        if ext is None and i > 0:
+            work = lane_work
+            for inner in exts[i + 1:]:
+                work *= inner or 1
+            if work >= 256:
+                depth = i + 1
+            break
+        depth = i + 1
+    return max(depth, 1)

@@ -1,8 +1,9 @@
 """Benchmark the CPU schedule rules against stock TVM and numpy.
 
-Run: ``python -m relaxtune.schedules.rules.bench_rules [--n 1 32 128] [--threads 2]``
+Run: ``python -m relaxtune.schedules.rules.bench_rules [--n 1 32 128] [--threads 1] [--numpy-threads K]``
 
-For each kernel (a Relax module with a symbolic ``n``) and each ``n`` it prints the median time of
+For each kernel (a Relax module with a symbolic ``n``) and each ``n`` it prints the median time
+(lowest median of 3 rounds of 15 samples, to see past other jobs on a shared machine) of
   * naive: stock ``tvm.compile`` (default pipeline: no fusion, no schedule), skipped when one call
     already takes so long that the repeats would exceed ~5 s,
   * rules: LegalizeOps -> AnnotateTIROpPattern -> FuseOps -> FuseTIR -> ``apply_cpu_rules`` -> compile,
@@ -25,7 +26,7 @@ logger = logging.getLogger(__name__)
 HIDDEN, FFN, HEADS = 256, 704, 8
 RMS_HIDDEN = 2048
 NAIVE_BUDGET_S = 5.0
-SETTLE_S = 0.5
+REPEAT, ROUNDS = 15, 3  # a time is the lowest of ROUNDS medians of REPEAT samples (shared, noisy CPUs)
 
 
 def _matmul_mod():
@@ -124,8 +125,8 @@ def _time_vm(vm, args, budget_s: float | None = None) -> float | None:
     if budget_s is not None and once * 5 > budget_s:
         return None if once > budget_s else once
     number = max(1, min(200, int(0.02 / max(once, 1e-7))))
-    timer = vm.time_evaluator("main", tvm.cpu(), number=number, repeat=15)
-    return float(np.median(timer(*args).results))
+    timer = vm.time_evaluator("main", tvm.cpu(), number=number, repeat=REPEAT)
+    return min(float(np.median(timer(*args).results)) for _ in range(ROUNDS))
 
 
 def _time_numpy(fn, args) -> float:
@@ -134,13 +135,16 @@ def _time_numpy(fn, args) -> float:
     fn(*args)
     once = time.perf_counter() - start
     number = max(1, min(200, int(0.02 / max(once, 1e-7))))
-    samples = []
-    for _ in range(15):
-        start = time.perf_counter()
-        for _ in range(number):
-            fn(*args)
-        samples.append((time.perf_counter() - start) / number)
-    return float(np.median(samples))
+    medians = []
+    for _ in range(ROUNDS):
+        samples = []
+        for _ in range(REPEAT):
+            start = time.perf_counter()
+            for _ in range(number):
+                fn(*args)
+            samples.append((time.perf_counter() - start) / number)
+        medians.append(float(np.median(samples)))
+    return min(medians)
 
 
 def run(ns: list[int], target_config: dict) -> list[dict]:
@@ -154,10 +158,9 @@ def run(ns: list[int], target_config: dict) -> list[dict]:
     rows = []
     for name, (make, inputs, ref) in KERNELS.items():
         cases = []
-        for n in ns:  # numpy and TVM are timed apart: each one's idle worker threads spin for a while
+        for n in ns:
             np_args = [a.astype("float32") for a in inputs(n, np.random.default_rng(n))]
             cases.append((n, np_args, _time_numpy(ref, np_args)))
-        time.sleep(SETTLE_S)
         mod = make()
         naive_vm = relax.VirtualMachine(tvm.compile(mod, target=target), dev)
         rules_vm = relax.VirtualMachine(tvm.compile(apply_cpu_rules(_fuse(mod, target), target), target=target), dev)
@@ -174,7 +177,6 @@ def run(ns: list[int], target_config: dict) -> list[dict]:
                 "numpy": np_time, "err": err,
             })
             logger.info("%s n=%d done", name, n)
-        time.sleep(SETTLE_S)
     return rows
 
 
@@ -197,17 +199,40 @@ def to_markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _set_numpy_threads(count: int) -> bool:
+    """Best effort: cap numpy's bundled OpenBLAS at ``count`` threads (no threadpoolctl here)."""
+    import ctypes
+    import glob
+
+    libs = glob.glob(os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs", "libscipy_openblas*.so*"))
+    for path in libs:
+        lib = ctypes.CDLL(path)
+        for symbol in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads", "openblas_set_num_threads"):
+            if hasattr(lib, symbol):
+                getattr(lib, symbol)(ctypes.c_int(count))
+                return True
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, nargs="+", default=[1, 32, 128], help="values of the symbolic n")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="TVM threads (num-cores)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="threads for TVM (num-cores) and numpy. Default 1: on a shared VM an idle "
+                             "vCPU took ~16 ms to wake, which made 2-thread OpenBLAS calls take 16 ms for seconds")
+    parser.add_argument("--numpy-threads", type=int, default=None,
+                        help="OpenBLAS threads for numpy (default: same as --threads)")
     args = parser.parse_args(argv)
     os.environ.setdefault("TVM_NUM_THREADS", str(args.threads))
+    np_threads = args.numpy_threads or args.threads
+    capped = _set_numpy_threads(np_threads)
     from tvm.target import codegen
 
     config = {"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu(), "num-cores": args.threads}
     rows = run(args.n, config)
-    sys.stdout.write(f"target: {config}\n\n{to_markdown(rows)}\n")
+    blas = f"{np_threads} OpenBLAS threads" if capped else "default OpenBLAS threads"
+    sys.stdout.write(f"target: {config}, TVM threads: {os.environ['TVM_NUM_THREADS']}, numpy: {blas}\n\n"
+                     f"{to_markdown(rows)}\n")
     return 0
 
 

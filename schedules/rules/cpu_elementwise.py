@@ -3,8 +3,9 @@
 Matches a PrimFunc whose blocks are all spatial (no reduction), static or symbolic extents.
 
 How it schedules: inline every block that can be inlined (so a fused chain becomes one loop nest
-per output), then for each remaining block fuse all loops but the innermost into one parallel loop
-and vectorize the innermost: a static innermost loop is split by the largest power of two <= SIMD
+per output), then for each remaining block fuse the outer loops into one parallel loop (all static
+ones, but a symbolic loop only when outermost or with >= 256 elements of work per iteration: see
+``_utils.parallel_depth``; the others stay nested, serial) and vectorize the innermost: a static innermost loop is split by the largest power of two <= SIMD
 width that divides it; a symbolic innermost loop is split by the SIMD width and its outer part gets
 ``pragma_loop_partition_hint``, so lowering peels a predicate-free vector body plus a scalar tail.
 """
@@ -30,8 +31,9 @@ def parallel_vectorize(sch: s_tir.Schedule, blk, vec: int) -> None:
         return
     inner = loops[-1]
     ext = U.static(U.extent(sch, inner))
+    lane_work = 256  # a symbolic innermost loop: assume it is long
     if ext is not None:
-        width = U.largest_pow2_divisor(ext, vec)
+        width = lane_work = U.largest_pow2_divisor(ext, vec)
         if width >= 2 and ext > width:
             outer_part, inner = sch.split(inner, [None, width])
             loops = loops[:-1] + [outer_part]
@@ -49,6 +51,7 @@ def parallel_vectorize(sch: s_tir.Schedule, blk, vec: int) -> None:
             sch.parallel(outer_part)
             return
     if loops:
+        loops = loops[: U.parallel_depth(sch, loops, lane_work)]
         sch.parallel(sch.fuse(*loops) if len(loops) > 1 else loops[0])
 
 
@@ -62,10 +65,7 @@ class Elementwise(CPUScheduleRule):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
         sch = s_tir.Schedule(fast_math.rewrite(func) if self.fast_math else func)
-        try:
-            blocks = sch.get_child_blocks(sch.get_sblock("root"))
-        except Exception:  # pylint: disable=broad-except  # no root block: not an sblock function
-            return None
+        blocks = U.root_children(sch)
         if not blocks:
             return None
         for blk in blocks:

@@ -55,9 +55,8 @@ class Fallback(CPUScheduleRule):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
         sch = s_tir.Schedule(fast_math.rewrite(func) if self.fast_math else func)
-        try:
-            blocks = sch.get_child_blocks(sch.get_sblock("root"))
-        except Exception:  # pylint: disable=broad-except  # no root block
+        blocks = U.root_children(sch)
+        if blocks is None:
             return None
         spatial = [b for b in blocks if all(iv.iter_type == tirx.IterVar.DataPar for iv in sch.get(b).iter_vars)]
         U.inline_all_spatial(sch, spatial)
@@ -88,6 +87,6 @@ class Fallback(CPUScheduleRule):
                     loops = loops[:-1]
                     n_prefix = min(n_prefix, len(loops))
                 sch.vectorize(inner)
-        prefix = loops[:n_prefix]
+        prefix = loops[: min(n_prefix, U.parallel_depth(sch, loops, 1))] if n_prefix else []
         if prefix:
             sch.parallel(sch.fuse(*prefix) if len(prefix) > 1 else prefix[0])

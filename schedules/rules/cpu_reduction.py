@@ -4,11 +4,15 @@ Matches a PrimFunc whose blocks are all spatial or reduction, with at least one 
 block (after inlining cheap element-wise producers) starts with the same leading spatial "row" axes
 and reduces / maps only the trailing axes. The reduced axis may be static (hidden size) or
 symbolic (softmax over ``n`` keys). Matmul-like reductions (two operands) are left to the matmul rule.
+Written instead of reusing ``dl.cpu.Reduction``, which keeps every reduction a serial scalar chain,
+parallelizes only the row axes shared with broadcast blocks (just ``b`` for rms_norm) and puts
+predicates in its vector loops: 1 thread, softmax(1, 8, 128, 128) 894 -> 161 us, rms_norm
+(1, 128, 2048) 287 -> 34 us.
 
 How it schedules:
 1. Inline cheap element-wise and broadcast producers (casts, ``x * x``, ``mean = sum / d``); blocks
    with transcendental math read by several consumers (``exp`` of softmax) stay materialized.
-   float32 exp / erf / tanh become vectorizable approximations (see ``fast_math``).
+   float32 exp / erf / tanh / sigmoid become vectorizable approximations (see ``fast_math``).
 2. A reduction over a symbolic axis is padded (``pad_einsum``) to a multiple of the SIMD width,
    with the pad filled by the reducer's identity (``pad_einsum`` always fills 0, which is wrong
    for ``max``, so the fill value is patched to the block's init value).

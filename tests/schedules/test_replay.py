@@ -49,16 +49,22 @@ def test_generalize_folds_samples_into_free_outer_factors():
     assert splits == [[None, 2, 4], [None, 16]]
     assert all(kind != "SamplePerfectTile" for kind, *_ in insts)
     first_sample = next(i for i, inst in enumerate(insts_of(trace)) if inst == "SamplePerfectTile")
-    rows, _ = replay.generalize(trace, row_samples={first_sample})
+    rows, _ = replay.generalize(trace, row_samples={first_sample: 1})
     assert [inputs[1:] for kind, inputs, _, _ in rows if kind == "Split"][0] == [None, 1, 4]
+
+
+def test_row_tile_keeps_inner_levels_up_to_the_cap():
+    assert replay.row_tile([2, 8, 8, 1]) == (2, 8)
+    assert replay.row_tile([1, 1, 4, 4]) == (3, 16)
+    assert replay.row_tile([4, 32, 1, 1]) == (2, 1)
 
 
 def test_row_samples_and_multiples():
     static = _matmul(T.int64(16))
     trace = _tuned_trace(static)
     samples = replay.row_samples(static, trace, {"n": 16})
-    assert list(samples.values()) == [("n", 4)]
-    assert replay.multiples(samples) == {"n": 4}
+    assert list(samples.values()) == [("n", 2, 8)]
+    assert replay.multiples(samples) == {"n": 8}
 
 
 def test_symbolic_replay_guards_and_padding_removes_the_guard():
