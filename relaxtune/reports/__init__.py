@@ -1,0 +1,5 @@
+"""Reports: `relaxtune report NAME ...`. Each report is one module here with `add_arguments(parser)`
+and `run(args) -> int`, listed in REPORTS; it prints markdown, writes `--json PATH` when given,
+and draws its plots as PNG beside the markdown."""
+
+REPORTS: dict[str, str] = {}  # name -> one-line description; module relaxtune.reports.<name>
