@@ -39,13 +39,16 @@ class Bucket:
         return f"{dim}{self.lo}" if self.exact else f"{dim}{self.lo}_{self.hi}"
 
 
+POWERS_OF_TWO_FROM = 16  # a dimension whose upper/lower ratio reaches this gets power-of-two buckets
+
+
 def plan_buckets(bounds: dict[str, tuple[int, int, int]], edges: dict[str, tuple[int, ...]]) -> dict[str, list[Bucket]]:
     """Buckets per dimension from (lo, hi, representative) bounds and optional bucket tops.
 
-    Without tops, a dimension whose representative exceeds its lower bound of 1 gets an exact
-    bucket at 1 (decode: one token) and one bucket over the rest, tuned at the representative;
-    any other dimension is one bucket. With tops t1 < t2 < ..., buckets are [lo, t1], [t1+1, t2],
-    ..., each tuned at its top, and a last one up to the upper bound if the tops stop short.
+    With tops t1 < t2 < ..., buckets are [lo, t1], [t1+1, t2], ..., each tuned at its top, plus
+    one up to the upper bound if the tops stop short. Without tops, a dimension spanning a wide
+    range (upper/lower >= 16, e.g. a sequence length) gets power-of-two tops (1, 2, 4, ...,
+    upper); a narrow one (a batch of 1..4) is one bucket tuned at its representative value.
     """
     unknown = sorted(set(edges) - set(bounds))
     if unknown:
@@ -54,8 +57,10 @@ def plan_buckets(bounds: dict[str, tuple[int, int, int]], edges: dict[str, tuple
     for dim, (lo, hi, rep) in bounds.items():
         tops = edges.get(dim)
         if tops is None:
-            plan[dim] = [Bucket(1, 1, 1), Bucket(2, hi, max(rep, 2))] if lo == 1 < rep and hi > 1 else [Bucket(lo, hi, rep)]
-            continue
+            if hi < POWERS_OF_TWO_FROM * lo:
+                plan[dim] = [Bucket(lo, hi, rep)]
+                continue
+            tops = tuple(sorted({1 << k for k in range(hi.bit_length()) if lo <= 1 << k <= hi}))
         bad = [t for t in tops if not lo <= t <= hi]
         if bad:
             raise UserError(f"--buckets {dim}={bad[0]} is outside the bounds of {dim}: [{lo}, {hi}]")

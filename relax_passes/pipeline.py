@@ -41,14 +41,15 @@ def rule_schedules(target) -> tvm.transform.Pass:
     return dl.ApplyDefaultSchedule(*rules)
 
 
-def pipeline(target, plan: dict[str, list[Bucket]], database=None, report: Counter | None = None) -> tvm.transform.Pass:
+def pipeline(target, plan: dict[str, list[Bucket]], database=None, report: Counter | None = None, index: dict | None = None) -> tvm.transform.Pass:
     """The full pipeline for `target`: fusion, tuned schedules, rules, memory planning, lowering."""
     from ..schedules.apply import ApplyTunedSchedules
 
     tuned = []
     if database is not None:
         tuned = [
-            ApplyTunedSchedules(database, report),  # cached records, padded where that is exact
+            # records that beat the rules, padded where exact, checked once on the host
+            ApplyTunedSchedules(database, report, index, check="gpu" not in target.keys),
             relax.transform.LegalizeOps(),  # the pad/slice ops it inserted
             relax.transform.AnnotateTIROpPattern(),
         ]

@@ -55,17 +55,14 @@ def tune(workload: Workload, target: ResolvedTarget, job: JobConfig, progress: b
 
     tasks = extract_tasks(workload, target, job)
     database, folder = _open_cache(target, job, writable=True)
-    try:
-        logger.info("target %s; cache %s; %d tasks", target.json, folder, len(tasks))
-        result = run_tuning(tasks, target.target, database, job.tune, folder, progress=progress)
-        cache.write_manifest(
-            folder,
-            target,
-            workload.name,
-            {"config": workload.config, "trials_budget": job.tune.trials, "tasks": [t.name for t in tasks]},
-        )
-    finally:
-        database.close()
+    logger.info("target %s; cache %s; %d tasks", target.json, folder, len(tasks))
+    result = run_tuning(tasks, target.target, database, job.tune, folder, progress=progress, workload=workload.name)
+    cache.write_manifest(
+        folder,
+        target,
+        workload.name,
+        {"config": workload.config, "trials_budget": job.tune.trials, "tasks": [t.name for t in tasks]},
+    )
     return result
 
 
@@ -92,12 +89,14 @@ def build(workload: Workload, target: ResolvedTarget, job: JobConfig, report: Co
 
     from .relax_passes.pipeline import pipeline
 
-    database = None
-    folder = None
+    from .schedules import task_index
+
+    database, folder, index = None, None, {}
     if job.compile.use_cache:
         database, folder = _open_cache(target, job, writable=False)
+        index = task_index.load(folder) if database is not None else {}
     report = report if report is not None else Counter()
-    passes = pipeline(target.target, bucket_plan(workload, job), database, report)
+    passes = pipeline(target.target, bucket_plan(workload, job), database, report, index)
     executable = tvm.compile(workload.mod, target=target.target, relax_pipeline=passes)
     return executable, report, folder
 

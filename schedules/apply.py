@@ -6,8 +6,8 @@ of that static kernel is looked up. The record's trace, made shape-generic (`rep
 applied to the symbolic kernel in the first of these forms that leaves no guard in it:
 
 1. as is, when the tiles of every symbolic loop divide its extent (e.g. tile 1 for batch);
-2. padded: the symbolic dimension rounded up to the tile multiple (`padding.py`), when exact;
-3. guarded: as is, with the predicate TVM inserts (correct, slower; logged).
+2. with its row tiles cut to at most 16 rows, padded to that multiple (`padding.py`) when exact;
+3. otherwise the kernel keeps its rule-based schedule (a guard in the inner loops costs 3-9x).
 
 Kernels without a record are left for the rules; LegalizeOps must run again afterwards for the
 pad/slice ops this pass inserts.
@@ -16,17 +16,19 @@ pad/slice ops this pass inserts.
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 
 import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from . import padding, replay
-from ..relax_passes.bucket_dispatch import BUCKET_ATTR
-from .tasks import bucket_functions, call_sites, normalize, specialise
+from . import padding, replay, validate
+from .tasks import bucket_functions, bucket_of, call_sites, normalize, specialise, tune_point, workload_key
 
 logger = logging.getLogger(__name__)
+
+MAX_BORROW = 4  # other tuning points tried per call site before leaving it to the rules
 
 
 def _best_record(database, static: tirx.PrimFunc):
@@ -55,11 +57,6 @@ class _CallRewriter(PyExprMutator):
         return super().visit_call_(call)
 
 
-def _tune_at(func: relax.Function) -> dict[str, int]:
-    symbolic = {v.name for v in relax.analysis.defined_symbolic_vars(func)}
-    return {n: int(spec[2]) for n, spec in func.attrs[BUCKET_ATTR].items() if n in symbolic}
-
-
 def _symbolic_dims(args) -> dict[str, tirx.Var]:
     dims = {}
     for arg in args:
@@ -68,22 +65,58 @@ def _symbolic_dims(args) -> dict[str, tirx.Var]:
     return dims
 
 
+def _alternatives(own: dict[str, int], values: dict[str, list[int]]) -> list[dict[str, int]]:
+    """Other tuning points to borrow a record from: one dimension moved, nearest (in log) first."""
+    out = []
+    for dim, value in own.items():
+        for other in sorted(set(values.get(dim, [])) - {value}, key=lambda v: (abs(math.log2(v) - math.log2(value)), -v)):
+            out.append({**own, dim: other})
+    return sorted(out, key=lambda alt: sum(abs(math.log2(alt[d]) - math.log2(own[d])) for d in own))[:MAX_BORROW]
+
+
 @tvm.transform.module_pass(opt_level=0, name="ApplyTunedSchedules")
 class ApplyTunedSchedules:
-    """Schedule every call site that has a tuning record; `report` counts what happened."""
+    """Schedule every call site that has a record better than its rules; `report` counts what happened.
 
-    def __init__(self, database, report: Counter | None = None):
+    A call site whose own tuning point has no record borrows the record of the same kernel at
+    the nearest tuning point of another bucket. A record is used only where it measured faster
+    than the rule-based schedule of the same static kernel (`rule_us` in the task index) and
+    applies without a guard; everything else is left to the rules.
+    """
+
+    def __init__(self, database, report: Counter | None = None, index: dict[str, dict] | None = None, check: bool = True):
         self.database = database
         self.report = report if report is not None else Counter()
+        self.index = index or {}
+        self.check = check  # run each re-applied schedule once against the naive kernel (host targets)
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         rewriter = _CallRewriter(mod)
+        values: dict[str, set[int]] = {}
+        for gv in bucket_functions(mod):
+            for dim, at in tune_point(mod[gv]).items():
+                values.setdefault(dim, set()).add(at)
         for gv in bucket_functions(mod):
             func = mod[gv]
-            tune_at = _tune_at(func)
+            own = tune_point(func)
+            points = [own] + _alternatives(own, {d: sorted(v) for d, v in values.items()})
+            specialised = {}  # tuning point index -> [(name, static kernel)] per call site
             plan = []
-            for call, (name, static) in zip(call_sites(func), specialise(mod, gv)):
-                action = self._plan_call(mod, call, name, static, tune_at, rewriter.builder_)
+            for site, call in enumerate(call_sites(func)):
+                found = None
+                for i, point in enumerate(points):
+                    if i not in specialised:
+                        specialised[i] = specialise(mod, gv, point)
+                    name, static = specialised[i][site]
+                    record = _best_record(self.database, static)
+                    if record is not None:
+                        found = (record, static, point, i > 0)
+                        break
+                if found is None:
+                    self.report["no record: rules"] += 1
+                    continue
+                bounds = {d: (lo, hi) for d, (lo, hi, _) in bucket_of(func).items()}
+                action = self._plan_call(mod, call, name, *found, bounds, rewriter.builder_)
                 if action is not None:
                     plan.append((call, action))
             if plan:
@@ -91,20 +124,31 @@ class ApplyTunedSchedules:
                 rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
         return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
 
-    def _plan_call(self, mod, call, name, static, tune_at, bb):
-        record = _best_record(self.database, static)
-        if record is None:
-            self.report["no record"] += 1
+    def _checked(self, name, reference, scheduled, bounds) -> bool:
+        if not self.check or validate.same_results(reference, scheduled, bounds):
+            return True
+        logger.warning("the schedule re-applied to %s gives wrong results at symbolic shapes; using its rules", name)
+        self.report["wrong on symbolic shapes: rules"] += 1
+        return False
+
+    def _plan_call(self, mod, call, name, record, static, tune_at, borrowed, bounds, bb):
+        rule_us = self.index.get(workload_key(normalize(static)), {}).get("rule_us")
+        record_us = sum(float(s) for s in record.run_secs) / len(record.run_secs) * 1e6
+        if rule_us is not None and record_us >= rule_us:
+            self.report["rules faster than record"] += 1
             return None
+        label = "tuned (borrowed)" if borrowed else "tuned"
         kernel = mod[call.args[0]]
         try:
             direct = replay.apply_trace(kernel, replay.generalize(record.trace))
         except Exception as err:  # a record that does not fit this kernel falls back to the rules
             logger.warning("record of %s does not replay: %s; using rules", name, str(err).strip().splitlines()[-1])
-            self.report["record does not replay"] += 1
+            self.report["record does not replay: rules"] += 1
             return None
         if not replay.has_guard(direct):
-            self.report["tuned"] += 1
+            if not self._checked(name, kernel, direct, bounds):
+                return None
+            self.report[label] += 1
             return ("direct", bb.add_func(direct, f"{name}_tuned"), None)
         samples = replay.row_samples(static, record.trace, tune_at)
         rows_trace = replay.generalize(record.trace, {i: keep for i, (_, keep, _) in samples.items()})
@@ -113,18 +157,21 @@ class ApplyTunedSchedules:
         pads = {n: (dims[n], m) for n, m in replay.multiples(samples).items() if m > 1 and n in dims}
         try:
             if not pads:
+                reference = kernel
                 scheduled, mode = replay.apply_trace(kernel, rows_trace), "direct"
             elif isinstance(call.ty, relax.TensorType) and padding.can_pad(kernel, set(pads)):
-                padded = padding.padded_kernel(kernel, [a.ty for a in args], call.ty, pads)
-                scheduled, mode = replay.apply_trace(padded, rows_trace), "padded"
+                reference = padding.padded_kernel(kernel, [a.ty for a in args], call.ty, pads)
+                scheduled, mode = replay.apply_trace(reference, rows_trace), "padded"
             else:
                 scheduled, mode = None, None
-        except Exception as err:  # fall back to the guarded form
+        except Exception as err:  # fall back to the rules
             logger.debug("padding %s failed: %s", name, err, exc_info=True)
             scheduled = None
         if scheduled is not None and not replay.has_guard(scheduled):
-            self.report["tuned, padded" if mode == "padded" else "tuned, small row tile"] += 1
+            if not self._checked(name, reference, scheduled, bounds):
+                return None
+            self.report[f"{label}, padded" if mode == "padded" else f"{label}, small row tile"] += 1
             return (mode, bb.add_func(scheduled, f"{name}_{mode}"), pads if mode == "padded" else None)
-        logger.info("%s keeps a guard in its inner loops (not exactly paddable)", name)
-        self.report["tuned, guarded"] += 1
-        return ("direct", bb.add_func(direct, f"{name}_tuned"), None)
+        logger.info("%s would keep a guard in its inner loops: using its rules", name)
+        self.report["guard needed: rules"] += 1
+        return None

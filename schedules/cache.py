@@ -60,9 +60,16 @@ def write_manifest(folder: Path, target: ResolvedTarget, workload: str, entry: d
     """Record a job in the manifest, replacing the file atomically (never half-written)."""
     import tvm
 
+    from .database import folder_lock
+
+    with folder_lock(folder):
+        _update_manifest(folder, target, workload, entry, tvm.__version__)
+
+
+def _update_manifest(folder: Path, target: ResolvedTarget, workload: str, entry: dict, tvm_version: str) -> None:
     manifest = read_manifest(folder)
     manifest.setdefault("created", _now())
-    manifest.update(tvm_version=tvm.__version__, target=target.config, updated=_now())
+    manifest.update(tvm_version=tvm_version, target=target.config, updated=_now())
     workloads = manifest.setdefault("workloads", {})
     workloads[workload] = {**workloads.get(workload, {}), **entry, "updated": _now()}
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".manifest.")

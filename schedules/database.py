@@ -10,12 +10,14 @@ them. What this class adds:
 - each record is appended and flushed to disk as soon as it is measured, so an interrupted job
   keeps every record committed before the interrupt; a half-written last line is closed with a
   newline before anything new is appended;
-- one writer at a time: a job that writes holds an exclusive lock on the folder.
+- several jobs may write one folder at once: each append holds the folder's lock for that line,
+  and a workload another job already wrote is reused, never written twice.
 """
 
 from __future__ import annotations
 
 import fcntl
+from contextlib import contextmanager
 import json
 import logging
 import os
@@ -25,7 +27,6 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.database import TuningRecord, Workload
 from tvm.ir.utils import derived_object
 
-from ..errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,17 @@ def record_json(record: TuningRecord) -> list:
     ]
 
 
+@contextmanager
+def folder_lock(folder: Path):
+    """The cache folder's lock, held for one append or one manifest update (never a whole job)."""
+    with open(Path(folder) / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def _read_lines(path: Path) -> list[tuple[int, object | None, str]]:
     """(line number, parsed JSON or None when damaged, raw text) for every non-empty line."""
     if not path.exists():
@@ -89,12 +101,12 @@ class CacheDatabase(ms.database.PyDatabase):
         self._mem = ms.database.MemoryDatabase()
         self._index: dict[str, int] = {}  # structural hash → line index in the workload file
         self._workload_lines = 0  # non-empty lines in the workload file, damaged ones included
-        self._lock_file = None
+        self._workload_offset = 0  # bytes of the workload file already indexed
         if writable:
             self.folder.mkdir(parents=True, exist_ok=True)
-            self._lock()
-            for name in (WORKLOADS, RECORDS):
-                self._close_partial_line(self.folder / name)
+            with self._locked():
+                for name in (WORKLOADS, RECORDS):
+                    self._close_partial_line(self.folder / name)
         self._load()
 
     # -- loading -----------------------------------------------------------------------------
@@ -114,6 +126,8 @@ class CacheDatabase(ms.database.PyDatabase):
                 self._mem.commit_workload(workload.mod)
             workloads.append(workload)  # keep line positions: records refer to them
         self._workload_lines = len(workloads)
+        path = self.folder / WORKLOADS
+        self._workload_offset = path.stat().st_size if path.exists() else 0
         for number, obj, _ in _read_lines(self.folder / RECORDS):
             where = f"{self.folder / RECORDS}:{number}"
             if not (isinstance(obj, list) and len(obj) == 2 and isinstance(obj[0], int)):
@@ -131,24 +145,9 @@ class CacheDatabase(ms.database.PyDatabase):
         for line in self.problems:
             logger.warning("%s", line)
 
-    # -- writing -----------------------------------------------------------------------------
-    def _lock(self) -> None:
-        self._lock_file = open(self.folder / ".lock", "a+")
-        try:
-            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock_file.seek(0)
-            holder = self._lock_file.read().strip() or "another process"
-            raise UserError(f"cache {self.folder} is being written by {holder}; wait for that job or use another --cache") from None
-        self._lock_file.truncate(0)
-        self._lock_file.write(f"pid {os.getpid()}\n")
-        self._lock_file.flush()
-
-    def close(self) -> None:
-        if self._lock_file is not None:
-            fcntl.flock(self._lock_file, fcntl.LOCK_UN)
-            self._lock_file.close()
-            self._lock_file = None
+    # -- writing: several jobs may append to one folder at once --------------------------------
+    def _locked(self):
+        return folder_lock(self.folder)
 
     @staticmethod
     def _close_partial_line(path: Path) -> None:
@@ -159,13 +158,46 @@ class CacheDatabase(ms.database.PyDatabase):
                 if f.read(1) != b"\n":
                     f.write(b"\n")
 
-    def _append(self, name: str, obj: object) -> None:
+    def _refresh_index(self) -> None:
+        """Read workload lines other jobs appended since we last looked (call under the lock)."""
+        path = self.folder / WORKLOADS
+        if not path.exists():
+            return
+        with open(path, "rb") as f:
+            f.seek(self._workload_offset)
+            for raw in f:
+                if not raw.endswith(b"\n"):
+                    break  # a line still being written: the lock makes this an interrupted one
+                self._workload_offset += len(raw)
+                if not raw.strip():
+                    continue
+                try:
+                    key = str(json.loads(raw)[0])
+                except (json.JSONDecodeError, IndexError, TypeError):
+                    key = None
+                if key is not None:
+                    self._index.setdefault(key, self._workload_lines)
+                self._workload_lines += 1
+
+    def _append(self, name: str, line: object | None = None, workload_key: str | None = None) -> int:
+        """Append one JSON line under the lock; for a workload, first reuse a line another job wrote."""
         if not self.writable:
             raise RuntimeError(f"cache {self.folder} was opened read-only")
-        with open(self.folder / name, "a", encoding="utf-8") as f:
-            f.write(json.dumps(obj, separators=(",", ":")) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        with self._locked():
+            path = self.folder / name
+            self._close_partial_line(path)
+            if name == WORKLOADS:
+                self._refresh_index()
+                if workload_key in self._index:
+                    return self._index[workload_key]
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(line, separators=(",", ":")) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            if name == WORKLOADS:
+                self._refresh_index()
+                return self._index[workload_key]
+        return -1
 
     # -- the MetaSchedule Database interface ---------------------------------------------------
     def has_workload(self, mod) -> bool:
@@ -175,9 +207,7 @@ class CacheDatabase(ms.database.PyDatabase):
         workload = self._mem.commit_workload(mod)
         key = str(workload.as_json()[0])
         if key not in self._index:
-            self._append(WORKLOADS, workload.as_json())
-            self._index[key] = self._workload_lines
-            self._workload_lines += 1
+            self._append(WORKLOADS, workload.as_json(), workload_key=key)
         return workload
 
     def commit_tuning_record(self, record: TuningRecord) -> None:

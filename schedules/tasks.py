@@ -10,6 +10,7 @@ bucket, another workload) has the same key and is tuned once.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import tvm
@@ -22,17 +23,29 @@ from ..relax_passes.bucket_dispatch import BUCKET_ATTR
 
 @dataclass
 class Task:
-    """One static kernel to tune, and the call sites (bucket function, kernel name) it serves."""
+    """One static kernel to tune, and the call sites (bucket function, kernel name) it serves.
+
+    `weight` is the expected number of calls per model call: each site counts with the
+    probability of its bucket, under a log-uniform prior over each dimension's range (every
+    power-of-two range of n equally likely), so decode and long prompts both count.
+    """
 
     name: str
     mod: tvm.IRModule
     key: str
     flops: float
+    bucket: dict[str, list[int]]
     sites: list[tuple[str, str]] = field(default_factory=list)
+    weight: float = 0.0
 
-    @property
-    def weight(self) -> int:
-        return len(self.sites)
+
+def bucket_probability(bucket: dict[str, list[int]], bounds: dict[str, tuple[int, int]]) -> float:
+    """P(bucket) under a log-uniform prior over each dimension's [lower, upper]."""
+    p = 1.0
+    for dim, (lo, hi, _) in bucket.items():
+        lower, upper = bounds[dim]
+        p *= (math.log2(hi + 1) - math.log2(lo)) / (math.log2(upper + 1) - math.log2(lower))
+    return p
 
 
 def normalize(func: tirx.PrimFunc) -> tvm.IRModule:
@@ -66,11 +79,20 @@ def bucket_functions(mod: tvm.IRModule) -> list[tvm.ir.GlobalVar]:
     return [gv for gv, f in mod.functions_items() if isinstance(f, relax.Function) and f.attrs and BUCKET_ATTR in f.attrs]
 
 
-def specialise(mod: tvm.IRModule, gv: tvm.ir.GlobalVar) -> list[tuple[str, tirx.PrimFunc]]:
-    """(kernel name, kernel specialised at the bucket's tuning point) for each call site of `gv`."""
-    func = mod[gv]
+def bucket_of(func: relax.Function) -> dict[str, list[int]]:
+    return {name: [int(v) for v in spec] for name, spec in func.attrs[BUCKET_ATTR].items()}
+
+
+def tune_point(func: relax.Function) -> dict[str, int]:
+    """The bucket's tuning value of each dimension still symbolic in `func`."""
     symbolic = {v.name for v in relax.analysis.defined_symbolic_vars(func)}
-    values = {name: int(spec[2]) for name, spec in func.attrs[BUCKET_ATTR].items() if name in symbolic}
+    return {name: spec[2] for name, spec in bucket_of(func).items() if name in symbolic}
+
+
+def specialise(mod: tvm.IRModule, gv: tvm.ir.GlobalVar, values: dict[str, int] | None = None) -> list[tuple[str, tirx.PrimFunc]]:
+    """(kernel name, kernel specialised at `values`, by default the bucket's tuning point) per call site."""
+    func = mod[gv]
+    values = tune_point(func) if values is None else values
     calls = call_sites(func)
     kernels = {c.args[0] for c in calls}
     tmp = tvm.IRModule({g: mod[g] for g in kernels})
@@ -118,10 +140,23 @@ def _has_root(sch) -> bool:
         return False
 
 
+def global_bounds(mod: tvm.IRModule) -> dict[str, tuple[int, int]]:
+    """Each dimension's full range, from the buckets of all bucket functions."""
+    bounds: dict[str, tuple[int, int]] = {}
+    for gv in bucket_functions(mod):
+        for dim, (lo, hi, _) in bucket_of(mod[gv]).items():
+            old = bounds.get(dim, (lo, hi))
+            bounds[dim] = (min(old[0], lo), max(old[1], hi))
+    return bounds
+
+
 def extract_tasks(mod: tvm.IRModule, only_contractions: bool = True) -> list[Task]:
     """Deduplicated tuning tasks over every bucket function of a fused module."""
     tasks: dict[str, Task] = {}
+    bounds = global_bounds(mod)
     for gv in bucket_functions(mod):
+        bucket = bucket_of(mod[gv])
+        probability = bucket_probability(bucket, bounds)
         for kernel, static in specialise(mod, gv):
             if only_contractions and not is_contraction(static):
                 continue
@@ -129,6 +164,8 @@ def extract_tasks(mod: tvm.IRModule, only_contractions: bool = True) -> list[Tas
             key = workload_key(task_mod)
             if key not in tasks:
                 flops = float(s_tir_analysis.estimate_tir_flops(task_mod))
-                tasks[key] = Task(name=f"{kernel}@{gv.name_hint.removeprefix('main_')}", mod=task_mod, key=key, flops=flops)
+                name = f"{kernel}@{gv.name_hint.removeprefix('main_')}"
+                tasks[key] = Task(name=name, mod=task_mod, key=key, flops=flops, bucket=bucket)
             tasks[key].sites.append((gv.name_hint, kernel))
+            tasks[key].weight += probability
     return list(tasks.values())

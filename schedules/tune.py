@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import TuneConfig
-from . import intrin
+from . import intrin, task_index
 from .builder import make_builder, make_runner
 from .database import CacheDatabase
 from .progress import ProgressBar
@@ -28,6 +28,7 @@ class TaskResult:
     trials: int
     best_us: float
     flops: float
+    rule_us: float
 
     @property
     def gflops(self) -> float:
@@ -49,15 +50,39 @@ def _best_us(database: CacheDatabase, task: Task) -> float:
     return min(times) * 1e6 if times else float("inf")
 
 
-def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig, log_dir: Path, progress: bool = True) -> TuneResult:
-    """Run up to `config.trials` trials in all (cached ones included) over `tasks`."""
+def index_tasks(tasks: list[Task], target, folder: Path, workload: str) -> dict[str, dict]:
+    """The task index of the cache, with every task of this job in it (rule time measured once)."""
+    index = task_index.load(folder)
+    new = []
+    for t in tasks:
+        if "rule_us" not in index.get(t.key, {}):
+            entry = {"key": t.key, "kernel": t.name.split("@")[0], "workload": workload, "bucket": t.bucket, "flops": t.flops}
+            entry["rule_us"] = task_index.measure_rules(t.mod, target)
+            new.append(entry)
+            index.setdefault(t.key, {}).update(entry)
+    task_index.append(folder, new)
+    return index
+
+
+def select(tasks: list[Task], index: dict[str, dict], config: TuneConfig) -> list[Task]:
+    """The tasks this budget tunes: largest expected time share first (calls x rule-based time),
+    as many as get one measured batch each (MetaSchedule's gradient scheduler then moves the rest
+    of the budget to where it pays); the others borrow records or keep their rules."""
+    ranked = sorted(tasks, key=lambda t: (-t.weight * index[t.key]["rule_us"], t.name))
+    return ranked[: max(1, config.trials // config.trials_per_iter)]
+
+
+def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig, log_dir: Path, progress: bool = True, workload: str = "") -> TuneResult:
+    """Run up to `config.trials` trials in all (cached ones included) over the most valuable tasks."""
     intrin.register_for(target.kind.name)
     from tvm.s_tir import meta_schedule as ms
 
     start = time.perf_counter()
+    index = index_tasks(tasks, target, log_dir, workload) if tasks else {}
     cached = {t.key: len(database.records_for(t.mod)) for t in tasks}
     remaining = config.trials - sum(cached.values())
     result = TuneResult(trials_run=0, trials_cached=sum(cached.values()), wall_s=0.0)
+    all_tasks, tasks = tasks, select(tasks, index, config) if tasks else []
     if remaining > 0 and tasks:
         log_dir.mkdir(parents=True, exist_ok=True)
         # per-task log files (traces, build errors) under <log_dir>/logs, as stock MetaSchedule writes them
@@ -79,7 +104,8 @@ def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig,
         try:
             ms.tune_tasks(
                 tasks=contexts,
-                task_weights=[float(t.weight) for t in tasks],
+                # MetaSchedule reads weights as whole numbers: expected calls per 1000 model calls
+                task_weights=[float(max(1, round(1000 * t.weight))) for t in tasks],
                 work_dir=str(log_dir),
                 max_trials_global=remaining,
                 num_trials_per_iter=config.trials_per_iter,
@@ -97,6 +123,7 @@ def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig,
     else:
         logger.info("cache holds %d trials for these %d tasks (budget %d): 0 trials to run", result.trials_cached, len(tasks), config.trials)
     result.wall_s = time.perf_counter() - start
-    after = {t.key: len(database.records_for(t.mod)) for t in tasks}
-    result.tasks = [TaskResult(t.name, after[t.key], _best_us(database, t), t.flops) for t in tasks]
+    result.tasks = [
+        TaskResult(t.name, len(database.records_for(t.mod)), _best_us(database, t), t.flops, index[t.key]["rule_us"]) for t in all_tasks
+    ]
     return result

@@ -28,9 +28,9 @@ def run(args) -> int:
         print(f"{workload.name}: 0 trials run: the cache already holds {result.trials_cached} trials for its {len(result.tasks)} tasks (budget {args.trials})")
     else:
         print(f"{workload.name}: {result.trials_run} trials in {result.wall_s:.0f} s ({result.failed} failed), {result.trials_cached} were cached")
-    print(f"{'task':48} {'trials':>6} {'best us':>10} {'GFLOP/s':>8}")
-    for t in result.tasks:
-        print(f"{t.name:48} {t.trials:>6} {t.best_us:>10.1f} {t.gflops:>8.2f}")
+    print(f"{'task':48} {'trials':>6} {'best us':>10} {'rules us':>10} {'GFLOP/s':>8}")
+    for t in sorted(result.tasks, key=lambda t: -t.trials):
+        print(f"{t.name:48} {t.trials:>6} {t.best_us:>10.1f} {t.rule_us:>10.1f} {t.gflops:>8.2f}")
     common.write_json(
         args.json,
         {
@@ -39,7 +39,7 @@ def run(args) -> int:
             "trials_cached": result.trials_cached,
             "wall_s": result.wall_s,
             "failed": result.failed,
-            "tasks": [{"name": t.name, "trials": t.trials, "best_us": t.best_us, "gflops": t.gflops} for t in result.tasks],
+            "tasks": [{"name": t.name, "trials": t.trials, "best_us": t.best_us, "rule_us": t.rule_us, "gflops": t.gflops} for t in result.tasks],
         },
     )
     return 0

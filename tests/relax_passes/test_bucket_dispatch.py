@@ -24,9 +24,10 @@ class Before:
         return y
 
 
-def test_default_plan_splits_off_decode():
-    plan = plan_buckets({"b": (1, 4, 1), "n": (1, 64, 32)}, {})
-    assert plan == {"b": [Bucket(1, 4, 1)], "n": [Bucket(1, 1, 1), Bucket(2, 64, 32)]}
+def test_default_plan_powers_of_two_for_wide_ranges():
+    plan = plan_buckets({"b": (1, 4, 1), "n": (1, 40, 32)}, {})
+    assert plan["b"] == [Bucket(1, 4, 1)]
+    assert plan["n"] == [Bucket(1, 1, 1), Bucket(2, 2, 2), Bucket(3, 4, 4), Bucket(5, 8, 8), Bucket(9, 16, 16), Bucket(17, 32, 32), Bucket(33, 40, 40)]
 
 
 def test_explicit_tops_cover_the_range():
@@ -41,7 +42,7 @@ def test_bad_buckets_are_named(edges, word):
 
 
 def test_structure_one_function_per_bucket():
-    mod = BucketDispatch(plan_buckets({"b": (1, 4, 1), "n": (1, 64, 32)}, {}))(Before)
+    mod = BucketDispatch(plan_buckets({"b": (1, 4, 1), "n": (1, 64, 32)}, {"n": (1, 64)}))(Before)
     variants = {gv.name_hint: f for gv, f in mod.functions_items() if gv.name_hint != "main"}
     assert sorted(variants) == ["main_n1_b1_4", "main_n2_64_b1_4"]
     decode = variants["main_n1_b1_4"]
@@ -49,6 +50,7 @@ def test_structure_one_function_per_bucket():
     assert [int(v) for v in decode.attrs[BUCKET_ATTR]["n"]] == [1, 1, 1]
     rest = variants["main_n2_64_b1_4"]
     assert int(rest.attrs["tir_var_upper_bound"]["n"]) == 64 and int(rest.attrs["tir_var_lower_bound"]["n"]) == 2
+    assert [int(v) for v in rest.attrs[BUCKET_ATTR]["n"]] == [2, 64, 64]
     assert "R.assert_op" in mod["main"].script() and "if" in mod["main"].script()
 
 
