@@ -23,12 +23,30 @@ class TuneConfig:
     runs_per_measure: int = 3
     min_repeat_ms: int = 20
     seed: int = 0
+    rpc_tracker: str = ""  # "HOST:PORT" of a TVM RPC tracker: measure there instead of locally
+    device_key: str = ""  # the key the tracker's servers registered under (with rpc_tracker)
 
     def __post_init__(self) -> None:
         if self.trials < 0:
             raise UserError(f"--trials {self.trials} is negative: give 0 (no tuning) or more")
         if self.trials_per_iter < 1:
             raise UserError(f"trials per batch {self.trials_per_iter} must be at least 1")
+        if self.rpc_tracker:
+            _ = self.tracker_address  # raises UserError unless HOST:PORT
+            if not self.device_key.strip():
+                raise UserError(f"--rpc {self.rpc_tracker} needs --device-key KEY: the key its servers registered under")
+        elif self.device_key:
+            raise UserError(f"--device-key {self.device_key} needs --rpc HOST:PORT, the tracker those servers registered with")
+
+    @property
+    def tracker_address(self) -> tuple[str, int] | None:
+        """(host, port) of `rpc_tracker`, or None when measuring locally."""
+        if not self.rpc_tracker:
+            return None
+        host, sep, port = self.rpc_tracker.strip().rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise UserError(f"--rpc {self.rpc_tracker!r} is malformed: use HOST:PORT with a port in 1-65535, e.g. 127.0.0.1:9190")
+        return host.strip("[]"), int(port)
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,14 @@ def make_builder(config: TuneConfig):
 
 
 def make_runner(config: TuneConfig):
+    """Measures here (LocalRunner), or on the tracker's servers when `config.rpc_tracker` is set."""
     from tvm.s_tir import meta_schedule as ms
 
     evaluator = ms.runner.EvaluatorConfig(
         number=config.runs_per_measure, repeat=1, min_repeat_ms=config.min_repeat_ms
     )
+    if config.rpc_tracker:
+        from .rpc import make_rpc_runner
+
+        return make_rpc_runner(config, evaluator)
     return ms.runner.LocalRunner(timeout_sec=config.run_timeout_s, evaluator_config=evaluator)

@@ -12,6 +12,8 @@ def add_arguments(parser) -> None:
     common.add_cache(parser)
     parser.add_argument("--trials", type=int, default=TuneConfig.trials, help=f"trial budget for the job, cached trials included (default {TuneConfig.trials})")
     parser.add_argument("--trials-per-iter", type=int, default=TuneConfig.trials_per_iter, help="candidates measured per batch")
+    parser.add_argument("--rpc", metavar="HOST:PORT", default=TuneConfig.rpc_tracker, help="measure on the servers of this TVM RPC tracker (builds stay local)")
+    parser.add_argument("--device-key", metavar="KEY", default=TuneConfig.device_key, help="with --rpc: the key the servers registered under")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--json", type=lambda p: __import__("pathlib").Path(p), default=None, help="write what is printed as JSON")
 
@@ -20,7 +22,15 @@ def run(args) -> int:
     from .. import api, targets
 
     target = targets.resolve(args.target)
-    job = common.job_config(args, TuneConfig(trials=args.trials, trials_per_iter=args.trials_per_iter))
+    tune = TuneConfig(trials=args.trials, trials_per_iter=args.trials_per_iter, rpc_tracker=args.rpc, device_key=args.device_key)
+    job = common.job_config(args, tune)
+    if tune.rpc_tracker:  # fail before the slow part when the tracker or its servers are missing
+        from ..schedules import intrin
+
+        intrin.register_for(target.target.kind.name)
+        from ..schedules.rpc import check_tracker
+
+        print(f"measuring on {check_tracker(tune)} RPC server(s) under key {tune.device_key!r} at {tune.rpc_tracker}")
     workload = common.load_workload(args)
     print(f"target: {target.json}")
     result = api.tune(workload, target, job, progress=not args.no_progress)
