@@ -14,6 +14,7 @@ COMMANDS = {
     "compile": "compile a workload with the cache applied and export NAME.so",
     "run": "load an exported artifact (runtime only), run it, check it against the reference",
     "bench": "one table: relaxtune vs stock TVM vs torch eager vs torch.compile",
+    "cache": "inspect and maintain the tuning cache: ls, show, merge, prune",
     "report": "reports on a workload, the cache or a tuning job (markdown, --json, PNG plots)",
 }
 

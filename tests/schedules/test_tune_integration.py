@@ -57,3 +57,21 @@ def test_compiled_with_cache_matches_reference_at_every_n(tuned, tiny_mlp, targe
         inputs = tiny_mlp.random_inputs({"b": b, "n": n})
         out = vm["main"](tvm.runtime.tensor(inputs["x"]), *params).numpy()
         np.testing.assert_allclose(out, tiny_mlp.reference(inputs, tiny_mlp.params), rtol=1e-4, atol=1e-5)
+
+
+def test_another_workload_reuses_shared_kernels(tuned, tiny_mlp, target):
+    from relaxtune.schedules import cache
+    from relaxtune.schedules.database import CacheDatabase
+    from relaxtune.workloads import load
+
+    job, _ = tuned
+    llama = load("llama-block", {"hidden": "64", "heads": "4", "kv_heads": "2", "ffn": "128", "max_seq": "64", "max_batch": "2"})
+    mlp_keys = {t.key for t in api.extract_tasks(tiny_mlp, target, job)}
+    shared = [t for t in api.extract_tasks(llama, target, job) if t.key in mlp_keys]
+    assert shared, "the SwiGLU kernels of llama-block are the mlp's kernels"
+    db = CacheDatabase(cache.folder_for(job.cache_dir, target))
+    reused = [t for t in shared if db.records_for(t.mod)]
+    assert reused, "records tuned for mlp are found for llama-block"
+    cached = sum(len(db.records_for(t.mod)) for t in api.extract_tasks(llama, target, job))
+    again = api.tune(llama, target, job.with_(tune=TuneConfig(trials=cached, trials_per_iter=8)), progress=False)
+    assert again.trials_run == 0 and again.trials_cached == cached
