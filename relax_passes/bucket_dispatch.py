@@ -42,19 +42,27 @@ class Bucket:
 POWERS_OF_TWO_FROM = 16  # a dimension whose upper/lower ratio reaches this gets power-of-two buckets
 
 
-def plan_buckets(bounds: dict[str, tuple[int, int, int]], edges: dict[str, tuple[int, ...]]) -> dict[str, list[Bucket]]:
+def plan_buckets(
+    bounds: dict[str, tuple[int, int, int]], edges: dict[str, tuple[int, ...]], single: dict[str, int] | None = None
+) -> dict[str, list[Bucket]]:
     """Buckets per dimension from (lo, hi, representative) bounds and optional bucket tops.
 
-    With tops t1 < t2 < ..., buckets are [lo, t1], [t1+1, t2], ..., each tuned at its top, plus
+    `single[dim]` makes one bucket tuned at that value. With tops t1 < t2 < ..., buckets are [lo, t1], [t1+1, t2], ..., each tuned at its top, plus
     one up to the upper bound if the tops stop short. Without tops, a dimension spanning a wide
     range (upper/lower >= 16, e.g. a sequence length) gets power-of-two tops (1, 2, 4, ...,
     upper); a narrow one (a batch of 1..4) is one bucket tuned at its representative value.
     """
-    unknown = sorted(set(edges) - set(bounds))
+    single = single or {}
+    unknown = sorted((set(edges) | set(single)) - set(bounds))
     if unknown:
         raise UserError(f"--buckets names unknown dimension {unknown[0]!r}: the dimensions are {sorted(bounds)}")
     plan = {}
     for dim, (lo, hi, rep) in bounds.items():
+        if dim in single:
+            if not lo <= single[dim] <= hi:
+                raise UserError(f"--buckets {dim}=@{single[dim]} is outside the bounds of {dim}: [{lo}, {hi}]")
+            plan[dim] = [Bucket(lo, hi, single[dim])]
+            continue
         tops = edges.get(dim)
         if tops is None:
             if hi < POWERS_OF_TWO_FROM * lo:

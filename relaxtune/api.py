@@ -21,7 +21,7 @@ def bucket_plan(workload: Workload, job: JobConfig):
     from .relax_passes.bucket_dispatch import plan_buckets
 
     bounds = {d.name: (d.lower, d.upper, d.representative) for d in workload.dims.values()}
-    return plan_buckets(bounds, job.buckets.edges)
+    return plan_buckets(bounds, job.buckets.edges, job.buckets.single)
 
 
 def _open_cache(target: ResolvedTarget, job: JobConfig, writable: bool):

@@ -54,25 +54,34 @@ class BucketConfig:
     """Shape buckets per symbolic dimension: each bucket is a closed range tuned at its top.
 
     ``edges[dim]`` lists bucket tops in increasing order; the last is the dimension's upper bound.
-    A dimension without edges is one bucket over its whole range, tuned at its representative value.
+    ``single[dim]`` makes the dimension one bucket tuned at that value (`n=@128`). A dimension
+    given neither gets the default plan (`relax_passes.bucket_dispatch.plan_buckets`).
     """
 
     edges: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    single: dict[str, int] = field(default_factory=dict)
 
     @staticmethod
     def parse(items: list[str] | None) -> "BucketConfig":
-        """`["n=1,16,64"]` → edges {"n": (1, 16, 64)}."""
+        """`["n=1,16,64"]` → edges {"n": (1, 16, 64)}; `["n=@128"]` → single {"n": 128}."""
         edges: dict[str, tuple[int, ...]] = {}
+        single: dict[str, int] = {}
         for item in items or []:
             name, sep, values = item.partition("=")
+            name = name.strip()
             try:
-                tops = tuple(sorted({int(v) for v in values.split(",") if v.strip()}))
+                if values.strip().startswith("@"):
+                    single[name] = int(values.strip()[1:])
+                    tops = (single[name],)
+                else:
+                    tops = tuple(sorted({int(v) for v in values.split(",") if v.strip()}))
             except ValueError:
                 tops = ()
-            if not sep or not name.strip() or not tops or tops[0] < 1:
-                raise UserError(f"--buckets {item!r} is malformed: use NAME=TOP1,TOP2,... with positive integers")
-            edges[name.strip()] = tops
-        return BucketConfig(edges)
+            if not sep or not name or not tops or tops[0] < 1:
+                raise UserError(f"--buckets {item!r} is malformed: use NAME=TOP1,TOP2,... or NAME=@VALUE with positive integers")
+            if name not in single:
+                edges[name] = tops
+        return BucketConfig(edges, single)
 
 
 @dataclass(frozen=True)

@@ -64,11 +64,11 @@ def index_tasks(tasks: list[Task], target, folder: Path, workload: str) -> dict[
     return index
 
 
-def select(tasks: list[Task], index: dict[str, dict], config: TuneConfig) -> list[Task]:
-    """The tasks this budget tunes: largest expected time share first (calls x rule-based time),
-    as many as get one measured batch each (MetaSchedule's gradient scheduler then moves the rest
-    of the budget to where it pays); the others borrow records or keep their rules."""
-    ranked = sorted(tasks, key=lambda t: (-t.weight * index[t.key]["rule_us"], t.name))
+def select(tasks: list[Task], config: TuneConfig) -> list[Task]:
+    """The tasks this budget tunes: largest expected share of run time first (expected calls x
+    FLOPs), as many as get one measured batch each (MetaSchedule's gradient scheduler then moves
+    the rest of the budget to where it pays); the others borrow records or keep their rules."""
+    ranked = sorted(tasks, key=lambda t: (-t.weight * t.flops, t.name))
     return ranked[: max(1, config.trials // config.trials_per_iter)]
 
 
@@ -78,11 +78,13 @@ def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig,
     from tvm.s_tir import meta_schedule as ms
 
     start = time.perf_counter()
-    index = index_tasks(tasks, target, log_dir, workload) if tasks else {}
     cached = {t.key: len(database.records_for(t.mod)) for t in tasks}
     remaining = config.trials - sum(cached.values())
     result = TuneResult(trials_run=0, trials_cached=sum(cached.values()), wall_s=0.0)
-    all_tasks, tasks = tasks, select(tasks, index, config) if tasks else []
+    all_tasks, tasks = tasks, select(tasks, config) if tasks else []
+    # the rule-based time of every kernel that has or gets records: a record must beat it to be used
+    chosen = {t.key for t in tasks}
+    index = index_tasks([t for t in all_tasks if cached[t.key] or t.key in chosen], target, log_dir, workload)
     if remaining > 0 and tasks:
         log_dir.mkdir(parents=True, exist_ok=True)
         # per-task log files (traces, build errors) under <log_dir>/logs, as stock MetaSchedule writes them
@@ -124,6 +126,7 @@ def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig,
         logger.info("cache holds %d trials for these %d tasks (budget %d): 0 trials to run", result.trials_cached, len(tasks), config.trials)
     result.wall_s = time.perf_counter() - start
     result.tasks = [
-        TaskResult(t.name, len(database.records_for(t.mod)), _best_us(database, t), t.flops, index[t.key]["rule_us"]) for t in all_tasks
+        TaskResult(t.name, len(database.records_for(t.mod)), _best_us(database, t), t.flops, index.get(t.key, {}).get("rule_us", float("nan")))
+        for t in all_tasks
     ]
     return result

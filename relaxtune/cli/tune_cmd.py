@@ -39,8 +39,10 @@ def run(args) -> int:
     else:
         print(f"{workload.name}: {result.trials_run} trials in {result.wall_s:.0f} s ({result.failed} failed), {result.trials_cached} were cached")
     print(f"{'task':48} {'trials':>6} {'best us':>10} {'rules us':>10} {'GFLOP/s':>8}")
-    for t in sorted(result.tasks, key=lambda t: -t.trials):
+    tuned = sorted((t for t in result.tasks if t.trials), key=lambda t: -t.trials)
+    for t in tuned:
         print(f"{t.name:48} {t.trials:>6} {t.best_us:>10.1f} {t.rule_us:>10.1f} {t.gflops:>8.2f}")
+    print(f"{len(tuned)} of {len(result.tasks)} kernels have records; the others borrow from the nearest bucket or keep their rules")
     common.write_json(
         args.json,
         {
@@ -49,7 +51,7 @@ def run(args) -> int:
             "trials_cached": result.trials_cached,
             "wall_s": result.wall_s,
             "failed": result.failed,
-            "tasks": [{"name": t.name, "trials": t.trials, "best_us": t.best_us, "rule_us": t.rule_us, "gflops": t.gflops} for t in result.tasks],
+            "tasks": [{"name": t.name, "trials": t.trials, "best_us": t.best_us, "rule_us": t.rule_us if t.rule_us == t.rule_us else None, "gflops": t.gflops} for t in result.tasks],
         },
     )
     return 0

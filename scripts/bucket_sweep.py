@@ -1,0 +1,121 @@
+"""Latency sweep over the symbolic range: bucketed tuning vs one-n tuning vs rules vs torch eager.
+
+    python scripts/bucket_sweep.py --trials 128 --out build/sweep
+
+Tunes the workload twice with the same budget into two fresh caches (default power-of-two
+buckets; one bucket tuned at --single-at), builds both and a rules-only artifact, then times
+each with torch eager at every n, in one process, and writes a markdown table, JSON and a PNG.
+It also measures the bucket dispatch overhead: a one-op model compiled with one bucket and with
+the default buckets, timed at the same n.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from relaxtune import api, targets
+from relaxtune.bench import Row, _torch_runner, _tvm_runner, plot, time_call
+from relaxtune.config import BucketConfig, CompileConfig, JobConfig, TuneConfig
+from relaxtune.workloads import load
+
+
+def dispatch_overhead(target, ns: list[int]) -> dict[int, float]:
+    """Median call time with power-of-two buckets minus with one bucket, for `y = x + 1` (us)."""
+    import tvm
+    from tvm import relax
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+
+    @I.ir_module
+    class AddOne:
+        @R.function
+        def main(x: R.Tensor((1, "n", 16), "float32")) -> R.Tensor((1, "n", 16), "float32"):
+            R.func_attr({"tir_var_upper_bound": {"n": 1024}, "tir_var_lower_bound": {"n": 1}, "num_input": 1})
+            with R.dataflow():
+                y = R.add(x, R.const(1.0, "float32"))
+                R.output(y)
+            return y
+
+    from relaxtune.relax_passes.bucket_dispatch import plan_buckets
+    from relaxtune.relax_passes.pipeline import pipeline
+
+    out = {}
+    builds = {
+        name: relax.VirtualMachine(tvm.compile(AddOne, target=target.target, relax_pipeline=pipeline(target.target, plan)), tvm.cpu())
+        for name, plan in (("one", plan_buckets({"n": (1, 1024, 1024)}, {}, {"n": 1024})), ("pow2", plan_buckets({"n": (1, 1024, 128)}, {})))
+    }
+    for n in ns:
+        x = tvm.runtime.tensor(np.zeros((1, n, 16), "float32"))
+        times = {name: statistics.median(time_call(lambda vm=vm: vm["main"](x), min_runs=200)) for name, vm in builds.items()}
+        out[n] = (times["pow2"] - times["one"]) * 1e3
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="llama-block")
+    parser.add_argument("--trials", type=int, default=128)
+    parser.add_argument("--single-at", type=int, default=128)
+    parser.add_argument("--n", default="1,2,3,7,16,37,64,100,128,300,512,1000")
+    parser.add_argument("--out", type=Path, default=Path("build/sweep"))
+    args = parser.parse_args()
+    ns = [int(v) for v in args.n.split(",")]
+    target = targets.resolve("cpu")
+    workload = load(args.workload)
+    root = Path(tempfile.mkdtemp(prefix="sweep-"))
+    jobs = {
+        "relaxtune bucketed": JobConfig(cache_dir=root / "bucketed", tune=TuneConfig(trials=args.trials)),
+        f"tuned at n={args.single_at} only": JobConfig(
+            cache_dir=root / "single", tune=TuneConfig(trials=args.trials), buckets=BucketConfig(single={"n": args.single_at})
+        ),
+    }
+    tuning = {}
+    for name, job in jobs.items():
+        result = api.tune(workload, target, job, progress=False)
+        tuning[name] = {"trials": result.trials_run, "wall_s": result.wall_s}
+        print(f"{name}: {result.trials_run} trials in {result.wall_s:.0f} s")
+    jobs["rules only"] = JobConfig(compile=CompileConfig(use_cache=False))
+    executables = {name: api.build(workload, target, job)[0] for name, job in jobs.items()}
+    import tvm
+
+    eager = workload.torch_module().eval()
+    rows: list[Row] = []
+    for n in ns:
+        point = {"b": 1, "n": n}
+        inputs = workload.random_inputs(point)
+        expected = workload.reference(inputs, workload.params)
+        for name, ex in executables.items():
+            call, output = _tvm_runner(ex, tvm.cpu(), workload, inputs)
+            error = float(np.abs(output() - expected).max())
+            rows.append(Row(name, point, statistics.median(time_call(call)), 0, error))
+        call, _ = _torch_runner(eager, workload, inputs)
+        rows.append(Row("torch", point, statistics.median(time_call(call)), 0, None))
+        print(" ".join(f"{r.system}={r.median_ms:.3f}ms" for r in rows if r.shape == point))
+    overhead = dispatch_overhead(target, [1, 100, 1000])
+    systems = list(dict.fromkeys(r.system for r in rows))
+    by = {(r.system, r.shape["n"]): r for r in rows}
+    lines = ["| n | " + " | ".join(f"{s} ms (x torch)" for s in systems) + " |", "|---" * (len(systems) + 1) + "|"]
+    for n in ns:
+        base = by[("torch", n)].median_ms
+        lines.append(f"| {n} | " + " | ".join(f"{by[(s, n)].median_ms:.3f} ({by[(s, n)].median_ms / base:.2f}x)" for s in systems) + " |")
+    table = "\n".join(lines)
+    overhead_line = "dispatch overhead (power-of-two buckets vs one bucket, y = x + 1): " + ", ".join(f"n={n}: {us:+.2f} us" for n, us in overhead.items())
+    print(table)
+    print(overhead_line)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "sweep.md").write_text(f"# {args.workload} latency sweep ({target.json})\n\n{table}\n\n{overhead_line}\n")
+    (args.out / "sweep.json").write_text(
+        json.dumps({"rows": [r.as_json() for r in rows], "tuning": tuning, "dispatch_overhead_us": overhead}, indent=2)
+    )
+    plot(rows, args.out / "sweep.png", f"{args.workload}: latency over n")
+    print(f"saved {args.out}/sweep.md, sweep.json, sweep.png")
+
+
+if __name__ == "__main__":
+    main()
