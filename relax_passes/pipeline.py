@@ -41,7 +41,40 @@ def rule_schedules(target) -> tvm.transform.Pass:
     return dl.ApplyDefaultSchedule(*rules)
 
 
-def pipeline(target, plan: dict[str, list[Bucket]], database=None, report: Counter | None = None, index: dict | None = None) -> tvm.transform.Pass:
+def explicit_allocation_passes() -> list:
+    """Scheduled module → one function body per bucket with an explicit allocation per kernel output."""
+    return [
+        relax.transform.RewriteDataflowReshape(),  # reshapes become views, not copies
+        relax.transform.ToNonDataflow(),
+        relax.transform.RemovePurityChecking(),
+        relax.transform.CallTIRRewrite(),  # explicit output allocation (what memory planning reads)
+    ]
+
+
+def lowering_passes() -> list:
+    """Planned module → VM code: allocations and shapes become VM builtins."""
+    return [
+        relax.transform.LowerAllocTensor(),
+        relax.transform.KillAfterLastUse(),
+        relax.transform.LowerRuntimeBuiltin(),
+        relax.transform.ComputePrimValue(),
+        relax.transform.VMShapeLower(),
+        relax.transform.AttachGlobalSymbol(),
+    ]
+
+
+def memory_planning(planner: str | None = None) -> tvm.transform.Pass:
+    """relaxtune's PlanMemory (one arena, run-time offsets, checked) or TVM's StaticPlanBlockMemory."""
+    from ..config import CompileConfig
+    from .plan_memory import PlanMemory
+
+    planner = planner or CompileConfig().memory_planner
+    return PlanMemory() if planner == "relaxtune" else relax.transform.StaticPlanBlockMemory()
+
+
+def pipeline(
+    target, plan: dict[str, list[Bucket]], database=None, report: Counter | None = None, index: dict | None = None, memory_planner: str | None = None
+) -> tvm.transform.Pass:
     """The full pipeline for `target`: fusion, tuned schedules, rules, memory planning, lowering."""
     from ..schedules.apply import ApplyTunedSchedules
 
@@ -57,17 +90,9 @@ def pipeline(target, plan: dict[str, list[Bucket]], database=None, report: Count
         *fusion_passes(plan),
         *tuned,
         rule_schedules(target),
-        relax.transform.RewriteDataflowReshape(),  # reshapes become views, not copies
-        relax.transform.ToNonDataflow(),
-        relax.transform.RemovePurityChecking(),
-        relax.transform.CallTIRRewrite(),  # explicit output allocation
-        relax.transform.StaticPlanBlockMemory(),  # storage reuse, sized by the upper bounds
-        relax.transform.LowerAllocTensor(),
-        relax.transform.KillAfterLastUse(),
-        relax.transform.LowerRuntimeBuiltin(),
-        relax.transform.ComputePrimValue(),
-        relax.transform.VMShapeLower(),
-        relax.transform.AttachGlobalSymbol(),
+        *explicit_allocation_passes(),
+        memory_planning(memory_planner),  # storage reuse over the whole function (CompileConfig.memory_planner)
+        *lowering_passes(),
     ]
 
     @tvm.transform.module_pass(opt_level=0, name="relaxtune")

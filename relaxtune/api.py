@@ -96,7 +96,7 @@ def build(workload: Workload, target: ResolvedTarget, job: JobConfig, report: Co
         database, folder = _open_cache(target, job, writable=False)
         index = task_index.load(folder) if database is not None else {}
     report = report if report is not None else Counter()
-    passes = pipeline(target.target, bucket_plan(workload, job), database, report, index)
+    passes = pipeline(target.target, bucket_plan(workload, job), database, report, index, memory_planner=job.compile.memory_planner)
     executable = tvm.compile(workload.mod, target=target.target, relax_pipeline=passes)
     return executable, report, folder
 

@@ -11,6 +11,7 @@ def add_arguments(parser) -> None:
     common.add_workload(parser)
     common.add_target(parser)
     common.add_cache(parser)
+    common.add_memory_planner(parser)
     common.add_shape(parser, many=True)
     parser.add_argument("--systems", default="relaxtune,tvm-stock,torch,torch.compile", help="comma-separated subset to run")
     parser.add_argument("--out", type=Path, default=Path("build/bench"), help="folder for the markdown table and the PNG plot")

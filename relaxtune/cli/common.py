@@ -58,12 +58,20 @@ def load_workload(args):
     return load(args.workload, parse_config(args.config), args.dtype)
 
 
+def add_memory_planner(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--memory-planner", default=None, metavar="{relaxtune,tvm}",
+        help=f"relaxtune: one arena per function, offsets evaluated at run time; tvm: StaticPlanBlockMemory (default {CompileConfig().memory_planner})",
+    )
+
+
 def job_config(args, tune: TuneConfig | None = None, use_cache: bool = True) -> JobConfig:
+    planner = getattr(args, "memory_planner", None)
     return JobConfig(
         cache_dir=args.cache,
         tune=tune or TuneConfig(),
         buckets=BucketConfig.parse(args.buckets),
-        compile=CompileConfig(use_cache=use_cache),
+        compile=CompileConfig(use_cache=use_cache, **({"memory_planner": planner} if planner is not None else {})),
     )
 
 

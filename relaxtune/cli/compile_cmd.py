@@ -11,6 +11,7 @@ def add_arguments(parser) -> None:
     common.add_workload(parser)
     common.add_target(parser)
     common.add_cache(parser)
+    common.add_memory_planner(parser)
     parser.add_argument("-o", "--output", type=Path, required=True, help="the .so to write (params and manifest go beside it)")
     parser.add_argument("--no-cache", action="store_true", help="ignore the cache: rule-based schedules only")
 

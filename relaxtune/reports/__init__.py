@@ -2,4 +2,6 @@
 and `run(args) -> int`, listed in REPORTS; it prints markdown, writes `--json PATH` when given,
 and draws its plots as PNG beside the markdown."""
 
-REPORTS: dict[str, str] = {}  # name -> one-line description; module relaxtune.reports.<name>
+REPORTS: dict[str, str] = {  # name -> one-line description; module relaxtune.reports.<name>
+    "memory": "activation memory plan at one shape: per tensor lifetime, size, offset; peaks vs TVM and the lower bound",
+}
