@@ -72,6 +72,12 @@ def memory_planning(planner: str | None = None) -> tvm.transform.Pass:
     return PlanMemory() if planner == "relaxtune" else relax.transform.StaticPlanBlockMemory()
 
 
+def small_bucket_passes(target) -> list:
+    from ..schedules.serialize_small import SerializeSmallBuckets
+
+    return [] if "gpu" in target.keys else [SerializeSmallBuckets()]
+
+
 def pipeline(
     target, plan: dict[str, list[Bucket]], database=None, report: Counter | None = None, index: dict | None = None, memory_planner: str | None = None
 ) -> tvm.transform.Pass:
@@ -90,6 +96,7 @@ def pipeline(
         *fusion_passes(plan),
         *tuned,
         rule_schedules(target),
+        *small_bucket_passes(target),  # decode-sized buckets run their kernels on one thread
         *explicit_allocation_passes(),
         memory_planning(memory_planner),  # storage reuse over the whole function (CompileConfig.memory_planner)
         *lowering_passes(),
