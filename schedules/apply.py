@@ -7,7 +7,8 @@ applied to the symbolic kernel in the first of these forms that leaves no guard 
 
 1. as is, when the tiles of every symbolic loop divide its extent (e.g. tile 1 for batch);
 2. with its row tiles cut to at most 16 rows, padded to that multiple (`padding.py`) when exact;
-3. otherwise the kernel keeps its rule-based schedule (a guard in the inner loops costs 3-9x).
+3. otherwise the kernel keeps its rule-based schedule (a guard in the inner loops costs 3-9x),
+   unless its rules measured more than 9x slower than the record: then the guarded form is used.
 
 Kernels without a record are left for the rules; LegalizeOps must run again afterwards for the
 pad/slice ops this pass inserts.
@@ -29,6 +30,7 @@ from .tasks import bucket_functions, bucket_of, call_sites, normalize, specialis
 logger = logging.getLogger(__name__)
 
 MAX_BORROW = 4  # other tuning points tried per call site before leaving it to the rules
+GUARD_PENALTY = 9  # worst slowdown measured for a guard in a tuned kernel's inner loops
 
 
 def _best_record(database, static: tirx.PrimFunc):
@@ -172,6 +174,10 @@ class ApplyTunedSchedules:
                 return None
             self.report[f"{label}, padded" if mode == "padded" else f"{label}, small row tile"] += 1
             return (mode, bb.add_func(scheduled, f"{name}_{mode}"), pads if mode == "padded" else None)
+        if rule_us is not None and record_us * GUARD_PENALTY < rule_us and self._checked(name, kernel, direct, bounds):
+            # guarded, a tuned kernel measured up to 9x slower than unguarded: still far ahead of its rules
+            self.report[f"{label}, guarded (rules {rule_us / record_us:.0f}x slower)"] += 1
+            return ("direct", bb.add_func(direct, f"{name}_guarded"), None)
         logger.info("%s would keep a guard in its inner loops: using its rules", name)
         self.report["guard needed: rules"] += 1
         return None
