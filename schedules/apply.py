@@ -153,6 +153,12 @@ class ApplyTunedSchedules:
             self.report[label] += 1
             return ("direct", bb.add_func(direct, f"{name}_tuned"), None)
         samples = replay.row_samples(static, record.trace, tune_at)
+        per_dim = Counter(dim for dim, _, _ in samples.values())
+        if any(count > 1 for count in per_dim.values()):
+            # e.g. attention scores (n x n): cutting the column tiles to a few rows undoes the
+            # tuning (measured 40 ms against its rules' 3 ms at n=512), so the rules keep it
+            self.report["two symbolic loops: rules"] += 1
+            return None
         rows_trace = replay.generalize(record.trace, {i: keep for i, (_, keep, _) in samples.items()})
         args = list(call.args[1].fields)
         dims = _symbolic_dims(args)
