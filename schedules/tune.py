@@ -123,7 +123,7 @@ def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig,
         result.trials_run = sum(bar.trials)
         result.failed = bar.failed
     else:
-        logger.info("cache holds %d trials for these %d tasks (budget %d): 0 trials to run", result.trials_cached, len(tasks), config.trials)
+        logger.info("cache holds %d trials for these %d tasks (budget %d): 0 trials to run", result.trials_cached, len(all_tasks), config.trials)
     result.wall_s = time.perf_counter() - start
     result.tasks = [
         TaskResult(t.name, len(database.records_for(t.mod)), _best_us(database, t), t.flops, index.get(t.key, {}).get("rule_us", float("nan")))
