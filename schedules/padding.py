@@ -9,7 +9,6 @@ inputs (zeros + concat), calls a copy of the kernel specialised to `n_tiles * mu
 
 from __future__ import annotations
 
-import tvm
 from tvm import relax, tirx
 
 from .replay import fresh_schedule

@@ -19,7 +19,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from .. import api, targets
+    from .. import targets
     from ..bench import SYSTEMS, bench, markdown, plot
     from ..errors import UserError
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 
 from tvm import s_tir, tirx
-from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.target import Target
 
 from . import _utils as U
@@ -55,16 +54,13 @@ def parallel_vectorize(sch: s_tir.Schedule, blk, vec: int) -> None:
         sch.parallel(sch.fuse(*loops) if len(loops) > 1 else loops[0])
 
 
-class Elementwise(CPUScheduleRule):
+class Elementwise(fast_math.FastMathRule):
     """Inline, then parallel outer loops and vectorized inner loop (see module docstring)."""
 
-    def __init__(self, fast_math: bool = True):  # pylint: disable=redefined-outer-name
-        self.fast_math = fast_math
-
     def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+        sch = self.schedule_of(func, target)
+        if sch is None:
             return None
-        sch = s_tir.Schedule(fast_math.rewrite(func) if self.fast_math else func)
         blocks = U.root_children(sch)
         if not blocks:
             return None

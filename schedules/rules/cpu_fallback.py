@@ -18,7 +18,6 @@ import logging
 
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
-from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.target import Target
 from tvm.tirx.analysis import undefined_vars
 
@@ -45,16 +44,13 @@ def _spatial_prefix(sch: s_tir.Schedule, blk) -> list:
     return prefix
 
 
-class Fallback(CPUScheduleRule):
+class Fallback(fast_math.FastMathRule):
     """Parallel outer spatial loops, vectorized static inner loop (see module docstring)."""
 
-    def __init__(self, fast_math: bool = True):  # pylint: disable=redefined-outer-name
-        self.fast_math = fast_math
-
     def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+        sch = self.schedule_of(func, target)
+        if sch is None:
             return None
-        sch = s_tir.Schedule(fast_math.rewrite(func) if self.fast_math else func)
         blocks = U.root_children(sch)
         if blocks is None:
             return None

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 
 from tvm import DataType, s_tir, tirx
-from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.target import Target
 
 from . import _utils as U
@@ -87,16 +86,13 @@ def schedule_dot(sch: s_tir.Schedule, main, target: Target, rows: int) -> None:
     epilogue_at(sch, main, tile, vec)
 
 
-class Gemv(CPUScheduleRule):
+class Gemv(fast_math.FastMathRule):
     """Few-row matmul with a K-contiguous weight (see module docstring)."""
 
-    def __init__(self, fast_math: bool = True):  # pylint: disable=redefined-outer-name
-        self.fast_math = fast_math
-
     def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+        sch = self.schedule_of(func, target)
+        if sch is None:
             return None
-        sch = s_tir.Schedule(fast_math.rewrite(func) if self.fast_math else func)
         blocks = U.root_children(sch) or []
         reductions = [b for b in blocks if any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(b).iter_vars)]
         if len(reductions) != 1 or not dot_eligible(sch.get(reductions[0])):

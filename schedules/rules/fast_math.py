@@ -21,7 +21,8 @@ from __future__ import annotations
 import logging
 
 import tvm_ffi
-from tvm import tirx
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.ir.expr import Call
 
 logger = logging.getLogger(__name__)
@@ -98,3 +99,16 @@ def rewrite(func: tirx.PrimFunc) -> tirx.PrimFunc:
     if count[0]:
         logger.debug("fast_math rewrote %d transcendental call(s)", count[0])
     return out
+
+
+class FastMathRule(CPUScheduleRule):
+    """A CPU rule whose kernel may use the fast approximations above (``fast_math=False`` keeps libm)."""
+
+    def __init__(self, fast_math: bool = True):
+        self.fast_math = fast_math
+
+    def schedule_of(self, func, target) -> s_tir.Schedule | None:
+        """A schedule of `func` (fast math applied), or None where this rule cannot apply."""
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        return s_tir.Schedule(rewrite(func) if self.fast_math else func)
