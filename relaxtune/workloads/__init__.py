@@ -1,8 +1,10 @@
 """The workload registry and loader.
 
 ``load(spec, config, dtype)`` returns a :class:`Workload`: ``spec`` is a built-in name from
-:data:`BUILTIN` (``llama-block``, ``gpt2-block``, ``mlp``) or the path of a user ``.py`` file
-(see :mod:`relaxtune.workloads.user`). ``config`` overrides a built-in's defaults; its values
+:data:`BUILTIN` (``llama-block``, ``gpt2-block``, ``mlp``), the path of a user ``.py`` file
+(see :mod:`relaxtune.workloads.user`), or an imported model: ``torch:package.module:Factory``
+(:mod:`.torch_import`), ``hf:MODEL_TYPE`` (:mod:`.hf_import`) or a path ending in ``.onnx``
+(:mod:`.onnx_import`). ``config`` overrides a built-in's defaults; its values
 may be strings (as parsed by :func:`parse_config` from ``hidden=512,heads=8``) and are converted
 to the type of the default.
 """
@@ -91,10 +93,23 @@ def load(spec: str, config: Mapping[str, str] | None = None, dtype: str | None =
     if spec in BUILTIN:
         builtin = BUILTIN[spec]
         return builtin.build(resolve_config(builtin, config, dtype))
+    if spec.startswith("torch:"):
+        from .torch_import import load_torch
+
+        return load_torch(spec, config, dtype)
+    if spec.startswith("hf:"):
+        from .hf_import import load_hf
+
+        return load_hf(spec[len("hf:"):], config, dtype)
+    if spec.endswith(".onnx"):
+        from .onnx_import import load_onnx
+
+        return load_onnx(spec, config, dtype)
     if os.path.isfile(spec):
         return load_user(spec, config, dtype)
     if spec.endswith(".py") or os.sep in spec or "/" in spec:
         raise UserError(f"user workload file {spec!r} does not exist: give a built-in name or a path to a .py file")
     raise UserError(
-        f"unknown workload {spec!r}: use one of {', '.join(BUILTIN)} or a path to a .py file"
+        f"unknown workload {spec!r}: use one of {', '.join(BUILTIN)}, a path to a .py or .onnx file, "
+        "torch:package.module:Factory or hf:MODEL_TYPE"
     )

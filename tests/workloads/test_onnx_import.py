@@ -1,0 +1,116 @@
+"""`.onnx` files: a torch model exported with dynamic axes, imported with TVM's ONNX frontend.
+
+The model is exported once (torch.onnx.export with dynamic_axes named batch/seq), loaded with
+bounds from the config, compiled without tuning and compared with torch eager at several b, n.
+"""
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import tvm
+from onnx import TensorProto, helper
+from tvm import relax
+
+from relaxtune import api
+from relaxtune.artifact import prepare_params
+from relaxtune.config import CompileConfig, JobConfig
+from relaxtune.errors import UserError
+from relaxtune.workloads import load
+
+VOCAB, HIDDEN, MAX_SEQ = 50, 32, 40
+
+
+class Tagger(torch.nn.Module):
+    """Token embedding (masked), LayerNorm, causal softmax attention, GELU MLP: ids, mask -> (b, n, 8)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, HIDDEN)
+        self.norm = torch.nn.LayerNorm(HIDDEN)
+        self.qkv = torch.nn.Linear(HIDDEN, 3 * HIDDEN)
+        self.up = torch.nn.Linear(HIDDEN, 64)
+        self.head = torch.nn.Linear(64, 8)
+
+    def forward(self, input_ids, attention_mask):
+        x = self.embed(input_ids) * attention_mask.unsqueeze(-1).to(torch.float32)
+        q, k, v = self.qkv(self.norm(x)).chunk(3, dim=-1)
+        n = x.shape[1]
+        causal = torch.ones(n, n, dtype=torch.bool).tril()
+        scores = (q @ k.transpose(-1, -2) / HIDDEN**0.5).masked_fill(~causal, float("-inf"))
+        x = x + torch.softmax(scores, dim=-1) @ v
+        return self.head(torch.nn.functional.gelu(self.up(x)))
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    torch.manual_seed(0)
+    model = Tagger().eval()
+    path = tmp_path_factory.mktemp("onnx") / "tagger.onnx"
+    ids, mask = torch.randint(0, VOCAB, (2, 7)), torch.ones(2, 7, dtype=torch.int64)
+    axes = {0: "batch", 1: "seq"}
+    torch.onnx.export(
+        model, (ids, mask), str(path), input_names=["input_ids", "attention_mask"], output_names=["tags"],
+        dynamic_axes={"input_ids": axes, "attention_mask": axes, "tags": axes},
+    )
+    return model, str(path)
+
+
+@pytest.fixture(scope="module")
+def compiled(exported, target):
+    model, path = exported
+    workload = load(path, {"max_seq": str(MAX_SEQ), "max_batch": "3"})
+    ex = api.build(workload, target, JobConfig(compile=CompileConfig(use_cache=False)))[0]
+    return model, workload, relax.VirtualMachine(ex, tvm.cpu())
+
+
+def test_dynamic_axes_become_bounded_b_and_n(compiled):
+    _, workload, _ = compiled
+    main = workload.mod["main"]
+    assert [str(p.ty.shape) for p in main.params[:2]] == ["R.shape([b, n])"] * 2
+    assert {k: int(v) for k, v in main.attrs["tir_var_upper_bound"].items()} == {"b": 3, "n": MAX_SEQ}
+    assert {k: int(v) for k, v in main.attrs["tir_var_lower_bound"].items()} == {"b": 1, "n": 1}
+    assert int(main.attrs["num_input"]) == 2 and len(main.params) == 2 + len(workload.params)
+    ids, mask = workload.inputs
+    assert (ids.fill, ids.high, mask.fill) == ("index", VOCAB, "ones")
+    assert workload.params["embed.weight"].shape == (VOCAB, HIDDEN)
+
+
+@pytest.mark.parametrize("b,n", [(1, 1), (3, 1), (2, 19), (3, MAX_SEQ)])
+def test_matches_torch_eager(compiled, b, n):
+    model, workload, vm = compiled
+    inputs = workload.random_inputs({"b": b, "n": n}, seed=n)
+    inputs["attention_mask"][0, : n // 3] = 0
+    weights = prepare_params(vm, [tvm.runtime.tensor(v) for v in workload.params.values()])
+    out = vm["main"](*(tvm.runtime.tensor(inputs[t.name]) for t in workload.inputs), *weights).numpy()
+    with torch.no_grad():
+        expected = model(torch.from_numpy(inputs["input_ids"]), torch.from_numpy(inputs["attention_mask"])).numpy()
+    assert out.shape == (b, n, 8)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(workload.reference(inputs, workload.params), expected, rtol=1e-4, atol=1e-5)
+
+
+def _det_model(path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["seq", 2, 2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["seq"])
+    graph = helper.make_graph([helper.make_node("Det", ["x"], ["y"])], "det", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_unsupported_operator_is_named(tmp_path):
+    _det_model(tmp_path / "det.onnx")
+    with pytest.raises(UserError, match="not supported for frontend ONNX: Det"):
+        load(str(tmp_path / "det.onnx"))
+
+
+def test_unknown_dynamic_axis_and_config(tmp_path, exported):
+    _, path = exported
+    with pytest.raises(UserError, match="unknown config key 'hidden'.*max_seq, min_seq, max_batch, batch_name, seq_name"):
+        load(path, {"hidden": "3"})
+    model = onnx.load(path)
+    model.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "tokens"
+    onnx.save(model, str(tmp_path / "renamed.onnx"))
+    with pytest.raises(UserError, match="dynamic axis 'tokens'.*seq_name=NAME"):
+        load(str(tmp_path / "renamed.onnx"))
+    with pytest.raises(UserError, match="ONNX file '/nonexistent.onnx' does not exist"):
+        load("/nonexistent.onnx")
