@@ -110,7 +110,7 @@ class ApplyTunedSchedules:
                     if i not in specialised:
                         specialised[i] = specialise(mod, gv, point)
                     name, static = specialised[i][site]
-                    record = _best_record(self.database, static)
+                    record = _best_record(self.database, static) if static is not None else None
                     if record is not None:
                         found = (record, static, point, i > 0)
                         break

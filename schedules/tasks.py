@@ -89,20 +89,38 @@ def tune_point(func: relax.Function) -> dict[str, int]:
     return {name: spec[2] for name, spec in bucket_of(func).items() if name in symbolic}
 
 
-def specialise(mod: tvm.IRModule, gv: tvm.ir.GlobalVar, values: dict[str, int] | None = None) -> list[tuple[str, tirx.PrimFunc]]:
-    """(kernel name, kernel specialised at `values`, by default the bucket's tuning point) per call site."""
+def specialise(mod: tvm.IRModule, gv: tvm.ir.GlobalVar, values: dict[str, int] | None = None) -> list[tuple[str, tirx.PrimFunc | None]]:
+    """(kernel name, kernel specialised at `values`, by default the bucket's tuning point) per call
+    site; None for a site TVM cannot specialise (a call with a scalar argument, e.g. `arange(n)`)."""
     func = mod[gv]
     values = tune_point(func) if values is None else values
     calls = call_sites(func)
-    kernels = {c.args[0] for c in calls}
-    tmp = tvm.IRModule({g: mod[g] for g in kernels})
+    tmp = tvm.IRModule({g: mod[g] for g in {c.args[0] for c in calls}})
     tmp[gv.name_hint] = func.with_attr("global_symbol", gv.name_hint)
     if values:
         tmp = relax.transform.BindSymbolicVars(values, func_name=gv.name_hint)(tmp)
-    tmp = relax.transform.SpecializePrimFuncBasedOnCallSite()(tmp)
-    static_calls = call_sites(tmp[gv.name_hint])
-    assert len(static_calls) == len(calls), "specialisation changed the call sites"
-    return [(c.args[0].name_hint, tmp[s.args[0]]) for c, s in zip(calls, static_calls)]
+    bound_calls = call_sites(tmp[gv.name_hint])
+    try:
+        done = relax.transform.SpecializePrimFuncBasedOnCallSite()(tmp)
+        return [(c.args[0].name_hint, done[s.args[0]]) for c, s in zip(calls, call_sites(done[gv.name_hint]))]
+    except tvm.error.InternalError:  # TVM rejects the whole function for one call with a scalar argument
+        return [(c.args[0].name_hint, _specialise_call(mod, b)) for c, b in zip(calls, bound_calls)]
+
+
+def _specialise_call(mod: tvm.IRModule, call: relax.Call) -> tirx.PrimFunc | None:
+    """One call site on its own: a caller taking exactly the call's (bound) argument types."""
+    args = list(call.args[1].fields)
+    if not all(isinstance(a.ty, relax.TensorType) for a in args) or not isinstance(call.ty, relax.TensorType):
+        return None
+    bb = relax.BlockBuilder()
+    kernel = bb.add_func(mod[call.args[0]], "kernel")
+    params = [relax.Var(f"arg{i}", a.ty) for i, a in enumerate(args)]
+    with bb.function("caller", params):
+        bb.emit_func_output(bb.emit(relax.call_tir(kernel, params, call.ty)))
+    try:
+        return relax.transform.SpecializePrimFuncBasedOnCallSite()(bb.get())["kernel"]
+    except tvm.error.InternalError:
+        return None
 
 
 def is_contraction(func: tirx.PrimFunc) -> bool:
@@ -158,7 +176,7 @@ def extract_tasks(mod: tvm.IRModule, only_contractions: bool = True) -> list[Tas
         bucket = bucket_of(mod[gv])
         probability = bucket_probability(bucket, bounds)
         for kernel, static in specialise(mod, gv):
-            if only_contractions and not is_contraction(static):
+            if static is None or (only_contractions and not is_contraction(static)):
                 continue
             task_mod = normalize(static)
             key = workload_key(task_mod)
