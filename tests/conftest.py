@@ -23,3 +23,18 @@ def tiny_mlp():
     from relaxtune.workloads import load
 
     return load("mlp", dict(TINY_MLP))
+
+
+@pytest.fixture(scope="session")
+def run_vm():
+    """Run a compiled workload on the CPU VM: `run_vm(executable, workload, inputs, params)` -> numpy."""
+    import tvm
+    from tvm import relax
+
+    def run(ex, workload, inputs, params):
+        vm = relax.VirtualMachine(ex, tvm.cpu())
+        args = [tvm.runtime.tensor(inputs[t.name]) for t in workload.inputs]
+        args += [tvm.runtime.tensor(p) for p in params.values()]
+        return vm["main"](*args).numpy()
+
+    return run

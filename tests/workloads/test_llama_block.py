@@ -3,20 +3,12 @@
 import numpy as np
 import pytest
 import tvm
-from tvm import relax
 
 from relaxtune.errors import UserError
 from relaxtune.workloads import load
 
 SMALL = {"hidden": "64", "heads": "4", "kv_heads": "2", "ffn": "128", "max_seq": "64"}
 TARGET = {"kind": "llvm", "num-cores": 2}
-
-
-def run(ex, workload, inputs, params):
-    vm = relax.VirtualMachine(ex, tvm.cpu())
-    args = [tvm.runtime.tensor(inputs[t.name]) for t in workload.inputs]
-    args += [tvm.runtime.tensor(p) for p in params.values()]
-    return vm["main"](*args).numpy()
 
 
 def sharpen(params):
@@ -51,10 +43,10 @@ def test_default_export_is_symbolic_and_bounded():
 
 
 @pytest.mark.parametrize("b,n", [(1, 1), (2, 1), (1, 23), (2, 23), (1, 64), (2, 64)])
-def test_matches_torch(small, b, n):
+def test_matches_torch(small, b, n, run_vm):
     workload, ex, params = small
     inputs = workload.random_inputs({"b": b, "n": n}, seed=n)
-    out = run(ex, workload, inputs, params)
+    out = run_vm(ex, workload, inputs, params)
     ref = workload.reference(inputs, params)
     assert out.shape == ref.shape == (b, n, 64)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())

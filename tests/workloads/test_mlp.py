@@ -4,20 +4,12 @@ import numpy as np
 import pytest
 import torch
 import tvm
-from tvm import relax
 
 from relaxtune.errors import UserError
 from relaxtune.workloads import load
 
 SMALL = {"hidden": "64", "ffn": "128", "max_seq": "64"}
 TARGET = {"kind": "llvm", "num-cores": 2}
-
-
-def run(ex, workload, inputs, params):
-    vm = relax.VirtualMachine(ex, tvm.cpu())
-    args = [tvm.runtime.tensor(inputs[t.name]) for t in workload.inputs]
-    args += [tvm.runtime.tensor(p) for p in params.values()]
-    return vm["main"](*args).numpy()
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +37,10 @@ def test_default_export_is_symbolic_and_bounded():
 
 
 @pytest.mark.parametrize("b,n", [(1, 1), (2, 1), (1, 23), (2, 23), (1, 64), (2, 64)])
-def test_matches_torch(small, b, n):
+def test_matches_torch(small, b, n, run_vm):
     workload, ex, params = small
     inputs = workload.random_inputs({"b": b, "n": n}, seed=n)
-    out = run(ex, workload, inputs, params)
+    out = run_vm(ex, workload, inputs, params)
     ref = workload.reference(inputs, params)
     assert out.shape == ref.shape == (b, n, 64)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
@@ -62,14 +54,14 @@ def test_torch_module_uses_the_workload_weights(small):
     np.testing.assert_allclose(out, workload.reference(inputs, workload.params), rtol=1e-6, atol=1e-7)
 
 
-def test_float16_compiles_and_runs():
+def test_float16_compiles_and_runs(run_vm):
     workload = load("mlp", {"hidden": "32", "ffn": "64", "max_seq": "16"}, dtype="float16")
     assert workload.inputs[0].dtype == "float16"
     assert all(p.dtype == np.float16 for p in workload.params.values())
     params = {k: v * 10 for k, v in workload.params.items()}
     ex = tvm.compile(workload.mod, target=tvm.target.Target(TARGET))
     inputs = workload.random_inputs({"b": 2, "n": 16})
-    out = run(ex, workload, inputs, params)
+    out = run_vm(ex, workload, inputs, params)
     ref = workload.reference(inputs, params)
     assert out.dtype == ref.dtype == np.float16
     np.testing.assert_allclose(out.astype("float32"), ref.astype("float32"), rtol=2e-2, atol=2e-2 * np.abs(ref).max())
