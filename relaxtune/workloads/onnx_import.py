@@ -110,9 +110,11 @@ def _import(path: str, model):
     import tvm
     from tvm.relax.frontend.onnx import from_onnx
 
+    from .onnx_fixes import relaxtune_converters
+
     printed = io.StringIO()
     try:
-        with contextlib.redirect_stdout(printed):  # the importer prints the failing operator
+        with contextlib.redirect_stdout(printed), relaxtune_converters():  # the importer prints the failing operator
             return from_onnx(model, keep_params_in_input=True, sanitize_input_names=False)
     except tvm.error.OpNotImplemented as err:
         raise UserError(f"cannot import {path}: {str(err).splitlines()[0]}") from err

@@ -114,3 +114,70 @@ def test_unknown_dynamic_axis_and_config(tmp_path, exported):
         load(str(tmp_path / "renamed.onnx"))
     with pytest.raises(UserError, match="ONNX file '/nonexistent.onnx' does not exist"):
         load("/nonexistent.onnx")
+
+
+# --- Hugging Face exports: relaxtune's converters (relaxtune/workloads/onnx_fixes.py) -------------
+
+HF_TINY = {"hidden": "32", "layers": "1", "heads": "2", "ffn": "64", "vocab": "64", "max_seq": "48"}
+
+
+@pytest.fixture(scope="module")
+def hf_llama_onnx(tmp_path_factory, target):
+    """hf:llama (tiny, random weights) exported by torch.onnx.export with dynamic batch and seq."""
+    module = load("hf:llama", HF_TINY).torch_module()
+    path = tmp_path_factory.mktemp("hf") / "llama.onnx"
+    ids, mask = torch.randint(0, 64, (2, 7)), torch.ones(2, 7, dtype=torch.int64)
+    axes = {0: "batch", 1: "seq"}
+    torch.onnx.export(module, (ids, mask), str(path), input_names=["input_ids", "attention_mask"], output_names=["out"],
+                      dynamic_axes={"input_ids": axes, "attention_mask": axes, "out": axes})
+    workload = load(str(path), {"max_seq": HF_TINY["max_seq"], "max_batch": "2"})
+    ex = api.build(workload, target, JobConfig(compile=CompileConfig(use_cache=False)))[0]
+    return module, workload, relax.VirtualMachine(ex, tvm.cpu())
+
+
+@pytest.mark.parametrize("b,n", [(1, 1), (2, 17), (1, 48)])
+def test_hf_llama_export_matches_torch(hf_llama_onnx, b, n):
+    module, workload, vm = hf_llama_onnx
+    assert [str(p.ty.shape) for p in workload.mod["main"].params[:2]] == ["R.shape([b, n])"] * 2
+    inputs = workload.random_inputs({"b": b, "n": n}, seed=n)
+    weights = prepare_params(vm, [tvm.runtime.tensor(v) for v in workload.params.values()])
+    out = vm["main"](*(tvm.runtime.tensor(inputs[t.name]) for t in workload.inputs), *weights).numpy()
+    with torch.no_grad():
+        expected = module(torch.from_numpy(inputs["input_ids"]), torch.from_numpy(inputs["attention_mask"])).numpy()
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
+def _positions_model(path):
+    """x + positions, the positions from Range(0, Squeeze(Shape(x)[1:2]), 1) — how exporters write arange(n)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 3])
+    consts = [
+        helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, dims, vals))
+        for name, dims, vals in [("zero", [], [0]), ("one", [], [1]), ("axis0", [1], [0]), ("view", [3], [1, -1, 1])]
+    ]
+    nodes = consts + [
+        helper.make_node("Shape", ["x"], ["shape"], start=1, end=2),
+        helper.make_node("Squeeze", ["shape", "axis0"], ["seq"]),
+        helper.make_node("Range", ["zero", "seq", "one"], ["positions"]),
+        helper.make_node("Cast", ["positions"], ["fpositions"], to=TensorProto.FLOAT),
+        helper.make_node("Reshape", ["fpositions", "view"], ["column"]),
+        helper.make_node("Add", ["x", "column"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "positions", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_range_keeps_the_sequence_dim(tmp_path, target, run_vm):
+    from tvm.relax.frontend.onnx import from_onnx
+
+    _positions_model(tmp_path / "pos.onnx")
+    stock = from_onnx(onnx.load(str(tmp_path / "pos.onnx")))
+    # TVM's own Range gives the positions a fresh length (range_len_0), and the sum loses its shape
+    assert "range_len_0" in stock.script() and str(stock["main"].ret_ty) == 'R.Tensor(dtype="float32", ndim=3)'
+    workload = load(str(tmp_path / "pos.onnx"))
+    assert str(workload.mod["main"].ret_ty) == 'R.Tensor((b, n, 3), dtype="float32")'
+    ex = api.build(workload, target, JobConfig(compile=CompileConfig(use_cache=False)))[0]
+    for b, n in [(1, 1), (2, 5), (4, 128)]:
+        inputs = workload.random_inputs({"b": b, "n": n}, seed=n)
+        expected = inputs["x"] + np.arange(n, dtype="float32")[None, :, None]
+        np.testing.assert_allclose(run_vm(ex, workload, inputs, {}), expected, rtol=1e-6)
