@@ -195,36 +195,3 @@ def test_bad_specs_are_user_errors(models, spec, config, message):
 def test_float16_is_refused(models):
     with pytest.raises(UserError, match="dtype 'float16' is not supported for imported models"):
         load(f"torch:{models}:block", dtype="float16")
-
-
-def _sandwich(inner: int):
-    """main(x: (b, n, 64)): reshape to (b*n*64/inner, inner), matmul by (inner, 8) + bias, reshape back."""
-    from tvm import tirx
-
-    b, n = tirx.Var("b", "int64"), tirx.Var("n", "int64")
-    x = relax.Var("x", relax.TensorType((b, n, 64), "float32"))
-    w = relax.Var("w", relax.TensorType((inner, 8), "float32"))
-    bias = relax.Var("bias", relax.TensorType((8,), "float32"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x, w, bias]):
-        with bb.dataflow():
-            flat = bb.emit(relax.op.reshape(x, (b * n * (64 // inner), inner)))
-            y = bb.emit(relax.op.add(bias, relax.op.matmul(flat, w)))
-            out = bb.emit_output(relax.op.reshape(y, (b, n, (64 // inner) * 8)))
-        bb.emit_func_output(out)
-    return bb.get()
-
-
-def test_tidy_removes_leading_merges_only():
-    from relaxtune.workloads.torch_import import tidy
-
-    merged = tidy(_sandwich(64))["main"]
-    assert "R.reshape" not in merged.script() and "b * n" not in merged.script()
-    assert str(merged.ret_ty.shape) == "R.shape([b, n, 8])"
-    split = tidy(_sandwich(32))["main"]  # the last dim is split too: not a broadcastable matmul
-    assert split.script().count("R.reshape") == 2
-    inputs = {"x": np.random.default_rng(0).standard_normal((2, 5, 64)).astype("float32"),
-              "w": np.ones((64, 8), "float32"), "bias": np.arange(8, dtype="float32")}
-    ex = tvm.compile(tvm.IRModule({"main": merged}), target="llvm")
-    out = relax.VirtualMachine(ex, tvm.cpu())["main"](*(tvm.runtime.tensor(v) for v in inputs.values())).numpy()
-    np.testing.assert_allclose(out, inputs["x"] @ inputs["w"] + inputs["bias"], rtol=1e-5, atol=1e-5)
