@@ -36,9 +36,11 @@ def export(executable, workload, target, so_path: Path, plan, cache_fingerprint,
     manifest = {
         "format": FORMAT,
         "workload": workload.name,
+        "spec": workload.spec or workload.name,  # what `workloads.load` takes to rebuild the reference
+        "spec_config": workload.spec_config if workload.spec else workload.config,
         "config": workload.config,
         "entry": "main",
-        "inputs": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in workload.inputs],
+        "inputs": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "fill": t.fill, "high": t.high} for t in workload.inputs],
         "params": [{"name": k, "shape": list(v.shape), "dtype": str(v.dtype)} for k, v in workload.params.items()],
         "dims": {d.name: {"lower": d.lower, "upper": d.upper} for d in workload.dims.values()},
         "buckets": {dim: [[b.lo, b.hi, b.tune_at] for b in buckets] for dim, buckets in plan.items()},
@@ -134,11 +136,13 @@ class Artifact:
         missing = sorted(set(self.manifest["dims"]) - set(dims))
         if missing:
             raise UserError(f"no value given for dimension {missing[0]!r} (use --shape {missing[0]}=N)")
+        from .workloads.base import TensorSpec, fill
+
         rng = np.random.default_rng(seed)
         out = {}
-        for spec in self.manifest["inputs"]:
-            shape = tuple(dims[d] if isinstance(d, str) else d for d in spec["shape"])
-            out[spec["name"]] = rng.standard_normal(shape).astype(spec["dtype"])
+        for spec in self.manifest["inputs"]:  # fill: token ids within the vocabulary, masks of ones
+            tensor = TensorSpec(spec["name"], tuple(spec["shape"]), spec["dtype"], spec.get("fill", "normal"), spec.get("high", 0))
+            out[spec["name"]] = fill(tensor, tensor.concrete(dims), rng)
         return out
 
     def _args(self, inputs: dict[str, np.ndarray]) -> list:

@@ -19,13 +19,22 @@ def add_arguments(parser) -> None:
 
 
 def reference(manifest: dict, inputs: dict, params: dict):
-    """The workload's numpy/torch reference, or None for a workload without one."""
-    from ..workloads import BUILTIN, load
+    """The workload's numpy/torch/ONNX reference as (output, None), or (None, why there is none).
 
-    if manifest["workload"] not in BUILTIN:
-        return None
-    workload = load(manifest["workload"], manifest["config"])
-    return workload.reference(inputs, params)
+    Imported models are loaded again from the manifest's spec (hf:, torch:, .onnx, a .py file):
+    that needs their packages and files on this machine, not a compiler."""
+    from ..errors import UserError
+    from ..workloads import load
+
+    spec = manifest.get("spec") or manifest["workload"]
+    config = manifest.get("spec_config", manifest["config"])
+    try:
+        workload = load(spec, config)
+    except (UserError, ImportError, OSError, ValueError) as err:
+        return None, f"no reference for {spec} here ({err})"
+    if workload.reference is None:
+        return None, f"no reference for {spec}"
+    return workload.reference(inputs, params), None
 
 
 def run(args) -> int:
@@ -43,12 +52,12 @@ def run(args) -> int:
     dims = art.dims_of(inputs)
     out = art(inputs)
     params = dict(np.load(str(args.artifact.with_suffix("")) + ".params.npz"))
-    ref = reference(art.manifest, inputs, params)
+    ref, why = reference(art.manifest, inputs, params)
     times = art.time_ms(inputs, repeat=args.repeat)
     median = statistics.median(times)
     shape = " ".join(f"{k}={v}" for k, v in dims.items())
     if ref is None:
-        check, err = "no reference for this workload: output not checked", None
+        check, err = f"{why}: output not checked", None
     else:
         err = float(np.max(np.abs(out.astype("float64") - ref)) / max(1.0, float(np.max(np.abs(ref)))))
         tol = 1e-3 if art.manifest["inputs"][0]["dtype"] == "float32" else 3e-2

@@ -11,6 +11,8 @@ to the type of the default.
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import re
 from typing import Mapping
@@ -87,7 +89,15 @@ def resolve_config(
 
 
 def load(spec: str, config: Mapping[str, str] | None = None, dtype: str | None = None) -> Workload:
-    """Build a built-in workload by name, or load a user ``.py`` file (see module docstring)."""
+    """Build a built-in workload by name, or load a user ``.py`` file (see module docstring).
+
+    The workload remembers ``spec`` (artifact manifests store it, so ``relaxtune run`` can rebuild
+    the reference of an imported model)."""
+    workload = _load(spec, config, dtype)
+    return workload if workload.spec else dataclasses.replace(workload, spec=spec, spec_config=dict(config or {}))
+
+
+def _load(spec: str, config: Mapping[str, str] | None, dtype: str | None) -> Workload:
     if dtype is not None:
         check_dtype(dtype)
     if spec in BUILTIN:

@@ -72,6 +72,8 @@ class Workload:
     reference: Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], np.ndarray] | None = None
     torch_module: Callable[[], object] | None = None
     flops: Callable[[Mapping[str, int]], float] | None = None
+    spec: str = ""  # how it was named to `workloads.load` (built-in name, hf:..., torch:..., path)
+    spec_config: dict[str, object] = field(default_factory=dict)  # the config given to `load` with it
 
     def check_shape(self, values: Mapping[str, int]) -> None:
         unknown = sorted(set(values) - set(self.dims))
@@ -89,10 +91,11 @@ class Workload:
     def random_inputs(self, values: Mapping[str, int], seed: int = 0) -> dict[str, np.ndarray]:
         self.check_shape(values)
         rng = np.random.default_rng(seed)
-        return {t.name: _fill(t, t.concrete(values), rng) for t in self.inputs}
+        return {t.name: fill(t, t.concrete(values), rng) for t in self.inputs}
 
 
-def _fill(spec: TensorSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+def fill(spec: TensorSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """A random input of ``shape`` as ``spec.fill`` says (normal, ones, or indices below ``high``)."""
     if spec.fill == "ones":
         return np.ones(shape, dtype=spec.dtype)
     if spec.fill == "index":
