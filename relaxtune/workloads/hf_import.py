@@ -14,8 +14,9 @@ Fixes for what TVM's importer does not handle (all in the wrapper, none in TVM):
 * ``head=base`` models with token types (BERT) get ``token_type_ids`` of zeros and
   ``position_ids = arange(n)`` computed in the wrapper, which is what ``transformers`` does by
   default; its own slice of a fixed-size position buffer imports with an unknown shape.
-* If the model cannot be exported with a dynamic batch (GPT-2's SDPA path fails in torch's
-  decomposition), the batch is fixed to 1 and only ``n`` stays symbolic (logged as a warning).
+* If the model cannot be exported with a dynamic batch through SDPA (GPT-2's SDPA path fails in
+  torch's decomposition), it is exported with ``attn=eager`` (the same matmul / softmax / matmul);
+  if that fails too, the batch is fixed to 1 and only ``n`` stays symbolic (a warning).
 
 Config keys (:data:`DEFAULTS`): ``hidden``, ``layers``, ``heads``, ``kv_heads`` (for models with
 grouped-query attention), ``ffn``, ``vocab`` (mapped onto the family's own config names),
@@ -203,9 +204,20 @@ def load_hf(model_type: str, config: Mapping[str, object] | None = None, dtype: 
     stored = {**settings, **kwargs, "model_type": model_type}
     seq = (1, int(settings["max_seq"]))
     if int(settings["max_batch"]) > 1:
+        bounds = {"b": (1, int(settings["max_batch"])), "n": seq}
         try:
-            return from_module(name, module, _inputs("b", vocab), {"b": (1, int(settings["max_batch"])), "n": seq}, stored)
+            return from_module(name, module, _inputs("b", vocab), bounds, stored)
         except ExportError as err:
+            if settings["attn"] == "sdpa" and model.config._attn_implementation == "sdpa":
+                # torch's SDPA decomposition rejects a dynamic batch for some families (GPT-2);
+                # the eager attention is the same matmul / softmax / matmul and exports
+                logger.info("%s: no dynamic batch with sdpa attention (%s); trying attn=eager", name, err)
+                model.set_attn_implementation("eager")
+                try:
+                    return from_module(name, module, _inputs("b", vocab), bounds, {**stored, "attn": "eager"})
+                except ExportError as again:
+                    err = again
+                model.set_attn_implementation("sdpa")
             logger.warning("%s: no dynamic batch (%s); exporting with batch 1", name, err)
     return from_module(name, module, _inputs(1, vocab), {"n": seq}, {**stored, "max_batch": 1})
 
