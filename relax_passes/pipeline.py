@@ -9,14 +9,26 @@ from tvm import relax
 
 from .bucket_dispatch import Bucket, BucketDispatch
 from .decompose_attention import DecomposeAttention
+from .fuse_swiglu import FuseSwiGLU
+from .merge_projections import MergeProjections
+from .split_to_slices import SplitToSlices
 
 
-def fusion_passes(plan: dict[str, list[Bucket]]) -> list:
-    """Model → fused kernels with symbolic shapes, one copy per shape bucket (what tuning sees)."""
+def fusion_passes(plan: dict[str, list[Bucket]], fusion: str | None = None, extern: list | None = None, gpu: bool = False) -> list:
+    """Model → fused kernels with symbolic shapes, one copy per shape bucket (what tuning sees).
+
+    relaxtune's fused kernels (SwiGLU, attention) have CPU schedules only: a GPU target gets the
+    stock fusion (and cuBLAS through `extern`) until they have GPU ones."""
+    from ..config import CompileConfig
+
+    ours = (fusion or CompileConfig().fusion) == "relaxtune" and not gpu
+    relaxtune_fusion = [FuseSwiGLU(), MergeProjections(), SplitToSlices()] if ours else []
     return [
+        *relaxtune_fusion,  # CompileConfig.fusion; before the lift, so their weight packing runs at load
         relax.transform.LiftTransformParams(),  # weight-only work (transposes) runs once, at load
-        DecomposeAttention(),  # attention as matmul / masked softmax / matmul kernels
+        DecomposeAttention(),  # attention calls left: matmul / masked softmax / matmul kernels
         BucketDispatch(plan),  # one function per shape bucket; main checks bounds and dispatches
+        *(extern or []),  # gpu with cublas=True: library calls per bucket (RewriteGemmToCublas)
         relax.backend.DispatchSampling(),  # ops that need a library form before legalization
         relax.backend.DispatchSortScan(),
         relax.transform.LegalizeOps(),  # every op becomes a TIR kernel, shapes stay symbolic
@@ -33,7 +45,9 @@ def rule_schedules(target) -> tvm.transform.Pass:
     from tvm.s_tir import dlight as dl
 
     if "gpu" in target.keys:
-        rules = [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+        from ..schedules.rules.gpu_rules import gpu_rules
+
+        rules = gpu_rules()
     else:
         from ..schedules.rules import cpu_rules
 
@@ -72,6 +86,12 @@ def memory_planning(planner: str | None = None) -> tvm.transform.Pass:
     return PlanMemory() if planner == "relaxtune" else relax.transform.StaticPlanBlockMemory()
 
 
+def gpu_checks(target) -> list:
+    from ..schedules.rules.gpu_rules import require_gpu_schedules
+
+    return [require_gpu_schedules()] if "gpu" in target.keys else []
+
+
 def small_bucket_passes(target) -> list:
     from ..schedules.serialize_small import SerializeSmallBuckets
 
@@ -79,10 +99,15 @@ def small_bucket_passes(target) -> list:
 
 
 def pipeline(
-    target, plan: dict[str, list[Bucket]], database=None, report: Counter | None = None, index: dict | None = None, memory_planner: str | None = None
+    target, plan: dict[str, list[Bucket]], database=None, report: Counter | None = None, index: dict | None = None, memory_planner: str | None = None,
+    fusion: str | None = None, cublas: bool | dict = False,
 ) -> tvm.transform.Pass:
     """The full pipeline for `target`: fusion, tuned schedules, rules, memory planning, lowering."""
     from ..schedules.apply import ApplyTunedSchedules
+    from .cublas_gemm import RewriteGemmToCublas
+
+    # cublas: True, or RewriteGemmToCublas's keyword arguments (min_rows, decode_wide)
+    extern = [RewriteGemmToCublas(**(cublas if isinstance(cublas, dict) else {}))] if cublas and "gpu" in target.keys else []
 
     tuned = []
     if database is not None:
@@ -93,12 +118,15 @@ def pipeline(
             relax.transform.AnnotateTIROpPattern(),
         ]
     passes = [
-        *fusion_passes(plan),
+        *fusion_passes(plan, fusion, extern, gpu="gpu" in target.keys),
         *tuned,
         rule_schedules(target),
+        *gpu_checks(target),  # gpu: an unscheduled kernel is an error, not host code reading device memory
         *small_bucket_passes(target),  # decode-sized buckets run their kernels on one thread
         *explicit_allocation_passes(),
         memory_planning(memory_planner),  # storage reuse over the whole function (CompileConfig.memory_planner)
+        # gpu: static regions captured as CUDA graphs when PassContext `relax.backend.use_cuda_graph` is set
+        *([relax.transform.RewriteCUDAGraph()] if "gpu" in target.keys else []),
         *lowering_passes(),
     ]
 
@@ -110,7 +138,7 @@ def pipeline(
     return _run
 
 
-def fuse(mod: tvm.IRModule, target, plan: dict[str, list[Bucket]]) -> tvm.IRModule:
+def fuse(mod: tvm.IRModule, target, plan: dict[str, list[Bucket]], fusion: str | None = None) -> tvm.IRModule:
     """Run the fusion stage only (what task extraction reads)."""
     with target:
-        return tvm.transform.Sequential(fusion_passes(plan))(mod)
+        return tvm.transform.Sequential(fusion_passes(plan, fusion, gpu="gpu" in target.keys))(mod)

@@ -24,7 +24,7 @@ import functools
 import graphlib
 import itertools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import tvm
 from tvm import relax, tirx
@@ -49,6 +49,7 @@ class PlannedTensor:
     end: int
     nbytes: tirx.PrimExpr
     slot: int
+    var: relax.Var = field(compare=False, repr=False)  # the allocation's binding: names may repeat in a function
 
 
 @dataclass(frozen=True)
@@ -91,14 +92,19 @@ def _is_alloc(value) -> bool:
 
 
 def _union(alias: dict, exprs) -> frozenset:
-    return frozenset().union(*(alias.get(u.name, frozenset()) for e in exprs for u in relax.analysis.free_vars(e)))
+    return frozenset().union(*(alias.get(u, frozenset()) for e in exprs for u in relax.analysis.free_vars(e)))
 
 
 def _liveness(func: relax.Function, mod: tvm.IRModule, known: set):
-    """Allocations sized by the signature's dimensions ([start, end], first use, bytes), what escapes, PrimFunc calls."""
+    """Allocations sized by the signature's dimensions ([start, end], first use, bytes), what escapes, PrimFunc calls.
+
+    Keyed by the Var objects, never their names: a rewrite that emits new bindings (a padded tuned
+    call) can repeat a name already bound, and a name-keyed map then hands one tensor's later uses
+    to another (wrong rows in llama-block at b=2).
+    """
     roots: list[dict] = []
-    alias: dict[str, frozenset] = {}  # var -> roots it may refer to
-    fields: dict[str, list[frozenset]] = {}  # tuple var -> roots per field
+    alias: dict[relax.Var, frozenset] = {}  # var -> roots it may refer to
+    fields: dict[relax.Var, list[frozenset]] = {}  # tuple var -> roots per field
     calls = []
     for i, binding in enumerate(b for block in func.body.blocks for b in block.bindings):
         var, value = binding.var, binding.value
@@ -108,20 +114,20 @@ def _liveness(func: relax.Function, mod: tvm.IRModule, known: set):
             for dim in shape:
                 nbytes = nbytes * (dim if str(dim.ty.dtype) == _I64 else tirx.Cast(_I64, dim))
             roots.append({"var": var, "start": i, "end": i, "first": None, "nbytes": nbytes, "device": int(value.args[2])})
-            alias[var.name] = frozenset([len(roots) - 1])
+            alias[var] = frozenset([len(roots) - 1])
             continue
         used = _union(alias, [value])
         for r in used:
             roots[r]["end"] = i
             roots[r]["first"] = i if roots[r]["first"] is None else roots[r]["first"]
         if isinstance(value, relax.Tuple):
-            fields[var.name] = [_union(alias, [f]) for f in value.fields]
-        if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var) and value.tuple_value.name in fields:
-            alias[var.name] = fields[value.tuple_value.name][value.index]
+            fields[var] = [_union(alias, [f]) for f in value.fields]
+        if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var) and value.tuple_value in fields:
+            alias[var] = fields[value.tuple_value][value.index]
         elif isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar) and isinstance(mod[value.op], tirx.PrimFunc):
-            calls.append((i, mod[value.op], [alias.get(a.name) if isinstance(a, relax.Var) else None for a in value.args]))
+            calls.append((i, mod[value.op], [alias.get(a) if isinstance(a, relax.Var) else None for a in value.args]))
         else:
-            alias[var.name] = used
+            alias[var] = used
     return roots, _union(alias, [func.body.body]), calls
 
 
@@ -255,7 +261,7 @@ def plan_function(func: relax.Function, mod: tvm.IRModule, name: str = "main") -
         chosen, ratios = _choose(list(layouts.values()))
     offsets, arena = _select([_offsets(topo, below, sizes, analyzer) for below, topo, _ in chosen], analyzer)
     index = {h: k for k, h in enumerate(heads)}
-    tensors = tuple(PlannedTensor(roots[r]["var"].name, roots[r]["start"], roots[r]["end"], roots[r]["nbytes"], index[slot_of[r]]) for r in sorted(planned))
+    tensors = tuple(PlannedTensor(roots[r]["var"].name, roots[r]["start"], roots[r]["end"], roots[r]["nbytes"], index[slot_of[r]], roots[r]["var"]) for r in sorted(planned))
     logger.debug("%s: %d tensors, %d slots, %d layouts, worst arena / lower bound %.3f", name, len(tensors), len(heads), len(chosen), max(ratios))
     at_bounds = _evaluator({dims[k]: hi for k, (_, hi) in bounds.items()})(arena)  # one size per function: the VM's pool reuses it
     allocation = analyzer.simplify(tirx.max(arena, tirx.const(at_bounds, _I64)))
@@ -310,10 +316,10 @@ def apply_plan(func: relax.Function, plan: FunctionPlan) -> relax.Function:
     bb = relax.BlockBuilder()
     storage = bb.normalize(relax.op.memory.alloc_storage(relax.ShapeExpr([plan.allocation]), plan.device, "global", "uint8"))
     arena = relax.Var("relaxtune_arena", storage.ty)
-    by_name = {t.name: plan.offsets[t.slot] for t in plan.tensors}
+    by_var = {t.var: plan.offsets[t.slot] for t in plan.tensors}
 
     def rewrite(binding) -> list:
-        offset = by_name.get(binding.var.name)
+        offset = by_var.get(binding.var)
         if offset is None or not _is_alloc(binding.value):
             return [binding]
         tensor = bb.normalize(relax.op.memory.alloc_tensor(arena, offset, *binding.value.args[:3]))
@@ -324,7 +330,8 @@ def apply_plan(func: relax.Function, plan: FunctionPlan) -> relax.Function:
 
     first = [relax.VarBinding(arena, storage)]
     blocks = [relax.BindingBlock((first if k == 0 else []) + [new for b in block.bindings for new in rewrite(b)]) for k, block in enumerate(func.body.blocks)]
-    return relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure, func.attrs, func.span)
+    body = bb.normalize(relax.SeqExpr(blocks, func.body.body))  # normalized: the body carries its type
+    return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
 
 
 @tvm.transform.module_pass(opt_level=0, name="PlanMemory")

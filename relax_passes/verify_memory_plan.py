@@ -4,7 +4,9 @@ Works on a planned Relax function (after PlanMemory or TVM's StaticPlanBlockMemo
 LowerAllocTensor) and one concrete value per symbolic dimension. It reads only the IR: every
 `R.memory.alloc_storage` (its size), every `R.memory.alloc_tensor(storage, offset, shape, dtype)`
 (its byte range), and its own liveness of each tensor over the function's top-level bindings
-(through views, `ensure_zero_offset`, tuples and copies). It shares no code with the planner.
+(through views, `ensure_zero_offset`, tuples and copies), keyed by the Var objects: names can
+repeat in a function (a rewrite that pads a tuned call names its bindings afresh), and a map keyed
+by name would hand one tensor's uses to another. It shares no code with the planner.
 
 Two tensors may overlap only when they are the same bytes and the first is the input of an
 element-wise kernel that dies there while the second is that kernel's output (in-place). That is
@@ -13,7 +15,7 @@ decided by `elementwise_inplace`, a proof on the kernel's TIR; the planner asks 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import tvm
 import tvm_ffi
@@ -34,6 +36,8 @@ class Placement:
     end: int
     first: int
     last: int
+    var: relax.Var = field(compare=False, repr=False)  # names are for messages; these say which is which
+    storage_var: relax.Var = field(compare=False, repr=False)
 
 
 def elementwise_inplace(func: tirx.PrimFunc, src: int, dst: int) -> bool:
@@ -137,50 +141,50 @@ class Layout:
     """What `placements` found: tensors, storage sizes (bytes), problems, in-place pairs."""
 
     tensors: list[Placement]
-    storages: dict[str, int]
+    storages: dict[relax.Var, int]  # storage var -> bytes
     problems: list[str]
-    inplace: set[tuple[str, str, int]]  # (input, output, call index)
+    inplace: set[tuple[relax.Var, relax.Var, int]]  # (input, output, call index)
 
 
 def placements(func: relax.Function, values: dict[str, int], mod: tvm.IRModule | None = None) -> Layout:
     """Every tensor placed in a storage at these shapes, with its own liveness."""
     analyzer = _analyzer(func, values)
     bindings = [b for block in func.body.blocks for b in block.bindings]
-    storages: dict[str, int] = {}
-    tensors: dict[str, dict] = {}  # name -> storage, begin, end, first, last, access
-    alias: dict[str, set[str]] = {}  # relax var name -> tensors it may refer to
-    fields: dict[str, list[set[str]]] = {}
+    storages: dict[relax.Var, int] = {}
+    tensors: dict[relax.Var, dict] = {}  # tensor var -> storage, begin, end, first, last, access
+    alias: dict[relax.Var, set[relax.Var]] = {}  # relax var -> tensors it may refer to
+    fields: dict[relax.Var, list[set[relax.Var]]] = {}
     calls = []
     for i, binding in enumerate(bindings):
         var, value = binding.var, binding.value
         if _op(value, "relax.memory.alloc_storage"):
-            storages[var.name] = _evaluate(value.args[0].values[0], analyzer)
+            storages[var] = _evaluate(value.args[0].values[0], analyzer)
             continue
         if _op(value, "relax.memory.alloc_tensor"):
             nbytes = tvm.DataType(str(value.args[3].value)).bits // 8
             for dim in value.args[2].values:
                 nbytes *= _evaluate(dim, analyzer)
             offset = _evaluate(value.args[1], analyzer)
-            tensors[var.name] = {"storage": value.args[0].name, "begin": offset, "end": offset + nbytes, "first": i, "last": i, "access": None}
-            alias[var.name] = {var.name}
+            tensors[var] = {"storage": value.args[0], "begin": offset, "end": offset + nbytes, "first": i, "last": i, "access": None}
+            alias[var] = {var}
             continue
-        used = set().union(*(alias.get(u.name, set()) for u in relax.analysis.free_vars(value)))
+        used = set().union(*(alias.get(u, set()) for u in relax.analysis.free_vars(value)))
         view = isinstance(value, (relax.Var, relax.Tuple, relax.TupleGetItem)) or any(_op(value, v) for v in _VIEWS)
         for t in used:
             tensors[t]["last"] = i
             if not view and tensors[t]["access"] is None:
                 tensors[t]["access"] = i
         if isinstance(value, relax.Tuple):
-            fields[var.name] = [set().union(*(alias.get(u.name, set()) for u in relax.analysis.free_vars(f))) for f in value.fields]
-        if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var) and value.tuple_value.name in fields:
-            alias[var.name] = fields[value.tuple_value.name][value.index]
+            fields[var] = [set().union(*(alias.get(u, set()) for u in relax.analysis.free_vars(f))) for f in value.fields]
+        if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var) and value.tuple_value in fields:
+            alias[var] = fields[value.tuple_value][value.index]
         elif isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar) and mod is not None and isinstance(mod[value.op], tirx.PrimFunc):
-            calls.append((i, mod[value.op], [alias.get(a.name) if isinstance(a, relax.Var) else None for a in value.args]))
+            calls.append((i, mod[value.op], [alias.get(a) if isinstance(a, relax.Var) else None for a in value.args]))
         else:
-            alias[var.name] = used
+            alias[var] = used
     problems = []
-    returned = set().union(*(alias.get(u.name, set()) for u in relax.analysis.free_vars(func.body.body)))
-    problems += [f"tensor {t} lives in planned storage {tensors[t]['storage']} but is returned" for t in sorted(returned & set(tensors))]
+    returned = set().union(*(alias.get(u, set()) for u in relax.analysis.free_vars(func.body.body)))
+    problems += [f"tensor {t.name} lives in planned storage {tensors[t]['storage'].name} but is returned" for t in tensors if t in returned]
     inplace = set()
     for i, prim, args in calls:
         single = [next(iter(a)) if a is not None and len(a) == 1 else None for a in args]
@@ -189,13 +193,13 @@ def placements(func: relax.Function, values: dict[str, int], mod: tvm.IRModule |
                 if src is None or dst is None or src == dst or single.count(src) != 1:
                     continue
                 s, d = tensors[src], tensors[dst]
-                same_bytes = s["storage"] == d["storage"] and (s["begin"], s["end"]) == (d["begin"], d["end"])
+                same_bytes = s["storage"].same_as(d["storage"]) and (s["begin"], s["end"]) == (d["begin"], d["end"])
                 if same_bytes and s["last"] == i and d["access"] == i and elementwise_inplace(prim, k, m):
                     inplace.add((src, dst, i))
-    found = [Placement(n, t["storage"], t["begin"], t["end"], t["first"], t["last"]) for n, t in tensors.items()]
+    found = [Placement(v.name, t["storage"].name, t["begin"], t["end"], t["first"], t["last"], v, t["storage"]) for v, t in tensors.items()]
     for p in found:
-        if p.begin < 0 or p.begin % ALIGN or p.end > storages.get(p.storage, -1):
-            problems.append(f"tensor {p.name} at bytes [{p.begin}, {p.end}) is misaligned or outside storage {p.storage} ({storages.get(p.storage)} bytes)")
+        if p.begin < 0 or p.begin % ALIGN or p.end > storages.get(p.storage_var, -1):
+            problems.append(f"tensor {p.name} at bytes [{p.begin}, {p.end}) is misaligned or outside storage {p.storage} ({storages.get(p.storage_var)} bytes)")
     return Layout(found, storages, problems, inplace)
 
 
@@ -209,9 +213,9 @@ def verify(func: relax.Function, values: dict[str, int], mod: tvm.IRModule | Non
     found = layout.tensors
     for k, a in enumerate(found):
         for b in found[k + 1 :]:
-            if a.storage != b.storage or a.begin >= b.end or b.begin >= a.end or a.first > b.last or b.first > a.last:
+            if not a.storage_var.same_as(b.storage_var) or a.begin >= b.end or b.begin >= a.end or a.first > b.last or b.first > a.last:
                 continue
-            if (a.name, b.name, a.last) in layout.inplace or (b.name, a.name, b.last) in layout.inplace:
+            if (a.var, b.var, a.last) in layout.inplace or (b.var, a.var, b.last) in layout.inplace:
                 continue  # the output is first written where the input dies, element by element
             problems.append(
                 f"{a.name} (bytes [{a.begin}, {a.end}), bindings {a.first}..{a.last}) overlaps {b.name} "

@@ -45,7 +45,7 @@ def extract_tasks(workload: Workload, target: ResolvedTarget, job: JobConfig):
     from .schedules.tasks import extract_tasks as extract
 
     intrin.register_for(target.target.kind.name)
-    return extract(fuse(workload.mod, target.target, bucket_plan(workload, job)))
+    return extract(fuse(workload.mod, target.target, bucket_plan(workload, job), job.compile.fusion))
 
 
 def tune(workload: Workload, target: ResolvedTarget, job: JobConfig, progress: bool = True):
@@ -96,8 +96,12 @@ def build(workload: Workload, target: ResolvedTarget, job: JobConfig, report: Co
         database, folder = _open_cache(target, job, writable=False)
         index = task_index.load(folder) if database is not None else {}
     report = report if report is not None else Counter()
-    passes = pipeline(target.target, bucket_plan(workload, job), database, report, index, memory_planner=job.compile.memory_planner)
-    executable = tvm.compile(workload.mod, target=target.target, relax_pipeline=passes)
+    passes = pipeline(
+        target.target, bucket_plan(workload, job), database, report, index,
+        memory_planner=job.compile.memory_planner, fusion=job.compile.fusion, cublas=job.compile.cublas,
+    )
+    with tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": job.compile.cuda_graphs and target.is_gpu}):
+        executable = tvm.compile(workload.mod, target=target.target, relax_pipeline=passes)
     return executable, report, folder
 
 

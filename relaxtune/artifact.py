@@ -3,6 +3,11 @@
 Loading needs the TVM runtime only: nothing here compiles. The manifest says what the library
 expects (inputs with symbolic dimensions and their bounds, dtypes, weights), so a call with a
 wrong name, dtype or a shape outside the bounds is refused with one clear line before it runs.
+
+CUDA artifacts carry compiled device code: TVM's codegen leaves CUDA C source in its device
+module (compiled by NVRTC/nvcc when the GPU host loads the library), so `export` compiles that
+source here with nvcc into a fatbin for the target's arch and packs it in the `.so` in place of
+the source (see `cuda_device_code.py`). The GPU host needs the driver and the TVM runtime only.
 """
 
 from __future__ import annotations
@@ -30,7 +35,18 @@ def export(executable, workload, target, so_path: Path, plan, cache_fingerprint,
     import tvm
 
     so_path.parent.mkdir(parents=True, exist_ok=True)
-    executable.export_library(str(so_path))
+    device_code = None
+    if target.is_gpu:
+        from .cuda_device_code import FatbinPacker
+
+        from .cuda_cublas import object_file
+
+        packer = FatbinPacker(target.config["arch"])
+        # the cuBLAS kernel (relax_passes/cublas_gemm.py) is linked in; it opens cuBLAS on first use
+        executable.export_library(str(so_path), fpack_imports=packer, addons=[str(object_file())], options=["-ldl"])
+        device_code = packer.summary()
+    else:
+        executable.export_library(str(so_path))
     params_path, manifest_path = paths(so_path)
     np.savez(params_path, **workload.params)
     manifest = {
@@ -46,6 +62,7 @@ def export(executable, workload, target, so_path: Path, plan, cache_fingerprint,
         "buckets": {dim: [[b.lo, b.hi, b.tune_at] for b in buckets] for dim, buckets in plan.items()},
         "target": target.config,
         "device": "cuda" if target.is_gpu else "cpu",
+        "device_code": device_code,  # cuda: {"format": "fatbin", "arch": ..., "kernels": ..., "bytes": ...}
         "tvm_version": tvm.__version__,
         "cache_fingerprint": cache_fingerprint,
         "schedules": schedules,
@@ -53,6 +70,43 @@ def export(executable, workload, target, so_path: Path, plan, cache_fingerprint,
     }
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def ensure_cuda_runtime() -> None:
+    """Load TVM's CUDA runtime library where `import tvm` did not (runtime-only mode skips it)."""
+    import os
+
+    import tvm
+
+    if tvm.runtime.enabled("cuda"):
+        return
+    import tvm_ffi
+
+    lib_dir = Path(os.path.dirname(tvm.__file__)) / "lib"
+    try:
+        tvm_ffi.libinfo.load_lib_ctypes(package="tvm", target_name="tvm_runtime_cuda", extra_lib_paths=[lib_dir], mode="RTLD_LOCAL")
+    except Exception as err:  # missing driver (libcuda.so.1) or CUDA runtime: say which
+        raise UserError(f"this artifact runs on cuda, but TVM's CUDA runtime does not load here: {str(err).splitlines()[-1]}") from None
+
+
+def ensure_runtime_functions() -> None:
+    """Register the Relax run-time helpers TVM defines in Python (`tvm.relax`, absent in runtime-only mode).
+
+    `relax.run.assert_op` is what the bounds check of `main` calls.
+    """
+    import tvm
+    import tvm_ffi
+
+    if tvm_ffi.get_global_func("relax.run.assert_op", allow_missing=True) is not None:
+        return
+
+    def assert_op(condition, format_str, *format_args):
+        value = condition.numpy() if isinstance(condition, tvm.runtime.Tensor) else condition
+        if not value:
+            rendered = [str(a.numpy()) if isinstance(a, tvm.runtime.Tensor) else str(a) for a in format_args]
+            raise AssertionError(format_str.format(*rendered) if format_str else (", ".join(rendered) or "Assertion Failed"))
+
+    tvm_ffi.register_global_func("relax.run.assert_op", assert_op)
 
 
 def prepare_params(vm, params: list) -> list:
@@ -92,6 +146,9 @@ class Artifact:
         import tvm
         from tvm.runtime.vm import VirtualMachine
 
+        ensure_runtime_functions()
+        if manifest["device"] == "cuda":
+            ensure_cuda_runtime()
         device = tvm.cuda(0) if manifest["device"] == "cuda" else tvm.cpu(0)
         lib = tvm.runtime.load_module(str(so_path))
         vm = VirtualMachine(lib, device)

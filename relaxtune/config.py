@@ -23,6 +23,11 @@ class TuneConfig:
     runs_per_measure: int = 3
     min_repeat_ms: int = 20
     seed: int = 0
+    population: int = 128  # evolutionary search population (stock 512): a trained model scores it every generation
+    search_generations: int = 2  # evolutionary generations per batch (stock 4)
+    early_stop_batches: int = 3  # stop a task after this many batches without 1% gain (0: never)
+    transfer: bool = True  # seed a task without records from the best records of similar cached tasks
+    persist_cost_model: bool = True  # warm-start the XGBoost model from <cache>/<target>/cost_model.tar, save it back
     rpc_tracker: str = ""  # "HOST:PORT" of a TVM RPC tracker: measure there instead of locally
     device_key: str = ""  # the key the tracker's servers registered under (with rpc_tracker)
 
@@ -31,6 +36,10 @@ class TuneConfig:
             raise UserError(f"--trials {self.trials} is negative: give 0 (no tuning) or more")
         if self.trials_per_iter < 1:
             raise UserError(f"trials per batch {self.trials_per_iter} must be at least 1")
+        if self.population < self.trials_per_iter:
+            raise UserError(f"--trials-per-iter {self.trials_per_iter} is larger than the search population {self.population}: give 1-{self.population}")
+        if self.early_stop_batches < 0:
+            raise UserError(f"early stop after {self.early_stop_batches} batches: give 0 (never) or more")
         if self.rpc_tracker:
             _ = self.tracker_address  # raises UserError unless HOST:PORT
             if not self.device_key.strip():
@@ -85,18 +94,25 @@ class BucketConfig:
 
 
 MEMORY_PLANNERS = ("relaxtune", "tvm")
+FUSIONS = ("relaxtune", "stock")  # relaxtune: its fusion passes, then stock FuseOps; stock: FuseOps only
 
 
 @dataclass(frozen=True)
 class CompileConfig:
     """How the pipeline builds: which planner, and whether tuned records are applied."""
 
-    # "tvm": StaticPlanBlockMemory; "relaxtune": PlanMemory (one arena, run-time offsets), opt-in until
-    # it is right for padded tuned calls (wrong rows seen at b=2 with a tuned, padded matmul)
-    memory_planner: str = "tvm"
+    # "relaxtune": PlanMemory (one arena per function, run-time offsets, verified); "tvm": StaticPlanBlockMemory
+    memory_planner: str = "relaxtune"
     use_cache: bool = True
+    fusion: str = "relaxtune"
+    # GPU targets only: weight GEMMs call cuBLAS (relax_passes/cublas_gemm.py: fastest in every
+    # bucket on the H200), and static regions are captured as CUDA graphs (-0.013 ms at n=1)
+    cublas: bool = True
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
+        if self.fusion not in FUSIONS:
+            raise UserError(f"unknown fusion {self.fusion!r}: use one of {', '.join(FUSIONS)}")
         if self.memory_planner not in MEMORY_PLANNERS:
             raise UserError(f"unknown memory planner {self.memory_planner!r}: use one of {', '.join(MEMORY_PLANNERS)}")
 

@@ -152,7 +152,7 @@ class ApplyTunedSchedules:
                 return None
             self.report[label] += 1
             return ("direct", bb.add_func(direct, f"{name}_tuned"), None)
-        samples = replay.row_samples(static, record.trace, tune_at)
+        samples = replay.row_samples(static, record.trace, tune_at, kernel)
         per_dim = Counter(dim for dim, _, _ in samples.values())
         if any(count > 1 for count in per_dim.values()):
             # e.g. attention scores (n x n): cutting the column tiles to a few rows undoes the

@@ -1,39 +1,96 @@
-"""MetaSchedule builder and runner sized for this project, without the per-batch 35 s import.
+"""MetaSchedule builder and runner sized for this project: persistent build workers, no 35 s import.
 
-Stock `LocalBuilder` runs `import tvm.s_tir.tensor_intrin` inside the timed build of each fresh
-worker, so on a small machine every candidate times out. Scheduled candidates are already
-tensorized when they reach the builder, so the build needs no intrinsic registry.
+Stock `LocalBuilder` starts fresh worker processes for every batch and runs `import
+tvm.s_tir.tensor_intrin` inside the timed build of each, so on a small machine every candidate
+times out. Here the build function skips that import (scheduled candidates are already tensorized
+when they reach the builder; `build_worker.py`), and the workers are started once per job, warmed
+up (TVM imported, one kernel built) outside the timeout, and reused for every batch; they are recycled after
+`RECYCLE_AFTER` builds each, which bounds the memory leak that made stock restart them per batch.
+Each batch's wall time is kept in `stats` for the tuning profile.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import time
+
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.builder import BuilderResult
 
 from ..config import TuneConfig
+from .build_worker import build_and_export, build_without_intrin_import, warm_up  # noqa: F401 (re-exported)
+
+logger = logging.getLogger(__name__)
+
+RECYCLE_AFTER = 256  # builds per worker process before it is replaced
 
 
-def build_without_intrin_import(mod, target, _params):
-    """MetaSchedule's default build, minus `import tvm.s_tir.tensor_intrin`."""
-    import tvm
-    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+@derived_object
+class PersistentBuilder(ms.builder.PyBuilder):
+    """A LocalBuilder whose worker processes live for the whole job."""
 
-    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
-    return tvm.tirx.build(mod, target=target)
+    def __init__(self, max_workers: int, timeout_sec: float):
+        super().__init__()
+        self.max_workers = max_workers
+        self.timeout_sec = timeout_sec
+        self.stats = {"batches": 0, "candidates": 0, "failed": 0, "seconds": 0.0, "batch_seconds": []}
+        self._pool = None
+
+    def _executor(self):
+        from tvm.support.popen_pool import PopenPoolExecutor
+
+        if self._pool is None:
+            self._pool = PopenPoolExecutor(
+                max_workers=self.max_workers,
+                timeout=self.timeout_sec,
+                initializer=warm_up,
+                maximum_process_uses=RECYCLE_AFTER,
+            )
+        return self._pool
+
+    def start(self) -> None:
+        """Start and warm up every worker now, in the background, so their start-up overlaps the
+        job's set-up (task contexts, transfer) instead of delaying the first batch."""
+        pool = self._executor()
+        for _ in range(self.max_workers):  # each blocks its thread briefly: one per worker thread
+            pool.submit(time.sleep, 0.2)
+
+    def build(self, build_inputs):
+        from tvm.support.popen_pool import StatusKind
+
+        start = time.perf_counter()
+        results = []
+        jobs = [(b.mod, b.target) for b in build_inputs]
+        for outcome in self._executor().map_with_error_catching(build_and_export, jobs):
+            if outcome.status == StatusKind.COMPLETE:
+                results.append(BuilderResult(outcome.value, None))
+            elif outcome.status == StatusKind.TIMEOUT:
+                results.append(BuilderResult(None, f"LocalBuilder: Timeout, killed after {self.timeout_sec} seconds"))
+            else:
+                results.append(BuilderResult(None, "LocalBuilder: An exception occurred\n" + str(outcome.value)))
+        self.stats["batches"] += 1
+        self.stats["candidates"] += len(results)
+        self.stats["failed"] += sum(1 for r in results if r.error_msg)
+        self.stats["seconds"] += time.perf_counter() - start
+        self.stats["batch_seconds"].append(round(time.perf_counter() - start, 3))
+        return results
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
 
-def make_builder(config: TuneConfig):
-    from tvm.s_tir import meta_schedule as ms
-
+def make_builder(config: TuneConfig) -> PersistentBuilder:
+    """Call `shutdown()` on it when the job ends (the workers are started on the first batch)."""
     workers = config.build_workers or os.cpu_count() or 1
-    return ms.builder.LocalBuilder(
-        max_workers=workers, timeout_sec=config.build_timeout_s, f_build=build_without_intrin_import
-    )
+    return PersistentBuilder(max_workers=workers, timeout_sec=config.build_timeout_s)
 
 
 def make_runner(config: TuneConfig):
     """Measures here (LocalRunner), or on the tracker's servers when `config.rpc_tracker` is set."""
-    from tvm.s_tir import meta_schedule as ms
-
     evaluator = ms.runner.EvaluatorConfig(
         number=config.runs_per_measure, repeat=1, min_repeat_ms=config.min_repeat_ms
     )

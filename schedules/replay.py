@@ -87,21 +87,61 @@ def has_guard(func: tirx.PrimFunc) -> bool:
     return "T.where(" in func.script()
 
 
-def row_samples(static_func: tirx.PrimFunc, trace: Trace, tune_at: dict[str, int]) -> dict[int, tuple[str, int, int]]:
+def _static_iters(func: tirx.PrimFunc) -> dict[str, list[bool]]:
+    """Block name → per block iter, whether its extent is a constant."""
+    import tvm_ffi
+
+    found: dict[str, list[bool]] = {}
+
+    def visit(block):
+        found[block.name_hint] = [isinstance(iv.dom.extent, tirx.IntImm) for iv in block.iter_vars]
+
+    tvm_ffi.structural_walk(func.body, ((s_tir.SBlock,), visit), order="pre")
+    return found
+
+
+def _binds_only_static_iters(sch: s_tir.Schedule, loop, static_iters: dict[str, list[bool]]) -> bool:
+    """True when every block iter bound through `loop` is static in the symbolic kernel (so a loop
+    of the same extent as a dimension's tuning value, e.g. K = 64 at n = 64, is not that dimension)."""
+    import tvm_ffi
+    from tvm.tirx.analysis import undefined_vars
+
+    loop_var = sch.get(loop).loop_var
+    verdicts: list[bool] = []
+
+    def visit(realize):
+        block = realize.block
+        for k, value in enumerate(realize.iter_values):
+            if any(v.same_as(loop_var) for v in undefined_vars(value)):
+                flags = static_iters.get(block.name_hint)
+                verdicts.append(flags is not None and k < len(flags) and flags[k])
+
+    tvm_ffi.structural_walk(sch.get(loop), ((s_tir.SBlockRealize,), visit), order="pre")
+    return bool(verdicts) and all(verdicts)
+
+
+def row_samples(
+    static_func: tirx.PrimFunc, trace: Trace, tune_at: dict[str, int], symbolic_func: tirx.PrimFunc | None = None
+) -> dict[int, tuple[str, int, int]]:
     """The SamplePerfectTile instructions on symbolic loops: index → (dimension, kept levels, tile).
 
     Read off the trace replayed on the static kernel: a sampled loop whose extent equals a
-    dimension's tuning value is taken as that dimension's loop. A static loop of the same extent
-    only gets a smaller tile, which stays correct (the caller verifies no guard is left).
+    dimension's tuning value is taken as that dimension's loop, unless `symbolic_func` (the same
+    kernel with symbolic shapes) shows that every block iter the loop binds is static. A static
+    loop taken for a symbolic one only gets a smaller tile, which stays correct (the caller
+    verifies no guard is left).
     """
     sch = fresh_schedule(static_func)
     insts = list(trace.insts)
     found: dict[int, tuple[str, int]] = {}
+    static_iters = _static_iters(symbolic_func) if symbolic_func is not None else None
 
     def provider(inst, inputs, _attrs, decision):
         if inst.kind.name == "SamplePerfectTile":
             extent = sch.get(inputs[0]).extent
             index = next(i for i, other in enumerate(insts) if other.same_as(inst))
+            if static_iters is not None and _binds_only_static_iters(sch, inputs[0], static_iters):
+                return decision
             for name, value in tune_at.items():
                 if value > 1 and isinstance(extent, tirx.IntImm) and int(extent) == value:
                     found[index] = (name, *row_tile(decision))

@@ -65,13 +65,28 @@ def add_memory_planner(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_fusion(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--fusion", default=None, metavar="{relaxtune,stock}",
+        help=f"relaxtune: its fusion passes (SwiGLU kernel, merged projections, ...) then FuseOps; stock: FuseOps only (default {CompileConfig().fusion})",
+    )
+
+
+def add_gpu_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-cublas", dest="cublas", action="store_false", default=None,
+                        help="cuda: keep weight GEMMs as TIR kernels instead of cuBLAS calls")
+    parser.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", default=None,
+                        help="cuda: do not capture static regions as CUDA graphs")
+
+
 def job_config(args, tune: TuneConfig | None = None, use_cache: bool = True) -> JobConfig:
-    planner = getattr(args, "memory_planner", None)
+    chosen = {"memory_planner": getattr(args, "memory_planner", None), "fusion": getattr(args, "fusion", None),
+              "cublas": getattr(args, "cublas", None), "cuda_graphs": getattr(args, "cuda_graphs", None)}
     return JobConfig(
         cache_dir=args.cache,
         tune=tune or TuneConfig(),
         buckets=BucketConfig.parse(args.buckets),
-        compile=CompileConfig(use_cache=use_cache, **({"memory_planner": planner} if planner is not None else {})),
+        compile=CompileConfig(use_cache=use_cache, **{k: v for k, v in chosen.items() if v is not None}),
     )
 
 

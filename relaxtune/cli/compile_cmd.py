@@ -12,6 +12,8 @@ def add_arguments(parser) -> None:
     common.add_target(parser)
     common.add_cache(parser)
     common.add_memory_planner(parser)
+    common.add_fusion(parser)
+    common.add_gpu_options(parser)
     parser.add_argument("-o", "--output", type=Path, required=True, help="the .so to write (params and manifest go beside it)")
     parser.add_argument("--no-cache", action="store_true", help="ignore the cache: rule-based schedules only")
 

@@ -10,10 +10,13 @@ def add_arguments(parser) -> None:
     common.add_workload(parser)
     common.add_target(parser)
     common.add_cache(parser)
+    common.add_fusion(parser)
     parser.add_argument("--trials", type=int, default=TuneConfig.trials, help=f"trial budget for the job, cached trials included (default {TuneConfig.trials})")
     parser.add_argument("--trials-per-iter", type=int, default=TuneConfig.trials_per_iter, help="candidates measured per batch")
     parser.add_argument("--rpc", metavar="HOST:PORT", default=TuneConfig.rpc_tracker, help="measure on the servers of this TVM RPC tracker (builds stay local)")
     parser.add_argument("--device-key", metavar="KEY", default=TuneConfig.device_key, help="with --rpc: the key the servers registered under")
+    parser.add_argument("--early-stop", type=int, default=TuneConfig.early_stop_batches, metavar="BATCHES", help=f"stop a kernel after this many batches without 1%% gain, 0: never (default {TuneConfig.early_stop_batches})")
+    parser.add_argument("--no-transfer", action="store_true", help="do not seed new kernels from similar cached kernels' records")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--json", type=lambda p: __import__("pathlib").Path(p), default=None, help="write what is printed as JSON")
 
@@ -22,7 +25,7 @@ def run(args) -> int:
     from .. import api, targets
 
     target = targets.resolve(args.target)
-    tune = TuneConfig(trials=args.trials, trials_per_iter=args.trials_per_iter, rpc_tracker=args.rpc, device_key=args.device_key)
+    tune = TuneConfig(trials=args.trials, trials_per_iter=args.trials_per_iter, rpc_tracker=args.rpc, device_key=args.device_key, early_stop_batches=args.early_stop, transfer=not args.no_transfer)
     job = common.job_config(args, tune)
     if tune.rpc_tracker:  # fail before the slow part when the tracker or its servers are missing
         from ..schedules import intrin
@@ -38,6 +41,7 @@ def run(args) -> int:
         print(f"{workload.name}: 0 trials run: the cache already holds {result.trials_cached} trials for its {len(result.tasks)} tasks (budget {args.trials})")
     else:
         print(f"{workload.name}: {result.trials_run} trials in {result.wall_s:.0f} s ({result.failed} failed), {result.trials_cached} were cached")
+        print("time (s): " + ", ".join(f"{k.removesuffix('_s')} {v}" for k, v in result.profile.items()))
     print(f"{'task':48} {'trials':>6} {'best us':>10} {'rules us':>10} {'GFLOP/s':>8}")
     tuned = sorted((t for t in result.tasks if t.trials), key=lambda t: -t.trials)
     for t in tuned:
@@ -51,6 +55,8 @@ def run(args) -> int:
             "trials_cached": result.trials_cached,
             "wall_s": result.wall_s,
             "failed": result.failed,
+            "profile": result.profile,
+            "ranking": result.ranking,
             "tasks": [{"name": t.name, "trials": t.trials, "best_us": t.best_us, "rule_us": t.rule_us if t.rule_us == t.rule_us else None, "gflops": t.gflops} for t in result.tasks],
         },
     )

@@ -65,9 +65,9 @@ def storage_peak(func, values: dict[str, int], mod, in_use: bool) -> int:
     from ..relax_passes.verify_memory_plan import placements
 
     layout = placements(func, values, mod)
-    spans: dict[str, list[int]] = {}
+    spans: dict = {}  # storage var -> [first, last, furthest byte]
     for t in layout.tensors:
-        span = spans.setdefault(t.storage, [t.first, t.last, 0])
+        span = spans.setdefault(t.storage_var, [t.first, t.last, 0])
         span[0], span[1], span[2] = min(span[0], t.first), max(span[1], t.last), max(span[2], t.end)
     size = {s: (span[2] if in_use else layout.storages[s]) for s, span in spans.items()}
     points = {p for span in spans.values() for p in span[:2]}
@@ -94,7 +94,7 @@ def measure(workload, target, values: dict[str, int]) -> dict:
     slots = [t.slot for t in plan.tensors]
     writer = _writers(mod[name])
     tensors = [
-        {"name": n, "kernel": writer.get(n, "-"), "first": s, "last": e, "bytes": size, "offset": off}
+        {"name": n, "kernel": writer.get(plan.tensors[i].var, "-"), "first": s, "last": e, "bytes": size, "offset": off}
         | {"shares_with": [plan.tensors[k].name for k in range(len(slots)) if slots[k] == slot and k != i]}
         for i, ((n, s, e, size, off), slot) in enumerate(zip(at["tensors"], slots))
     ]
@@ -103,19 +103,19 @@ def measure(workload, target, values: dict[str, int]) -> dict:
     return {"function": name, "tensors": tensors, "peak_bytes": {**peaks, "lower_bound": at["lower_bound"]}, "allocated_bytes": allocated, "problems": problems}
 
 
-def _writers(func) -> dict[str, str]:
-    """tensor (allocation var) -> the kernel that first takes it as an argument (its writer)."""
+def _writers(func) -> dict:
+    """tensor (allocation var) -> the name of the kernel that first takes it as an argument (its writer)."""
     import tvm
     from tvm import relax
 
-    found: dict[str, str] = {}
+    found: dict = {}  # keyed by the Var: names may repeat in a function
     for block in func.body.blocks:
         for binding in block.bindings:
             value = binding.value
             if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar):
                 for arg in value.args:
                     if isinstance(arg, relax.Var):
-                        found.setdefault(arg.name, value.op.name_hint)
+                        found.setdefault(arg, value.op.name_hint)
     return found
 
 

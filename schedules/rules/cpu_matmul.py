@@ -128,18 +128,25 @@ def _to_tile_domain(sch: s_tir.Schedule, blk, acc) -> None:
     Needed for correctness, not speed: with two symbolic row axes (b, n) fused into one, the
     region that ``reverse_compute_at`` derives for ``row // n`` and ``row % n`` over a tile of rows
     is the box of the end points, which misses rows when the tile wraps around n (TVM 0.27).
+
+    A column read through one scaled iter (``acc[row, 2 * f : 2 * f + 2]``, the gate/up pairs of
+    a SwiGLU kernel over an interleaved weight) keeps that iter as its own axis: only the rows
+    are re-expressed, and ``reverse_compute_at`` covers the pairs of each column tile.
     """
     stmt = sch.get(blk)
     reads = [r for r in stmt.reads if r.source.same_as(acc)]
     if not reads:
         return
-    dims = [r.min for r in reads[0].region if not isinstance(r.min, tirx.IntImm)]
-    if len(dims) == len(stmt.iter_vars) and all(
-        isinstance(d, tirx.Var) and d.same_as(iv.var) for d, iv in zip(dims, stmt.iter_vars)
-    ):
-        return  # already in the accumulator's coordinates
-    index_map = tirx.IndexMap([iv.var for iv in stmt.iter_vars], dims, None)
-    sch.transform_block_layout(blk, index_map)
+    iters = [iv.var for iv in stmt.iter_vars]
+    dims = []
+    for rng in reads[0].region:
+        if isinstance(rng.min, tirx.IntImm):
+            continue
+        used = [v for v in iters if any(v.same_as(u) for u in undefined_vars(rng.min))]
+        dims.append(used[0] if len(used) == 1 else rng.min)
+    # even when already in the accumulator's coordinates, the (identity) layout gives the block
+    # fresh iter vars, so the decode and the general body of _two_versions never share a definition
+    sch.transform_block_layout(blk, tirx.IndexMap(iters, dims, None))
 
 
 def _two_versions(cond, then_func: tirx.PrimFunc, else_func: tirx.PrimFunc) -> tirx.PrimFunc:

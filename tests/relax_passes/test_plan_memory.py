@@ -10,6 +10,7 @@ import tvm
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tvm import relax, tirx
+from tvm.script import ir as I, relax as R, tirx as T
 
 from relaxtune import api
 from relaxtune.artifact import prepare_params
@@ -90,14 +91,116 @@ def test_one_arena_and_outputs_params_untouched(name, explicit, target):
     assert left[0] not in {t.name for t in plan.tensors}
 
 
-def test_inplace_for_an_elementwise_kernel_whose_input_dies(explicit):
-    mod = explicit["mlp"]
-    fname = next(gv.name_hint for gv, f in mod.functions_items() if isinstance(f, relax.Function) and f.attrs and BUCKET_ATTR in f.attrs)
-    plan = plan_function(mod[fname], mod, fname)
-    # up = x @ Wup dies in down-input = silu(x @ Wgate) * up: both share one slot
+@I.ir_module
+class Before:
+    @T.prim_func(private=True)
+    def double(x: T.handle, y: T.handle):
+        n = T.int64()
+        X = T.match_buffer(x, (n, T.int64(16)))
+        Y = T.match_buffer(y, (n, T.int64(16)))
+        for i, j in T.grid(n, T.int64(16)):
+            Y[i, j] = X[i, j] * T.float32(2)
+
+    @T.prim_func(private=True)
+    def add_first_column(x: T.handle, y: T.handle):
+        n = T.int64()
+        X = T.match_buffer(x, (n, T.int64(16)))
+        Y = T.match_buffer(y, (n, T.int64(16)))
+        for i, j in T.grid(n, T.int64(16)):
+            Y[i, j] = X[i, 0] + X[i, j]
+
+    @R.function(pure=False)
+    def main(x: R.Tensor(("n", 16), "float32")) -> R.Tensor(("n", 16), "float32"):
+        n = T.int64()
+        R.func_attr({"tir_var_upper_bound": {"n": 64}})
+        cls = Before
+        a = R.builtin.alloc_tensor(R.shape([n, 16]), R.dtype("float32"), R.prim_value(0), R.str("global"))
+        cls.double(x, a)
+        b = R.builtin.alloc_tensor(R.shape([n, 16]), R.dtype("float32"), R.prim_value(0), R.str("global"))
+        cls.add_first_column(a, b)
+        c = R.builtin.alloc_tensor(R.shape([n, 16]), R.dtype("float32"), R.prim_value(0), R.str("global"))
+        cls.double(b, c)
+        d = R.builtin.alloc_tensor(R.shape([n, 16]), R.dtype("float32"), R.prim_value(0), R.str("global"))
+        cls.add_first_column(c, d)
+        return d
+
+
+@I.ir_module
+class Expected:
+    # a at 0; b above it (a is read while b is written); c in b's bytes (double is element-wise and
+    # b dies there); d is returned, so the VM allocates it. The arena is sized for n = 64.
+    @T.prim_func(private=True)
+    def double(x: T.handle, y: T.handle):
+        n = T.int64()
+        X = T.match_buffer(x, (n, T.int64(16)))
+        Y = T.match_buffer(y, (n, T.int64(16)))
+        for i, j in T.grid(n, T.int64(16)):
+            Y[i, j] = X[i, j] * T.float32(2)
+
+    @T.prim_func(private=True)
+    def add_first_column(x: T.handle, y: T.handle):
+        n = T.int64()
+        X = T.match_buffer(x, (n, T.int64(16)))
+        Y = T.match_buffer(y, (n, T.int64(16)))
+        for i, j in T.grid(n, T.int64(16)):
+            Y[i, j] = X[i, 0] + X[i, j]
+
+    @R.function(pure=False)
+    def main(x: R.Tensor(("n", 16), "float32")) -> R.Tensor(("n", 16), "float32"):
+        n = T.int64()
+        R.func_attr({"tir_var_upper_bound": {"n": 64}})
+        cls = Expected
+        arena = R.memory.alloc_storage(R.shape([8192]), R.prim_value(0), R.str("global"), R.dtype("uint8"))
+        a = R.memory.alloc_tensor(arena, R.prim_value(0), R.shape([n, 16]), R.dtype("float32"))
+        cls.double(x, a)
+        b_at_offset = R.memory.alloc_tensor(arena, R.prim_value(n * 64), R.shape([n, 16]), R.dtype("float32"))
+        b = R.memory.ensure_zero_offset(b_at_offset)
+        cls.add_first_column(a, b)
+        c_at_offset = R.memory.alloc_tensor(arena, R.prim_value(n * 64), R.shape([n, 16]), R.dtype("float32"))
+        c = R.memory.ensure_zero_offset(c_at_offset)
+        cls.double(b, c)
+        d = R.builtin.alloc_tensor(R.shape([n, 16]), R.dtype("float32"), R.prim_value(0), R.str("global"))
+        cls.add_first_column(c, d)
+        return d
+
+
+def test_before_expected():
+    tvm.ir.assert_structural_equal(PlanMemory()(Before), Expected)
+
+
+def test_does_not_fire_without_an_intermediate():
+    """Only the returned tensor is allocated: nothing to plan, the module is left as it was."""
+    main = Before["main"]
+    bindings = main.body.blocks[0].bindings[:2]  # a = alloc; double(x, a); return a
+    only_output = Before.clone()
+    only_output["main"] = relax.Function(main.params, relax.SeqExpr([relax.BindingBlock(bindings)], bindings[0].var), main.ret_ty, main.is_pure, main.attrs)
+    tvm.ir.assert_structural_equal(PlanMemory()(only_output), only_output)
+
+
+def test_inplace_for_an_elementwise_kernel_whose_input_dies(target):
+    """up = x @ Wu dies in h = silu(x @ Wg) * up (one fused kernel): h takes up's bytes."""
+    bb = relax.BlockBuilder()
+    n = tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType((n, 16), "float32"))
+    wg, wu = (relax.Var(name, relax.TensorType((16, 32), "float32")) for name in ("wg", "wu"))
+    wd = relax.Var("wd", relax.TensorType((32, 16), "float32"))
+    with bb.function("main", [x, wg, wu, wd], attrs={"tir_var_upper_bound": {"n": 64}}):
+        with bb.dataflow():
+            up = bb.emit(relax.op.matmul(x, wu))
+            h = bb.emit(relax.op.multiply(relax.op.nn.silu(relax.op.matmul(x, wg)), up))
+            out = bb.emit_output(relax.op.matmul(h, wd))
+        bb.emit_func_output(out)
+    fuse = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    with target.target:
+        mod = tvm.transform.Sequential([*fuse, *explicit_allocation_passes()])(bb.get())
+    plan = plan_function(mod["main"], mod)
     assert len(plan.tensors) == 2 and plan.tensors[0].slot == plan.tensors[1].slot
-    at = plan.at({"n": 7, "b": 2})
-    assert at["arena"] == at["tensors"][0][3] == at["lower_bound"] // 2
+    at = plan.at({"n": 7})
+    assert at["arena"] == at["tensors"][0][3] == at["lower_bound"] // 2 == 7 * 32 * 4
+    with target.target:
+        planned = PlanMemory()(mod)
+    assert all(verify(planned["main"], {"n": v}, mod) == [] for v in (1, 7, 64))
+    assert verify(planned["main"], {"n": 7}) != []  # without the kernels the verifier accepts no in-place use
 
 
 def test_reuse_across_binding_blocks(target):
@@ -131,19 +234,82 @@ def test_reuse_across_binding_blocks(target):
     assert len(_allocs(theirs["main"])) > 1  # TVM plans per block: tensors crossing the boundary are left out
 
 
+def _padded_call_module(target):
+    """A tuned call as ApplyTunedSchedules emits it, and two tensors that share one name.
+
+    t = x @ w; the same product padded to 16 rows (zeros + concat, a kernel taking n_tiles as a
+    leading scalar, a slice back); t (a second tensor of that name) = that @ w; u = t @ w;
+    out = u + the first t. The rewrite that pads a call names its bindings afresh, so names repeat
+    (llama-block had ten: `lv20` twice); a plan keyed by name thought the first t died at the pad
+    and gave its bytes to a later tensor: wrong rows (seen at b=2, odd n).
+    """
+    from relaxtune.schedules import padding
+
+    b, n = tirx.Var("b", "int64"), tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType((b, n, 16), "float32"))
+    w = relax.Var("w", relax.TensorType((16, 16), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("product", [x, w]):
+        bb.emit_func_output(bb.emit(relax.op.matmul(x, w)))
+    with target.target:
+        kernel = relax.transform.LegalizeOps()(bb.get())["matmul"]
+    bb = relax.BlockBuilder()
+    out_ty = relax.TensorType((b, n, 16), "float32")
+    padded = bb.add_func(padding.padded_kernel(kernel, [out_ty, w.ty], out_ty, {"n": (n, 16)}), "matmul_padded")
+    attrs = {"tir_var_upper_bound": {"b": 2, "n": 40}, "tir_var_lower_bound": {"b": 1, "n": 1}}
+    with bb.function("main", [x, w], attrs=attrs):
+        with bb.dataflow():
+            first = bb.emit(relax.op.matmul(x, w), name_hint="t")
+            rows = padding.emit_padded_call(bb, padded, [first, w], out_ty, {"n": (n, 16)})
+            second = relax.DataflowVar("t", out_ty)  # the builder would rename a second "t": bind it directly
+            bb.emit_normalized(relax.VarBinding(second, bb.normalize(relax.op.matmul(rows, w))))
+            u = bb.emit(relax.op.matmul(second, w))
+            out = bb.emit_output(relax.op.add(u, first))
+        bb.emit_func_output(out)
+    with target.target:
+        return tvm.transform.Sequential([relax.transform.LegalizeOps(), *explicit_allocation_passes()])(bb.get())
+
+
+def test_padded_call_and_a_repeated_name_keep_the_right_rows(target):
+    mod = _padded_call_module(target)
+    names = [bd.var.name for block in mod["main"].body.blocks for bd in block.bindings]
+    calls = [bd.value for block in mod["main"].body.blocks for bd in block.bindings if isinstance(bd.value, relax.Call)]
+    padded = [c for c in calls if isinstance(c.op, tvm.ir.GlobalVar) and c.op.name_hint == "matmul_padded"]
+    assert names.count("t") == 2 and len(padded) == 1 and not isinstance(padded[0].args[0], relax.Var)  # n_tiles leads
+    with target.target:
+        ours, theirs = PlanMemory()(mod), relax.transform.StaticPlanBlockMemory()(mod)
+    plan = plan_function(mod["main"], mod)
+    first = next(t for t in plan.tensors if t.start == min(u.start for u in plan.tensors))
+    assert first.end == max(t.end for t in plan.tensors)  # read by the last kernel: alive to the end
+    for values in ({"b": 2, "n": 5}, {"b": 2, "n": 17}, {"b": 1, "n": 40}):
+        assert verify(ours["main"], values, mod) == [] and verify(theirs["main"], values, mod) == []
+    lower = tvm.transform.Sequential(lowering_passes())
+    vms = [relax.VirtualMachine(tvm.compile(m, target=target.target, relax_pipeline=lower), tvm.cpu()) for m in (ours, theirs)]
+    rng = np.random.default_rng(3)
+    wv = (rng.standard_normal((16, 16)) * 0.25).astype("float32")
+    for b, n in [(2, 1), (2, 5), (2, 17), (1, 17), (2, 32), (2, 40)]:
+        xv = rng.standard_normal((b, n, 16)).astype("float32")
+        t = xv.astype("float64") @ wv
+        want = t @ wv @ wv @ wv + t
+        got = [vm["main"](tvm.runtime.tensor(xv), tvm.runtime.tensor(wv)).numpy() for vm in vms]
+        np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-5, err_msg=f"PlanMemory at b={b}, n={n}")
+        np.testing.assert_allclose(got[0], got[1], rtol=1e-5, atol=1e-6, err_msg=f"against StaticPlanBlockMemory at b={b}, n={n}")
+
+
 _OPS = ("add", "multiply", "subtract", "tanh", "sigmoid", "matmul")
 
 
 @st.composite
 def graphs(draw):
-    """A random DAG over (n, 16) tensors: element-wise ops and matmuls, 1-2 outputs."""
+    """A random DAG over (n, 16) tensors: element-wise ops and matmuls, 1-2 outputs; fused or not;
+    its bindings named apart or all named "t" (rewrites repeat names; the plan must not care)."""
     steps = [("matmul", 0, 0)]  # every graph reads the weight
     steps += [(draw(st.sampled_from(_OPS)), draw(st.integers(0, i)), draw(st.integers(0, i))) for i in range(1, draw(st.integers(2, 8)))]
     extra = draw(st.none() | st.integers(0, len(steps)))
-    return steps, extra, draw(st.booleans())
+    return steps, extra, draw(st.booleans()), draw(st.booleans())
 
 
-def _build(steps, extra, upper=64):
+def _build(steps, extra, upper=64, one_name=False):
     bb = relax.BlockBuilder()
     n = tirx.Var("n", "int64")
     x = relax.Var("x", relax.TensorType((n, 16), "float32"))
@@ -156,8 +322,12 @@ def _build(steps, extra, upper=64):
                 a, b = values[i], values[j]
                 unary = {"tanh": relax.op.tanh, "sigmoid": relax.op.sigmoid}
                 binary = {"add": relax.op.add, "multiply": relax.op.multiply, "subtract": relax.op.subtract}
-                expr = unary[op](a) if op in unary else binary[op](a, b) if op in binary else relax.op.matmul(a, w)
-                values.append(bb.emit(expr))
+                expr = bb.normalize(unary[op](a) if op in unary else binary[op](a, b) if op in binary else relax.op.matmul(a, w))
+                if one_name:  # the builder would rename a repeated "t": bind it directly
+                    values.append(relax.DataflowVar("t", expr.ty))
+                    bb.emit_normalized(relax.VarBinding(values[-1], expr))
+                else:
+                    values.append(bb.emit(expr))
             out = values[-1] if extra is None else relax.Tuple([values[-1], values[extra]])
             out = bb.emit_output(out)
         bb.emit_func_output(out)
@@ -175,12 +345,12 @@ def _reference(steps, extra, x, w):
     return [values[-1]] if extra is None else [values[-1], values[extra]]
 
 
-@settings(max_examples=25, deadline=None, database=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, database=None, derandomize=False, suppress_health_check=[HealthCheck.too_slow])
 @given(graphs())
 def test_random_graphs_pass_the_verifier_at_every_checked_n(target, graph):
-    steps, extra, fused = graph
+    steps, extra, fused, one_name = graph
     bounded = len(steps) % 2 == 0  # half of them without bounds: the plan must hold for any n
-    mod = _build(steps, extra, upper=64 if bounded else None)
+    mod = _build(steps, extra, upper=64 if bounded else None, one_name=one_name)
     prep = [relax.transform.LegalizeOps()]
     if fused:
         prep += [relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
@@ -195,15 +365,15 @@ def test_random_graphs_pass_the_verifier_at_every_checked_n(target, graph):
             assert at["arena"] <= 1.05 * at["lower_bound"] + 64 * len(plan.tensors)
 
 
-@settings(max_examples=8, deadline=None, database=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8, deadline=None, database=None, derandomize=False, suppress_health_check=[HealthCheck.too_slow])
 @given(graphs())
 def test_random_graphs_compute_the_same_values(target, graph):
-    steps, extra, fused = graph
+    steps, extra, fused, one_name = graph
     prep = [relax.transform.LegalizeOps()]
     if fused:
         prep += [relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
     passes = tvm.transform.Sequential([*prep, *explicit_allocation_passes(), PlanMemory(), *lowering_passes()])
-    vm = relax.VirtualMachine(tvm.compile(_build(steps, extra), target=target.target, relax_pipeline=passes), tvm.cpu())
+    vm = relax.VirtualMachine(tvm.compile(_build(steps, extra, one_name=one_name), target=target.target, relax_pipeline=passes), tvm.cpu())
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((16, 16)) * 0.25).astype("float32")
     for n in (1, 13, 64):
@@ -214,7 +384,7 @@ def test_random_graphs_compute_the_same_values(target, graph):
             np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
 
 
-def test_run_time_choice_between_layouts(explicit, target, monkeypatch):
+def test_run_time_choice_between_layouts(target, monkeypatch):
     """Three layouts kept where one would do: the smallest arena is picked per call, for every offset alike."""
     original = plan_memory._choose
 
@@ -224,14 +394,7 @@ def test_run_time_choice_between_layouts(explicit, target, monkeypatch):
         return kept, [min(r) for r in zip(*(c[2] for c in kept))]
 
     monkeypatch.setattr(plan_memory, "_choose", three)
-    mod = explicit["gpt2-block"]
-    with target.target:
-        planned = PlanMemory()(mod)
-    fname = next(gv.name_hint for gv, f in mod.functions_items() if f.attrs and BUCKET_ATTR in f.attrs and int(f.attrs[BUCKET_ATTR]["n"][1]) == 64)
-    assert "T.Select" in planned[fname].script()
-    for n, b in itertools.product(range(33, 65, 3), (1, 2)):
-        assert verify(planned[fname], {"n": n, "b": b}, mod) == []
-    # and the VM evaluates the choice right: attention-like sizes, n x 16 against n x n, run at several n
+    # attention-like sizes, n x 16 against n x n: which layout is smallest depends on n
     bb = relax.BlockBuilder()
     n = tirx.Var("n", "int64")
     x = relax.Var("x", relax.TensorType((n, 16), "float32"))
@@ -243,6 +406,7 @@ def test_run_time_choice_between_layouts(explicit, target, monkeypatch):
     with target.target:
         small = tvm.transform.Sequential([relax.transform.LegalizeOps(), *explicit_allocation_passes(), PlanMemory()])(bb.get())
     assert "T.Select" in small["main"].script()
+    assert all(verify(small["main"], {"n": rows}, small) == [] for rows in range(1, 65, 3))
     vm = relax.VirtualMachine(tvm.compile(small, target=target.target, relax_pipeline=tvm.transform.Sequential(lowering_passes())), tvm.cpu())
     rng = np.random.default_rng(1)
     wv = (rng.standard_normal((16, 16)) * 0.25).astype("float32")
@@ -272,6 +436,6 @@ def test_results_unchanged_against_torch(name, target):
 def test_planner_choice(target):
     assert memory_planning("relaxtune").info.name == "PlanMemory"
     assert memory_planning("tvm").info.name == "StaticPlanBlockMemory"
-    assert CompileConfig().memory_planner == "tvm"  # relaxtune's is opt-in for now
+    assert CompileConfig().memory_planner == "relaxtune"  # the default; --memory-planner tvm falls back
     with pytest.raises(UserError, match=r"'fifo'.*relaxtune, tvm"):
         CompileConfig(memory_planner="fifo")

@@ -82,6 +82,36 @@ def test_inplace_needs_an_elementwise_kernel_and_its_proof(case):
     assert _check(case, [0, s, s, None], values=(3,))
 
 
+def test_overlap_behind_a_repeated_name_is_caught(target):
+    """t = exp(x); u = t @ w; a second tensor named t = exp(u); out = t(second) + t(first).
+
+    The first t is read by the last kernel, so the second t may not take its bytes. A liveness
+    keyed by names (as both planner and verifier had) ended the first t at the matmul and
+    accepted that plan: the wrong rows of padded tuned calls, whose rewrite repeats names.
+    """
+    bb = relax.BlockBuilder()
+    n = tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType((n, 16), "float32"))
+    w = relax.Var("w", relax.TensorType((16, 16), "float32"))
+    with bb.function("main", [x, w], attrs={"tir_var_upper_bound": {"n": 64}}):
+        with bb.dataflow():
+            first = bb.emit(relax.op.exp(x), name_hint="t")
+            u = bb.emit(relax.op.matmul(first, w))
+            second = relax.DataflowVar("t", first.ty)  # the builder would rename it: bind it directly
+            bb.emit_normalized(relax.VarBinding(second, bb.normalize(relax.op.exp(u))))
+            out = bb.emit_output(relax.op.add(second, first))
+        bb.emit_func_output(out)
+    with target.target:
+        mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), *explicit_allocation_passes()])(bb.get())
+    names = [b.var.name for b in mod["main"].body.blocks[0].bindings]
+    assert names.count("t") == 2
+    size = [v for v in relax.analysis.defined_symbolic_vars(mod["main"]) if v.name == "n"][0] * tirx.const(64, "int64")
+    arena = size * tirx.const(3, "int64")
+    assert verify(_by_hand(mod["main"], [0, size, size * 2, None], arena), {"n": 9}, mod) == []
+    problems = verify(_by_hand(mod["main"], [0, size, 0, None], arena), {"n": 9}, mod)  # second t in the first t's bytes
+    assert len(problems) == 1 and problems[0].startswith("alloc (") and "overlaps alloc2 (" in problems[0], problems
+
+
 def test_bytes_outside_the_storage_misaligned_or_returned_are_caught(case):
     _, s = case
     assert any("outside" in p for p in _check(case, [0, s, s * 2, None], arena_rows=2, values=(4,)))

@@ -36,7 +36,7 @@ def test_imported_model_runs_with_its_fills_and_reference(tmp_path):
     assert manifest["spec"] == "hf:gpt2"
     assert {t["name"]: (t["fill"], t["high"]) for t in manifest["inputs"]}["input_ids"] == ("index", 50)
     report = tmp_path / "run.json"
-    done = subprocess.run([sys.executable, "-m", "relaxtune", "run", str(so), "--shape", "n=17", "--repeat", "3", "--json", str(report)],
+    done = subprocess.run([sys.executable, "-m", "relaxtune", "run", str(so), "--shape", "b=2", "--shape", "n=17", "--repeat", "3", "--json", str(report)],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "max error vs reference" in done.stdout and "(ok)" in done.stdout

@@ -76,7 +76,7 @@ def test_run_refuses_out_of_bounds_and_wrong_dtype(capsys, artifact, tmp_path):
 def test_manifest_describes_the_artifact(artifact):
     manifest = json.loads(artifact.with_name("mlp.json").read_text())
     assert manifest["entry"] == "main"
-    assert manifest["inputs"] == [{"name": "x", "shape": ["b", "n", 64], "dtype": "float32"}]
+    assert manifest["inputs"] == [{"name": "x", "shape": ["b", "n", 64], "dtype": "float32", "fill": "normal", "high": 0}]
     assert manifest["dims"] == {"b": {"lower": 1, "upper": 2}, "n": {"lower": 1, "upper": 64}}
     assert manifest["target"]["kind"] == "llvm" and manifest["tvm_version"]
     assert len(manifest["params"]) == 3

@@ -1,0 +1,91 @@
+"""RewriteGemmToCublas: weight GEMMs of the larger shape buckets become cuBLAS calls (CUDA only).
+
+`R.matmul(x, w)` with `x (..., K)` and a 2-D weight `w (K, N)` that is a parameter of the bucket
+function (the transposed weights LiftTransformParams produced), fp16 or bf16 in and out, becomes
+`R.call_dps_packed("relaxtune_cublas_gemm", (x, w), out)` — the external kernel of
+`relaxtune/cuda_cublas.py`, linked into the artifact. In bucket functions whose lower bound of
+the rows dimension is at least `min_rows`, every such GEMM; in smaller (decode) buckets only those
+whose weight has a side >= `decode_wide` (None: none). Measured on an H200 (scripts/gpu_job.py):
+dlight's tensor-core matmul reaches 5-12% of cuBLAS at n = 128 and 2048; at n = 1, timed alone,
+its GEMV beats cuBLAS on the 4096x4096 projections (13 vs 17-22 us) and loses on the 4096x11008
+ones (42-54 vs 25-27 us), but inside the graph-captured Llama-7B block every-GEMM-on-cuBLAS was
+fastest (0.152 ms, against 0.182 with cuBLAS for the wide ones only and 0.235 with none): so the
+default is every bucket (`min_rows=1`).
+
+Run after BucketDispatch (reads `relaxtune.bucket`) and before LegalizeOps; element-wise
+consumers of the GEMM (residual add, SwiGLU) then stay separate kernels.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from .bucket_dispatch import BUCKET_ATTR
+
+logger = logging.getLogger(__name__)
+
+FUNCTION = "relaxtune_cublas_gemm"
+DTYPES = ("float16", "bfloat16")
+
+
+@mutator
+class _Rewriter(PyExprMutator):
+    def __init__(self, mod, params, min_width: int = 0):
+        super().__init__(mod)
+        self.params, self.min_width = params, min_width
+        self.count = 0
+        self.matmul = tvm.ir.Op.get("relax.matmul")
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if call.op != self.matmul or len(call.args) != 2:
+            return call
+        x, w = call.args
+        if not (isinstance(w, relax.Var) and w in self.params):
+            return call
+        xt, wt = x.ty, w.ty
+        if not (isinstance(xt, relax.TensorType) and isinstance(wt, relax.TensorType) and wt.ndim == 2 and xt.ndim >= 2):
+            return call
+        if max(int(d) for d in wt.shape.values) < self.min_width:  # a narrow decode GEMV keeps its TIR kernel
+            return call
+        out_dtype = str(call.attrs.out_dtype) if call.attrs.out_dtype else ""
+        if xt.dtype not in DTYPES or wt.dtype != xt.dtype or out_dtype not in ("", "void", xt.dtype):
+            return call
+        out = relax.TensorType(list(xt.shape.values[:-1]) + [wt.shape.values[1]], xt.dtype)
+        self.count += 1
+        return relax.call_dps_packed(FUNCTION, [x, w], out)
+
+
+@tvm.transform.module_pass(opt_level=0, name="RewriteGemmToCublas")
+class RewriteGemmToCublas:
+    """Weight GEMMs of bucket functions whose `dim` starts at >= `min_rows` call cuBLAS (see above)."""
+
+    def __init__(self, dim: str = "n", min_rows: int = 1, decode_wide: int | None = None):
+        self.dim, self.min_rows, self.decode_wide = dim, min_rows, decode_wide
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        updates = {}
+        for gvar, func in mod.functions_items():
+            if not isinstance(func, relax.Function) or func.attrs is None or BUCKET_ATTR not in func.attrs:
+                continue
+            bucket = func.attrs[BUCKET_ATTR]
+            if self.dim not in bucket:
+                continue
+            small = int(bucket[self.dim][0]) < self.min_rows
+            if small and self.decode_wide is None:
+                continue
+            rewriter = _Rewriter(mod, set(func.params), min_width=self.decode_wide if small else 0)
+            new = rewriter.visit_expr(func)
+            if rewriter.count:
+                updates[gvar] = new
+                logger.info("%s: %d GEMM(s) -> cuBLAS", gvar.name_hint, rewriter.count)
+        if not updates:
+            return mod
+        mod = mod.clone()  # the pass's input stays as it was
+        for gvar, func in updates.items():
+            mod[gvar] = func
+        return mod

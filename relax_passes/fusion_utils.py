@@ -1,0 +1,123 @@
+"""Helpers shared by relaxtune's fusion passes (not a pass): which expressions are weights, how
+often each variable is used, and how to re-emit a weight expression at another place.
+
+A *load-time* expression depends only on weights (parameters of `main` after its `num_input`
+inputs, or constants), so `LiftTransformParams` moves it into `main_transform_params` (or
+`FoldConstant` folds it): a concatenation or layout change of such an expression runs once, at
+load, never per call. Passes that pack weights must check this and run before LiftTransformParams.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprVisitor, visitor
+
+# PrimFunc attribute listing the original operators of a kernel a relaxtune pass wrote whole
+# (`relaxtune report fusion` reads it; FuseOps kernels are read from their fused functions)
+FUSED_OPS_ATTR = "relaxtune.fused_ops"
+
+
+def weight_params(func: relax.Function) -> set:
+    """The parameters of `func` that are weights (after `num_input`); empty without the attribute."""
+    num_input = func.attrs.get("num_input") if func.attrs is not None else None
+    if num_input is None:
+        return set()
+    return set(func.params[int(num_input):])
+
+
+def is_load_time(expr: relax.Expr, weights: set, var2val) -> bool:
+    """True when `expr` is computed from weights and constants only (through any ops)."""
+    if isinstance(expr, tvm.ir.expr.Constant):
+        return True
+    if isinstance(expr, relax.Var):
+        if expr in weights:
+            return True
+        value = var2val.get(expr)
+        return value is not None and is_load_time(value, weights, var2val)
+    if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+        return all(is_load_time(arg, weights, var2val) for arg in expr.args)
+    if isinstance(expr, relax.Tuple):
+        return all(is_load_time(field, weights, var2val) for field in expr.fields)
+    return False
+
+
+def inline_load_time(expr: relax.Expr, weights: set, var2val) -> relax.Expr:
+    """`expr` with every bound variable replaced by its value, down to weights and constants, so it
+    can be emitted earlier in the block than the bindings it came from."""
+    if isinstance(expr, relax.Var) and expr not in weights and expr in var2val:
+        return inline_load_time(var2val[expr], weights, var2val)
+    if isinstance(expr, relax.Call):
+        args = [inline_load_time(arg, weights, var2val) for arg in expr.args]
+        return relax.Call(expr.op, args, expr.attrs, expr.ty_args)
+    if isinstance(expr, relax.Tuple):
+        return relax.Tuple([inline_load_time(f, weights, var2val) for f in expr.fields])
+    return expr
+
+
+@visitor
+class _UseCounter(PyExprVisitor):
+    def __init__(self):
+        super().__init__()
+        self.uses: Counter = Counter()
+
+    def visit_var_(self, var):
+        self.uses[var] += 1
+
+    def visit_dataflow_var_(self, var):
+        self.uses[var] += 1
+
+
+def use_counts(func: relax.Function) -> Counter:
+    """How many times each variable is read in `func` (its definition does not count)."""
+    counter = _UseCounter()
+    counter.visit_expr(func)
+    return counter.uses
+
+
+# Element-wise / injective operators FuseOps fuses an injective producer (a slice) into; a slice
+# read by anything else (attention, matmul, a reshape, the function's output) is a kernel of its own
+SLICE_ABSORBING_OPS = frozenset(
+    f"relax.{name}" for name in (
+        "add", "subtract", "multiply", "divide", "negative", "permute_dims", "repeat", "split", "concat",
+        "astype", "sigmoid", "tanh", "exp", "sqrt", "rsqrt", "power", "maximum", "minimum", "clip", "where",
+        "nn.silu", "nn.gelu", "nn.gelu_tanh", "nn.relu", "strided_slice", "tile", "broadcast_to", "expand_dims",
+    )
+)
+
+
+def consumers(func: relax.Function) -> dict:
+    """var → the bound values that read it (None for the function's return)."""
+    users: dict = {}
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            for var in relax.analysis.free_vars(binding.value):
+                users.setdefault(var, []).append(binding.value)
+    for var in relax.analysis.free_vars(func.body.body):
+        users.setdefault(var, []).append(None)
+    return users
+
+
+def absorbs_slice(var: relax.Var, users: dict) -> bool:
+    """True when every reader of `var` is an operator a slice of it would fuse into."""
+    readers = users.get(var, [])
+    return bool(readers) and all(
+        isinstance(r, relax.Call) and isinstance(r.op, tvm.ir.Op) and r.op.name in SLICE_ABSORBING_OPS for r in readers
+    )
+
+
+def is_op(expr: relax.Expr, name: str) -> bool:
+    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
+
+
+def plain_matmul(expr: relax.Expr) -> bool:
+    """`R.matmul(x, w)` with a 2-D weight and no out_dtype change (what a projection is)."""
+    if not is_op(expr, "relax.matmul"):
+        return False
+    x, w = expr.args
+    if not isinstance(x.ty, relax.TensorType) or not isinstance(w.ty, relax.TensorType) or w.ty.ndim != 2:
+        return False
+    out_dtype = expr.attrs.out_dtype
+    return (out_dtype is None or str(out_dtype) in ("", "void", str(x.ty.dtype))) and x.ty.dtype == w.ty.dtype and x.ty.ndim >= 1

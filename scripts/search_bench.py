@@ -1,0 +1,306 @@
+"""Stock MetaSchedule `tune_relax` against relaxtune's search: same kernels, machine and budget.
+
+Part 1 (cold): the workload is made static at one shape (`--shape n=64`), legalized and fused the
+way `compile_relax` prepares it, and MetaSchedule's `extract_tasks` gives the kernels. Then, one
+after the other, each in a fresh process and a fresh folder:
+- stock: `ms.relax_integration.tune_relax(...)` as a user calls it, with the default XGBoost
+  model, search and task scheduler, plus the one fix it needs on this machine: a build function
+  without the 35 s tensor-intrinsic import (../shared/notes/tvm-0.27.md §4.1, Fix A; without it
+  every build of every batch times out at 30 s and tuning ends with no record at all);
+- relaxtune: `schedules.tune.tune` on the same kernels (persistent build workers, persistent cost
+  model, right-sized search, early stop, transfer).
+Both measure with the same runner settings. A measure callback (stock) and the events file
+(relaxtune) give each kernel's best time after every batch, so the estimated model time
+(sum over kernels of calls x best time) is known over wall time for both. Then both databases
+are applied to the same static module (`compile_relax`) and the two executables are timed
+alternately (`--rounds`, medians).
+
+Part 2 (warm, `--second`): relaxtune tunes `--second` (e.g. mlp) into a fresh cache (cold), then
+into another fresh cache after `--first` (e.g. llama-block at the same hidden sizes, so they share
+the SwiGLU kernels; `--fusion stock` shares more of them): the second job's wall time, and the
+time it needs to reach the cold job's final estimated model time, warm against cold
+(`--warm-only` runs part 2 alone).
+
+    python scripts/search_bench.py --workload mlp --config hidden=128,ffn=256,max_seq=64 \\
+        --shape n=64 --trials 40 [--first llama-block --second mlp] [--out DIR] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+# -- shared ---------------------------------------------------------------------------------------
+def static_module(args):
+    """The workload bound at --shape (other dims at their lower bound), legalized and fused."""
+    import tvm
+    from tvm import relax
+
+    from relaxtune import targets
+    from relaxtune.workloads import load, parse_config
+
+    workload = load(args.workload, parse_config(args.config))
+    shape = dict(item.split("=") for item in args.shape)
+    values = {d.name: int(shape.get(d.name, d.lower)) for d in workload.dims.values()}
+    target = targets.resolve("cpu").target
+    mod = relax.transform.BindSymbolicVars(values)(workload.mod)
+    prep = tvm.transform.Sequential([
+        relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
+        relax.transform.FuseOps(), relax.transform.FuseTIR(),
+    ])
+    with target:
+        fused = prep(mod)
+    return workload, values, target, fused
+
+
+def model_time(best: dict[str, float], weights: dict[str, float]) -> float:
+    """Estimated kernel time per model call: sum of calls x best time (inf until all measured)."""
+    if any(name not in best for name in weights):
+        return float("inf")
+    return sum(weights[n] * best[n] for n in weights)
+
+
+def time_to_reach(curve: list[tuple[float, float]], goal: float) -> float | None:
+    return next((t for t, v in curve if v <= goal * (1 + 1e-9)), None)
+
+
+# -- the two searches, each run in its own process -------------------------------------------------
+def run_stock(args, out: Path) -> None:
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir import meta_schedule as ms
+
+    from relaxtune.schedules.build_worker import build_without_intrin_import
+
+    workload, values, target, fused = static_module(args)
+    tasks = ms.relax_integration.extract_tasks(fused, target)
+    weights = {t.task_name: float(t.weight) for t in tasks}
+    best: dict[str, float] = {}
+    curve: list[tuple[float, float]] = []
+    counted = [0]
+    start = time.perf_counter()
+
+    @derived_object
+    class Timeline(ms.measure_callback.PyMeasureCallback):
+        def apply(self, task_scheduler, task_id, candidates, builds, runs):
+            name = tasks[task_id].task_name
+            counted[0] += len(runs)
+            for r in runs:
+                if r.run_secs and not r.error_msg:
+                    best[name] = min(best.get(name, float("inf")), 1e6 * sum(float(s) for s in r.run_secs) / len(r.run_secs))
+            curve.append((time.perf_counter() - start, model_time(best, weights)))
+
+    runner = ms.runner.LocalRunner(timeout_sec=30, evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20))
+    builder = ms.builder.LocalBuilder(f_build=build_without_intrin_import, timeout_sec=60)
+    ms.relax_integration.tune_relax(
+        mod=fused, params={}, target=target, work_dir=str(out / "stock_db"), max_trials_global=args.trials,
+        num_trials_per_iter=args.per_iter, builder=builder, runner=runner, seed=0,
+        measure_callbacks=[*ms.MeasureCallback.create("default"), Timeline()],
+    )
+    wall = time.perf_counter() - start
+    (out / "stock.json").write_text(json.dumps({"wall_s": wall, "curve": curve, "best_us": best, "weights": weights, "trials": counted[0]}))
+
+
+def run_relaxtune(args, out: Path) -> None:
+    from relaxtune.schedules import intrin
+
+    intrin.register_for("llvm")
+    import tvm_ffi
+    from tvm.s_tir import meta_schedule as ms
+
+    from relaxtune.config import TuneConfig
+    from relaxtune.schedules.database import CacheDatabase
+    from relaxtune.schedules.tasks import Task
+    from relaxtune.schedules.tune import tune
+
+    from tvm.s_tir import analysis
+
+    workload, values, target, fused = static_module(args)
+    epoch, start = time.time(), time.perf_counter()  # as for stock: from the call that tunes
+    tasks = []
+    for t in ms.relax_integration.extract_tasks(fused, target):
+        mod = t.dispatched[0]  # as stock tunes and looks it up (relaxtune's `normalize` strips attributes)
+        flops = float(analysis.estimate_tir_flops(mod))
+        tasks.append(Task(name=t.task_name, mod=mod, key=str(tvm_ffi.structural_hash(mod)), flops=flops, bucket={}, weight=float(t.weight)))
+    folder = out / "relaxtune_db"
+    database = CacheDatabase(folder, writable=True)
+    config = TuneConfig(trials=args.trials, trials_per_iter=args.per_iter)
+    result = tune(tasks, target, database, config, folder, progress=False, workload=args.workload)
+    wall = time.perf_counter() - start
+    (out / "relaxtune.json").write_text(json.dumps({"wall_s": wall, "epoch": epoch, "weights": {t.name: t.weight for t in tasks}, "folder": str(folder), "profile": result.profile, "ranking": result.ranking}))
+
+
+def relaxtune_curve(folder: Path, weights: dict[str, float], epoch: float) -> tuple[list, int]:
+    """(seconds since `epoch`, estimated model time) after each batch, from the events file; trials."""
+    best: dict[str, float] = {}
+    curve, trials = [], 0
+    for path in sorted((folder / "events").glob("*.jsonl")):
+        for e in (json.loads(x) for x in path.read_text().splitlines() if x.strip()):
+            if e["ev"] == "batch":
+                trials += len(e["us"])
+                valid = [u for u in e["us"] if u is not None]
+                if valid:
+                    best[e["task"]] = min(best.get(e["task"], float("inf")), *valid)
+                curve.append((e["t"] - epoch, model_time(best, weights)))
+    return curve, trials
+
+
+def compare_executables(args, out: Path) -> dict:
+    """Apply each database to the same static module and time both executables alternately."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
+
+    from relaxtune.schedules.database import CacheDatabase
+
+    workload, values, target, fused = static_module(args)
+    dbs = {"stock": ms.database.JSONDatabase(work_dir=str(out / "stock_db")), "relaxtune": CacheDatabase(out / "relaxtune_db")}
+    inputs = workload.random_inputs(values)
+    args_ = [tvm.runtime.tensor(inputs[t.name]) for t in workload.inputs] + [tvm.runtime.tensor(p) for p in workload.params.values()]
+    vms, outs = {}, {}
+    for name, db in dbs.items():
+        ex = ms.relax_integration.compile_relax(db, fused, target, params=None)
+        vms[name] = relax.VirtualMachine(ex, tvm.cpu())
+        outs[name] = vms[name]["main"](*args_).numpy()
+    np.testing.assert_allclose(outs["relaxtune"], outs["stock"], rtol=1e-4, atol=1e-5)
+    times: dict[str, list[float]] = {n: [] for n in vms}
+    for _ in range(args.rounds):
+        for name, vm in vms.items():
+            timer = vm.time_evaluator("main", tvm.cpu(), number=10, repeat=1, min_repeat_ms=50)
+            times[name].append(timer(*args_).mean * 1e6)
+    return {n: float(np.median(v)) for n, v in times.items()}
+
+
+# -- part 2: warm start across workloads ----------------------------------------------------------
+def run_job(args, name: str, cache: Path) -> dict:
+    """One `relaxtune tune` job through the Python API (own process); its wall and curve."""
+    code = (
+        "import json,sys,time;from relaxtune.schedules import intrin;intrin.register_for('llvm');"
+        "from relaxtune import api,targets;from relaxtune.config import JobConfig,TuneConfig,BucketConfig,CompileConfig;"
+        "from relaxtune.workloads import load,parse_config;"
+        f"w=load({name!r},parse_config({args.config!r}));t=targets.resolve('cpu');e=time.time();s=time.perf_counter();"
+        f"r=api.tune(w,t,JobConfig(cache_dir={str(cache)!r},tune=TuneConfig(trials={args.trials},trials_per_iter={args.per_iter}),"
+        f"buckets=BucketConfig.parse({args.buckets!r}),compile=CompileConfig(fusion={args.fusion!r})),progress=False);"
+        "print(json.dumps({'wall_s':time.perf_counter()-s,'epoch':e,'trials_run':r.trials_run,'trials_cached':r.trials_cached,"
+        "'tasks':{x.name:x.best_us for x in r.tasks if x.trials}}))"
+    )
+    before = set(Path(cache).glob("*/events/*.jsonl"))
+    proc = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, check=True)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["curve"] = job_curve(sorted(set(Path(cache).glob("*/events/*.jsonl")) - before), out)
+    return out
+
+
+def job_curve(files: list[Path], job: dict) -> list[tuple[float, float]]:
+    """(seconds since the job's call, estimated kernel time per model call) after each batch. A
+    kernel the job does not measure counts at its cached best from the start; one it measures
+    counts from its first batch on (its cached best before that is not known here: conservative)."""
+    curve = []
+    for path in files:
+        lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        start = next(e for e in lines if e["ev"] == "start")
+        weights = {t["name"]: t["weight"] for t in start["tasks"]}
+        measured = {e["task"] for e in lines if e["ev"] == "batch"}
+        best = {n: job["tasks"][n] for n in weights if n not in measured and n in job["tasks"]}
+        curve.append((start["t"] - job["epoch"], model_time(best, weights)))
+        for e in lines:
+            if e["ev"] == "batch":
+                valid = [u for u in e["us"] if u is not None]
+                if valid:
+                    best[e["task"]] = min(best.get(e["task"], float("inf")), *valid)
+                curve.append((e["t"] - job["epoch"], model_time(best, weights)))
+    return curve
+
+
+def part_two(args) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bench-cold-") as cold_dir, tempfile.TemporaryDirectory(prefix="bench-warm-") as warm_dir:
+        cold = run_job(args, args.second, Path(cold_dir))
+        first = run_job(args, args.first, Path(warm_dir))
+        warm = run_job(args, args.second, Path(warm_dir))
+    shared = sorted(set(cold["tasks"]) & set(warm["tasks"]))
+    goal = cold["curve"][-1][1] if cold["curve"] else float("inf")
+    reach_cold, reach_warm = time_to_reach(cold["curve"], goal), time_to_reach(warm["curve"], goal)
+    return {"cold": cold, "first": first, "warm": warm, "ratio": warm["wall_s"] / cold["wall_s"],
+            "cold_final_estimated_us": goal, "warm_final_estimated_us": warm["curve"][-1][1] if warm["curve"] else None,
+            "cold_reached_own_final_s": reach_cold, "warm_reached_cold_final_s": reach_warm,
+            "reach_ratio": reach_warm / reach_cold if reach_warm is not None and reach_cold else None,
+            "best_us_cold_vs_warm": {n: [cold["tasks"][n], warm["tasks"][n]] for n in shared}}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="mlp")
+    parser.add_argument("--config", default="hidden=128,ffn=256,max_seq=64,max_batch=1")
+    parser.add_argument("--shape", action="append", default=["n=64"])
+    parser.add_argument("--trials", type=int, default=40)
+    parser.add_argument("--per-iter", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--first", default="", help="part 2: the workload tuned first (e.g. llama-block)")
+    parser.add_argument("--second", default="", help="part 2: the workload tuned cold and after --first (e.g. mlp)")
+    parser.add_argument("--buckets", action="append", default=["n=@64"], help="part 2: bucket spec for both jobs")
+    parser.add_argument("--fusion", default="relaxtune", help="part 2: relaxtune or stock fusion for both jobs")
+    parser.add_argument("--warm-only", action="store_true", help="run part 2 only")
+    parser.add_argument("--mode", choices=["all", "stock", "relaxtune"], default="all", help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, default=None, help="keep both databases and the events here (default: a temporary folder)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    if args.mode == "stock":
+        run_stock(args, args.out)
+        return 0
+    if args.mode == "relaxtune":
+        run_relaxtune(args, args.out)
+        return 0
+
+    report: dict = {"workload": args.workload, "config": args.config, "shape": args.shape, "trials": args.trials}
+    if not args.warm_only:
+        part_one(args, report)
+    if args.first and args.second:
+        print(f"part 2: {args.second} cold, then {args.first} and {args.second} in one cache ...", flush=True)
+        report["warm"] = part_two(args)
+        print(json.dumps(report["warm"], indent=2))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def part_one(args, report: dict) -> None:
+    with tempfile.TemporaryDirectory(prefix="search-bench-") as tmp:
+        out = Path(args.out or tmp)  # --out keeps both databases and relaxtune's events
+        out.mkdir(parents=True, exist_ok=True)
+        base = [sys.executable, __file__, "--workload", args.workload, "--config", args.config, "--trials", str(args.trials), "--per-iter", str(args.per_iter), "--out", str(out)]
+        base += [x for s in args.shape for x in ("--shape", s)]
+        for mode in ("stock", "relaxtune"):
+            print(f"running {mode} ...", flush=True)
+            subprocess.run([*base, "--mode", mode], check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        stock = json.loads((out / "stock.json").read_text())
+        ours = json.loads((out / "relaxtune.json").read_text())
+        curve, our_trials = relaxtune_curve(Path(ours["folder"]), ours["weights"], ours["epoch"])
+        goal = stock["curve"][-1][1] if stock["curve"] else float("inf")
+        measured = compare_executables(args, out)
+    reach_stock = time_to_reach(stock["curve"], goal)
+    reach_ours = time_to_reach(curve, goal)
+    report["cold"] = {
+        "stock_wall_s": stock["wall_s"], "relaxtune_wall_s": ours["wall_s"],
+        "stock_estimated_us": goal, "relaxtune_estimated_us": curve[-1][1] if curve else None,
+        "stock_trials": stock["trials"], "relaxtune_trials": our_trials,
+        "stock_first_batch_done_s": stock["curve"][0][0] if stock["curve"] else None,
+        "relaxtune_first_batch_done_s": curve[0][0] if curve else None,
+        "stock_reached_own_final_s": reach_stock, "relaxtune_reached_stock_final_s": reach_ours,
+        "relaxtune_time_fraction_of_stock_wall": (reach_ours / stock["wall_s"]) if reach_ours is not None else None,
+        "measured_us": measured,
+        "relaxtune_profile": ours["profile"], "relaxtune_ranking": ours["ranking"],
+    }
+    print("stock: tune_relax with the fast build function (Fix A); without it every build times out (notes §4.1)")
+    print(json.dumps(report["cold"], indent=2))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""The persistent XGBoost cost model: save/load/warm start, a damaged file, ranking metrics,
+and per-task early stop in the measure callback."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from relaxtune.schedules import ranking
+
+
+def _matmul(n: int):
+    import tvm
+    from tvm import te
+
+    a = te.placeholder((n, 32), name="a")
+    b = te.placeholder((32, 16), name="b")
+    k = te.reduce_axis((0, 32), name="k")
+    c = te.compute((n, 16), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="matmul")
+    func = te.create_prim_func([a, b, c]).with_attr("global_symbol", "main").with_attr("tirx.noalias", True)
+    return tvm.IRModule({"main": func})
+
+
+@pytest.fixture(scope="module")
+def trained(target):
+    """A model trained on 6 sampled schedules of a small matmul with made-up (but fixed) costs."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from relaxtune.schedules import cost_model
+
+    mod = _matmul(16)
+    args = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    candidates = []
+    for seed in range(6):
+        context = ms.TuneContext(mod=mod, target=target.target, space_generator="post-order-apply", search_strategy="evolutionary", task_name="mm", rand_state=seed + 1)
+        for sch in context.space_generator.generate_design_space(mod):
+            candidates.append(ms.MeasureCandidate(sch, args))
+    candidates = candidates[:6]
+    results = [ms.runner.RunnerResult([1e-5 * (i + 1)], None) for i in range(len(candidates))]
+    model = cost_model.new_model()
+    model.update(context, candidates, results)
+    return model, context, candidates
+
+
+def test_ranking_metrics_on_known_orders():
+    costs = [1.0, 2.0, 3.0, 4.0]
+    assert ranking.pairwise_accuracy([4, 3, 2, 1], costs) == (6.0, 6)  # perfect order
+    assert ranking.pairwise_accuracy([1, 2, 3, 4], costs) == (0.0, 6)  # reversed
+    assert ranking.pairwise_accuracy([4, 3, 1, 2], costs) == (5.0, 6)  # one swapped pair
+    assert ranking.pairwise_accuracy([1, 1], [1.0, 1.0]) == (0.0, 0)  # equal costs: no pair
+    assert ranking.top_k_recall([4, 3, 2, 1], costs, 2) == 1.0
+    assert ranking.top_k_recall([1, 2, 3, 4], costs, 2) == 0.0
+    assert ranking.top_k_recall([4, 1, 3, 2], costs, 2) == 0.5
+    summary = ranking.summarize([{"scores": [4, 3, 2, 1], "costs": costs}, {"scores": [1, 2, 3], "costs": [1.0, 2.0, 3.0]}])
+    assert summary["pairs"] == 9 and summary["pairwise_accuracy"] == pytest.approx(6 / 9)
+    assert summary["top2_recall"] == pytest.approx((1.0 + 0.5) / 2)
+
+
+def test_saved_model_warm_starts_with_the_same_predictions(tmp_path, trained):
+    from relaxtune.schedules import cost_model
+
+    model, context, candidates = trained
+    assert cost_model.load(tmp_path)[1] is False  # nothing saved yet: a cold model
+    path = cost_model.save(model, tmp_path)
+    assert path == tmp_path / cost_model.MODEL_FILE and path.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [cost_model.MODEL_FILE]  # no temp file left
+    loaded, warm = cost_model.load(tmp_path)
+    assert warm and loaded.data_size == model.data_size == len(candidates)
+    np.testing.assert_allclose(loaded.predict(context, candidates), model.predict(context, candidates), rtol=1e-6)
+
+
+def test_untrained_model_is_not_saved(tmp_path):
+    from relaxtune.schedules import cost_model
+
+    assert cost_model.save(cost_model.new_model(), tmp_path) is None
+    assert not (tmp_path / cost_model.MODEL_FILE).exists()
+
+
+def test_damaged_model_is_one_line_and_kept(tmp_path, trained, caplog):
+    from relaxtune.schedules import cost_model
+
+    path = tmp_path / cost_model.MODEL_FILE
+    path.write_bytes(b"not a tar file")
+    with caplog.at_level(logging.WARNING, logger="relaxtune.schedules.cost_model"):
+        model, warm = cost_model.load(tmp_path)
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not warm and model.booster is None
+    assert len(lines) == 1 and str(path) in lines[0] and "\n" not in lines[0]
+    cost_model.save(trained[0], tmp_path)
+    assert (tmp_path / (cost_model.MODEL_FILE + ".damaged")).read_bytes() == b"not a tar file"
+    assert cost_model.load(tmp_path)[1] is True
+
+
+def test_ranked_model_scores_each_batch_before_training_on_it(trained):
+    from tvm.s_tir import meta_schedule as ms
+
+    from relaxtune.schedules import cost_model
+
+    model, context, candidates = trained
+    wrapped = cost_model.RankedModel(cost_model.new_model())
+    fast_first = [ms.runner.RunnerResult([1e-5 * (i + 1)], None) for i in range(len(candidates))]
+    wrapped.update(context, candidates, fast_first)
+    assert wrapped.held_out == []  # the first batch met an untrained model: nothing to score
+    wrapped.update(context, candidates, fast_first)
+    assert len(wrapped.held_out) == 1 and len(wrapped.held_out[0]["scores"]) == len(candidates)
+    assert wrapped.seconds["update"] > 0
+
+
+class _Scheduler:
+    def __init__(self):
+        self.terminated = []
+
+    def terminate_task(self, task_id):
+        self.terminated.append(task_id)
+
+
+def _batch(bar, scheduler, task_id, times_us):
+    builds = [SimpleNamespace(error_msg=None) for _ in times_us]
+    runs = [SimpleNamespace(error_msg=None, run_secs=[t * 1e-6]) for t in times_us]
+    bar.record(scheduler, task_id, len(times_us), builds, runs)
+
+
+def test_early_stop_after_batches_without_gain(tmp_path):
+    from relaxtune.schedules.progress import EventLog, ProgressBar
+
+    events = EventLog(tmp_path)
+    bar = ProgressBar(64, ["a", "b"], [1e6, 1e6], disable=True, events=events, patience=2)
+    scheduler = _Scheduler()
+    _batch(bar, scheduler, 0, [100.0, 90.0])  # first times: a gain
+    _batch(bar, scheduler, 1, [50.0])
+    _batch(bar, scheduler, 0, [95.0])  # no gain 1
+    _batch(bar, scheduler, 1, [40.0])  # b keeps gaining
+    assert scheduler.terminated == []
+    _batch(bar, scheduler, 0, [89.5])  # under 1%: still no gain (2)
+    _batch(bar, scheduler, 1, [30.0])
+    assert scheduler.terminated == [0] and bar.stopped == ["a"]
+    assert bar.best_us == pytest.approx([89.5, 30.0]) and bar.trials == [4, 3]
+    lines = events.path.read_text().splitlines()
+    assert len(lines) == 7 and '"ev":"stop"' in lines[5]
+
+
+def test_no_early_stop_when_patience_is_zero():
+    from relaxtune.schedules.progress import ProgressBar
+
+    bar = ProgressBar(64, ["a"], [1e6], disable=True, patience=0)
+    scheduler = _Scheduler()
+    for _ in range(5):
+        _batch(bar, scheduler, 0, [100.0])
+    assert scheduler.terminated == []
