@@ -91,7 +91,9 @@ def tune_point(func: relax.Function) -> dict[str, int]:
 
 def specialise(mod: tvm.IRModule, gv: tvm.ir.GlobalVar, values: dict[str, int] | None = None) -> list[tuple[str, tirx.PrimFunc | None]]:
     """(kernel name, kernel specialised at `values`, by default the bucket's tuning point) per call
-    site; None for a site TVM cannot specialise (a call with a scalar argument, e.g. `arange(n)`)."""
+    site; None for a site TVM cannot specialise (a call with a scalar argument, e.g. `arange(n)`, or
+    a kernel whose buffer shape is an expression such as `b * n`, as ONNX imports write): it keeps
+    its rule-based schedule."""
     func = mod[gv]
     values = tune_point(func) if values is None else values
     calls = call_sites(func)
@@ -103,7 +105,7 @@ def specialise(mod: tvm.IRModule, gv: tvm.ir.GlobalVar, values: dict[str, int] |
     try:
         done = relax.transform.SpecializePrimFuncBasedOnCallSite()(tmp)
         return [(c.args[0].name_hint, done[s.args[0]]) for c, s in zip(calls, call_sites(done[gv.name_hint]))]
-    except tvm.error.InternalError:  # TVM rejects the whole function for one call with a scalar argument
+    except (tvm.error.InternalError, TypeError):  # TVM rejects the whole function for one call it cannot specialise
         return [(c.args[0].name_hint, _specialise_call(mod, b)) for c, b in zip(calls, bound_calls)]
 
 
@@ -119,7 +121,7 @@ def _specialise_call(mod: tvm.IRModule, call: relax.Call) -> tirx.PrimFunc | Non
         bb.emit_func_output(bb.emit(relax.call_tir(kernel, params, call.ty)))
     try:
         return relax.transform.SpecializePrimFuncBasedOnCallSite()(bb.get())["kernel"]
-    except tvm.error.InternalError:
+    except (tvm.error.InternalError, TypeError):  # a scalar argument, or a buffer shaped by an expression (`b * n`)
         return None
 
 

@@ -3,7 +3,9 @@
 For each tiny random Hugging Face family (hidden 64, 2 layers, 4 heads, vocab 128) loaded as
 ``hf:TYPE``, and for the ONNX export (``torch.onnx.export`` with dynamic axes) of two of them:
 imported yes/no (the one-line error otherwise), the number of PrimFuncs after relaxtune's fusion
-(all shape buckets), the max abs error against torch eager at n = 1, 32 and the bound (b = 1,
+(all shape buckets), the kernels and intermediate bytes of the function serving b = 1, n = 32
+with stock and with relaxtune fusion (``relaxtune report fusion``), the max abs error against
+torch eager at n = 1, 32 and the bound (b = 1,
 after tuning; once with the configured memory planner, once with TVM's), and the latency at
 n = 32 after a 16-trial tuning run into a temporary cache (``relaxtune.bench.bench`` with the
 systems relaxtune and torch, torch with ``--torch-threads``, default 1). A failed tuning run is
@@ -32,6 +34,7 @@ import numpy as np  # noqa: E402
 from relaxtune import api, bench, targets  # noqa: E402
 from relaxtune.config import CompileConfig, JobConfig, TuneConfig  # noqa: E402
 from relaxtune.errors import UserError  # noqa: E402
+from relaxtune.reports import fusion as fusion_report  # noqa: E402
 from relaxtune.workloads import load  # noqa: E402
 
 FAMILIES = ("llama", "qwen2", "mistral", "gpt2", "gpt_neox", "bert")
@@ -88,6 +91,9 @@ def measure(label: str, source: str, make, target, cache: Path, planner: str) ->
     job = JobConfig(cache_dir=cache / label, tune=TuneConfig(trials=16), compile=CompileConfig(memory_planner=planner))
     fused = fuse(workload.mod, target.target, api.bucket_plan(workload, job))
     row["primfuncs"] = sum(1 for _, f in fused.functions_items() if f.__class__.__name__ == "PrimFunc")
+    point = {d: (BENCH_N if d == "n" else 1) for d in workload.dims}
+    kernels = fusion_report.measure(workload, target, point)  # the function serving b=1, n=BENCH_N
+    row.update({f"kernels_{f}": kernels[f]["kernels"] for f in kernels}, **{f"bytes_{f}": kernels[f]["intermediate_bytes"] for f in kernels})
     try:
         result = api.tune(workload, target, job, progress=False)
         row["tuned"] = f"{result.trials_run} trials, {len(result.tasks)} tasks"
@@ -106,7 +112,8 @@ def measure(label: str, source: str, make, target, cache: Path, planner: str) ->
 
 
 def markdown(rows: list[dict], planner: str) -> str:
-    head = ["model", "source", "imported", "dims", "PrimFuncs after fusion", "tuning (16 trials)", f"max err vs torch ({planner} planner)",
+    head = ["model", "source", "imported", "dims", "PrimFuncs after fusion", f"kernels n={BENCH_N} stock → relaxtune",
+            f"intermediate KB n={BENCH_N} stock → relaxtune", "tuning (16 trials)", f"max err vs torch ({planner} planner)",
             "max err (tvm planner)", f"relaxtune ms n={BENCH_N}", f"torch eager ms n={BENCH_N}", "relaxtune / torch"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
@@ -115,7 +122,9 @@ def markdown(rows: list[dict], planner: str) -> str:
 
     for r in rows:
         ratio = r["relaxtune_ms"] / r["torch_ms"] if "relaxtune_ms" in r and "torch_ms" in r else None
-        cells = [r["model"], r["source"], r["imported"].replace("|", "/"), r.get("dims", "-"), fmt(r.get("primfuncs"), "d"),
+        kernels = f"{r['kernels_stock']} → {r['kernels_relaxtune']}" if "kernels_stock" in r else "-"
+        kbytes = f"{r['bytes_stock'] / 1024:.0f} → {r['bytes_relaxtune'] / 1024:.0f}" if "bytes_stock" in r else "-"
+        cells = [r["model"], r["source"], r["imported"].replace("|", "/"), r.get("dims", "-"), fmt(r.get("primfuncs"), "d"), kernels, kbytes,
                  r.get("tuned", "-").replace("|", "/"),
                  fmt(r.get("max_err"), ".1e"), fmt(r.get("max_err_tvm_planner", r.get("max_err") if planner == "tvm" else None), ".1e"),
                  fmt(r.get("relaxtune_ms"), ".3f"), fmt(r.get("torch_ms"), ".3f"), fmt(ratio, ".2f") + ("x" if ratio else "")]

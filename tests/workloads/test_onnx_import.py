@@ -181,3 +181,12 @@ def test_range_keeps_the_sequence_dim(tmp_path, target, run_vm):
         inputs = workload.random_inputs({"b": b, "n": n}, seed=n)
         expected = inputs["x"] + np.arange(n, dtype="float32")[None, :, None]
         np.testing.assert_allclose(run_vm(ex, workload, inputs, {}), expected, rtol=1e-6)
+
+
+def test_hf_llama_export_yields_tuning_tasks(hf_llama_onnx, target, tmp_path):
+    """Kernels whose buffers ONNX shaped by an expression (`b * n`) keep their rules; the rest are tasks."""
+    from relaxtune.config import TuneConfig
+
+    _, workload, _ = hf_llama_onnx
+    tasks = api.extract_tasks(workload, target, JobConfig(cache_dir=tmp_path, tune=TuneConfig(trials=8)))
+    assert tasks and all(t.flops > 0 for t in tasks)
