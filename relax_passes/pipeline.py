@@ -9,6 +9,7 @@ from tvm import relax
 
 from .bucket_dispatch import Bucket, BucketDispatch
 from .decompose_attention import DecomposeAttention
+from .fuse_attention import FuseAttention
 from .fuse_swiglu import FuseSwiGLU
 from .merge_projections import MergeProjections
 from .split_to_slices import SplitToSlices
@@ -23,9 +24,11 @@ def fusion_passes(plan: dict[str, list[Bucket]], fusion: str | None = None, exte
 
     ours = (fusion or CompileConfig().fusion) == "relaxtune" and not gpu
     relaxtune_fusion = [FuseSwiGLU(), MergeProjections(), SplitToSlices()] if ours else []
+    fused_attention = [FuseAttention()] if ours else []
     return [
         *relaxtune_fusion,  # CompileConfig.fusion; before the lift, so their weight packing runs at load
         relax.transform.LiftTransformParams(),  # weight-only work (transposes) runs once, at load
+        *fused_attention,  # attention as one online-softmax kernel: no n x n scores in memory
         DecomposeAttention(),  # attention calls left: matmul / masked softmax / matmul kernels
         BucketDispatch(plan),  # one function per shape bucket; main checks bounds and dispatches
         *(extern or []),  # gpu with cublas=True: library calls per bucket (RewriteGemmToCublas)

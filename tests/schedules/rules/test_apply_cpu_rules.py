@@ -8,6 +8,7 @@ from tvm import relax, tirx
 from tvm.script import tirx as T
 
 from relaxtune.schedules.rules import apply_cpu_rules, cpu_rules
+from relaxtune.schedules.rules.cpu_attention import Attention
 from relaxtune.schedules.rules.cpu_elementwise import Elementwise
 from relaxtune.schedules.rules.cpu_fallback import Fallback
 from relaxtune.schedules.rules.cpu_gemv import Gemv
@@ -91,7 +92,7 @@ def test_scheduled_functions_are_left_untouched_and_input_not_mutated(kit, cpu_t
 
 
 def test_rule_order_most_specific_first():
-    assert [type(r) for r in cpu_rules()] == [Gemv, Matmul, Reduction, Elementwise, Fallback]
+    assert [type(r) for r in cpu_rules()] == [Attention, Gemv, Matmul, Reduction, Elementwise, Fallback]
     assert all(r.fast_math is False for r in cpu_rules(fast_math=False))
 
 
