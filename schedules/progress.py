@@ -120,6 +120,8 @@ class ProgressBar(ms.measure_callback.PyMeasureCallback):
         gained = best < float("inf") and (before == float("inf") or best < before * (1 - self.min_gain))
         self.stale[task_id] = 0 if gained else self.stale[task_id] + 1
         if self.patience and self.stale[task_id] >= self.patience and task_scheduler is not None:
+            if task_scheduler.tasks_[task_id].is_terminated:  # the scheduler ended it (budget spent, or its space done)
+                return
             name = self.names[task_id]
             logger.info("%s: no gain over %d batches, best %.1f us: stopped; its trials go to the other tasks", name, self.patience, best)
             self.stopped.append(name)

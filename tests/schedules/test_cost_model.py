@@ -110,10 +110,16 @@ def test_ranked_model_scores_each_batch_before_training_on_it(trained):
 
 
 class _Scheduler:
-    def __init__(self):
+    """MetaSchedule's TaskScheduler as the callback sees it: terminating an ended task is an error."""
+
+    def __init__(self, tasks: int = 2):
         self.terminated = []
+        self.tasks_ = [SimpleNamespace(is_terminated=False) for _ in range(tasks)]
 
     def terminate_task(self, task_id):
+        if self.tasks_[task_id].is_terminated:
+            raise RuntimeError("Check failed: (!task->is_terminated)")
+        self.tasks_[task_id].is_terminated = True
         self.terminated.append(task_id)
 
 
@@ -150,3 +156,15 @@ def test_no_early_stop_when_patience_is_zero():
     for _ in range(5):
         _batch(bar, scheduler, 0, [100.0])
     assert scheduler.terminated == []
+
+
+def test_no_early_stop_of_a_task_the_scheduler_already_ended():
+    """At the end of the budget MetaSchedule ends every task before the last batch's callback."""
+    from relaxtune.schedules.progress import ProgressBar
+
+    bar = ProgressBar(64, ["a"], [1e6], disable=True, patience=1)
+    scheduler = _Scheduler(tasks=1)
+    _batch(bar, scheduler, 0, [100.0])
+    scheduler.tasks_[0].is_terminated = True  # budget spent
+    _batch(bar, scheduler, 0, [100.0])  # no gain: would stop, but the task has ended already
+    assert scheduler.terminated == [] and bar.stopped == []
