@@ -183,19 +183,11 @@ def markdown(workload_name: str, values: dict[str, int], result: dict) -> str:
 
 
 def run(args) -> int:
-    from .. import targets
+    from . import at_shape, save_markdown
 
-    target = targets.resolve(args.target)
-    workload = common.load_workload(args)
-    given = {k: v[0] for k, v in common.parse_shapes(args.shape, many=False).items()}
-    values = {d.name: given.get(d.name, d.representative) for d in workload.dims.values()}
-    workload.check_shape({**values, **given})
+    target, workload, values = at_shape(args)
     result = measure(workload, target, values)
-    text = markdown(workload.name, values, result)
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / ("fusion-" + workload.name + "-" + "-".join(f"{k}{v}" for k, v in values.items()))
-    stem.with_suffix(".md").write_text(text)
+    stem = save_markdown(args, "fusion", workload, values, markdown(workload.name, values, result))
     common.write_json(args.json, {"workload": workload.name, "shape": values, **result})
     print(f"saved {stem}.md")
     return 0
