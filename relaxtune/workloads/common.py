@@ -112,6 +112,18 @@ def init_params(mod, seed: int = 0) -> dict[str, np.ndarray]:
     return params
 
 
+def bounded_dims(bounds: Mapping[str, tuple[int, int]]) -> dict[str, Dim]:
+    """One ``Dim`` per ``name: (lower, upper)``, its representative value clamped to the bounds."""
+    return {d: Dim(d, lo, hi, max(lo, min(REPRESENTATIVE.get(d, 128), hi))) for d, (lo, hi) in bounds.items()}
+
+
+def detached_weights(mod, detached) -> dict[str, np.ndarray]:
+    """The weights ``relax.frontend.detach_params`` took out of ``main``, keyed by its weight names."""
+    main = mod["main"]
+    names = [v.name for v in main.params[int(main.attrs["num_input"]):]]
+    return {n: t.numpy() for n, t in zip(names, detached.get("main", []))}
+
+
 def seq_dims(max_batch: int, max_seq: int) -> dict[str, Dim]:
     """The ``b`` and ``n`` dimensions, with representative values clamped to their bounds."""
     upper = {"b": max_batch, "n": max_seq}

@@ -30,8 +30,8 @@ from typing import Mapping
 import numpy as np
 
 from ..errors import UserError
-from .base import Dim, TensorSpec, Workload
-from .common import REPRESENTATIVE
+from .base import TensorSpec, Workload
+from .common import bounded_dims, detached_weights, set_bounds
 
 logger = logging.getLogger(__name__)
 
@@ -156,17 +156,10 @@ def load_onnx(path: str, config: Mapping[str, object] | None = None, dtype: str 
     used = {d for t in inputs for d in t.shape if isinstance(d, str)}
     bounds = {"b": (1, int(settings["max_batch"])), "n": (int(settings["min_seq"]), int(settings["max_seq"]))}
     bounds = {d: b for d, b in bounds.items() if d in used}
-    mod = mod.clone()
-    mod["main"] = (
-        mod["main"]
-        .with_attr("tir_var_lower_bound", {d: lo for d, (lo, _) in bounds.items()})
-        .with_attr("tir_var_upper_bound", {d: hi for d, (_, hi) in bounds.items()})
-    )
-    main = mod["main"]
-    weight_names = [v.name for v in main.params[num_input:]]
-    params = {n: t.numpy() for n, t in zip(weight_names, detached.get("main", []))}
+    mod = set_bounds(mod, {d: hi for d, (_, hi) in bounds.items()}, {d: lo for d, (lo, _) in bounds.items()})
+    params = detached_weights(mod, detached)
     originals = {init.name.removeprefix("onnx::"): init.name for init in model.graph.initializer}
-    dims = {d: Dim(d, lo, hi, max(lo, min(REPRESENTATIVE.get(d, 128), hi))) for d, (lo, hi) in bounds.items()}
+    dims = bounded_dims(bounds)
     logger.info("imported %s: %d inputs, %d weights, dims %s", path, num_input, len(params), bounds)
 
     def reference(values: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray]) -> np.ndarray:

@@ -44,8 +44,8 @@ import numpy as np
 
 from ..errors import UserError
 from ..relax_passes.unmerge_leading_dims import UnmergeLeadingDims
-from .base import Dim, TensorSpec, Workload
-from .common import REPRESENTATIVE
+from .base import TensorSpec, Workload
+from .common import bounded_dims, detached_weights
 
 logger = logging.getLogger(__name__)
 
@@ -192,12 +192,10 @@ def from_module(
     mod, detached = relax.frontend.detach_params(mod)
     main = mod["main"]
     _check_shapes(name, main)
-    num_input = int(main.attrs["num_input"])
-    names = [v.name for v in main.params[num_input:]]
-    params = {n: t.numpy() for n, t in zip(names, detached.get("main", []))}
+    params = detached_weights(mod, detached)
     targets = {s.arg.name: s.target for s in program.graph_signature.input_specs if s.kind.name == "PARAMETER"}
-    dims = {d: Dim(d, lo, hi, max(lo, min(REPRESENTATIVE.get(d, 128), hi))) for d, (lo, hi) in bounds.items()}
-    logger.info("imported %s: %d inputs, %d weights, dims %s", name, num_input, len(params), bounds)
+    dims = bounded_dims(bounds)
+    logger.info("imported %s: %d inputs, %d weights, dims %s", name, len(inputs), len(params), bounds)
 
     def reference(values: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray]) -> np.ndarray:
         """The torch module itself (a copy holding ``weights`` when they are not the workload's)."""
