@@ -18,6 +18,8 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from .fusion_utils import rewrite_functions
+
 
 def _causal_bias(bb: relax.BlockBuilder, n, m, dtype: str) -> relax.Expr:
     """-inf above the diagonal, 0 on and below: its own kernel, marked opaque so FuseOps keeps it
@@ -83,8 +85,4 @@ class _Decomposer(PyExprMutator):
 @tvm.transform.module_pass(opt_level=0, name="DecomposeAttention")
 class DecomposeAttention:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        rewriter = _Decomposer(mod)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-        return rewriter.builder_.get()
+        return rewrite_functions(mod, _Decomposer(mod))

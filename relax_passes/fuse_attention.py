@@ -41,6 +41,7 @@ from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .attention_kernel import CAUSAL_MASKS, attention_kernel
+from .fusion_utils import rewrite_functions
 
 logger = logging.getLogger(__name__)
 
@@ -357,9 +358,7 @@ class FuseAttention:
             logger.info("FuseAttention: GPU target %s, attention left to DecomposeAttention", target.kind.name)
             return mod
         fuser = _AttentionFuser(mod)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                fuser.builder_.update_func(gv, fuser.visit_expr(func))
+        rewritten = rewrite_functions(mod, fuser)
         if fuser.fused or fuser.left:
             logger.info("FuseAttention: %d attention call(s) fused, %d left as they were", fuser.fused, fuser.left)
-        return relax.transform.DeadCodeElimination()(fuser.builder_.get()) if fuser.fused else mod
+        return relax.transform.DeadCodeElimination()(rewritten) if fuser.fused else mod

@@ -1,5 +1,6 @@
-"""Helpers shared by relaxtune's fusion passes (not a pass): which expressions are weights, how
-often each variable is used, and how to re-emit a weight expression at another place.
+"""Helpers shared by relaxtune's Relax passes (not a pass): running a mutator over every function,
+which expressions are weights, how often each variable is used, and how to re-emit a weight
+expression at another place.
 
 A *load-time* expression depends only on weights (parameters of `main` after its `num_input`
 inputs, or constants), so `LiftTransformParams` moves it into `main_transform_params` (or
@@ -18,6 +19,15 @@ from tvm.relax.expr_functor import PyExprVisitor, visitor
 # PrimFunc attribute listing the original operators of a kernel a relaxtune pass wrote whole
 # (`relaxtune report fusion` reads it; FuseOps kernels are read from their fused functions)
 FUSED_OPS_ATTR = "relaxtune.fused_ops"
+
+
+def rewrite_functions(mod: tvm.IRModule, mutator) -> tvm.IRModule:
+    """Run `mutator` (a PyExprMutator built on `mod`) over every Relax function of `mod`; returns the
+    module its builder holds then (PrimFuncs it added included)."""
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gv, mutator.visit_expr(func))
+    return mutator.builder_.get()
 
 
 def weight_params(func: relax.Function) -> set:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import tvm
 
+from .fusion_utils import rewrite_functions
+
 def _same(analyzer, xs, ys) -> bool:
     return len(xs) == len(ys) and all(analyzer.can_prove_equal(x, y) for x, y in zip(xs, ys))
 
@@ -90,11 +92,7 @@ def _unmerge(mod):
                         return new
             return call
 
-    rewriter = Unmerge(mod)
-    for gvar, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-    return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
+    return relax.transform.DeadCodeElimination()(rewrite_functions(mod, Unmerge(mod)))
 
 
 @tvm.transform.module_pass(opt_level=0, name="UnmergeLeadingDims")
