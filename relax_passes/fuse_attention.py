@@ -14,8 +14,9 @@ The kernel is marked opaque (`op_pattern` 8), so FuseOps leaves it alone and the
 
 Imported models (``torch.export`` of ``transformers``) arrive decomposed: ``matmul(q·c, (kᵀ)·c)``
 (or ``matmul(q, kᵀ)·c``), plus an additive mask ``where(mask, 0, fill)``, softmax over the keys,
-for ``fill = -inf`` torch's guard that zeroes rows whose scores are all ``-inf``, then ``matmul``
-with ``v``. That chain is fused too (``_fuse_decomposed``) when the boolean mask is proven to be
+for ``fill = -inf`` torch's guard that zeroes rows whose scores are all ``-inf`` (or the ONNX export's
+``where(isnan(p), 0, p)``: for finite scores a softmax row is NaN exactly then), then ``matmul`` with
+``v``; CanonicalizeOnnxAttention brings the rest of the ONNX export's chain to this form. That chain is fused too (``_fuse_decomposed``) when the boolean mask is proven to be
 exactly ``causal ∧ key-padding``: the conjunction of ``key position <= query position`` (both
 ``arange`` from 0, broadcast by ``expand_dims``) and ``attention_mask[batch, key position]`` read
 by ``index_tensor`` (an ``R.full`` of True may join it). The kernel then reads the ``(b, m)`` key
@@ -265,14 +266,17 @@ def _fuse_decomposed(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | N
     cond = None
     if guard is not None:  # where(all -inf, zeros, softmax)
         zeros = _bound(bb, guard.args[1], "relax.full_like", "relax.zeros_like")
-        if zeros is None or (zeros.op.name == "relax.full_like" and _scalar(bb, zeros.args[1]) != 0.0):
+        if zeros is None and _scalar(bb, guard.args[1]) != 0.0:  # ONNX: a scalar 0
+            return None
+        if zeros is not None and zeros.op.name == "relax.full_like" and _scalar(bb, zeros.args[1]) != 0.0:
             return None
         cond, probs = guard.args[0], guard.args[2]
     softmax = _bound(bb, probs, "relax.nn.softmax")
     if softmax is None or int(softmax.attrs.axis) % 4 != 3 or softmax.args[0].ty.ndim != 4:
         return None
     masked = softmax.args[0]
-    if cond is not None and not _all_masked_guard(bb, cond, masked):
+    nan_guard = cond is not None and (isnan := _bound(bb, cond, "relax.isnan")) is not None and isnan.args[0].same_as(probs)
+    if cond is not None and not (nan_guard or _all_masked_guard(bb, cond, masked)):
         return None
     add = _bound(bb, masked, "relax.add")
     if add is None:

@@ -8,6 +8,7 @@ import tvm
 from tvm import relax
 
 from .bucket_dispatch import Bucket, BucketDispatch
+from .canonicalize_onnx_attention import CanonicalizeOnnxAttention
 from .decompose_attention import DecomposeAttention
 from .fuse_attention import FuseAttention
 from .fuse_swiglu import FuseSwiGLU
@@ -24,7 +25,8 @@ def fusion_passes(plan: dict[str, list[Bucket]], fusion: str | None = None, exte
 
     ours = (fusion or CompileConfig().fusion) == "relaxtune" and not gpu
     relaxtune_fusion = [FuseSwiGLU(), MergeProjections(), SplitToSlices()] if ours else []
-    fused_attention = [FuseAttention()] if ours else []
+    # the ONNX export's mask gather and key transposes in the form FuseAttention matches
+    fused_attention = [CanonicalizeOnnxAttention(), FuseAttention()] if ours else []
     return [
         *relaxtune_fusion,  # CompileConfig.fusion; before the lift, so their weight packing runs at load
         relax.transform.LiftTransformParams(),  # weight-only work (transposes) runs once, at load
@@ -103,7 +105,7 @@ def small_bucket_passes(target) -> list:
 
 def pipeline(
     target, plan: dict[str, list[Bucket]], database=None, report: Counter | None = None, index: dict | None = None, memory_planner: str | None = None,
-    fusion: str | None = None, cublas: bool | dict = False,
+    fusion: str | None = None, cublas: bool | dict = False, verdicts=None,
 ) -> tvm.transform.Pass:
     """The full pipeline for `target`: fusion, tuned schedules, rules, memory planning, lowering."""
     from ..schedules.apply import ApplyTunedSchedules
@@ -115,8 +117,9 @@ def pipeline(
     tuned = []
     if database is not None:
         tuned = [
-            # records that beat the rules, padded where exact, checked once on the host
-            ApplyTunedSchedules(database, report, index, check="gpu" not in target.keys),
+            # records that beat the rules, padded where exact, checked once on the host; a bucket
+            # whose records lost to its rules in the compiled block (schedules/verdicts.py) keeps its rules
+            ApplyTunedSchedules(database, report, index, check="gpu" not in target.keys, verdicts=verdicts),
             relax.transform.LegalizeOps(),  # the pad/slice ops it inserted
             relax.transform.AnnotateTIROpPattern(),
         ]

@@ -57,6 +57,10 @@ def tune(workload: Workload, target: ResolvedTarget, job: JobConfig, progress: b
     database, folder = _open_cache(target, job, writable=True)
     logger.info("target %s; cache %s; %d tasks", target.json, folder, len(tasks))
     result = run_tuning(tasks, target.target, database, job.tune, folder, progress=progress, workload=workload.name)
+    if job.tune.check_buckets and not job.tune.rpc_tracker and result.trials_run:
+        from .bucket_check import check_buckets
+
+        result.buckets = check_buckets(workload, target, job)
     cache.write_manifest(
         folder,
         target,
@@ -83,22 +87,28 @@ def cache_fingerprint(folder: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def build(workload: Workload, target: ResolvedTarget, job: JobConfig, report: Counter | None = None):
-    """The compiled executable (not exported): the full pipeline with the cache applied."""
+def build(workload: Workload, target: ResolvedTarget, job: JobConfig, report: Counter | None = None, verdicts=None):
+    """The compiled executable (not exported): the full pipeline with the cache applied.
+
+    `verdicts` (schedules/verdicts.py): by default the cache's per-bucket verdicts; the bucket
+    check passes its own to build the every-record variant and learn each bucket's signature."""
     import tvm
 
     from .relax_passes.pipeline import pipeline
 
     from .schedules import task_index
+    from .schedules.verdicts import Verdicts
 
     database, folder, index = None, None, {}
     if job.compile.use_cache:
         database, folder = _open_cache(target, job, writable=False)
         index = task_index.load(folder) if database is not None else {}
+    if verdicts is None:
+        verdicts = Verdicts.from_folder(folder if database is not None else None)
     report = report if report is not None else Counter()
     passes = pipeline(
         target.target, bucket_plan(workload, job), database, report, index,
-        memory_planner=job.compile.memory_planner, fusion=job.compile.fusion, cublas=job.compile.cublas,
+        memory_planner=job.compile.memory_planner, fusion=job.compile.fusion, cublas=job.compile.cublas, verdicts=verdicts,
     )
     with tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": job.compile.cuda_graphs and target.is_gpu}):
         executable = tvm.compile(workload.mod, target=target.target, relax_pipeline=passes)

@@ -10,6 +10,9 @@ applied to the symbolic kernel in the first of these forms that leaves no guard 
 3. otherwise the kernel keeps its rule-based schedule (a guard in the inner loops costs 3-9x),
    unless its rules measured more than 9x slower than the record: then the guarded form is used.
 
+A bucket whose records, as a set, measured slower in the compiled block than its rules
+(`verdicts.py`, checked after tuning by `relaxtune.bucket_check`) keeps its rules throughout.
+
 Kernels without a record are left for the rules; LegalizeOps must run again afterwards for the
 pad/slice ops this pass inserts.
 """
@@ -21,10 +24,12 @@ import math
 from collections import Counter
 
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from . import padding, replay, validate
+from .verdicts import Verdicts
 from .tasks import bucket_functions, bucket_of, call_sites, normalize, specialise, tune_point, workload_key
 
 logger = logging.getLogger(__name__)
@@ -39,6 +44,10 @@ def _best_record(database, static: tirx.PrimFunc):
         return None
     top = database.get_top_k(database.commit_workload(mod), 1)
     return top[0] if top else None
+
+
+def _record_us(record) -> float:
+    return sum(float(s) for s in record.run_secs) / len(record.run_secs) * 1e6
 
 
 @mutator
@@ -86,11 +95,12 @@ class ApplyTunedSchedules:
     applies without a guard; everything else is left to the rules.
     """
 
-    def __init__(self, database, report: Counter | None = None, index: dict[str, dict] | None = None, check: bool = True):
+    def __init__(self, database, report: Counter | None = None, index: dict[str, dict] | None = None, check: bool = True, verdicts=None):
         self.database = database
         self.report = report if report is not None else Counter()
         self.index = index or {}
         self.check = check  # run each re-applied schedule once against the naive kernel (host targets)
+        self.verdicts = verdicts if verdicts is not None else Verdicts()
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         rewriter = _CallRewriter(mod)
@@ -100,31 +110,49 @@ class ApplyTunedSchedules:
                 values.setdefault(dim, set()).add(at)
         for gv in bucket_functions(mod):
             func = mod[gv]
-            own = tune_point(func)
-            points = [own] + _alternatives(own, {d: sorted(v) for d, v in values.items()})
-            specialised = {}  # tuning point index -> [(name, static kernel)] per call site
-            plan = []
-            for site, call in enumerate(call_sites(func)):
-                found = None
-                for i, point in enumerate(points):
-                    if i not in specialised:
-                        specialised[i] = specialise(mod, gv, point)
-                    name, static = specialised[i][site]
-                    record = _best_record(self.database, static) if static is not None else None
-                    if record is not None:
-                        found = (record, static, point, i > 0)
-                        break
-                if found is None:
-                    self.report["no record: rules"] += 1
-                    continue
-                bounds = {d: (lo, hi) for d, (lo, hi, _) in bucket_of(func).items()}
-                action = self._plan_call(mod, call, name, *found, bounds, rewriter.builder_)
-                if action is not None:
-                    plan.append((call, action))
+            outer, self.report = self.report, Counter()  # this bucket's counts, kept if its records are
+            try:
+                plan, applied = self._plan_bucket(mod, gv, {d: sorted(v) for d, v in values.items()}, rewriter.builder_)
+            finally:
+                bucket_report, self.report = self.report, outer
+            if plan and self.verdicts.rules_win(gv.name_hint, bucket_of(func), applied):
+                logger.info("%s: its records measured slower than its rules in the compiled block: rules", gv.name_hint)
+                self.report.update({k: v for k, v in bucket_report.items() if not k.startswith("tuned")})
+                self.report["bucket faster with rules: rules"] += len(plan)
+                continue
+            self.report.update(bucket_report)
             if plan:
                 rewriter.plan = plan
                 rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
         return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
+
+    def _plan_bucket(self, mod, gv, values, bb) -> tuple[list, list]:
+        """(call site -> scheduled form) for one bucket function, and its signature items
+        (verdicts.py): the function itself, and (kernel key, record us) per planned call."""
+        func = mod[gv]
+        own = tune_point(func)
+        points = [own] + _alternatives(own, values)
+        specialised = {}  # tuning point index -> [(name, static kernel)] per call site
+        plan, applied = [], [(str(tvm_ffi.structural_hash(func, map_free_vars=True)), 0.0)]
+        for site, call in enumerate(call_sites(func)):
+            found = None
+            for i, point in enumerate(points):
+                if i not in specialised:
+                    specialised[i] = specialise(mod, gv, point)
+                name, static = specialised[i][site]
+                record = _best_record(self.database, static) if static is not None else None
+                if record is not None:
+                    found = (record, static, point, i > 0)
+                    break
+            if found is None:
+                self.report["no record: rules"] += 1
+                continue
+            bounds = {d: (lo, hi) for d, (lo, hi, _) in bucket_of(func).items()}
+            action = self._plan_call(mod, call, name, *found, bounds, bb)
+            if action is not None:
+                plan.append((call, action))
+                applied.append((workload_key(normalize(found[1])), _record_us(found[0])))
+        return plan, applied
 
     def _checked(self, name, reference, scheduled, bounds) -> bool:
         if not self.check or validate.same_results(reference, scheduled, bounds):
@@ -135,7 +163,7 @@ class ApplyTunedSchedules:
 
     def _plan_call(self, mod, call, name, record, static, tune_at, borrowed, bounds, bb):
         rule_us = self.index.get(workload_key(normalize(static)), {}).get("rule_us")
-        record_us = sum(float(s) for s in record.run_secs) / len(record.run_secs) * 1e6
+        record_us = _record_us(record)
         if rule_us is not None and record_us >= rule_us:
             self.report["rules faster than record"] += 1
             return None

@@ -53,6 +53,7 @@ class TuneResult:
     tasks: list[TaskResult] = field(default_factory=list)
     profile: dict = field(default_factory=dict)  # seconds per part of the job (`_profile`)
     ranking: dict = field(default_factory=dict)  # the cost model's held-out ranking quality
+    buckets: list = field(default_factory=list)  # per-bucket verdicts of the check after the search (bucket_check.py)
 
 
 def _best_us(database: CacheDatabase, task: Task) -> float:

@@ -17,6 +17,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--device-key", metavar="KEY", default=TuneConfig.device_key, help="with --rpc: the key the servers registered under")
     parser.add_argument("--early-stop", type=int, default=TuneConfig.early_stop_batches, metavar="BATCHES", help=f"stop a kernel after this many batches without 1%% gain, 0: never (default {TuneConfig.early_stop_batches})")
     parser.add_argument("--no-transfer", action="store_true", help="do not seed new kernels from similar cached kernels' records")
+    parser.add_argument("--no-bucket-check", action="store_true", help="do not time each bucket's block with and without its records after the search")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--json", type=lambda p: __import__("pathlib").Path(p), default=None, help="write what is printed as JSON")
 
@@ -25,7 +26,8 @@ def run(args) -> int:
     from .. import api, targets
 
     target = targets.resolve(args.target)
-    tune = TuneConfig(trials=args.trials, trials_per_iter=args.trials_per_iter, rpc_tracker=args.rpc, device_key=args.device_key, early_stop_batches=args.early_stop, transfer=not args.no_transfer)
+    tune = TuneConfig(trials=args.trials, trials_per_iter=args.trials_per_iter, rpc_tracker=args.rpc, device_key=args.device_key, early_stop_batches=args.early_stop, transfer=not args.no_transfer,
+                      check_buckets=not args.no_bucket_check)
     job = common.job_config(args, tune)
     if tune.rpc_tracker:  # fail before the slow part when the tracker or its servers are missing
         from ..schedules import intrin
@@ -47,6 +49,8 @@ def run(args) -> int:
     for t in tuned:
         print(f"{t.name:48} {t.trials:>6} {t.best_us:>10.1f} {t.rule_us:>10.1f} {t.gflops:>8.2f}")
     print(f"{len(tuned)} of {len(result.tasks)} kernels have records; the others borrow from the nearest bucket or keep their rules")
+    for b in result.buckets:
+        print(f"bucket {b['bucket']}: records {b['records_ms']:.3f} ms vs rules {b['rules_ms']:.3f} ms (side by side): {b['verdict']}")
     common.write_json(
         args.json,
         {
@@ -57,6 +61,7 @@ def run(args) -> int:
             "failed": result.failed,
             "profile": result.profile,
             "ranking": result.ranking,
+            "buckets": result.buckets,
             "tasks": [{"name": t.name, "trials": t.trials, "best_us": t.best_us, "rule_us": t.rule_us if t.rule_us == t.rule_us else None, "gflops": t.gflops} for t in result.tasks],
         },
     )

@@ -1,7 +1,8 @@
 """Workloads from ONNX files: a path ending in ``.onnx``, imported with ``tvm.relax.frontend.onnx``.
 
 The graph's inputs become the workload's inputs and its initializers the weights (imported with
-``keep_params_in_input=True``, then detached). Each dynamic axis (an ONNX ``dim_param``, e.g.
+``keep_params_in_input=True``, then detached), except rank-0 initializers: those are the exporter's
+literals and become constants. Each dynamic axis (an ONNX ``dim_param``, e.g.
 from ``torch.onnx.export(..., dynamic_axes=...)``) must be the batch or the sequence: a
 ``dim_param`` named ``b``/``batch``/``batch_size`` becomes ``b`` and one named
 ``n``/``seq``/``seq_len``/``sequence``/``sequence_length`` becomes ``n``; config keys
@@ -127,6 +128,7 @@ def _import(path: str, model):
 
 def load_onnx(path: str, config: Mapping[str, object] | None = None, dtype: str | None = None) -> Workload:
     """Build the workload of an ``.onnx`` file (see the module docstring)."""
+    import tvm
     from tvm import relax, tirx
 
     if dtype not in (None, "float32"):
@@ -158,6 +160,12 @@ def load_onnx(path: str, config: Mapping[str, object] | None = None, dtype: str 
     bounds = {d: b for d, b in bounds.items() if d in used}
     mod = set_bounds(mod, {d: hi for d, (_, hi) in bounds.items()}, {d: lo for d, (lo, _) in bounds.items()})
     params = detached_weights(mod, detached)
+    # rank-0 initializers are the exporter's literals (scales, mask fills, True), not weights: bound as
+    # constants, so passes can read them (FuseAttention needs the scale and the mask's fill value)
+    literals = {k: v for k, v in params.items() if v.ndim == 0}
+    if literals:
+        mod = relax.transform.BindParams("main", {k: tvm.runtime.tensor(v) for k, v in literals.items()})(mod)
+        params = {k: v for k, v in params.items() if k not in literals}
     originals = {init.name.removeprefix("onnx::"): init.name for init in model.graph.initializer}
     dims = bounded_dims(bounds)
     logger.info("imported %s: %d inputs, %d weights, dims %s", path, num_input, len(params), bounds)

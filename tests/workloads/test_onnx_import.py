@@ -121,11 +121,10 @@ def test_unknown_dynamic_axis_and_config(tmp_path, exported):
 HF_TINY = {"hidden": "32", "layers": "1", "heads": "2", "ffn": "64", "vocab": "64", "max_seq": "48"}
 
 
-@pytest.fixture(scope="module")
-def hf_llama_onnx(tmp_path_factory, target):
-    """hf:llama (tiny, random weights) exported by torch.onnx.export with dynamic batch and seq."""
-    module = load("hf:llama", HF_TINY).torch_module()
-    path = tmp_path_factory.mktemp("hf") / "llama.onnx"
+def _hf_onnx(family, tmp_path_factory, target):
+    """hf:family (tiny, random weights) exported by torch.onnx.export with dynamic batch and seq, built."""
+    module = load(f"hf:{family}", HF_TINY).torch_module()
+    path = tmp_path_factory.mktemp("hf") / f"{family}.onnx"
     ids, mask = torch.randint(0, 64, (2, 7)), torch.ones(2, 7, dtype=torch.int64)
     axes = {0: "batch", 1: "seq"}
     torch.onnx.export(module, (ids, mask), str(path), input_names=["input_ids", "attention_mask"], output_names=["out"],
@@ -133,6 +132,16 @@ def hf_llama_onnx(tmp_path_factory, target):
     workload = load(str(path), {"max_seq": HF_TINY["max_seq"], "max_batch": "2"})
     ex = api.build(workload, target, JobConfig(compile=CompileConfig(use_cache=False)))[0]
     return module, workload, relax.VirtualMachine(ex, tvm.cpu())
+
+
+@pytest.fixture(scope="module")
+def hf_llama_onnx(tmp_path_factory, target):
+    return _hf_onnx("llama", tmp_path_factory, target)
+
+
+@pytest.fixture(scope="module")
+def hf_gpt2_onnx(tmp_path_factory, target):
+    return _hf_onnx("gpt2", tmp_path_factory, target)
 
 
 @pytest.mark.parametrize("b,n", [(1, 1), (2, 17), (1, 48)])
@@ -145,6 +154,25 @@ def test_hf_llama_export_matches_torch(hf_llama_onnx, b, n):
     with torch.no_grad():
         expected = module(torch.from_numpy(inputs["input_ids"]), torch.from_numpy(inputs["attention_mask"])).numpy()
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_hf_export_attention_is_fused_and_matches_onnx_with_left_padding(family, request, target):
+    """The export's attention (GatherND key mask, its own kᵀ, Llama's NaN guard) becomes relaxtune's fused
+    kernel reading the (b, n) key mask, and still matches ONNX's evaluator where rows see no key."""
+    from relaxtune.relax_passes.pipeline import fuse
+
+    _, workload, vm = request.getfixturevalue(f"hf_{family}_onnx")
+    fused = fuse(workload.mod, target.target, api.bucket_plan(workload, JobConfig()))
+    kernels = [f for gv, f in fused.functions_items() if gv.name_hint.startswith("fused_attention")]
+    assert kernels and all(len(f.params) == 5 for f in kernels)  # q, k, v, key mask, out
+    weights = prepare_params(vm, [tvm.runtime.tensor(v) for v in workload.params.values()])
+    for b, n in [(1, 1), (2, 1), (2, 17), (1, 48), (2, 48)]:
+        inputs = workload.random_inputs({"b": b, "n": n}, seed=n)
+        inputs["attention_mask"][-1, : min(3, n)] = 0  # left padding in the last row (all of it at n = 1)
+        out = vm["main"](*(tvm.runtime.tensor(inputs[t.name]) for t in workload.inputs), *weights).numpy()
+        expected = workload.reference(inputs, workload.params)
+        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5, err_msg=f"{family} b={b} n={n}")
 
 
 def _positions_model(path):

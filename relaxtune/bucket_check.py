@@ -1,0 +1,117 @@
+"""After tuning: does each shape bucket run faster with its records than with its rules?
+
+A record is applied where its static kernel measured faster than the rules, but the win need not
+survive in the compiled block (schedules/verdicts.py says why, with the figure). This check
+builds the workload twice — every bucket with its records, and rules only — and times each
+bucket's call side by side, interleaved, at two points inside the bucket (its tuning point and
+the geometric middle of its ranges), on the machine that measured the records. A bucket keeps its
+records only where they are faster by `MARGIN`; the verdicts go to the cache
+(`<cache>/<target>/buckets.jsonl`) and `relaxtune compile` follows them.
+
+Run by `api.tune` after the search (`TuneConfig.check_buckets`) on a local CPU target, or on a
+CUDA target where a GPU is present; skipped with one line where the records were measured
+elsewhere (RPC) or the device is missing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from dataclasses import replace
+
+from .config import JobConfig
+from .targets import ResolvedTarget
+from .workloads import Workload
+
+logger = logging.getLogger(__name__)
+
+MARGIN = 0.03  # records must be this much faster than the rules, over the bucket's two values
+ROUNDS = 5  # interleaved samples per variant and value
+SAMPLE_S = 0.02  # seconds of calls per sample
+
+
+def _device(target: ResolvedTarget):
+    import tvm
+
+    if not target.is_gpu:
+        return tvm.cpu()
+    device = tvm.cuda(0)
+    return device if device.exist else None
+
+
+def _points(bucket: dict[str, list[int]]) -> list[dict[str, int]]:
+    """The bucket's tuning point, and the geometric middle of its ranges (one when they agree)."""
+    tuned = {dim: at for dim, (_, _, at) in bucket.items()}
+    middle = {dim: max(lo, min(hi, round(math.sqrt(lo * hi)))) for dim, (lo, hi, _) in bucket.items()}
+    return [tuned] if middle == tuned else [tuned, middle]
+
+
+class _Runner:
+    """One executable's VM with its weights prepared once; `call(inputs)` times nothing itself."""
+
+    def __init__(self, executable, device, workload: Workload):
+        import tvm
+        from tvm import relax
+
+        from .artifact import prepare_params
+
+        self.vm, self.device, self.workload = relax.VirtualMachine(executable, device), device, workload
+        self.params = prepare_params(self.vm, [tvm.runtime.tensor(v, device) for v in workload.params.values()])
+
+    def caller(self, inputs: dict):
+        import tvm
+
+        args = [tvm.runtime.tensor(inputs[t.name], self.device) for t in self.workload.inputs] + self.params
+
+        def call(repeats: int) -> float:
+            start = time.perf_counter()
+            for _ in range(repeats):
+                self.vm["main"](*args)
+            self.device.sync()
+            return (time.perf_counter() - start) / repeats * 1e3
+
+        return call
+
+
+def _side_by_side(a, b) -> tuple[float, float]:
+    """Median ms of two callers, sampled alternately so load on the machine hits both alike."""
+    a(1), b(1)  # warm-up: first-call allocation, caches
+    repeats = max(1, int(SAMPLE_S / max(1e-6, min(a(1), b(1)) / 1e3)))
+    samples_a, samples_b = [], []
+    for _ in range(ROUNDS):
+        samples_a.append(a(repeats))
+        samples_b.append(b(repeats))
+    return statistics.median(samples_a), statistics.median(samples_b)
+
+
+def check_buckets(workload: Workload, target: ResolvedTarget, job: JobConfig) -> list[dict]:
+    """Time every bucket that has records, with and without them; append and return the verdicts."""
+    from . import api
+    from .schedules import verdicts as store
+
+    device = _device(target)
+    if device is None:
+        logger.info("no %s device here: buckets not checked (their records are applied as tuned)", target.target.kind.name)
+        return []
+    every = store.Verdicts()  # no verdicts: every bucket gets its records, and says its signature
+    records, _, folder = api.build(workload, target, job, verdicts=every)
+    if not every.seen or folder is None:
+        return []
+    rules, _, _ = api.build(workload, target, job.with_(compile=replace(job.compile, use_cache=False)))
+    with_records, with_rules = _Runner(records, device, workload), _Runner(rules, device, workload)
+    entries = []
+    for name, (sig, bucket) in sorted(every.seen.items()):
+        points = _points(bucket)
+        records_ms = rules_ms = 0.0
+        for point in points:
+            inputs = workload.random_inputs(point)
+            ms_records, ms_rules = _side_by_side(with_records.caller(inputs), with_rules.caller(inputs))
+            records_ms, rules_ms = records_ms + ms_records, rules_ms + ms_rules
+        verdict = "records" if records_ms < (1 - MARGIN) * rules_ms else "rules"
+        entries.append({"signature": sig, "bucket": name, "workload": workload.name, "verdict": verdict,
+                        "records_ms": round(records_ms, 4), "rules_ms": round(rules_ms, 4), "at": points})
+        logger.info("%s: records %.3f ms, rules %.3f ms at %s: %s", name, records_ms, rules_ms, points, verdict)
+    store.append(folder, entries)
+    return entries

@@ -1,0 +1,86 @@
+"""Per-bucket verdicts (`buckets.jsonl`): do a bucket's tuned records beat its rules in the block?
+
+A record is applied where its static kernel measured faster than the rule-based schedule, but
+that kernel-level win need not survive in the compiled block: the record is re-applied to the
+symbolic kernel (padded, or with smaller row tiles), borrowed from a neighbouring bucket, and
+measured at another time on a shared machine. Measured on llama-block (128 trials, 2 cores):
+the n=65..128 bucket ran 3.8 ms with rules and 8.8 ms with its records. So after tuning,
+`relaxtune.bucket_check` builds the block with and without records, times every bucket side by
+side, and appends one line per bucket:
+
+    {"signature": "...", "bucket": "main_n65_128_b1_4", "verdict": "rules",
+     "records_ms": 8.75, "rules_ms": 3.80, "at": [{"b": 4, "n": 128}, {"b": 2, "n": 91}]}
+
+`signature` digests the bucket's function and the records ApplyTunedSchedules applies in it
+(kernel keys and the records' measured times), so a verdict holds for exactly that block and set: after more tuning changes a
+bucket's records, the bucket gets its records again until it is checked again. Append-only, a
+later line for the same signature wins; a damaged line is reported and skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .database import folder_lock
+
+logger = logging.getLogger(__name__)
+
+FILE = "buckets.jsonl"
+VERDICTS = ("records", "rules")
+
+
+def signature(items: list[tuple[str, float]]) -> str:
+    """Digest of (key, us) items: the bucket function's hash, and (kernel key, record time in us) per record."""
+    text = "|".join(f"{key}:{us:.4f}" for key, us in sorted(items))
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def load(folder: Path | None) -> dict[str, dict]:
+    entries: dict[str, dict] = {}
+    path = Path(folder) / FILE if folder is not None else None
+    if path is None or not path.exists():
+        return entries
+    for number, raw in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            entry = json.loads(raw)
+            if entry["verdict"] not in VERDICTS:
+                raise ValueError(entry["verdict"])
+            entries[str(entry["signature"])] = entry
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            logger.warning("%s:%d: damaged bucket-verdict line skipped (verdict must be one of %s)", path, number, ", ".join(VERDICTS))
+    return entries
+
+
+def append(folder: Path, entries: list[dict]) -> None:
+    if not entries:
+        return
+    with folder_lock(folder), open(Path(folder) / FILE, "a", encoding="utf-8") as f:
+        for entry in entries:
+            f.write(json.dumps(entry, separators=(",", ":")) + "\n")
+        f.flush()
+
+
+@dataclass
+class Verdicts:
+    """What ApplyTunedSchedules consults per bucket; it records each bucket's signature in `seen`.
+
+    `entries` empty (the default) applies every bucket's records: that is how the check builds
+    its "records" variant."""
+
+    entries: dict[str, dict] = field(default_factory=dict)
+    seen: dict[str, tuple[str, dict]] = field(default_factory=dict)  # bucket function -> (signature, bucket)
+
+    @staticmethod
+    def from_folder(folder: Path | None) -> "Verdicts":
+        return Verdicts(load(folder))
+
+    def rules_win(self, bucket_function: str, bucket: dict, items: list[tuple[str, float]]) -> bool:
+        sig = signature(items)
+        self.seen[bucket_function] = (sig, bucket)
+        return self.entries.get(sig, {}).get("verdict") == "rules"

@@ -1,0 +1,88 @@
+"""The check after tuning: each bucket's block timed with and without its records; compile follows."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from relaxtune import api
+from relaxtune.artifact import prepare_params
+from relaxtune.bucket_check import _points
+from relaxtune.config import BucketConfig, JobConfig, TuneConfig
+from relaxtune.schedules import cache, verdicts
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory, tiny_mlp, target):
+    """A tuned cache whose records all get applied (their rule times forgotten), then checked."""
+    from relaxtune.bucket_check import check_buckets
+    from relaxtune.schedules import task_index
+
+    job = JobConfig(cache_dir=tmp_path_factory.mktemp("cache"), tune=TuneConfig(trials=16, trials_per_iter=8), buckets=BucketConfig({"n": (1, 16, 64)}))
+    result = api.tune(tiny_mlp, target, job, progress=False)
+    folder = cache.folder_for(job.cache_dir, target)
+    task_index.append(folder, [{"key": key, "rule_us": None} for key in task_index.load(folder)])
+    return job, result, check_buckets(tiny_mlp, target, job)
+
+
+def test_points_are_the_tuning_point_and_the_middle():
+    assert _points({"n": [17, 64, 64], "b": [1, 4, 1]}) == [{"n": 64, "b": 1}, {"n": 33, "b": 2}]
+    assert _points({"n": [1, 1, 1]}) == [{"n": 1}]
+
+
+def test_every_bucket_with_applied_records_gets_a_measured_verdict(checked, target):
+    job, result, entries = checked
+    assert result.trials_run == 16
+    assert entries and {e["bucket"] for e in entries} >= {b["bucket"] for b in result.buckets}
+    folder = cache.folder_for(job.cache_dir, target)
+    stored = verdicts.load(folder)
+    for entry in entries:
+        assert entry["verdict"] in verdicts.VERDICTS and entry["records_ms"] > 0 and entry["rules_ms"] > 0
+        assert entry["verdict"] == ("records" if entry["records_ms"] < (1 - 0.03) * entry["rules_ms"] else "rules")
+        assert stored[entry["signature"]]["bucket"] == entry["bucket"]
+
+
+def _run(executable, workload, ns):
+    import tvm
+    from tvm import relax
+
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    params = prepare_params(vm, [tvm.runtime.tensor(v) for v in workload.params.values()])
+    for b, n in ns:
+        inputs = workload.random_inputs({"b": b, "n": n})
+        out = vm["main"](tvm.runtime.tensor(inputs["x"]), *params).numpy()
+        np.testing.assert_allclose(out, workload.reference(inputs, workload.params), rtol=1e-4, atol=1e-5)
+
+
+def test_compile_follows_the_verdicts(checked, tiny_mlp, target, tmp_path):
+    job, _, _ = checked
+    every = verdicts.Verdicts()
+    _, report, folder = api.build(tiny_mlp, target, job, verdicts=every)
+    tuned = sum(v for k, v in report.items() if k.startswith("tuned"))
+    assert every.seen and tuned >= 1, report
+    # the check said rules everywhere: no record is applied, results still right
+    lose = verdicts.Verdicts({sig: {"signature": sig, "verdict": "rules"} for sig, _ in every.seen.values()})
+    executable, report, _ = api.build(tiny_mlp, target, job, verdicts=lose)
+    assert not any(k.startswith("tuned") for k in report) and report["bucket faster with rules: rules"] == tuned, report
+    _run(executable, tiny_mlp, [(1, 1), (2, 5), (1, 17), (2, 64)])
+    # records everywhere: the same calls as with no verdicts
+    win = verdicts.Verdicts({sig: {"signature": sig, "verdict": "records"} for sig, _ in every.seen.values()})
+    _, report, _ = api.build(tiny_mlp, target, job, verdicts=win)
+    assert sum(v for k, v in report.items() if k.startswith("tuned")) == tuned
+
+
+def test_cli_tune_prints_and_writes_the_verdicts(checked, tiny_mlp, target, tmp_path, capsys):
+    from relaxtune.__main__ import main
+
+    out = tmp_path / "tune.json"
+    code = main(["tune", "mlp", "--config", "hidden=32,ffn=64,max_seq=64,max_batch=2", "--buckets", "n=1,16,64",
+                 "--trials", "8", "--cache", str(tmp_path / "c"), "--no-progress", "--json", str(out)])
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert all(b["verdict"] in verdicts.VERDICTS for b in data["buckets"])  # none where every record lost to its rules
+    printed = capsys.readouterr().out
+    assert printed.count("(side by side)") == len(data["buckets"])
