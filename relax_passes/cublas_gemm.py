@@ -13,7 +13,9 @@ fastest (0.152 ms, against 0.182 with cuBLAS for the wide ones only and 0.235 wi
 default is every bucket (`min_rows=1`).
 
 Run after BucketDispatch (reads `relaxtune.bucket`) and before LegalizeOps; element-wise
-consumers of the GEMM (residual add, SwiGLU) then stay separate kernels.
+consumers of the GEMM (residual add, SwiGLU) then stay separate kernels. Attention's batched
+activation GEMMs are RewriteBatchedGemmToCublas's (cublas_batched_gemm.py); `cublas_passes`
+turns the pipeline's `cublas` option into both passes.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .bucket_dispatch import BUCKET_ATTR
+from .cublas_batched_gemm import RewriteBatchedGemmToCublas
 
 logger = logging.getLogger(__name__)
 
@@ -89,3 +92,17 @@ class RewriteGemmToCublas:
         for gvar, func in updates.items():
             mod[gvar] = func
         return mod
+
+
+def cublas_passes(options: bool | dict = True) -> list:
+    """The cuBLAS rewrites for `pipeline(cublas=...)`: True, or a dict of RewriteGemmToCublas's
+    arguments (min_rows, decode_wide) plus "batched": False, True (default) or
+    RewriteBatchedGemmToCublas's arguments (min_rows) for attention's batched GEMMs."""
+    if not options:
+        return []
+    gemm = dict(options) if isinstance(options, dict) else {}
+    batched = gemm.pop("batched", True)
+    passes = [RewriteGemmToCublas(**gemm)]
+    if batched:
+        passes.append(RewriteBatchedGemmToCublas(**(batched if isinstance(batched, dict) else {})))
+    return passes

@@ -33,7 +33,7 @@ def fusion_passes(plan: dict[str, list[Bucket]], fusion: str | None = None, exte
         *fused_attention,  # attention as one online-softmax kernel: no n x n scores in memory
         DecomposeAttention(),  # attention calls left: matmul / masked softmax / matmul kernels
         BucketDispatch(plan),  # one function per shape bucket; main checks bounds and dispatches
-        *(extern or []),  # gpu with cublas=True: library calls per bucket (RewriteGemmToCublas)
+        *(extern or []),  # gpu with cublas=True: library calls per bucket (RewriteGemmToCublas, RewriteBatchedGemmToCublas)
         relax.backend.DispatchSampling(),  # ops that need a library form before legalization
         relax.backend.DispatchSortScan(),
         relax.transform.LegalizeOps(),  # every op becomes a TIR kernel, shapes stay symbolic
@@ -109,10 +109,10 @@ def pipeline(
 ) -> tvm.transform.Pass:
     """The full pipeline for `target`: fusion, tuned schedules, rules, memory planning, lowering."""
     from ..schedules.apply import ApplyTunedSchedules
-    from .cublas_gemm import RewriteGemmToCublas
+    from .cublas_gemm import cublas_passes
 
-    # cublas: True, or RewriteGemmToCublas's keyword arguments (min_rows, decode_wide)
-    extern = [RewriteGemmToCublas(**(cublas if isinstance(cublas, dict) else {}))] if cublas and "gpu" in target.keys else []
+    # cublas: True, or a dict of RewriteGemmToCublas's arguments plus "batched" (attention; see cublas_passes)
+    extern = cublas_passes(cublas) if cublas and "gpu" in target.keys else []
 
     tuned = []
     if database is not None:

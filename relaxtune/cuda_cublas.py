@@ -1,12 +1,20 @@
-"""cuBLAS GEMM as an external kernel linked into CUDA artifacts: `relaxtune_cublas_gemm(x, w, y)`.
+"""cuBLAS GEMMs as external kernels linked into CUDA artifacts (fp16/bf16, fp32 accumulation).
 
-`y[..., N] = x[..., K] @ w[K, N]` (row-major, fp16 or bf16, fp32 accumulation) by `cublasGemmEx`
-on TVM's current CUDA stream (so it is captured in CUDA graphs). cuBLAS is opened with `dlopen`
-on the first call, not linked: the TVM wheel has no cuBLAS integration and the compiling host
-needs no cuBLAS; the GPU host needs `libcublas.so` on the loader path (or already loaded, e.g.
-by torch). `RewriteGemmToCublas` (relax_passes/cublas_gemm.py) emits the calls; `object_file()`
-compiles this source with the host C++ compiler and `artifact.export` links it into the `.so`,
-where the VM finds it as a library function.
+- `relaxtune_cublas_gemm(x, w, y)`: `y[..., N] = x[..., K] @ w[K, N]` (row-major) by `cublasGemmEx`;
+  emitted by `RewriteGemmToCublas` (relax_passes/cublas_gemm.py) for weight GEMMs.
+- `relaxtune_cublas_batched_gemm(a, b, a_axes, b_axes, c_axes, alpha, c)`: the batched
+  `permute_dims(c, c_axes) = alpha * permute_dims(a, a_axes) @ permute_dims(b, b_axes)` by
+  `cublasGemmStridedBatchedEx`, where the three tensors are compact and each permutation is a
+  view: a matrix whose rows are contiguous is read with a transpose flag, row and batch strides
+  come from the permutation, so attention's `q`, `k^T`, `v` and its output need no transpose
+  kernel. Batch dimensions that do not merge into one stride are looped over (one call each).
+  Emitted by `RewriteBatchedGemmToCublas` (relax_passes/cublas_batched_gemm.py) for attention.
+
+Both run on TVM's current CUDA stream (so they are captured in CUDA graphs). cuBLAS is opened with
+`dlopen` on the first call, not linked: the TVM wheel has no cuBLAS integration and the compiling
+host needs no cuBLAS; the GPU host needs `libcublas.so` on the loader path (or already loaded,
+e.g. by torch). `object_file()` compiles this source with the host C++ compiler and
+`artifact.export` links it into the `.so`, where the VM finds the functions as library functions.
 """
 
 from __future__ import annotations
@@ -20,32 +28,39 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 FUNCTION = "relaxtune_cublas_gemm"
+BATCHED_FUNCTION = "relaxtune_cublas_batched_gemm"
 
 SOURCE = r"""
 #include <dlfcn.h>
+#include <tvm/ffi/container/shape.h>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/extra/c_env_api.h>
 #include <tvm/ffi/function.h>
 
+#include <algorithm>
+#include <climits>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace {
 using Handle = void*;
 using CreateFn = int (*)(Handle*);
 using SetStreamFn = int (*)(Handle, void*);
-using SetWorkspaceFn = int (*)(Handle, void*, size_t);
 using GemmExFn = int (*)(Handle, int, int, int, int, int, const void*, const void*, int, int, const void*, int, int,
                          const void*, void*, int, int, int, int);
-constexpr int kOpN = 0, kR16F = 2, kR16BF = 14, kCompute32F = 68, kGemmDefault = -1;
+using GemmBatchedFn = int (*)(Handle, int, int, int, int, int, const void*, const void*, int, int, long long,
+                              const void*, int, int, long long, const void*, void*, int, int, long long, int, int, int);
+constexpr int kOpN = 0, kOpT = 1, kR16F = 2, kR16BF = 14, kCompute32F = 68, kGemmDefault = -1;
 
 struct Cublas {
   Handle handle = nullptr;
   SetStreamFn set_stream = nullptr;
   GemmExFn gemm = nullptr;
+  GemmBatchedFn gemm_batched = nullptr;
 };
 
-Cublas* Load() {
+Cublas* Load(DLDevice dev) {
   static Cublas lib;
   static std::once_flag once;
   static std::string error;
@@ -58,14 +73,24 @@ Cublas* Load() {
     auto create = reinterpret_cast<CreateFn>(dlsym(so, "cublasCreate_v2"));
     lib.set_stream = reinterpret_cast<SetStreamFn>(dlsym(so, "cublasSetStream_v2"));
     lib.gemm = reinterpret_cast<GemmExFn>(dlsym(so, "cublasGemmEx"));
-    if (!create || !lib.set_stream || !lib.gemm || create(&lib.handle) != 0) {
-      error = "libcublas loaded but cublasCreate/cublasGemmEx failed";
+    lib.gemm_batched = reinterpret_cast<GemmBatchedFn>(dlsym(so, "cublasGemmStridedBatchedEx"));
+    if (!create || !lib.set_stream || !lib.gemm || !lib.gemm_batched || create(&lib.handle) != 0) {
+      error = "libcublas loaded but cublasCreate/cublasGemmEx/cublasGemmStridedBatchedEx failed";
       lib.handle = nullptr;
     }
   });
-  TVM_FFI_ICHECK(lib.handle != nullptr) << "relaxtune_cublas_gemm: " << error;
+  TVM_FFI_ICHECK(lib.handle != nullptr) << "relaxtune cuBLAS kernels: " << error;
+  lib.set_stream(lib.handle, TVMFFIEnvGetStream(dev.device_type, dev.device_id));
   return &lib;
 }
+
+int CublasType(const tvm::ffi::TensorView& t) {
+  DLDataType d = t.dtype();
+  TVM_FFI_ICHECK(d.bits == 16 && d.lanes == 1 && (d.code == kDLFloat || d.code == kDLBfloat)) << "fp16 or bf16 only";
+  return d.code == kDLBfloat ? kR16BF : kR16F;
+}
+
+char* Data(const tvm::ffi::TensorView& t) { return static_cast<char*>(t.data_ptr()) + t.byte_offset(); }
 
 void Gemm(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView y) {
   TVM_FFI_ICHECK_EQ(w.ndim(), 2) << "weight must be (K, N)";
@@ -73,22 +98,110 @@ void Gemm(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView y
   TVM_FFI_ICHECK_EQ(x.size(x.ndim() - 1), k) << "x's last dimension must be K";
   for (int i = 0; i + 1 < x.ndim(); ++i) m *= x.size(i);
   TVM_FFI_ICHECK_EQ(y.size(y.ndim() - 1), n);
-  DLDataType t = x.dtype();
-  TVM_FFI_ICHECK(t.bits == 16 && (t.code == kDLFloat || t.code == kDLBfloat)) << "fp16 or bf16 only";
-  int type = t.code == kDLBfloat ? kR16BF : kR16F;
-  Cublas* lib = Load();
-  DLDevice dev = x.device();
-  lib->set_stream(lib->handle, TVMFFIEnvGetStream(dev.device_type, dev.device_id));
+  int type = CublasType(x);
+  Cublas* lib = Load(x.device());
   float alpha = 1.0f, beta = 0.0f;
   // row-major Y (m x n) = X (m x k) W (k x n)  <=>  column-major Y^T = W^T X^T
   int status = lib->gemm(lib->handle, kOpN, kOpN, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha,
-                         w.data_ptr(), type, static_cast<int>(n), x.data_ptr(), type, static_cast<int>(k), &beta,
-                         y.data_ptr(), type, static_cast<int>(n), kCompute32F, kGemmDefault);
+                         Data(w), type, static_cast<int>(n), Data(x), type, static_cast<int>(k), &beta,
+                         Data(y), type, static_cast<int>(n), kCompute32F, kGemmDefault);
   TVM_FFI_ICHECK_EQ(status, 0) << "cublasGemmEx failed for m=" << m << " n=" << n << " k=" << k;
+}
+
+// permute_dims(t, axes) of a compact tensor t, as a strided view (extents and element strides)
+struct View {
+  std::vector<int64_t> shape, strides;
+};
+
+View Permuted(const tvm::ffi::TensorView& t, const tvm::ffi::Shape& axes) {
+  int r = t.ndim();
+  TVM_FFI_ICHECK(t.IsContiguous()) << "batched gemm: operands must be compact";
+  TVM_FFI_ICHECK_EQ(static_cast<int>(axes.size()), r) << "batched gemm: axes do not match the tensor's rank";
+  std::vector<int64_t> compact(r, 1);
+  for (int i = r - 2; i >= 0; --i) compact[i] = compact[i + 1] * t.size(i + 1);
+  View v;
+  for (int i = 0; i < r; ++i) {
+    int64_t a = axes[i];
+    TVM_FFI_ICHECK(a >= 0 && a < r) << "batched gemm: bad axis " << a;
+    v.shape.push_back(t.size(a));
+    v.strides.push_back(compact[a]);
+  }
+  return v;
+}
+
+// The row-major matrix X (rows x cols, element strides sr, sc) as cuBLAS sees it: column-major
+// X^T read directly (op N, ld = sr) when its rows are contiguous, or column-major X transposed
+// (op T, ld = sc) when its columns are. False when neither stride is 1.
+bool AsTransposed(int64_t rows, int64_t cols, int64_t sr, int64_t sc, int* op, int64_t* ld) {
+  if (sc == 1 || cols == 1) {
+    *op = kOpN;
+    *ld = rows == 1 ? std::max<int64_t>(cols, 1) : sr;
+    return *ld >= std::max<int64_t>(cols, 1);
+  }
+  if (sr == 1 || rows == 1) {
+    *op = kOpT;
+    *ld = cols == 1 ? std::max<int64_t>(rows, 1) : sc;
+    return *ld >= std::max<int64_t>(rows, 1);
+  }
+  return false;
+}
+
+void BatchedGemm(tvm::ffi::TensorView a, tvm::ffi::TensorView b, tvm::ffi::Shape a_axes, tvm::ffi::Shape b_axes,
+                 tvm::ffi::Shape c_axes, double alpha, tvm::ffi::TensorView c) {
+  View A = Permuted(a, a_axes), B = Permuted(b, b_axes), C = Permuted(c, c_axes);
+  int r = static_cast<int>(A.shape.size());
+  TVM_FFI_ICHECK(r >= 2 && static_cast<int>(B.shape.size()) == r && static_cast<int>(C.shape.size()) == r)
+      << "batched gemm: operands must have the same rank";
+  int64_t m = A.shape[r - 2], k = A.shape[r - 1], n = B.shape[r - 1];
+  TVM_FFI_ICHECK(B.shape[r - 2] == k && C.shape[r - 2] == m && C.shape[r - 1] == n) << "batched gemm: shapes do not match";
+  int type = CublasType(a);
+  TVM_FFI_ICHECK(CublasType(b) == type && CublasType(c) == type) << "batched gemm: mixed dtypes";
+  // row-major C = A B  <=>  column-major C^T = B^T A^T: cuBLAS's first operand is B, its second A
+  int op_b, op_a, op_c;
+  int64_t ld_b, ld_a, ld_c;
+  TVM_FFI_ICHECK(AsTransposed(k, n, B.strides[r - 2], B.strides[r - 1], &op_b, &ld_b)) << "batched gemm: b has no unit stride";
+  TVM_FFI_ICHECK(AsTransposed(m, k, A.strides[r - 2], A.strides[r - 1], &op_a, &ld_a)) << "batched gemm: a has no unit stride";
+  TVM_FFI_ICHECK(AsTransposed(m, n, C.strides[r - 2], C.strides[r - 1], &op_c, &ld_c) && op_c == kOpN)
+      << "batched gemm: c's rows must be contiguous";
+  // batch dimensions: drop extent 1, merge neighbours whose strides nest in all three operands
+  std::vector<int64_t> extent, sa, sb, sc;
+  for (int i = 0; i + 2 < r; ++i) {
+    TVM_FFI_ICHECK(A.shape[i] == C.shape[i] && B.shape[i] == C.shape[i]) << "batched gemm: batch dimensions differ";
+    if (C.shape[i] == 1) continue;
+    if (!extent.empty() && sa.back() == A.strides[i] * A.shape[i] && sb.back() == B.strides[i] * B.shape[i] &&
+        sc.back() == C.strides[i] * C.shape[i]) {
+      extent.back() *= C.shape[i];
+      sa.back() = A.strides[i], sb.back() = B.strides[i], sc.back() = C.strides[i];
+      continue;
+    }
+    extent.push_back(C.shape[i]), sa.push_back(A.strides[i]), sb.push_back(B.strides[i]), sc.push_back(C.strides[i]);
+  }
+  if (extent.empty()) extent.push_back(1), sa.push_back(0), sb.push_back(0), sc.push_back(0);
+  for (int64_t v : {m, n, k, ld_a, ld_b, ld_c, extent.back()}) TVM_FFI_ICHECK_LE(v, INT_MAX) << "batched gemm: too large for cuBLAS";
+  Cublas* lib = Load(c.device());
+  float alpha32 = static_cast<float>(alpha), beta = 0.0f;
+  int64_t outer = 1, bytes = 2;
+  for (size_t i = 0; i + 1 < extent.size(); ++i) outer *= extent[i];
+  for (int64_t o = 0; o < outer; ++o) {  // batch dimensions that did not merge: one call each
+    int64_t off_a = 0, off_b = 0, off_c = 0;
+    for (int64_t i = static_cast<int64_t>(extent.size()) - 2, rest = o; i >= 0; --i) {
+      int64_t idx = rest % extent[i];
+      rest /= extent[i];
+      off_a += idx * sa[i], off_b += idx * sb[i], off_c += idx * sc[i];
+    }
+    int status = lib->gemm_batched(
+        lib->handle, op_b, op_a, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha32,
+        Data(b) + off_b * bytes, type, static_cast<int>(ld_b), sb.back(), Data(a) + off_a * bytes, type, static_cast<int>(ld_a),
+        sa.back(), &beta, Data(c) + off_c * bytes, type, static_cast<int>(ld_c), sc.back(), static_cast<int>(extent.back()),
+        kCompute32F, kGemmDefault);
+    TVM_FFI_ICHECK_EQ(status, 0) << "cublasGemmStridedBatchedEx failed for m=" << m << " n=" << n << " k=" << k
+                                 << " batch=" << extent.back();
+  }
 }
 }  // namespace
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_cublas_gemm, Gemm);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_cublas_batched_gemm, BatchedGemm);
 """
 
 

@@ -45,15 +45,23 @@ TINY = {
 TINY_VARIANTS = {"llama-f16-sf-cublas": ("stock", True)}  # (fusion, cuBLAS); others: relaxtune fusion, no cuBLAS
 BIG_BUCKETS = {"n": (1, 16, 128, 2048)}
 # relaxtune variants of the 7B block: (CompileConfig.fusion, CUDA graphs, cuBLAS: False, True (the
-# defaults of RewriteGemmToCublas) or its arguments)
+# defaults) or a dict for `cublas_passes`: RewriteGemmToCublas's arguments plus "batched", attention's GEMMs)
+# relaxtune fusion at these sizes: the build process died in FuseSwiGLU/MergeProjections (2026-11-30)
 VARIANTS = {
     "llama7b-sf": ("stock", False, False),
     "llama7b-sf-graph": ("stock", True, False),
-    "llama7b-sf-cublas": ("stock", False, {"min_rows": 2}),  # n=1 keeps the TIR GEMVs
-    "llama7b-sf-cublas-graph": ("stock", True, {"min_rows": 2}),
-    "llama7b-sf-cublas-wide-graph": ("stock", True, {"min_rows": 2, "decode_wide": 8192}),  # n=1: cuBLAS for the MLP GEMVs only
-    "llama7b-sf-cublas-all-graph": ("stock", True, True),  # every GEMM on cuBLAS (the default)
-}  # relaxtune fusion at these sizes: the build process died in FuseSwiGLU/MergeProjections (2026-11-30)
+    "llama7b-sf-cublas": ("stock", False, {"min_rows": 2, "batched": False}),  # n=1 keeps the TIR GEMVs
+    "llama7b-sf-cublas-graph": ("stock", True, {"min_rows": 2, "batched": False}),
+    "llama7b-sf-cublas-wide-graph": ("stock", True, {"min_rows": 2, "decode_wide": 8192, "batched": False}),  # n=1: cuBLAS for the MLP GEMVs only
+    # every weight GEMM on cuBLAS, attention's batched GEMMs too in buckets from n >= 64 (here 129..2048): the default
+    "llama7b-sf-cublas-all-graph": ("stock", True, True),
+    "llama7b-sf-cublas-all": ("stock", False, True),  # the same without CUDA graphs: per-kernel times
+    "llama7b-sf-cublas-nobmm-graph": ("stock", True, {"batched": False}),  # attention in TIR (the default before)
+    "llama7b-sf-cublas-nobmm": ("stock", False, {"batched": False}),
+    "llama7b-sf-cublas-bmm17-graph": ("stock", True, {"batched": {"min_rows": 17}}),  # attention on cuBLAS from n = 17
+}
+# `run` profiles these per kernel when built (else the fastest variant without graphs at n=128)
+KERNEL_VARIANTS = ("llama7b-sf-cublas-all", "llama7b-sf-cublas-nobmm")
 SYSTEMS = (*VARIANTS, "llama7b-stock")
 SEQS = (1, 128, 2048)
 RESULTS: dict = {"sections": {}, "errors": {}}
@@ -427,13 +435,13 @@ def kernels(model: Llama7B, name: str, copy_gbs: float | None):
     import torch
 
     vm, params, dev = model.vm(name)
-    RESULTS["kernels_of"] = name
-    table = []
+    RESULTS.setdefault("kernels_of", []).append(name)
+    table = RESULTS.setdefault("kernels", [])
     for n in SEQS:
         x = model.tvm_args(n, dev)
         vm["main"](x, *params)
         for row in kernel_times(vm, [x, *params], dev.sync):
-            row["n"] = n
+            row["n"], row["artifact"] = n, name
             kname, us, shapes = row["kernel"], row["us"], row["shapes"]
             weight = shapes[1][1] if len(shapes) >= 3 else []
             a = shapes[0][1] if shapes else []
@@ -452,12 +460,12 @@ def kernels(model: Llama7B, name: str, copy_gbs: float | None):
                     if copy_gbs:
                         row["pct_of_copy_bw"] = round(100 * gbs / copy_gbs, 1)
             table.append(row)
-        top = sorted((r for r in table if r["n"] == n), key=lambda r: -r["us"])[:12]
-        total = sum(r["us"] for r in table if r["n"] == n)
-        log(f"n={n}: {total / 1e3:.3f} ms in kernels; top:")
+        mine = [r for r in table if r["n"] == n and r["artifact"] == name]
+        top = sorted(mine, key=lambda r: -r["us"])[:12]
+        log(f"{name} n={n}: {sum(r['us'] for r in mine) / 1e3:.3f} ms in kernels; top:")
         for r in top:
-            log("  ", {k: v for k, v in r.items() if k != "shapes"})
-    RESULTS["kernels"] = table
+            log("  ", {k: v for k, v in r.items() if k not in ("shapes", "artifact")})
+    del vm, params
 
 
 @section("runtime-only run of the 7B artifact")
@@ -485,10 +493,21 @@ def markdown(results: dict) -> str:
     lines += ["| n | " + " | ".join(systems) + " |", "|---" * (len(systems) + 1) + "|"]
     for n, row in lat.items():
         lines.append(f"| {n} | " + " | ".join(f"{row[s]['ms']:.3f}" if s in row else "-" for s in systems) + " |")
-    lines += ["", f"copy bandwidth: {results.get('copy_GBps')} GB/s", "", "| n | kernel | M | N | K | us | cuBLAS us | % cuBLAS | GB/s |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", f"copy bandwidth: {results.get('copy_GBps')} GB/s", "", "| artifact | n | kernel | M | N | K | us | cuBLAS us | % cuBLAS | GB/s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results.get("kernels", []):
         if "M" in r:
-            lines.append(f"| {r['n']} | {r['kernel']} | {r['M']} | {r['N']} | {r['K']} | {r['us']} | {r['cublas_us']} | {r['pct_of_cublas']} | {r.get('GBps', '')} |")
+            lines.append(f"| {r.get('artifact', '')} | {r['n']} | {r['kernel']} | {r['M']} | {r['N']} | {r['K']} | {r['us']} | {r['cublas_us']} | {r['pct_of_cublas']} | {r.get('GBps', '')} |")
+    totals: dict = {}  # every kernel and library call of one `main` call, per artifact and n
+    for r in results.get("kernels", []):
+        key = (r.get("artifact", ""), r["n"])
+        totals.setdefault(key, {"us": 0.0, "calls": 0, "attention_us": 0.0})
+        totals[key]["us"] += r["us"]
+        totals[key]["calls"] += 1
+        if any(len(s) >= 2 and s[-1] == s[-2] == r["n"] for _dt, s in r["shapes"]):
+            totals[key]["attention_us"] += r["us"]  # score/probability GEMMs, mask, softmax (at n = head_dim 128 also q/k/v)
+    if totals:
+        lines += ["", "| artifact | n | calls | us in kernels | us in kernels with an (.., n, n) tensor |", "|---|---|---|---|---|"]
+        lines += [f"| {a} | {n} | {t['calls']} | {t['us']:.1f} | {t['attention_us']:.1f} |" for (a, n), t in totals.items()]
     if results.get("errors"):
         lines += ["", "failed sections: " + ", ".join(results["errors"])]
     return "\n".join(lines) + "\n"
@@ -510,8 +529,10 @@ def run(art: Path, out: Path, skip: list[str]) -> None:
         rows = latency(model)
         plain = [v for v, (_f, graphs, _c) in VARIANTS.items() if not graphs and rows and v in rows.get(128, {})]
         best = min(plain, key=lambda v: rows[128][v]["ms"]) if plain else "llama7b-sf"
+        profiled = [v for v in KERNEL_VARIANTS if (art / f"{v}.so").exists()] or [best]
         if "kernels" not in skip:
-            kernels(model, best, copy_gbs)
+            for name in profiled:
+                kernels(model, name, copy_gbs)
         if "runtime" not in skip:
             big_runtime_only(model, best)
         if rows and "compile" not in skip:

@@ -249,3 +249,38 @@ def test_cli_gpu_flags(tmp_path):
     so = tmp_path / "mlp.so"
     argv = ["compile", "mlp", "--config", SMALL, "--dtype", "float16", "--target", "cuda", "--no-cache", "-o", str(so), "--no-cublas", "--no-cuda-graphs"]
     assert main(argv) == 0 and so.exists()
+
+
+# ---- RewriteBatchedGemmToCublas (relax_passes/cublas_batched_gemm.py): attention's GEMMs on cuBLAS
+TINY_LLAMA = "hidden=64,heads=4,kv_heads=2,ffn=128,max_seq=128,max_batch=1"  # grouped-query, buckets up to 65..128
+
+
+def test_cublas_addon_compiles_and_exports_both_kernels(tmp_path):
+    from relaxtune.cuda_cublas import BATCHED_FUNCTION, FUNCTION, object_file
+
+    obj = object_file(tmp_path)
+    symbols = subprocess.run(["nm", "-g", "--defined-only", str(obj)], capture_output=True, text=True).stdout
+    for name in (FUNCTION, BATCHED_FUNCTION):
+        assert f"__tvm_ffi_{name}" in symbols, name
+
+
+@needs_nvcc
+def test_tiny_llama_cross_compiles_with_attention_on_cublas(tmp_path):
+    """fp16 llama-block for cuda: the 65..128 bucket's attention calls the batched kernel, the mask
+    is inside its softmax; smaller buckets keep dlight's kernels; the artifact links the addon."""
+    from relaxtune import api, artifact, targets
+    from relaxtune.config import CompileConfig, JobConfig
+    from relaxtune.workloads import load, parse_config
+
+    workload = load("llama-block", parse_config(TINY_LLAMA), "float16")
+    target = targets.resolve("cuda")
+    job = JobConfig(compile=CompileConfig(use_cache=False))
+    executable = api.build(workload, target, job)[0]
+    text = executable.as_text()
+    assert "relaxtune_cublas_batched_gemm" in text and "relaxtune_cublas_gemm" in text
+    kernels = [name for src in cdc.cuda_sources(executable.mod) for name in re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", src.decode())]
+    assert any(k.startswith("softmax_bias") for k in kernels), kernels
+    assert any(k.startswith("softmax") and "bias" not in k for k in kernels), "smaller buckets keep the plain softmax"
+    manifest = artifact.export(executable, workload, target, tmp_path / "llama.so", api.bucket_plan(workload, job), None, {})
+    assert manifest["device_code"]["format"] == "fatbin"
+    assert b"__tvm_ffi_relaxtune_cublas_batched_gemm" in (tmp_path / "llama.so").read_bytes()
