@@ -2,9 +2,12 @@
 
     python scripts/bucket_sweep.py --trials 128 --out build/sweep
 
-Tunes the workload twice with the same budget into two fresh caches (default power-of-two
-buckets; one bucket tuned at --single-at), builds both and a rules-only artifact, then times
-each with torch eager at every n, in one process, and writes a markdown table, JSON and a PNG.
+Tunes the workload with the same budget into fresh caches (default power-of-two buckets; one
+bucket tuned at --single-at; and, as spot checks, one bucket tuned at exactly each --exact n),
+each job ending with its bucket check (relaxtune/bucket_check.py); builds them and a rules-only
+artifact, then times each with torch eager, interleaved in rounds, at every n (an exact-n
+artifact only at its n), in one process, and writes a markdown table (with bucketed / exact),
+JSON and a PNG.
 It also measures the bucket dispatch overhead: a one-op model compiled with one bucket and with
 the default buckets, timed at the same n.
 """
@@ -15,6 +18,7 @@ import argparse
 import json
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -57,53 +61,87 @@ def dispatch_overhead(target, ns: list[int]) -> dict[int, float]:
     return out
 
 
+def interleaved(calls: dict, rounds: int) -> dict[str, float]:
+    """Median ms per system, sampled in turns (each sample: enough calls for ~20 ms) so that load
+    on this shared machine hits every system alike."""
+    for call in calls.values():
+        call()
+    repeats = {}
+    for name, call in calls.items():
+        once = statistics.median(time_call(call, min_runs=3, min_seconds=0.05))
+        repeats[name] = max(1, int(20 / max(once, 1e-3)))
+    samples = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            t0 = time.perf_counter()
+            for _ in range(repeats[name]):
+                call()
+            samples[name].append((time.perf_counter() - t0) / repeats[name] * 1e3)
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", default="llama-block")
+    parser.add_argument("--config", default="", help="workload config overrides, e.g. hidden=64,max_seq=128")
     parser.add_argument("--trials", type=int, default=128)
     parser.add_argument("--single-at", type=int, default=128)
+    parser.add_argument("--exact", default="16,512", help="spot checks: the same budget tuned at exactly these n (and --single-at), timed there")
     parser.add_argument("--n", default="1,2,3,7,16,37,64,100,128,300,512,1000")
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", type=Path, default=Path("build/sweep"))
     args = parser.parse_args()
     ns = [int(v) for v in args.n.split(",")]
+    exact = [int(v) for v in args.exact.split(",") if v.strip()]
     target = targets.resolve("cpu")
-    workload = load(args.workload)
+    workload = load(args.workload, dict(kv.split("=", 1) for kv in args.config.split(",") if kv))
     root = Path(tempfile.mkdtemp(prefix="sweep-"))
+    single = f"tuned at n={args.single_at} only"
     jobs = {
         "relaxtune bucketed": JobConfig(cache_dir=root / "bucketed", tune=TuneConfig(trials=args.trials)),
-        f"tuned at n={args.single_at} only": JobConfig(
-            cache_dir=root / "single", tune=TuneConfig(trials=args.trials), buckets=BucketConfig(single={"n": args.single_at})
-        ),
+        single: JobConfig(cache_dir=root / "single", tune=TuneConfig(trials=args.trials), buckets=BucketConfig(single={"n": args.single_at})),
     }
+    for n in exact:  # a kernel tuned for exactly that n: the bucketed artifact's yardstick there
+        jobs[f"tuned at n={n} only"] = JobConfig(cache_dir=root / f"exact{n}", tune=TuneConfig(trials=args.trials), buckets=BucketConfig(single={"n": n}))
     tuning = {}
     for name, job in jobs.items():
         result = api.tune(workload, target, job, progress=False)
-        tuning[name] = {"trials": result.trials_run, "wall_s": result.wall_s}
-        print(f"{name}: {result.trials_run} trials in {result.wall_s:.0f} s")
+        verdicts = {b["bucket"]: b["verdict"] for b in result.buckets}
+        tuning[name] = {"trials": result.trials_run, "wall_s": result.wall_s, "buckets": result.buckets}
+        print(f"{name}: {result.trials_run} trials in {result.wall_s:.0f} s; bucket check: {verdicts}", flush=True)
     jobs["rules only"] = JobConfig(compile=CompileConfig(use_cache=False))
     executables = {name: api.build(workload, target, job)[0] for name, job in jobs.items()}
     import tvm
 
     eager = workload.torch_module().eval()
     rows: list[Row] = []
-    for n in ns:
+    for n in ns + [n for n in exact if n not in ns]:
         point = {"b": 1, "n": n}
         inputs = workload.random_inputs(point)
         expected = workload.reference(inputs, workload.params)
+        calls, errors = {}, {}
         for name, ex in executables.items():
+            if name.startswith("tuned at n=") and name != single and name != f"tuned at n={n} only":
+                continue  # exact-n artifacts are timed at their own n only
             call, output = _tvm_runner(ex, tvm.cpu(), workload, inputs)
-            error = float(np.abs(output() - expected).max())
-            rows.append(Row(name, point, statistics.median(time_call(call)), 0, error))
-        call, _ = _torch_runner(eager, workload, inputs)
-        rows.append(Row("torch", point, statistics.median(time_call(call)), 0, None))
-        print(" ".join(f"{r.system}={r.median_ms:.3f}ms" for r in rows if r.shape == point))
+            errors[name] = float(np.abs(output() - expected).max())
+            calls[name] = call
+        calls["torch"] = _torch_runner(eager, workload, inputs)[0]
+        medians = interleaved(calls, args.rounds)
+        for name, ms in medians.items():
+            label = "tuned at exact n" if name.startswith("tuned at n=") and name != single else name
+            rows.append(Row(label, point, ms, args.rounds, errors.get(name)))
+        print(" ".join(f"{name}={ms:.3f}ms" for name, ms in medians.items()), flush=True)
     overhead = dispatch_overhead(target, [1, 100, 1000])
     systems = list(dict.fromkeys(r.system for r in rows))
     by = {(r.system, r.shape["n"]): r for r in rows}
-    lines = ["| n | " + " | ".join(f"{s} ms (x torch)" for s in systems) + " |", "|---" * (len(systems) + 1) + "|"]
-    for n in ns:
+    lines = ["| n | " + " | ".join(f"{s} ms (x torch)" for s in systems) + " | bucketed / exact |", "|---" * (len(systems) + 2) + "|"]
+    for n in sorted({r.shape["n"] for r in rows}):
         base = by[("torch", n)].median_ms
-        lines.append(f"| {n} | " + " | ".join(f"{by[(s, n)].median_ms:.3f} ({by[(s, n)].median_ms / base:.2f}x)" for s in systems) + " |")
+        cells = [f"{by[(s, n)].median_ms:.3f} ({by[(s, n)].median_ms / base:.2f}x)" if (s, n) in by else "-" for s in systems]
+        yardstick = by.get(("tuned at exact n", n)) or (by.get((single, n)) if n == args.single_at else None)
+        ratio = f"{by[('relaxtune bucketed', n)].median_ms / yardstick.median_ms:.2f}" if yardstick else "-"
+        lines.append(f"| {n} | " + " | ".join(cells) + f" | {ratio} |")
     table = "\n".join(lines)
     overhead_line = "dispatch overhead (power-of-two buckets vs one bucket, y = x + 1): " + ", ".join(f"n={n}: {us:+.2f} us" for n, us in overhead.items())
     print(table)
@@ -113,7 +151,7 @@ def main() -> None:
     (args.out / "sweep.json").write_text(
         json.dumps({"rows": [r.as_json() for r in rows], "tuning": tuning, "dispatch_overhead_us": overhead}, indent=2)
     )
-    plot(rows, args.out / "sweep.png", f"{args.workload}: latency over n")
+    plot([r for r in rows if r.system != "tuned at exact n"], args.out / "sweep.png", f"{args.workload}: latency over n")
     print(f"saved {args.out}/sweep.md, sweep.json, sweep.png")
 
 
