@@ -8,7 +8,8 @@ with stock and with relaxtune fusion (``relaxtune report fusion``), the max abs 
 torch eager at n = 1, 32 and the bound (b = 1,
 after tuning; once with the configured memory planner, once with TVM's), and the latency at
 n = 32 after a 16-trial tuning run into a temporary cache (``relaxtune.bench.bench`` with the
-systems relaxtune and torch, torch with ``--torch-threads``, default 1). A failed tuning run is
+systems relaxtune and torch, torch with ``--torch-threads``, default 1; for an ONNX row torch runs
+the module that was exported). A failed tuning run is
 reported in its column and the latency is then that of the rule-based schedules. Prints a
 markdown table; ``--json PATH`` writes the rows.
 
@@ -18,6 +19,7 @@ markdown table; ``--json PATH`` writes the rows.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -61,11 +63,18 @@ def max_error(workload, executable) -> float:
     return worst
 
 
-def onnx_file(family: str, folder: Path) -> str:
-    """Export ``hf:family`` (its torch wrapper) to ONNX with dynamic batch/seq axes."""
+def onnx_workload(family: str, folder: Path):
+    """The ONNX export of ``hf:family`` loaded as a workload; its torch baseline is the exported
+    module itself (same weights), so the row's relaxtune / torch ratio compares like with like."""
+    module = load(f"hf:{family}", CONFIG).torch_module()
+    workload = load(onnx_file(module, family, folder), {"max_seq": CONFIG["max_seq"]})
+    return dataclasses.replace(workload, torch_module=lambda: module)
+
+
+def onnx_file(module, family: str, folder: Path) -> str:
+    """Export a torch module (hf:family's wrapper) to ONNX with dynamic batch/seq axes."""
     import torch
 
-    module = load(f"hf:{family}", CONFIG).torch_module()
     ids, mask = torch.randint(0, 128, (2, 7)), torch.ones(2, 7, dtype=torch.int64)
     axes = {0: "batch", 1: "seq"}
     path = folder / f"{family}.onnx"
@@ -154,8 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(measure(family, "hf", lambda f=family: load(f"hf:{f}", CONFIG), target, folder, args.memory_planner))
             print(json.dumps(rows[-1]), flush=True)
         for family in () if args.no_onnx else ONNX_FAMILIES:
-            make = lambda f=family: load(onnx_file(f, folder), {"max_seq": CONFIG["max_seq"]})  # noqa: E731
-            rows.append(measure(family, "onnx", make, target, folder, args.memory_planner))
+            rows.append(measure(family, "onnx", lambda f=family: onnx_workload(f, folder), target, folder, args.memory_planner))
             print(json.dumps(rows[-1]), flush=True)
     print()
     print(markdown(rows, args.memory_planner))
