@@ -147,11 +147,12 @@ def measure(candidates: list, context, builder, runner, database) -> tuple[list,
     """Build and run the candidates, commit each as a record of the context's task (failures with
     MetaSchedule's failure time, as its own callback does); returns (builder, runner) results."""
     target = context.target
+    device = "cuda" if "gpu" in target.keys else "cpu"  # a device name: tvm.device("llvm") is an error
     builds = builder.build([ms.builder.BuilderInput(c.sch.mod, target) for c in candidates])
     inputs, where = [], []
     for i, (c, b) in enumerate(zip(candidates, builds)):
         if b.error_msg is None:
-            inputs.append(ms.runner.RunnerInput(b.artifact_path, target.kind.name, c.args_info))
+            inputs.append(ms.runner.RunnerInput(b.artifact_path, device, c.args_info))
             where.append(i)
     futures = runner.run(inputs) if inputs else []
     runs = [ms.runner.RunnerResult(None, b.error_msg) for b in builds]

@@ -1,8 +1,19 @@
 """The tuning driver: MetaSchedule's task scheduler over our tasks, cache, builder and cost model.
 
-The trial budget is global and counts what the cache already holds: a job asked for N trials
-over tasks that already have M records runs N - M more (zero when repeated, the rest after an
-interrupt). The evolutionary search starts from the cached records of each task.
+The trial budget (`TuneConfig.trials`) is the job's, counting what the cache already holds for its
+kernels, whichever job measured it. It is split into per-kernel shares (`shares.py`: whole
+batches, the most valuable kernels first, by expected run-time share). The job measures only the
+kernels short of their share, for the sum of their shortfalls (never more than the budget minus
+the cached trials of all its kernels), with MetaSchedule's gradient task scheduler spending them
+where the gains are:
+- the same job run twice measures nothing the second time; an interrupted job measures exactly
+  the rest; a larger budget later measures more, for the kernels whose share grew;
+- a second workload whose kernels an earlier job (of any workload) already tuned to their share
+  measures nothing for them, and a kernel an earlier job stopped early (no gain; `stopped_at` in
+  the task index) is not tuned again;
+- a job with nothing to measure starts nothing: no build workers, no cost model load or save, no
+  events file, and the rule-based time only of kernels that have none yet.
+The evolutionary search starts from the cached records of each task.
 
 Where a job's time goes, and what this driver does about it (`TuneResult.profile` has the seconds
 per part; `relaxtune report tuning` draws them): build workers that live for the whole job and
@@ -11,6 +22,7 @@ generations per batch, since a trained cost model scores every member of every g
 XGBoost model loaded from and saved to the cache folder (`cost_model.py`); a new task's first
 batch transferred from similar tasks' best records (`transfer.py`); a task stopped after
 `early_stop_batches` batches without gain, its trials left to the others (`progress.py`).
+Trials are counted as the cache holds them: every record, failed builds and runs included.
 """
 
 from __future__ import annotations
@@ -22,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import TuneConfig
-from . import cost_model, intrin, task_index, transfer
+from . import cost_model, intrin, shares, task_index, transfer
 from .builder import make_builder, make_runner
 from .database import CacheDatabase
 from .progress import EventLog, ProgressBar
@@ -38,6 +50,7 @@ class TaskResult:
     best_us: float
     flops: float
     rule_us: float
+    weight: float = 0.0  # expected calls per model call
 
     @property
     def gflops(self) -> float:
@@ -53,7 +66,25 @@ class TuneResult:
     tasks: list[TaskResult] = field(default_factory=list)
     profile: dict = field(default_factory=dict)  # seconds per part of the job (`_profile`)
     ranking: dict = field(default_factory=dict)  # the cost model's held-out ranking quality
+    shares: dict = field(default_factory=dict)  # kernel name -> its share of the budget (`shares.py`)
     buckets: list = field(default_factory=list)  # per-bucket verdicts of the check after the search (bucket_check.py)
+
+
+def trial_counts(database: CacheDatabase, tasks: list[Task]) -> dict[str, int]:
+    """Trials the cache holds per task key: every record, failed builds and runs included (they
+    were measured, and the budget counts measured trials: a job that saw failures, run again,
+    measures nothing)."""
+    from .tasks import workload_key
+
+    per_workload: dict[int, list] = {}  # records of one workload share its object
+    for record in database.get_all_tuning_records():
+        entry = per_workload.setdefault(hash(record.workload), [record.workload, 0])
+        entry[1] += 1
+    by_key: dict[str, int] = {}
+    for workload, count in per_workload.values():
+        key = workload_key(workload.mod)
+        by_key[key] = by_key.get(key, 0) + count
+    return {t.key: by_key.get(t.key, 0) for t in tasks}
 
 
 def _best_us(database: CacheDatabase, task: Task) -> float:
@@ -77,29 +108,29 @@ def index_tasks(tasks: list[Task], target, folder: Path, workload: str) -> dict[
 
 
 def select(tasks: list[Task], index: dict[str, dict] | None = None, cached: dict[str, int] | None = None) -> list[Task]:
-    """The tasks worth tuning, most valuable first: largest expected share of run time (expected
-    calls x FLOPs). The budget takes as many as get one measured batch each (`_contexts`);
-    MetaSchedule's gradient scheduler then moves the rest to where it pays; the others borrow
-    records or keep their rules. A task an earlier job stopped early (no gain; `stopped_at` in
-    the index) is not tuned again."""
-    index, cached = index or {}, cached or {}
-    live = [t for t in tasks if cached.get(t.key, 0) < index.get(t.key, {}).get("stopped_at", 1 << 62)]
-    return sorted(live, key=lambda t: (-t.weight * t.flops, t.name))
+    """The tasks, most valuable first: largest expected share of run time (expected calls x
+    FLOPs). The budget's shares go to as many as get one measured batch each (`shares.split`);
+    the others borrow records or keep their rules."""
+    return sorted(tasks, key=lambda t: (-t.weight * t.flops, t.name))
 
 
-def _contexts(ranked: list[Task], limit: int, target, config: TuneConfig, log_dir: Path) -> tuple[list[Task], list]:
-    """(tasks, TuneContexts) for the first `limit` tasks whose design space MetaSchedule can
-    generate: one it cannot (a schedule rule that fails on a kernel) would abort the whole search,
-    so it is skipped with one warning, keeps its rule-based schedule, and the next task is taken."""
+def retired(task: Task, index: dict[str, dict], cached: dict[str, int]) -> bool:
+    """Whether an earlier job stopped the task early (no gain; `stopped_at` in the index) and the
+    cache holds no record measured since: it is not tuned again."""
+    return cached.get(task.key, 0) >= index.get(task.key, {}).get("stopped_at", 1 << 62)
+
+
+def _contexts(short: list[Task], needs: dict[str, int], target, config: TuneConfig, log_dir: Path) -> tuple[list[Task], list]:
+    """(tasks, TuneContexts) of the kernels short of their share whose design space MetaSchedule
+    can generate: one it cannot (a schedule rule that fails on a kernel) would abort the whole
+    search, so it is skipped with one warning, keeps its rule-based schedule, and what it was owed
+    goes to the others (`needs` is updated)."""
     from tvm.s_tir import meta_schedule as ms
 
     # per-task log files (traces, build errors) under <log_dir>/logs, as stock MetaSchedule writes them
-    candidates = ranked[: 2 * limit + 4]  # room for a few tasks skipped below
-    loggers = ms.logging.get_loggers_from_work_dir(str(log_dir), [t.name.replace("@", "_") for t in candidates])
-    kept, contexts = [], []
-    for i, t in enumerate(candidates):
-        if len(kept) == limit:
-            break
+    loggers = ms.logging.get_loggers_from_work_dir(str(log_dir), [t.name.replace("@", "_") for t in short])
+    kept, contexts, freed = [], [], 0
+    for i, t in enumerate(short):
         context = ms.TuneContext(
             mod=t.mod,
             target=target,
@@ -114,21 +145,24 @@ def _contexts(ranked: list[Task], limit: int, target, config: TuneConfig, log_di
             context.space_generator.generate_design_space(context.mod)
         except Exception as err:  # TVM raises ValueError/InternalError from inside a schedule rule
             logger.warning("%s: MetaSchedule cannot generate its design space (%s): keeps its rules", t.name, str(err).strip().splitlines()[-1][:160])
+            freed += needs.pop(t.key)
             continue
         kept.append(t)
         contexts.append(context)
+    for t, extra in zip(kept, shares.give_back(freed, [t.weight * t.flops for t in kept], config.trials_per_iter)):
+        needs[t.key] += extra
     return kept, contexts
 
 
-def _seed_from_similar(tasks, contexts, cached, budget, config, builder, runner, database, model, bar) -> int:
+def _seed_from_similar(tasks, contexts, cached, needs, budget, config, builder, runner, database, model, bar) -> int:
     """Measure transferred candidates for each task without records; returns trials spent."""
     spent = 0
     for i, (task, context) in enumerate(zip(tasks, contexts)):
-        room = min(config.trials_per_iter, budget - spent)
+        room = min(config.trials_per_iter, budget - spent, needs[task.key])
         if cached[task.key] or room <= 0:
             continue
         space = context.space_generator.generate_design_space(context.mod)
-        candidates = transfer.seed_candidates(task.mod, database, context.space_generator.postprocs, room, space, config.seed + i)
+        candidates = transfer.seed_candidates(task.mod, database, context.space_generator.postprocs, room, space, config.seed + i + 1)  # TVM seeds start at 1
         if not candidates:
             continue
         builds, runs = transfer.measure(candidates, context, builder, runner, database)
@@ -140,38 +174,49 @@ def _seed_from_similar(tasks, contexts, cached, budget, config, builder, runner,
 
 
 def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig, log_dir: Path, progress: bool = True, workload: str = "") -> TuneResult:
-    """Run up to `config.trials` trials in all (cached ones included) over the most valuable tasks."""
+    """Measure what the job owes its kernels (`shares.plan`): nothing at all, and nothing started
+    (build workers, cost model, events), when the cache already holds every kernel's share."""
     intrin.register_for(target.kind.name)
     from tvm.s_tir import meta_schedule as ms
 
     start = time.perf_counter()
-    cached = {t.key: len(database.records_for(t.mod)) for t in tasks}
-    remaining = config.trials - sum(cached.values())
+    cached = trial_counts(database, tasks)
     result = TuneResult(trials_run=0, trials_cached=sum(cached.values()), wall_s=0.0)
     all_tasks = tasks
     index = task_index.load(log_dir) if tasks else {}
-    ranked = select(tasks, index, cached) if tasks else []
-    limit = max(1, config.trials // config.trials_per_iter)
-    tuning = remaining > 0 and bool(ranked)
+    ranked = select(tasks)
+    job = shares.plan([t.weight * t.flops for t in ranked], [cached[t.key] for t in ranked], config.trials, config.trials_per_iter, sum(cached.values()),
+                      [retired(t, index, cached) for t in ranked])
+    result.shares = {t.name: s for t, s in zip(ranked, job.shares) if s}
+    short = [ranked[i] for i in job.short]
+    needs = {ranked[i].key: job.needs[i] for i in job.short}
+    remaining = job.budget
+    tuning = remaining > 0 and bool(short)
     if tuning:
         log_dir.mkdir(parents=True, exist_ok=True)
         builder, runner = make_builder(config), make_runner(config)
         builder.start()
     try:
-        if tuning:
-            tasks, contexts = _contexts(ranked, limit, target, config, log_dir)
-        else:
-            tasks = ranked[:limit]
+        tasks, contexts = _contexts(short, needs, target, config, log_dir) if tuning else ([], [])
+        remaining = min(remaining, sum(needs[t.key] for t in tasks))
         # the rule-based time of every kernel that has or gets records: a record must beat it to be used
-        chosen = {t.key for t in tasks}
+        chosen, mark = {t.key for t in tasks}, time.perf_counter()
         index = index_tasks([t for t in all_tasks if cached[t.key] or t.key in chosen], target, log_dir, workload)
+        rules_s = time.perf_counter() - mark
     except BaseException:
         if tuning:
             builder.shutdown()
         raise
+    if tuning and remaining <= 0:  # every short kernel was skipped (no design space)
+        builder.shutdown()
+        tuning = False
     if tuning:
+        holding = sum(1 for s in job.shares if s) - len(short)
+        logger.info("%d trials for the %d kernels short of their share of the %d-trial budget; %d hold theirs already or were stopped early", remaining, len(tasks), config.trials, holding)
         events = EventLog(log_dir)
+        mark = time.perf_counter()
         inner, warm = cost_model.load(log_dir) if config.persist_cost_model else (cost_model.new_model(), False)
+        load_s = time.perf_counter() - mark
         model = cost_model.RankedModel(inner)
         bar = ProgressBar(remaining, [t.name for t in tasks], [t.flops for t in tasks], disable=not progress, events=events, cost_model=model, patience=config.early_stop_batches)
         events.write(
@@ -180,17 +225,18 @@ def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig,
             budget=remaining,
             warm_model=warm,
             model_samples=inner.data_size,
-            tasks=[{"name": t.name, "key": t.key, "weight": t.weight, "flops": t.flops, "cached": cached[t.key], "rule_us": index.get(t.key, {}).get("rule_us")} for t in tasks],
+            tasks=[{"name": t.name, "key": t.key, "weight": t.weight, "flops": t.flops, "cached": cached[t.key], "share": result.shares.get(t.name, 0), "need": needs[t.key],
+                    "rule_us": index.get(t.key, {}).get("rule_us")} for t in tasks],
         )
         setup_s = time.perf_counter() - start
         transfer_s, phases = 0.0, {}
         try:
             if config.transfer:
                 mark = (time.perf_counter(), builder.stats["seconds"], model.seconds["update"])
-                remaining -= _seed_from_similar(tasks, contexts, cached, remaining, config, builder, runner, database, model, bar)
+                remaining -= _seed_from_similar(tasks, contexts, cached, needs, remaining, config, builder, runner, database, model, bar)
                 # adapting traces and measuring them; their builds and the model update count there
                 transfer_s = time.perf_counter() - mark[0] - (builder.stats["seconds"] - mark[1]) - (model.seconds["update"] - mark[2])
-            if remaining > 0 and contexts:
+            if remaining > 0:
                 profiler = ms.Profiler() if ms.Profiler.current() is None else contextlib.nullcontext()
                 with profiler:
                     _tune_tasks(contexts, tasks, log_dir, remaining, config, builder, runner, database, model, bar)
@@ -200,25 +246,30 @@ def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig,
             builder.shutdown()
             if config.persist_cost_model:
                 cost_model.save(inner, log_dir)
-            result.profile = {**_profile(time.perf_counter() - start, setup_s, transfer_s, builder, model), **phases}
+            result.profile = {**_profile(time.perf_counter() - start, setup_s, transfer_s, builder, model), **phases,
+                              "setup_rule_timing_s": round(rules_s, 2), "setup_cost_model_load_s": round(load_s, 2)}  # parts of setup_s
             result.ranking = cost_model.summarize(model.held_out)
             events.write("end", profile=result.profile, ranking=result.ranking, stopped=bar.stopped)
             logger.info("where the time went: %s; cost model ranking on held-out batches: %s", result.profile, result.ranking)
-        stopped = {t.name: t for t in tasks}
-        task_index.append(log_dir, [{"key": stopped[n].key, "stopped_at": len(database.records_for(stopped[n].mod))} for n in bar.stopped])
+        stopped, counts = {t.name: t for t in tasks}, trial_counts(database, tasks)
+        task_index.append(log_dir, [{"key": stopped[n].key, "stopped_at": counts[stopped[n].key]} for n in bar.stopped])
         result.trials_run = sum(bar.trials)
         result.failed = bar.failed
     else:
-        logger.info("cache holds %d trials for these %d tasks (budget %d): 0 trials to run", result.trials_cached, len(all_tasks), config.trials)
+        logger.info("0 trials to run: the cache holds %d trials for these %d kernels (budget %d), each kernel's share of it included", result.trials_cached, len(all_tasks), config.trials)
     result.wall_s = time.perf_counter() - start
+    counts = trial_counts(database, all_tasks)
     result.tasks = [
-        TaskResult(t.name, len(database.records_for(t.mod)), _best_us(database, t), t.flops, index.get(t.key, {}).get("rule_us", float("nan")))
+        TaskResult(t.name, counts[t.key], _best_us(database, t), t.flops, index.get(t.key, {}).get("rule_us", float("nan")), t.weight)
         for t in all_tasks
     ]
     return result
 
 
 def _tune_tasks(contexts, tasks, log_dir, remaining, config, builder, runner, database, model, bar) -> None:
+    """One gradient task scheduler over the kernels short of their share, for the sum of what they
+    are owed: it spends the trials where the gains are, and a kernel stopped early (`progress.py`)
+    leaves its trials to the others."""
     from tvm.s_tir import meta_schedule as ms
 
     ms.tune_tasks(

@@ -19,7 +19,11 @@ Part 2 (warm, `--second`): relaxtune tunes `--second` (e.g. mlp) into a fresh ca
 into another fresh cache after `--first` (e.g. llama-block at the same hidden sizes, so they share
 the SwiGLU kernels; `--fusion stock` shares more of them): the second job's wall time, and the
 time it needs to reach the cold job's final estimated model time, warm against cold
-(`--warm-only` runs part 2 alone).
+(`--warm-only` runs part 2 alone). Each job's wall time is the `api.tune` call (task extraction,
+tuning, the bucket check after it); `tune_wall_s` and `profile` are the tuning part. The final
+estimated times are taken over the kernels the cold job tuned, from the cache's best after each
+job (so a warm job that measures nothing still has one). `--out` keeps both caches
+(`<out>/part2/cold`, `<out>/part2/warm`) with their events and task index.
 
     python scripts/search_bench.py --workload mlp --config hidden=128,ffn=256,max_seq=64 \\
         --shape n=64 --trials 40 [--first llama-block --second mlp] [--out DIR] [--json PATH]
@@ -182,14 +186,16 @@ def compare_executables(args, out: Path) -> dict:
 def run_job(args, name: str, cache: Path) -> dict:
     """One `relaxtune tune` job through the Python API (own process); its wall and curve."""
     code = (
-        "import json,sys,time;from relaxtune.schedules import intrin;intrin.register_for('llvm');"
+        "import json,logging,sys,time;logging.basicConfig(level=logging.INFO,format='%(relativeCreated)7.0f ms %(name)s: %(message)s');"
+        "from relaxtune.schedules import intrin;intrin.register_for('llvm');"
         "from relaxtune import api,targets;from relaxtune.config import JobConfig,TuneConfig,BucketConfig,CompileConfig;"
         "from relaxtune.workloads import load,parse_config;"
         f"w=load({name!r},parse_config({args.config!r}));t=targets.resolve('cpu');e=time.time();s=time.perf_counter();"
         f"r=api.tune(w,t,JobConfig(cache_dir={str(cache)!r},tune=TuneConfig(trials={args.trials},trials_per_iter={args.per_iter}),"
         f"buckets=BucketConfig.parse({args.buckets!r}),compile=CompileConfig(fusion={args.fusion!r})),progress=False);"
         "print(json.dumps({'wall_s':time.perf_counter()-s,'epoch':e,'trials_run':r.trials_run,'trials_cached':r.trials_cached,"
-        "'tasks':{x.name:x.best_us for x in r.tasks if x.trials}}))"
+        "'tune_wall_s':r.wall_s,'profile':r.profile,'tasks':{x.name:x.best_us for x in r.tasks if x.trials},"
+        "'weights':{x.name:x.weight for x in r.tasks if x.trials}}))"
     )
     before = set(Path(cache).glob("*/events/*.jsonl"))
     proc = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, check=True)
@@ -219,16 +225,32 @@ def job_curve(files: list[Path], job: dict) -> list[tuple[float, float]]:
     return curve
 
 
+def final_estimate(job: dict, weights: dict[str, float]) -> float:
+    """Estimated kernel time per model call at the job's end: sum over `weights`' kernels of calls
+    x the cache's best after the job (inf if one has no record); the same for a job that ran no
+    trial, whose curve is empty."""
+    return model_time(job["tasks"], weights) if weights else float("inf")
+
+
 def part_two(args) -> dict:
-    with tempfile.TemporaryDirectory(prefix="bench-cold-") as cold_dir, tempfile.TemporaryDirectory(prefix="bench-warm-") as warm_dir:
-        cold = run_job(args, args.second, Path(cold_dir))
-        first = run_job(args, args.first, Path(warm_dir))
-        warm = run_job(args, args.second, Path(warm_dir))
+    with tempfile.TemporaryDirectory(prefix="bench-part2-") as tmp:
+        root = Path(args.out or tmp) / "part2"  # --out keeps both caches and their events
+        cold_dir, warm_dir = root / "cold", root / "warm"
+        if root.exists():
+            raise SystemExit(f"{root} exists: give a new --out (part 2 starts from empty caches)")
+        for folder in (cold_dir, warm_dir):
+            folder.mkdir(parents=True)
+        cold = run_job(args, args.second, cold_dir)
+        first = run_job(args, args.first, warm_dir)
+        warm = run_job(args, args.second, warm_dir)
     shared = sorted(set(cold["tasks"]) & set(warm["tasks"]))
-    goal = cold["curve"][-1][1] if cold["curve"] else float("inf")
+    weights = cold["weights"]  # the kernels the cold job tuned, both jobs estimated over them
+    goal, reached = final_estimate(cold, weights), final_estimate(warm, weights)
     reach_cold, reach_warm = time_to_reach(cold["curve"], goal), time_to_reach(warm["curve"], goal)
+    if reach_warm is None and reached <= goal * (1 + 1e-9):
+        reach_warm = warm["wall_s"]  # no batch: it held the cold job's final time when it ended
     return {"cold": cold, "first": first, "warm": warm, "ratio": warm["wall_s"] / cold["wall_s"],
-            "cold_final_estimated_us": goal, "warm_final_estimated_us": warm["curve"][-1][1] if warm["curve"] else None,
+            "cold_final_estimated_us": goal, "warm_final_estimated_us": reached,
             "cold_reached_own_final_s": reach_cold, "warm_reached_cold_final_s": reach_warm,
             "reach_ratio": reach_warm / reach_cold if reach_warm is not None and reach_cold else None,
             "best_us_cold_vs_warm": {n: [cold["tasks"][n], warm["tasks"][n]] for n in shared}}

@@ -100,3 +100,28 @@ def test_transfer_batch_is_filled_from_the_design_space(database, target):
     other = _matmul(16, relu=True)  # nothing transfers: no batch at all, not a random one
     other_context = _context(other, target)
     assert transfer.seed_candidates(other, database, other_context.space_generator.postprocs, 8, other_context.space_generator.generate_design_space(other)) == []
+
+
+def test_transferred_candidates_are_measured(database, target):
+    """The seeded batch is built and run like the search's own (a wrong device name once made
+    every seeded run fail, spending a batch per new kernel on nothing)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from relaxtune.config import TuneConfig
+    from relaxtune.schedules.builder import make_builder, make_runner
+
+    mod = _matmul(24)
+    context = _context(mod, target)
+    candidates = transfer.seed_candidates(mod, database, context.space_generator.postprocs, limit=2)
+    config = TuneConfig(build_workers=1)
+    builder = make_builder(config)
+    builder.start()
+    try:
+        db = ms.database.MemoryDatabase()
+        builds, runs = transfer.measure(candidates, context, builder, make_runner(config), db)
+    finally:
+        builder.shutdown()
+    assert [b.error_msg for b in builds] == [None] * len(candidates)
+    assert [r.error_msg for r in runs] == [None] * len(candidates)
+    assert all(0 < float(s) < 1 for r in runs for s in r.run_secs)
+    assert len(db.get_all_tuning_records()) == len(candidates)

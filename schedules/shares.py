@@ -1,0 +1,83 @@
+"""Each kernel's share of a job's trial budget, and what the job still owes it.
+
+A job's budget (`TuneConfig.trials`) is split over its live kernels (`tune.select`: most valuable
+first, value = expected calls x FLOPs), in whole batches, since the search measures a batch at a
+time:
+
+- as many kernels as get one batch each are taken, most valuable first (`trials // trials_per_iter`
+  of them; the others keep their rules or borrow records);
+- each taken kernel gets one batch, the other batches go by value (largest remainder, ties to the
+  more valuable kernel), and the trials left over from whole batches go to the most valuable one,
+  so the shares add up to the budget exactly.
+
+A kernel owes nothing once the cache holds its share, whichever job (of this workload or another
+sharing the kernel) measured those trials. The job tunes only the kernels short of their share,
+for the sum of their shortfalls and never more than the budget minus every cached trial of the
+job's kernels (`plan`); within that, the gradient task scheduler spends trials where the gains are. So the same job run twice measures nothing the second time, an interrupted
+job measures exactly the rest, a larger budget later measures more, and a second workload whose
+kernels an earlier job already tuned to their share measures nothing for them. A kernel an earlier
+job stopped early (no gain) keeps its share and is owed nothing more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def split(values: list[float], total: int, per_batch: int) -> list[int]:
+    """`total` trials over kernels ranked most valuable first, as described in the module docstring."""
+    if per_batch < 1:
+        raise ValueError(f"per_batch {per_batch} must be at least 1")
+    shares = [0] * len(values)
+    if not values or total <= 0:
+        return shares
+    batches = total // per_batch
+    taken = min(len(values), batches)
+    if taken == 0:  # less than one batch: all of it to the most valuable kernel
+        shares[0] = total
+        return shares
+    weights = [max(float(v), 0.0) for v in values[:taken]]
+    scale = sum(weights) or float(taken)
+    weights = weights if sum(weights) else [1.0] * taken
+    extra = batches - taken
+    exact = [extra * w / scale for w in weights]
+    counts = [1 + int(e) for e in exact]
+    by_remainder = sorted(range(taken), key=lambda i: (-(exact[i] - int(exact[i])), i))
+    for i in by_remainder[: batches - sum(counts)]:
+        counts[i] += 1
+    for i, count in enumerate(counts):
+        shares[i] = count * per_batch
+    shares[0] += total - batches * per_batch
+    return shares
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One job's trials: `shares` and `needs` (new trials owed) per kernel, in ranked order."""
+
+    shares: list[int]
+    needs: list[int]
+    budget: int  # new trials this job may measure: min(budget - all cached, sum of needs)
+
+    @property
+    def short(self) -> list[int]:
+        """Positions of the kernels short of their share."""
+        return [i for i, n in enumerate(self.needs) if n > 0]
+
+
+def plan(values: list[float], cached: list[int], trials: int, per_batch: int, cached_total: int, retired: list[bool] | None = None) -> Plan:
+    """The job's plan for its kernels (`values`, `cached`, `retired`: ranked, most valuable
+    first). A retired kernel (stopped early by an earlier job) keeps its share and is owed
+    nothing, so the others' shares do not grow when one retires. `cached_total` counts the cached
+    trials of every kernel of the job (those past the budget's batches too)."""
+    shares = split(values, trials, per_batch)
+    retired = retired or [False] * len(values)
+    needs = [0 if r else max(0, s - c) for s, c, r in zip(shares, cached, retired)]
+    return Plan(shares, needs, max(0, min(trials - cached_total, sum(needs))))
+
+
+def give_back(freed: int, values: list[float], per_batch: int) -> list[int]:
+    """`freed` trials (owed to a kernel whose design space cannot be generated) over the other
+    kernels about to be tuned (`values`, ranked): one batch each, most valuable first, then by
+    value; the same rule as `split`."""
+    return split(values, freed, per_batch) if values else []
