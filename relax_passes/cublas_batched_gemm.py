@@ -16,8 +16,9 @@ absorbed instead of computed:
 - scores read only by `softmax(add(scores, bias), axis=-1)` (the causal mask) get one kernel,
   `softmax_bias`, that adds the bias inside the softmax: in TIR the add was the score matmul's
   epilogue, and FuseOps never fuses an element-wise producer into the softmax reduction, so it
-  would be a kernel of its own reading and writing the n x n scores once more (dlight's
-  GeneralReduction schedules `softmax_bias` like a softmax, with the add inlined).
+  would be a kernel of its own reading and writing the n x n scores once more. The add, max,
+  exp and sum are fp32; the GPU rule RowSoftmax (schedules/rules/gpu_row_softmax.py) schedules
+  it, one thread block per row, with the add inlined.
 
 Grouped-query attention reaches this pass with k and v already repeated to every query head
 (`R.repeat` in the model), so the batches match and the repeat stays a kernel of its own.
@@ -37,7 +38,7 @@ import logging
 from dataclasses import dataclass
 
 import tvm
-from tvm import relax, topi
+from tvm import relax, te
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .bucket_dispatch import BUCKET_ATTR
@@ -150,7 +151,22 @@ def _biased_softmax(scores: relax.Var, uses, readers):
 
 
 def _softmax_bias(scores, bias):
-    return topi.nn.softmax(topi.add(scores, bias), axis=-1)
+    """softmax(scores + bias, -1) with the add, max, exp and sum in fp32, the result in scores' dtype
+    (the row softmax GPU rule, schedules/rules/gpu_row_softmax.py, inlines the add and casts)."""
+    offset = len(scores.shape) - len(bias.shape)
+
+    def bias_at(i):  # numpy broadcasting: bias aligned right, its size-1 axes read at 0
+        return bias(*(0 if isinstance(d, tvm.tirx.IntImm) and int(d) == 1 else i[offset + a] for a, d in enumerate(bias.shape)))
+
+    x = te.compute(scores.shape, lambda *i: scores(*i).astype("float32") + bias_at(i).astype("float32"), name="T_add")
+    *lead, m = x.shape
+    k = te.reduce_axis((0, m), "k")
+    maxelem = te.compute(lead, lambda *i: te.max(x(*i, k), axis=k), name="T_softmax_maxelem")
+    k = te.reduce_axis((0, m), "k")
+    expsum = te.compute(lead, lambda *i: te.sum(te.exp(x(*i, k) - maxelem(*i)), axis=k), name="T_softmax_expsum")
+    return te.compute(
+        x.shape, lambda *i: (te.exp(x(*i) - maxelem(*i[:-1])) / expsum(*i[:-1])).astype(scores.dtype), name="T_softmax_norm", attrs={"axis": len(lead)}
+    )
 
 
 @mutator

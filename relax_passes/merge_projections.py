@@ -18,7 +18,8 @@ Matches operators only (`relax.matmul` with a 2-D weight), never names. Does not
 projection, on weights that are activations, or on matmuls with another out_dtype; a projection
 whose slice would not fuse into its readers (attention, a matmul, the function's output: see
 fusion_utils.SLICE_ABSORBING_OPS) is left out of the group, since a slice kernel of its own would
-cost as much as its matmul and add a copy.
+cost as much as its matmul and add a copy; with `copy_slices` (GPU targets, where the matmuls are
+cuBLAS calls) it stays in the group and its slice is a copy kernel.
 Run after FuseSwiGLU (gate/up pairs are fused there, not merged here), before LiftTransformParams.
 """
 
@@ -160,6 +161,11 @@ class _Merger(PyExprMutator):
 class MergeProjections:
     """Projections of one activation as one matmul over concatenated weights (see module docstring)."""
 
+    def __init__(self, copy_slices: bool = False):
+        # copy_slices (GPU, cuBLAS): keep every projection in the group even when its slice is a
+        # copy kernel of its own (attention's v): an n x hidden copy costs less than a GEMM launch
+        self.copy_slices = copy_slices
+
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         merger = _Merger(mod)
         changed = False
@@ -179,7 +185,7 @@ class MergeProjections:
                 site = {m: heads[ends[m][0]] if heads else ends[m][0] for m in members}
                 # a projection whose slice would be a kernel of its own (read by attention, a
                 # matmul, a reshape, the output) keeps its own matmul: same kernels, no extra copy
-                members = [m for m in members if absorbs_slice(site[m], users)]
+                members = [m for m in members if self.copy_slices or absorbs_slice(site[m], users)]
                 if len(members) < 2:
                     continue
                 merger.first[members[0]] = (members, heads)

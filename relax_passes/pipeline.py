@@ -11,6 +11,8 @@ from .bucket_dispatch import Bucket, BucketDispatch
 from .canonicalize_onnx_attention import CanonicalizeOnnxAttention
 from .decompose_attention import DecomposeAttention
 from .fuse_attention import FuseAttention
+from .fuse_attention_prologue import FuseAttentionPrologue
+from .lift_position_tables import LiftPositionTables
 from .fuse_swiglu import FuseSwiGLU
 from .merge_projections import MergeProjections
 from .split_to_slices import SplitToSlices
@@ -19,14 +21,16 @@ from .split_to_slices import SplitToSlices
 def fusion_passes(plan: dict[str, list[Bucket]], fusion: str | None = None, extern: list | None = None, gpu: bool = False) -> list:
     """Model → fused kernels with symbolic shapes, one copy per shape bucket (what tuning sees).
 
-    relaxtune's fused kernels (SwiGLU, attention) have CPU schedules only: a GPU target gets the
-    stock fusion (and cuBLAS through `extern`) until they have GPU ones."""
+    relaxtune's fused kernels (SwiGLU, attention) have CPU schedules only: a GPU target gets
+    MergeProjections, the stock fusion (and cuBLAS through `extern`) until they have GPU ones."""
     from ..config import CompileConfig
 
     ours = (fusion or CompileConfig().fusion) == "relaxtune" and not gpu
-    relaxtune_fusion = [FuseSwiGLU(), MergeProjections(), SplitToSlices()] if ours else []
+    # gpu: MergeProjections only (q/k/v and gate/up as one cuBLAS GEMM each); FuseSwiGLU's kernel has no GPU schedule
+    merge_only = (fusion or CompileConfig().fusion) == "relaxtune" and gpu
+    relaxtune_fusion = [FuseSwiGLU(), MergeProjections(), SplitToSlices()] if ours else [MergeProjections(copy_slices=True)] if merge_only else []
     # the ONNX export's mask gather and key transposes in the form FuseAttention matches
-    fused_attention = [CanonicalizeOnnxAttention(), FuseAttention()] if ours else []
+    fused_attention = [CanonicalizeOnnxAttention(), FuseAttention(), LiftPositionTables(), FuseAttentionPrologue()] if ours else []
     return [
         *relaxtune_fusion,  # CompileConfig.fusion; before the lift, so their weight packing runs at load
         relax.transform.LiftTransformParams(),  # weight-only work (transposes) runs once, at load

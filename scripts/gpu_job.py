@@ -1,6 +1,7 @@
 """The CUDA job: cross-compile here, then check and time everything on the GPU machine in one call.
 
     python scripts/gpu_job.py build --art .device/gpu           # CPU host with nvcc: the artifacts
+    python scripts/gpu_job.py build --art /tmp/gj2/gpu --only device   # just DEVICE_SET (what `run` compares)
     python3 scripts/gpu_job.py cli tune ...                     # the relaxtune CLI without pip install
     S=$(bash .device/install.sh) && export PYTHONPATH=$S:$PWD && \\
         python3 scripts/gpu_job.py run --art .device/gpu --out $OUT  # on the GPU machine
@@ -59,9 +60,21 @@ VARIANTS = {
     "llama7b-sf-cublas-nobmm-graph": ("stock", True, {"batched": False}),  # attention in TIR (the default before)
     "llama7b-sf-cublas-nobmm": ("stock", False, {"batched": False}),
     "llama7b-sf-cublas-bmm17-graph": ("stock", True, {"batched": {"min_rows": 17}}),  # attention on cuBLAS from n = 17
+    # the default before RowSoftmax (dlight's GeneralReduction for the softmax kernels): see PREVIOUS_RULES
+    "llama7b-sf-cublas-all-prev": ("stock", False, True),
+    "llama7b-sf-cublas-all-graph-prev": ("stock", True, True),
+    # relaxtune fusion on GPU = MergeProjections (q/k/v one GEMM, gate/up one GEMM), the CLI's default for cuda
+    "llama7b-rf-cublas-all": ("relaxtune", False, True),
+    "llama7b-rf-cublas-all-graph": ("relaxtune", True, True),
 }
+# built with the GPU rules as they were before schedules/rules/gpu_row_softmax.py (for comparison)
+PREVIOUS_RULES = ("llama7b-sf-cublas-all-prev", "llama7b-sf-cublas-all-graph-prev")
 # `run` profiles these per kernel when built (else the fastest variant without graphs at n=128)
-KERNEL_VARIANTS = ("llama7b-sf-cublas-all", "llama7b-sf-cublas-nobmm")
+KERNEL_VARIANTS = ("llama7b-sf-cublas-all-prev", "llama7b-sf-cublas-all", "llama7b-rf-cublas-all", "llama7b-sf-cublas-nobmm")
+# what the lead's device run needs: `build --only` with this list (tiny check artifacts included)
+DEVICE_SET = (
+    *TINY, *PREVIOUS_RULES, "llama7b-sf-cublas-all", "llama7b-sf-cublas-all-graph", "llama7b-rf-cublas-all", "llama7b-rf-cublas-all-graph",
+)
 SYSTEMS = (*VARIANTS, "llama7b-stock")
 SEQS = (1, 128, 2048)
 RESULTS: dict = {"sections": {}, "errors": {}}
@@ -98,17 +111,25 @@ def section(name):
 
 
 # ----------------------------------------------------------------------------------------- build
-def compile_variant(workload, target, plan, fusion: str, graphs: bool, cublas: bool):
-    """relaxtune's pipeline (rules only, no cache) with the variant's fusion, CUDA graphs and cuBLAS."""
+def compile_variant(workload, target, plan, fusion: str, graphs: bool, cublas: bool, previous_rules: bool = False):
+    """relaxtune's pipeline (rules only, no cache) with the variant's fusion, CUDA graphs and cuBLAS;
+    `previous_rules`: without RowSoftmax (dlight's GeneralReduction schedules the softmax kernels)."""
     from collections import Counter
 
     import tvm
 
     from relaxtune.relax_passes.pipeline import pipeline
+    from relaxtune.schedules.rules import gpu_rules
 
-    passes = pipeline(target.target, plan, None, Counter(), {}, fusion=fusion, cublas=cublas)
-    with tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": graphs}):
-        return tvm.compile(workload.mod, target=target.target, relax_pipeline=passes)
+    row_softmax = gpu_rules.RowSoftmax
+    if previous_rules:  # before `pipeline`, which makes the rule list
+        gpu_rules.RowSoftmax = type("NoRowSoftmax", (row_softmax,), {"apply": lambda self, func, target, tunable: None})
+    try:
+        passes = pipeline(target.target, plan, None, Counter(), {}, fusion=fusion, cublas=cublas)
+        with tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": graphs}):
+            return tvm.compile(workload.mod, target=target.target, relax_pipeline=passes)
+    finally:
+        gpu_rules.RowSoftmax = row_softmax
 
 
 def build(art: Path, only: list[str]) -> None:
@@ -138,7 +159,7 @@ def build(art: Path, only: list[str]) -> None:
         if only and name not in only:
             continue
         t0 = time.perf_counter()
-        executable = compile_variant(big, target, plan, fusion, graphs, cublas)
+        executable = compile_variant(big, target, plan, fusion, graphs, cublas, previous_rules=name in PREVIOUS_RULES)
         manifest = artifact.export(executable, big, target, art / f"{name}.so", plan, None, {})
         artifact.paths(art / f"{name}.so")[0].unlink()  # 400 MB of weights: `run` makes the same ones there
         log(f"{name}: {time.perf_counter() - t0:.1f}s, device code {manifest['device_code']}")
@@ -551,7 +572,7 @@ def main() -> None:
     parser.add_argument("mode", choices=("build", "run", "cli"))
     parser.add_argument("--art", type=Path, default=ROOT / ".device" / "gpu")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "build/gpu_job")))
-    parser.add_argument("--only", default="", help="build: comma-separated artifact names")
+    parser.add_argument("--only", default="", help="build: comma-separated artifact names, or 'device' for DEVICE_SET")
     parser.add_argument("--skip", default="", help="run: tiny,kernels,runtime,compile")
     parser.add_argument("--seqs", default=",".join(map(str, SEQS)), help="run: the sequence lengths n of the 7B block")
     args = parser.parse_args()
@@ -559,7 +580,8 @@ def main() -> None:
         import logging
 
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-        build(args.art, [s for s in args.only.split(",") if s])
+        only = list(DEVICE_SET) if args.only == "device" else [s for s in args.only.split(",") if s]
+        build(args.art, only)
     else:
         globals()["SEQS"] = tuple(int(n) for n in args.seqs.split(","))
         run(args.art, args.out, [s for s in args.skip.split(",") if s])

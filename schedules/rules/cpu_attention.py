@@ -15,7 +15,9 @@ thread keeps one query tile's scratch (scores, probabilities, transposed key til
 state) in its own cache; the score loop is vectorized along the key tile (keys transposed to
 ``(d, key)`` by ``k_tile``), the probabilities along the key tile (float32 ``exp`` replaced by the
 vectorizable approximation of ``fast_math``), and the P·V, init and output loops along
-``head_dim``. Reductions are decomposed so their inits sit outside the vector loops.
+``head_dim``. Reductions are decomposed so their inits sit outside the vector loops. With RoPE on
+load (``kernel.ROPE_ATTR``) the ``k_rope`` block runs first, parallel over (batch, key) and
+vectorized over half a head.
 """
 
 from __future__ import annotations
@@ -59,6 +61,10 @@ def schedule(sch: s_tir.Schedule, target: Target) -> None:
     blocks = {name: sch.get_sblock(name) for name in kernel.BLOCKS}
     if sch.mod["main"].attrs.get(kernel.KEY_MASK_ATTR, None) == "uniform":
         blocks.update({name: sch.get_sblock(name) for name in kernel.BLOCKS_UNIFORM})
+    if sch.mod["main"].attrs.get(kernel.ROPE_ATTR, False):  # keys rotated once: parallel over (batch, key), vectorized on d/2
+        rope_loops = sch.get_loops(sch.get_sblock(kernel.BLOCKS_ROPE[0]))  # batch, key, head, half, i
+        sch.parallel(sch.fuse(*rope_loops[:2]))
+        U.vectorize_inner(sch, rope_loops[-1], U.lanes(target, "float32"), max_vec=4 * U.lanes(target, "float32"))
     outer = sch.get_loops(blocks.pop("query_tile"))  # batch, head, query tile
     sch.parallel(sch.fuse(*outer))
     vec = U.lanes(target, "float32")

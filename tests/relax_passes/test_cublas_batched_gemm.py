@@ -57,35 +57,31 @@ class AttentionExpected:
         s = T.match_buffer(var_s, (T.int64(1), T.int64(4), n, n), "float16")
         bias = T.match_buffer(var_bias, (n, n), "float16")
         T_softmax_norm = T.match_buffer(var_out, (T.int64(1), T.int64(4), n, n), "float16")
-        T_add = T.sblock_alloc_buffer((T.int64(1), T.int64(4), n, n), "float16")
-        T_softmax_maxelem = T.sblock_alloc_buffer((T.int64(1), T.int64(4), n), "float16")
-        T_softmax_exp = T.sblock_alloc_buffer((T.int64(1), T.int64(4), n, n), "float16")
-        T_softmax_expsum = T.sblock_alloc_buffer((T.int64(1), T.int64(4), n), "float16")
-        for ax0, ax1, ax2, ax3 in T.grid(T.int64(1), T.int64(4), n, n):
+        # fp32 add, max and sum (the row softmax GPU rule inlines the add)
+        T_add = T.sblock_alloc_buffer((T.int64(1), T.int64(4), n, n))
+        T_softmax_maxelem = T.sblock_alloc_buffer((T.int64(1), T.int64(4), n))
+        T_softmax_expsum = T.sblock_alloc_buffer((T.int64(1), T.int64(4), n))
+        for i0, i1, i2, i3 in T.grid(T.int64(1), T.int64(4), n, n):
             with T.sblock("T_add"):
-                v_ax0, v_ax1, v_ax2, v_ax3 = T.axis.remap("SSSS", [ax0, ax1, ax2, ax3])
-                T_add[v_ax0, v_ax1, v_ax2, v_ax3] = s[v_ax0, v_ax1, v_ax2, v_ax3] + bias[v_ax2, v_ax3]
+                v_i0, v_i1, v_i2, v_i3 = T.axis.remap("SSSS", [i0, i1, i2, i3])
+                T_add[v_i0, v_i1, v_i2, v_i3] = T.Cast("float32", s[v_i0, v_i1, v_i2, v_i3]) + T.Cast("float32", bias[v_i2, v_i3])
         for i0, i1, i2, k in T.grid(T.int64(1), T.int64(4), n, n):
             with T.sblock("T_softmax_maxelem"):
                 v_i0, v_i1, v_i2, v_k = T.axis.remap("SSSR", [i0, i1, i2, k])
                 with T.init():
-                    T_softmax_maxelem[v_i0, v_i1, v_i2] = T.float16(-65504.0)
+                    T_softmax_maxelem[v_i0, v_i1, v_i2] = T.float32(-340282346638528859811704183484516925440.0)
                 T_softmax_maxelem[v_i0, v_i1, v_i2] = T.max(T_softmax_maxelem[v_i0, v_i1, v_i2], T_add[v_i0, v_i1, v_i2, v_k])
-        for i0, i1, i2, i3 in T.grid(T.int64(1), T.int64(4), n, n):
-            with T.sblock("T_softmax_exp"):
-                v_i0, v_i1, v_i2, v_i3 = T.axis.remap("SSSS", [i0, i1, i2, i3])
-                T_softmax_exp[v_i0, v_i1, v_i2, v_i3] = T.exp(T_add[v_i0, v_i1, v_i2, v_i3] - T_softmax_maxelem[v_i0, v_i1, v_i2])
         for i0, i1, i2, k in T.grid(T.int64(1), T.int64(4), n, n):
             with T.sblock("T_softmax_expsum"):
                 v_i0, v_i1, v_i2, v_k = T.axis.remap("SSSR", [i0, i1, i2, k])
                 with T.init():
-                    T_softmax_expsum[v_i0, v_i1, v_i2] = T.float16(0.0)
-                T_softmax_expsum[v_i0, v_i1, v_i2] = T_softmax_expsum[v_i0, v_i1, v_i2] + T_softmax_exp[v_i0, v_i1, v_i2, v_k]
+                    T_softmax_expsum[v_i0, v_i1, v_i2] = T.float32(0.0)
+                T_softmax_expsum[v_i0, v_i1, v_i2] = T_softmax_expsum[v_i0, v_i1, v_i2] + T.exp(T_add[v_i0, v_i1, v_i2, v_k] - T_softmax_maxelem[v_i0, v_i1, v_i2])
         for i0, i1, i2, i3 in T.grid(T.int64(1), T.int64(4), n, n):
             with T.sblock("T_softmax_norm"):
                 v_i0, v_i1, v_i2, v_i3 = T.axis.remap("SSSS", [i0, i1, i2, i3])
                 T.sblock_attr({"axis": 3})
-                T_softmax_norm[v_i0, v_i1, v_i2, v_i3] = T_softmax_exp[v_i0, v_i1, v_i2, v_i3] / T_softmax_expsum[v_i0, v_i1, v_i2]
+                T_softmax_norm[v_i0, v_i1, v_i2, v_i3] = T.Cast("float16", T.exp(T_add[v_i0, v_i1, v_i2, v_i3] - T_softmax_maxelem[v_i0, v_i1, v_i2]) / T_softmax_expsum[v_i0, v_i1, v_i2])
 
     @R.function(private=True)
     def main_n65_128(
