@@ -17,7 +17,8 @@ The evolutionary search starts from the cached records of each task.
 
 Where a job's time goes, and what this driver does about it (`TuneResult.profile` has the seconds
 per part; `relaxtune report tuning` draws them): build workers that live for the whole job and
-start while the job sets up (`builder.py`); a smaller evolutionary population and fewer
+start while the job loads its cost model and seeds (`builder.py`; after the rule-based times are
+measured, which their start-up would disturb); a smaller evolutionary population and fewer
 generations per batch, since a trained cost model scores every member of every generation; the
 XGBoost model loaded from and saved to the cache folder (`cost_model.py`); a new task's first
 batch transferred from similar tasks' best records (`transfer.py`); a task stopped after
@@ -194,22 +195,18 @@ def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig,
     tuning = remaining > 0 and bool(short)
     if tuning:
         log_dir.mkdir(parents=True, exist_ok=True)
+    tasks, contexts = _contexts(short, needs, target, config, log_dir) if tuning else ([], [])
+    remaining = min(remaining, sum(needs[t.key] for t in tasks))
+    # the rule-based time of every kernel that has or gets records (a record must beat it to be
+    # used), measured before the build workers start: their start-up on the same cores made the
+    # rules read up to 3-4x slow (llama-block's SwiGLU kernel: 3672 us against 959 us)
+    chosen, mark = {t.key for t in tasks}, time.perf_counter()
+    index = index_tasks([t for t in all_tasks if cached[t.key] or t.key in chosen], target, log_dir, workload)
+    rules_s = time.perf_counter() - mark
+    tuning = tuning and remaining > 0  # not when every short kernel was skipped (no design space)
+    if tuning:
         builder, runner = make_builder(config), make_runner(config)
         builder.start()
-    try:
-        tasks, contexts = _contexts(short, needs, target, config, log_dir) if tuning else ([], [])
-        remaining = min(remaining, sum(needs[t.key] for t in tasks))
-        # the rule-based time of every kernel that has or gets records: a record must beat it to be used
-        chosen, mark = {t.key for t in tasks}, time.perf_counter()
-        index = index_tasks([t for t in all_tasks if cached[t.key] or t.key in chosen], target, log_dir, workload)
-        rules_s = time.perf_counter() - mark
-    except BaseException:
-        if tuning:
-            builder.shutdown()
-        raise
-    if tuning and remaining <= 0:  # every short kernel was skipped (no design space)
-        builder.shutdown()
-        tuning = False
     if tuning:
         holding = sum(1 for s in job.shares if s) - len(short)
         logger.info("%d trials for the %d kernels short of their share of the %d-trial budget; %d hold theirs already or were stopped early", remaining, len(tasks), config.trials, holding)
