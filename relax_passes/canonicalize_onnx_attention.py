@@ -33,18 +33,9 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .fusion_utils import rewrite_functions
+from .fusion_utils import bound_call, rewrite_functions
 
 logger = logging.getLogger(__name__)
-
-
-def _bound(bb: relax.BlockBuilder, expr: relax.Expr, *ops: str) -> relax.Call | None:
-    """The call `expr` is bound to when its operator is one of `ops`, else None."""
-    while isinstance(expr, relax.Var) and bb.lookup_binding(expr) is not None:
-        expr = bb.lookup_binding(expr)
-    if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name in ops:
-        return expr
-    return None
 
 
 def _dims(expr: relax.Expr) -> list | None:
@@ -65,9 +56,9 @@ def _int(value) -> int | None:
 
 def _nonnegative(bb, expr) -> bool:
     """`expr` holds positions >= 0: `arange(start >= 0, _, step > 0)` through expand_dims / broadcast_to."""
-    while (call := _bound(bb, expr, "relax.expand_dims", "relax.broadcast_to")) is not None:
+    while (call := bound_call(bb, expr, "relax.expand_dims", "relax.broadcast_to")) is not None:
         expr = call.args[0]
-    arange = _bound(bb, expr, "relax.arange")
+    arange = bound_call(bb, expr, "relax.arange")
     if arange is None:
         return False
     start, _, step = (_int(a) for a in arange.args)
@@ -76,8 +67,8 @@ def _nonnegative(bb, expr) -> bool:
 
 def _unwrapped(bb, idx):
     """`idx` without the importer's negative-index wrap `where(idx < 0, idx + shape, idx)`."""
-    where = _bound(bb, idx, "relax.where")
-    less = None if where is None else _bound(bb, where.args[0], "relax.less")
+    where = bound_call(bb, idx, "relax.where")
+    less = None if where is None else bound_call(bb, where.args[0], "relax.less")
     if less is None or not less.args[0].same_as(where.args[2]):
         return idx
     zero = less.args[1]
@@ -88,7 +79,7 @@ def _unwrapped(bb, idx):
 
 def _unbroadcast(bb, indices: list, shape: list) -> list:
     """The sources of `broadcast_to(i_k, shape)` when they broadcast to `shape` themselves, else `indices`."""
-    calls = [_bound(bb, i, "relax.broadcast_to") for i in indices]
+    calls = [bound_call(bb, i, "relax.broadcast_to") for i in indices]
     if any(c is None for c in calls):
         return indices
     sources = [c.args[0] for c in calls]
@@ -111,7 +102,7 @@ def _index_tensor(bb, call: relax.Call) -> relax.Expr | None:
         return None
     data, idx = call.args
     idx = _unwrapped(bb, idx)
-    concat = _bound(bb, idx, "relax.concat")
+    concat = bound_call(bb, idx, "relax.concat")
     out, idx_dims = _dims(call), _dims(idx)
     if concat is None or out is None or idx_dims is None or data.ty.ndim != _int(idx_dims[-1]):
         return None
@@ -124,7 +115,7 @@ def _index_tensor(bb, call: relax.Call) -> relax.Expr | None:
         return None
     indices = []
     for field in fields.fields:
-        expand = _bound(bb, field, "relax.expand_dims")
+        expand = bound_call(bb, field, "relax.expand_dims")
         if expand is None or [int(a) % len(idx_dims) for a in expand.attrs.axis] != [len(idx_dims) - 1]:
             return None
         if not str(expand.args[0].ty.dtype).startswith("int") or not _nonnegative(bb, expand.args[0]):
@@ -137,10 +128,10 @@ def _index_tensor(bb, call: relax.Call) -> relax.Expr | None:
 
 def _key_transpose(bb, call: relax.Call) -> relax.Expr | None:
     """`reshape(permute_dims(reshape(k, (b·h, m, d)), [0, 2, 1]), (b, h, d, m))` → `permute_dims(k, [0, 1, 3, 2])`."""
-    swap = _bound(bb, call.args[0], "relax.permute_dims")
+    swap = bound_call(bb, call.args[0], "relax.permute_dims")
     if swap is None or swap.attrs.axes is None or [int(a) for a in swap.attrs.axes] != [0, 2, 1]:
         return None
-    merge = _bound(bb, swap.args[0], "relax.reshape")
+    merge = bound_call(bb, swap.args[0], "relax.reshape")
     if merge is None:
         return None
     key = merge.args[0]
@@ -155,7 +146,7 @@ def _key_transpose(bb, call: relax.Call) -> relax.Expr | None:
 
 def _split_key_transpose(bb, call: relax.Call) -> relax.Expr | None:
     """matmul(a, permute_dims(k, [0, 2, 3, 1])) with a 4-d k → the same with the transpose in two steps."""
-    permute = _bound(bb, call.args[1], "relax.permute_dims")
+    permute = bound_call(bb, call.args[1], "relax.permute_dims")
     if permute is None or permute.attrs.axes is None or [int(a) for a in permute.attrs.axes] != [0, 2, 3, 1]:
         return None
     if permute.args[0].ty.ndim != 4 or call.args[0].ty.ndim != 4:

@@ -42,7 +42,7 @@ from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .attention_kernel import CAUSAL_MASKS, attention_kernel
-from .fusion_utils import rewrite_functions
+from .fusion_utils import bound_call, rewrite_functions
 
 logger = logging.getLogger(__name__)
 
@@ -108,15 +108,6 @@ def _fuse(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | None:
 _F32_LOWEST = -3.4028234663852886e38
 
 
-def _bound(bb: relax.BlockBuilder, expr: relax.Expr, *ops: str) -> relax.Call | None:
-    """The call `expr` is bound to when its operator is one of `ops`, else None."""
-    while isinstance(expr, relax.Var) and bb.lookup_binding(expr) is not None:
-        expr = bb.lookup_binding(expr)
-    if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name in ops:
-        return expr
-    return None
-
-
 def _same_shape(a: relax.Expr, b: relax.Expr) -> bool:
     sa, sb = a.ty.shape, b.ty.shape
     if sa is None or sb is None or not isinstance(sa, relax.ShapeExpr) or not isinstance(sb, relax.ShapeExpr):
@@ -127,7 +118,7 @@ def _same_shape(a: relax.Expr, b: relax.Expr) -> bool:
 
 def _no_broadcast(bb, expr):
     """`expr` through `broadcast_to`s that keep the shape (what torch.export writes around matmuls)."""
-    while (call := _bound(bb, expr, "relax.broadcast_to")) is not None and _same_shape(call.args[0], expr):
+    while (call := bound_call(bb, expr, "relax.broadcast_to")) is not None and _same_shape(call.args[0], expr):
         expr = call.args[0]
     return expr
 
@@ -147,7 +138,7 @@ def _scalar(bb, expr) -> float | None:
 def _scaled(bb, expr) -> tuple[relax.Expr, float]:
     """(x, c) for `expr` = x · c with scalar constants c (1.0 when there are none)."""
     scale = 1.0
-    while (call := _bound(bb, expr, "relax.multiply")) is not None:
+    while (call := bound_call(bb, expr, "relax.multiply")) is not None:
         value = _scalar(bb, call.args[1])
         if value is None:
             break
@@ -163,14 +154,14 @@ def _position(bb, expr, rank: int = 4) -> tuple[int, tirx.PrimExpr] | None:
     """(axis, extent) when `expr` holds the index along one axis of a `rank`-d tensor: `arange(0, N)`
     (plus a constant 0) put on that axis by `expand_dims`."""
     inserted = []
-    while (call := _bound(bb, expr, "relax.expand_dims", "relax.add")) is not None:
+    while (call := bound_call(bb, expr, "relax.expand_dims", "relax.add")) is not None:
         if call.op.name == "relax.add":
             if _scalar(bb, call.args[1]) != 0.0:
                 return None
         else:
             inserted.append([int(a) for a in call.attrs.axis])
         expr = call.args[0]
-    arange = _bound(bb, expr, "relax.arange")
+    arange = bound_call(bb, expr, "relax.arange")
     if arange is None:
         return None
     start, end, step = arange.args
@@ -189,7 +180,7 @@ def _mask_terms(bb, expr, n, m) -> list | None:
     key-mask tensor, or None when it is anything else."""
     if str(expr.ty.dtype) == "bool" and _scalar(bb, expr) == 1.0:  # True
         return []
-    call = _bound(bb, expr, "relax.broadcast_to", "relax.bitwise_and", "relax.logical_and", "relax.less_equal", "relax.index_tensor")
+    call = bound_call(bb, expr, "relax.broadcast_to", "relax.bitwise_and", "relax.logical_and", "relax.less_equal", "relax.index_tensor")
     if call is None:
         return None
     name = call.op.name
@@ -214,7 +205,7 @@ def _mask_terms(bb, expr, n, m) -> list | None:
         return None
     if str(data.ty.dtype) != "bool":
         return None
-    cast = _bound(bb, data, "relax.astype")  # a bool view of an integer mask: read the integers
+    cast = bound_call(bb, data, "relax.astype")  # a bool view of an integer mask: read the integers
     if cast is not None and str(cast.args[0].ty.dtype).startswith(("int", "uint")):
         data = cast.args[0]
     return [data]
@@ -226,7 +217,7 @@ def _all_masked_guard(bb, cond, scores) -> bool:
              ("relax.logical_not", None), ("relax.equal", None)]
     expr, call = cond, None
     for op, dtype in chain:
-        call = _bound(bb, expr, op)
+        call = bound_call(bb, expr, op)
         if call is None or (dtype is not None and str(call.attrs.dtype) != dtype):
             return False
         if op == "relax.max" and not (call.attrs.keepdims and call.attrs.axis is not None and [int(a) % 4 for a in call.attrs.axis] == [3]):
@@ -237,9 +228,9 @@ def _all_masked_guard(bb, cond, scores) -> bool:
 
 def _heads_of(bb, expr) -> tuple[relax.Expr, int]:
     """(x, g) for `expr` = repeat_kv(x, g): reshape(broadcast_to(expand_dims(x, 2), (b, h, g, m, d)), (b, h·g, m, d))."""
-    reshape = _bound(bb, expr, "relax.reshape")
-    bcast = None if reshape is None else _bound(bb, reshape.args[0], "relax.broadcast_to")
-    expand = None if bcast is None else _bound(bb, bcast.args[0], "relax.expand_dims")
+    reshape = bound_call(bb, expr, "relax.reshape")
+    bcast = None if reshape is None else bound_call(bb, reshape.args[0], "relax.broadcast_to")
+    expand = None if bcast is None else bound_call(bb, bcast.args[0], "relax.expand_dims")
     if expand is None or [int(a) for a in expand.attrs.axis] != [2] or expand.args[0].ty.ndim != 4:
         return expr, 1
     source, group = expand.args[0], _static(bcast.ty.shape.values[2])
@@ -253,7 +244,7 @@ def _heads_of(bb, expr) -> tuple[relax.Expr, int]:
 
 def _to_bnhd(bb, expr):
     """`expr` (b, h, n, d) as (b, n, h, d): the source of a permute_dims [0, 2, 1, 3], else a new one."""
-    call = _bound(bb, expr, "relax.permute_dims")
+    call = bound_call(bb, expr, "relax.permute_dims")
     if call is not None and _axes(call, [0, 2, 1, 3]):
         return call.args[0]
     return bb.emit(relax.op.permute_dims(expr, [0, 2, 1, 3]))
@@ -262,27 +253,27 @@ def _to_bnhd(bb, expr):
 def _fuse_decomposed(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | None:
     """The fused replacement of `call` = matmul(softmax(scores + mask), v) (module docstring), else None."""
     probs, value = (_no_broadcast(bb, a) for a in call.args)
-    guard = _bound(bb, probs, "relax.where")
+    guard = bound_call(bb, probs, "relax.where")
     cond = None
     if guard is not None:  # where(all -inf, zeros, softmax)
-        zeros = _bound(bb, guard.args[1], "relax.full_like", "relax.zeros_like")
+        zeros = bound_call(bb, guard.args[1], "relax.full_like", "relax.zeros_like")
         if zeros is None and _scalar(bb, guard.args[1]) != 0.0:  # ONNX: a scalar 0
             return None
         if zeros is not None and zeros.op.name == "relax.full_like" and _scalar(bb, zeros.args[1]) != 0.0:
             return None
         cond, probs = guard.args[0], guard.args[2]
-    softmax = _bound(bb, probs, "relax.nn.softmax")
+    softmax = bound_call(bb, probs, "relax.nn.softmax")
     if softmax is None or int(softmax.attrs.axis) % 4 != 3 or softmax.args[0].ty.ndim != 4:
         return None
     masked = softmax.args[0]
-    nan_guard = cond is not None and (isnan := _bound(bb, cond, "relax.isnan")) is not None and isnan.args[0].same_as(probs)
+    nan_guard = cond is not None and (isnan := bound_call(bb, cond, "relax.isnan")) is not None and isnan.args[0].same_as(probs)
     if cond is not None and not (nan_guard or _all_masked_guard(bb, cond, masked)):
         return None
-    add = _bound(bb, masked, "relax.add")
+    add = bound_call(bb, masked, "relax.add")
     if add is None:
         return None
     for scores, bias in (add.args, reversed(add.args)):
-        where = _bound(bb, bias, "relax.where")
+        where = bound_call(bb, bias, "relax.where")
         if where is not None and where.args[0].ty.ndim == 4 and _scalar(bb, where.args[1]) == 0.0:
             break
     else:
@@ -290,12 +281,12 @@ def _fuse_decomposed(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | N
     fill = _scalar(bb, where.args[2])
     key_mask = {float("-inf"): "zero" if cond is not None else None, _F32_LOWEST: "uniform"}.get(fill)
     scores, post_scale = _scaled(bb, scores)
-    matmul = _bound(bb, scores, "relax.matmul")
+    matmul = bound_call(bb, scores, "relax.matmul")
     if key_mask is None or matmul is None:
         return None
     query, q_scale = _scaled(bb, _no_broadcast(bb, matmul.args[0]))
     key_t, k_scale = _scaled(bb, _no_broadcast(bb, matmul.args[1]))
-    transpose = _bound(bb, key_t, "relax.permute_dims")
+    transpose = bound_call(bb, key_t, "relax.permute_dims")
     if transpose is None or not _axes(transpose, [0, 1, 3, 2]):
         return None
     key, k_scale2 = _scaled(bb, transpose.args[0])

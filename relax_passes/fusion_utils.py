@@ -118,6 +118,16 @@ def absorbs_slice(var: relax.Var, users: dict) -> bool:
     )
 
 
+def bound_call(bb: relax.BlockBuilder, expr: relax.Expr, *ops: str) -> relax.Call | None:
+    """The call `expr` is bound to (through variables, in the builder's bindings) when its
+    operator is one of `ops`, else None."""
+    while isinstance(expr, relax.Var) and bb.lookup_binding(expr) is not None:
+        expr = bb.lookup_binding(expr)
+    if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name in ops:
+        return expr
+    return None
+
+
 def is_op(expr: relax.Expr, name: str) -> bool:
     return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
 

@@ -73,7 +73,7 @@ def folder_lock(folder: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _read_lines(path: Path) -> list[tuple[int, object | None, str]]:
+def read_lines(path: Path) -> list[tuple[int, object | None, str]]:
     """(line number, parsed JSON or None when damaged, raw text) for every non-empty line."""
     if not path.exists():
         return []
@@ -87,6 +87,18 @@ def _read_lines(path: Path) -> list[tuple[int, object | None, str]]:
             except json.JSONDecodeError:
                 out.append((number, None, raw))
     return out
+
+
+def append_lines(folder: Path, name: str, entries: list[dict]) -> None:
+    """Append JSON lines to `folder/name` under the folder's lock, flushed to disk (the cache's
+    side files: task index, bucket verdicts); nothing is ever rewritten."""
+    if not entries:
+        return
+    with folder_lock(folder), open(Path(folder) / name, "a", encoding="utf-8") as f:
+        for entry in entries:
+            f.write(json.dumps(entry, separators=(",", ":")) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 @derived_object
@@ -112,7 +124,7 @@ class CacheDatabase(ms.database.PyDatabase):
     # -- loading -----------------------------------------------------------------------------
     def _load(self) -> None:
         workloads: list[Workload | None] = []
-        for number, obj, _ in _read_lines(self.folder / WORKLOADS):
+        for number, obj, _ in read_lines(self.folder / WORKLOADS):
             workload = None
             if obj is not None:
                 try:
@@ -128,7 +140,7 @@ class CacheDatabase(ms.database.PyDatabase):
         self._workload_lines = len(workloads)
         path = self.folder / WORKLOADS
         self._workload_offset = path.stat().st_size if path.exists() else 0
-        for number, obj, _ in _read_lines(self.folder / RECORDS):
+        for number, obj, _ in read_lines(self.folder / RECORDS):
             where = f"{self.folder / RECORDS}:{number}"
             if not (isinstance(obj, list) and len(obj) == 2 and isinstance(obj[0], int)):
                 self.problems.append(f"{where}: damaged record line skipped")

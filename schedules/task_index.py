@@ -13,14 +13,12 @@ is applied only where it beats it.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
 
-from .database import folder_lock
+from .database import append_lines, read_lines
 
 logger = logging.getLogger(__name__)
 
@@ -30,27 +28,16 @@ INDEX = "tasks.jsonl"
 def load(folder: Path) -> dict[str, dict]:
     entries: dict[str, dict] = {}
     path = Path(folder) / INDEX
-    if not path.exists():
-        return entries
-    for number, raw in enumerate(path.read_text(errors="replace").splitlines(), start=1):
-        if not raw.strip():
-            continue
+    for number, entry, _ in read_lines(path):
         try:
-            entry = json.loads(raw)
             entries.setdefault(entry["key"], {}).update(entry)
-        except (json.JSONDecodeError, KeyError, TypeError):
+        except (KeyError, TypeError, ValueError):  # None (not JSON) or not an entry
             logger.warning("%s:%d: damaged task-index line skipped", path, number)
     return entries
 
 
 def append(folder: Path, entries: list[dict]) -> None:
-    if not entries:
-        return
-    with folder_lock(folder), open(Path(folder) / INDEX, "a", encoding="utf-8") as f:
-        for entry in entries:
-            f.write(json.dumps(entry, separators=(",", ":")) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    append_lines(folder, INDEX, entries)
 
 
 def measure_rules(mod, target, runs: int = 3) -> float:

@@ -20,12 +20,11 @@ later line for the same signature wins; a damaged line is reported and skipped.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .database import folder_lock
+from .database import append_lines, read_lines
 
 logger = logging.getLogger(__name__)
 
@@ -42,28 +41,18 @@ def signature(items: list[tuple[str, float]]) -> str:
 def load(folder: Path | None) -> dict[str, dict]:
     entries: dict[str, dict] = {}
     path = Path(folder) / FILE if folder is not None else None
-    if path is None or not path.exists():
-        return entries
-    for number, raw in enumerate(path.read_text(errors="replace").splitlines(), start=1):
-        if not raw.strip():
-            continue
+    for number, entry, _ in read_lines(path) if path is not None else []:
         try:
-            entry = json.loads(raw)
             if entry["verdict"] not in VERDICTS:
                 raise ValueError(entry["verdict"])
             entries[str(entry["signature"])] = entry
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError):  # None (not JSON), not an entry, or an unknown verdict
             logger.warning("%s:%d: damaged bucket-verdict line skipped (verdict must be one of %s)", path, number, ", ".join(VERDICTS))
     return entries
 
 
 def append(folder: Path, entries: list[dict]) -> None:
-    if not entries:
-        return
-    with folder_lock(folder), open(Path(folder) / FILE, "a", encoding="utf-8") as f:
-        for entry in entries:
-            f.write(json.dumps(entry, separators=(",", ":")) + "\n")
-        f.flush()
+    append_lines(folder, FILE, entries)
 
 
 @dataclass
