@@ -99,7 +99,7 @@ def adapt(record, mod: tvm.IRModule, postprocs) -> "tvm.s_tir.Schedule | None":
         sch.enter_postproc()
         if not all(p.apply(sch) for p in postprocs):
             return None
-    except (tvm.error.TVMError, ValueError, IndexError) as err:
+    except (RuntimeError, ValueError, IndexError) as err:
         logger.debug("trace does not transfer: %s", str(err).splitlines()[0] if str(err) else err)
         return None
     return sch
@@ -139,7 +139,7 @@ def _sample(sketch, mod: tvm.IRModule, postprocs, seed: int):
         Trace(sketch.trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)
         sch.enter_postproc()
         return sch if all(p.apply(sch) for p in postprocs) else None
-    except (tvm.error.TVMError, ValueError, IndexError):
+    except (RuntimeError, ValueError, IndexError):
         return None
 
 

@@ -6,7 +6,8 @@
 #     bash scripts/tune_gpu.sh $OUT/tuning_logs [WORKLOAD] [TRIALS] [CONFIG] [BUCKETS]
 #
 # Defaults: llama-block, fp16 at Llama-7B sizes, 256 trials, buckets n=1,16,128,2048, FUSION=stock
-# (the fusion the GPU rules schedule; compile with the same --fusion to apply the records).
+# (compile with the same --fusion to apply the records). CONFIG or BUCKETS "default": the
+# workload's own sizes / the default power-of-two buckets; DTYPE=float32 for the default workloads.
 set -uo pipefail
 cache=${1:?usage: tune_gpu.sh CACHE_DIR [WORKLOAD] [TRIALS] [CONFIG] [BUCKETS]}
 workload=${2:-llama-block}
@@ -27,7 +28,8 @@ export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 cd "$site"
 start=$(date +%s)
 timeout --signal=INT --kill-after=30 $((minutes * 60)) \
-  python3 -m relaxtune tune "$workload" --target cuda --config "$config" --buckets "$buckets" \
+  python3 -m relaxtune tune "$workload" --target cuda \
+  $([[ $config == default ]] || echo --config "$config") $([[ $buckets == default ]] || echo --buckets "$buckets") \
   --dtype "${DTYPE:-float16}" --fusion "${FUSION:-stock}" --trials "$trials" --cache "$cache" --no-progress
 rc=$?
 echo "tune: exit $rc after $(( $(date +%s) - start )) s (124/130: stopped at the ${minutes}-minute limit, records kept)"

@@ -125,3 +125,17 @@ def test_transferred_candidates_are_measured(database, target):
     assert [r.error_msg for r in runs] == [None] * len(candidates)
     assert all(0 < float(s) < 1 for r in runs for s in r.run_secs)
     assert len(db.get_all_tuning_records()) == len(candidates)
+
+
+def test_a_trace_that_fails_to_replay_is_skipped(target):
+    """A sketch that does not fit the module (TVM raises InternalError) gives no candidate: the
+    except clause once named tvm.error.TVMError, which TVM 0.27 lacks, and crashed the job."""
+    import tvm
+    from tvm import te
+
+    source = _matmul(16)
+    sketch = _context(source, target).space_generator.generate_design_space(source)[0]
+    a = te.placeholder((16, 64), name="A")
+    relu = te.compute((16, 64), lambda i, j: tvm.tirx.max(a[i, j], tvm.tirx.const(0, "float32")), name="relu")
+    other = tvm.IRModule({"main": te.create_prim_func([a, relu]).with_attr("global_symbol", "main")})
+    assert transfer._sample(sketch, other, _context(other, target).space_generator.postprocs, seed=1) is None
