@@ -6,9 +6,14 @@ and ``O (b, n, heads, d)``, with grouped-query heads (query head ``h`` reads key
 
 Queries are taken ``query_tile`` rows at a time and keys ``key_tile`` at a time, with an online
 softmax over the key tiles (running max and sum per row; the partial output is rescaled when the
-max grows). Each query tile is one block (``query_tile``) whose scratch lives inside it: its query
-rows, one key tile of keys (transposed to ``(d, key)``), values, scores and probabilities, and the
-running state. No ``n x m`` tensor exists. ``b``, ``n`` and ``m`` are symbolic.
+max grows). The keys are transposed once per call (block ``k_transpose``, before the query tiles)
+into a float32 scratch of one contiguous ``(d, key_tile)`` tile per key tile, zeros past ``m``.
+Each query tile is one block (``query_tile``) whose scratch lives inside it: its query rows (zeros
+past ``n``), one key tile of values, and the running state. Inside a key tile the rows are taken
+``ROW_GROUP`` at a time (block ``row_group``), whose scores, probabilities and P·V sums (``head_dim``
+in parts, block ``pv_part``) are small arrays of its own: under 1 KiB each, so TVM puts them on the
+stack and LLVM keeps them in registers, as the schedule accumulates each key vector / value vector
+into every row of the group. No ``n x m`` tensor exists. ``b``, ``n`` and ``m`` are symbolic.
 
 Causal masks follow TVM's ``R.nn.attention`` legalisation: key ``j`` is visible to query ``i`` when
 ``j <= i + offset``, ``offset = 0`` (``TopLeft``) or ``|n - m|`` (``BottomRight``; with one query
@@ -16,7 +21,8 @@ against a longer key sequence, the decode step, that query sees every key). A ke
 diagonal of the whole query tile is skipped (the ``key_tile`` block's predicate); inside a tile
 the mask is applied to the values, so the inner blocks have no predicates (affine bindings, which
 ``decompose_reduction`` and ``vectorize`` require).
-Rows past ``n`` and keys past ``m`` are neither loaded nor used (values past ``m`` are zeros).
+Rows past ``n`` and keys past ``m`` are never loaded: their q rows, keys and values are zeros, so a
+row group that straddles ``n`` computes finite values for its extra rows, which are never written.
 
 With ``key_mask`` the kernel takes a fifth input, the model's ``(b, m)`` padding mask (nonzero:
 the key may be attended), and a key is visible when it is causal *and* unmasked; no ``n x m``
@@ -34,18 +40,20 @@ model computed them: each from a ``(b, seq, total heads, d)`` tensor (the merged
 output, viewed as heads) at a head offset, not from sliced copies; with ``rope`` q and k are also
 rotated, rotate-half form ``x·cos + rot(x)·sin``, ``rot(x)[i] = -x[i + d/2]`` for ``i < d/2`` else
 ``x[i - d/2]``, from ``(rows >= n, d)`` cos and sin tables (inputs after v; position ``i`` reads row ``i``): q as its tile is loaded
-(``q_tile``, loops (row, half, i)), k once per call by the block ``k_rope`` before the query tiles
-into a ``(b, m, kv_heads, d)`` float32 scratch that ``k_tile`` reads (rotating it per query tile
-instead cost 17% at n = 512). The signature is then ``(q, k, v, cos, sin, [mask], out)``.
+(``q_tile``, loops (row, half, i)), k once per call as ``k_transpose`` transposes it (loops
+(batch, head, key tile, half, i, key); rotating it per query tile instead cost 17% at n = 512).
+The signature is then ``(q, k, v, cos, sin, [mask], out)``.
 
-Blocks (``BLOCKS``; schedules look them up by name): in ``query_tile``: ``q_tile``, ``row_init``,
-``acc_zero``, then per key tile (``key_tile``) ``k_tile`` and ``v_tile`` (shared by the tile's
-rows), and per query row ``score`` (Q·Kᵀ), ``tile_max``, ``rescale`` (``exp(old max - new max)``,
-max updated), ``prob``, ``tile_sum``, ``acc`` (P·V; the partial output rescaled in its init), and
-after the last key tile ``output``. Rows past ``n`` in the last query tile are skipped by an ``if``
-(a decode step, n = 1, computes one row, not ``query_tile``). The CPU schedule is
-``schedules/rules/cpu_attention.py``; a GPU schedule (threads over query rows / key tiles) can
-reuse this definition.
+Blocks (``BLOCKS``; schedules look them up by name): ``k_transpose``, then in ``query_tile``:
+``q_tile``, ``row_init``, ``acc_zero``, then per key tile (``key_tile``) ``v_tile`` (shared by the
+tile's rows), and per row group (``row_group``; loops (row, ...)) ``score`` (Q·Kᵀ), ``tile_max``,
+``rescale`` (``exp(old max - new max)``, max updated), ``prob``, ``tile_sum``, and per part of
+``head_dim`` (``pv_part``) ``acc`` (P·V into the group's sums, which start from the rescaled partial
+output) and ``acc_store`` (the sums back into the partial output), and after the last key tile
+``output``. Row groups past ``n`` are skipped by the
+``row_group`` predicate (a decode step, n = 1, computes one group, not ``query_tile`` rows). The CPU
+schedule is ``schedules/rules/cpu_attention.py``; a GPU schedule (threads over query rows / key
+tiles) can reuse this definition.
 """
 
 from __future__ import annotations
@@ -59,14 +67,18 @@ from tvm.script import tirx as T
 QUERY_TILE = 32  # query rows sharing one key tile: its transposed keys and values are loaded once for all
 # (measured, llama-block shapes, n = 128..1024: 10-15% faster than 16, 64 no better; key tile 64 no better than 32)
 KEY_TILE = 32  # keys per online-softmax step
+ROW_GROUP = 4  # query rows per step inside a key tile (halved while rows x key_tile float32 would reach 1 KiB)
+# (measured, llama-block shapes, n = 512: 4 rows 8% faster than 2. Sums kept in (qt, kt) / (qt, d) workspace
+# buffers instead of the group's stack arrays: 2x slower, LLVM stored every accumulator every step, as in the
+# VM build it could not tell the workspace buffers apart)
 ATTR = "relaxtune.kernel"  # function attribute naming the kernel kind for the schedule rules
 KIND = "fused_attention"
 ARGS_ATTR = "relaxtune.attention_args"  # function attribute: the arguments that built the kernel (FuseAttentionPrologue)
 KEY_MASK_ATTR = "relaxtune.key_mask"  # function attribute: the key_mask variant (absent without a mask)
 BLOCKS_UNIFORM = ("v_sum",)  # only in the key_mask="uniform" variant
 ROPE_ATTR = "relaxtune.rope"  # function attribute: q and k rotated on load (Operands.rope)
-BLOCKS_ROPE = ("k_rope",)  # only with ROPE_ATTR: the keys rotated once, before the query tiles
-BLOCKS = ("query_tile", "q_tile", "row_init", "acc_zero", "key_tile", "k_tile", "v_tile", "score", "tile_max", "rescale", "prob", "tile_sum", "acc", "output")
+BLOCKS = ("k_transpose", "query_tile", "q_tile", "row_init", "acc_zero", "key_tile", "v_tile", "row_group", "score", "tile_max", "rescale", "prob",
+          "tile_sum", "pv_part", "acc", "acc_store", "output")
 CAUSAL_MASKS = (None, "TopLeft", "BottomRight")
 # key-padding mask variants, by what a query row with no visible key gives: None: no mask input;
 # "zero": zeros (torch SDPA's guard); "uniform": the mean of all m values (an additive mask of the
@@ -109,7 +121,14 @@ def attention_kernel(heads: int, kv_heads: int, head_dim: int, dtype: str, causa
     group = heads // kv_heads
     scale = float(1.0 / math.sqrt(head_dim) if scale is None else scale)
     acc = "float32"
-    qt, kt = query_tile, key_tile
+    # a row group's arrays (rows x key_tile scores, rows x dp P·V sums, float32) must stay under 1 KiB, TVM's
+    # limit for a stack array (larger ones are heap workspaces, which LLVM cannot keep in registers)
+    qt, kt, rg = query_tile, key_tile, ROW_GROUP
+    while rg > 1 and rg * kt * 4 >= 1024:
+        rg //= 2
+    dp = max(d for d in range(1, head_dim + 1) if head_dim % d == 0 and rg * d * 4 < 1024)  # head_dim per P·V part
+    if qt % rg:
+        raise ValueError(f"query_tile {qt} is not a multiple of the row group {rg}")
     # int64 extents, like legalised kernels: SpecializePrimFuncBasedOnCallSite matches them to call sites
     ops = operands or Operands(heads, kv_heads, kv_heads)
     if ops.q_offset + heads > ops.q_heads or ops.k_offset + kv_heads > ops.k_heads or ops.v_offset + kv_heads > ops.v_heads:
@@ -127,14 +146,29 @@ def attention_kernel(heads: int, kv_heads: int, head_dim: int, dtype: str, causa
         turned = T.if_then_else(side == 0, -partner, partner)
         return T.Cast(acc, x[bi, row, head, d]) * T.Cast(acc, table_cos[row, d]) + turned * T.Cast(acc, table_sin[row, d])
 
-    def tile_reads(q, k, v, table_cos, table_sin, mask, vb, vh, n, m):
-        # with rope, `k` is the rotated copy ``k_rot`` (heads from 0)
-        k_head = vh // group if ops.rope else _plus(vh // group, ops.k_offset)
-        reads = [q[vb, 0:n, _plus(vh, ops.q_offset), 0:head_dim], k[vb, 0:m, k_head, 0:head_dim],
+    def tile_reads(q, k_trans, v, table_cos, table_sin, mask, vb, vh, n, m):
+        reads = [q[vb, 0:n, _plus(vh, ops.q_offset), 0:head_dim], k_trans[vb, vh // group, 0:(m + kt - 1) // kt, 0:head_dim, 0:kt],
                  v[vb, 0:m, _plus(vh // group, ops.v_offset), 0:head_dim]]
         if ops.rope:
             reads += [table_cos[0:n, 0:head_dim], table_sin[0:n, 0:head_dim]]
         return reads + ([] if key_mask is None else [mask[vb, 0:m]])
+
+    def group_reads(q_t, k_trans, v_t, run_max, run_sum, out_acc, mask, vb, vh, vt, vg, m):
+        rows = slice(vg * rg, vg * rg + rg)
+        reads = [q_t[rows, 0:head_dim], k_trans[vb, vh // group, vt, 0:head_dim, 0:kt], v_t[0:kt, 0:head_dim],
+                 run_max[rows], run_sum[rows], out_acc[rows, 0:head_dim]]
+        return reads + ([] if key_mask is None else [mask[vb, 0:m]])
+
+    def group_writes(new_max, alpha, run_max, run_sum, out_acc, vg):
+        rows = slice(vg * rg, vg * rg + rg)
+        return [new_max[rows], alpha[rows], run_max[rows], run_sum[rows], out_acc[rows, 0:head_dim]]
+
+    def part_reads(prob, v_t, out_acc, alpha, vg, vp):
+        rows, cols = slice(vg * rg, vg * rg + rg), slice(vp * dp, vp * dp + dp)
+        return [prob[0:rg, 0:kt], v_t[0:kt, cols], out_acc[rows, cols], alpha[rows]]
+
+    def part_writes(out_acc, vg, vp):
+        return [out_acc[vg * rg:vg * rg + rg, vp * dp:vp * dp + dp]]
 
     def offset(n, m):
         if causal_mask == "BottomRight":
@@ -173,19 +207,27 @@ def attention_kernel(heads: int, kv_heads: int, head_dim: int, dtype: str, causa
         table_sin = T.match_buffer(var_sin, (rows, dim), dtype)
         mask = T.match_buffer(var_mask, (b, m), mask_dtype)
         out = T.match_buffer(var_out, (b, n, q_heads, dim), dtype)
-        if ops.rope:  # keys rotated once, not once per query tile
-            k_rot = T.alloc_buffer((b, m, k_heads, dim), acc)
-            for i0, j, h, side, i in T.grid(b, m, k_heads, 2, half):
-                with T.sblock("k_rope"):
-                    vb, vj, vh, vs, vi = T.axis.remap("SSSSS", [i0, j, h, side, i])
-                    k_rot[vb, vj, vh, vs * half + vi] = rotated(k, table_cos, table_sin, vb, vj, _plus(vh, ops.k_offset), vs, vi)
+        # the keys transposed (and rotated) once per call, one contiguous (d, key) tile per key tile (rows of a
+        # tile a whole key row apart alias in L1), keys past m zeros
+        k_trans = T.alloc_buffer((b, k_heads, (m + kt - 1) // kt, dim, kt), acc)
+        if ops.rope:
+            for i0, h, t, side, i, jj in T.grid(b, k_heads, (m + kt - 1) // kt, 2, half, kt):
+                with T.sblock("k_transpose"):
+                    vb, vh, vt, vs, vi, vj = T.axis.remap("SSSSSS", [i0, h, t, side, i, jj])
+                    k_trans[vb, vh, vt, vs * half + vi, vj] = T.if_then_else(
+                        vt * kt + vj < m, rotated(k, table_cos, table_sin, vb, T.min(vt * kt + vj, m - 1), _plus(vh, ops.k_offset), vs, vi), T.float32(0)
+                    )
+        else:
+            for i0, h, t, dd, jj in T.grid(b, k_heads, (m + kt - 1) // kt, head_dim, kt):
+                with T.sblock("k_transpose"):
+                    vb, vh, vt, vd, vj = T.axis.remap("SSSSS", [i0, h, t, dd, jj])
+                    k_trans[vb, vh, vt, vd, vj] = T.if_then_else(
+                        vt * kt + vj < m, T.Cast(acc, k[vb, T.min(vt * kt + vj, m - 1), _plus(vh, ops.k_offset), vd]), T.float32(0)
+                    )
         for i0, i1, i2 in T.grid(b, q_heads, (n + qt - 1) // qt):
             with T.sblock("query_tile"):
                 vb, vh, vq = T.axis.remap("SSS", [i0, i1, i2])
-                if ops.rope:
-                    T.reads(tile_reads(q, k_rot, v, table_cos, table_sin, mask, vb, vh, n, m))
-                else:
-                    T.reads(tile_reads(q, k, v, table_cos, table_sin, mask, vb, vh, n, m))
+                T.reads(tile_reads(q, k_trans, v, table_cos, table_sin, mask, vb, vh, n, m))
                 T.writes(out[vb, vq * qt:vq * qt + qt, vh, 0:head_dim])
                 q_t = T.alloc_buffer((qt, head_dim), acc)
                 run_max = T.alloc_buffer((qt,), acc)
@@ -193,10 +235,7 @@ def attention_kernel(heads: int, kv_heads: int, head_dim: int, dtype: str, causa
                 alpha = T.alloc_buffer((qt,), acc)
                 run_sum = T.alloc_buffer((qt,), acc)
                 out_acc = T.alloc_buffer((qt, head_dim), acc)
-                k_t = T.alloc_buffer((head_dim, kt), acc)
                 v_t = T.alloc_buffer((kt, head_dim), acc)
-                score = T.alloc_buffer((qt, kt), acc)
-                prob = T.alloc_buffer((qt, kt), acc)
                 if key_mask == "uniform":
                     v_sum = T.alloc_buffer((1, head_dim), acc)
                     for jj, dd in T.grid(m, head_dim):
@@ -209,83 +248,91 @@ def attention_kernel(heads: int, kv_heads: int, head_dim: int, dtype: str, causa
                     for ii, side, dd in T.grid(qt, 2, half):
                         with T.sblock("q_tile"):
                             vi, vs, vd = T.axis.remap("SSS", [ii, side, dd])
-                            T.where(vq * qt + ii < n)
-                            q_t[vi, vs * half + vd] = rotated(q, table_cos, table_sin, vb, T.min(vq * qt + vi, n - 1), _plus(vh, ops.q_offset), vs, vd)
+                            q_t[vi, vs * half + vd] = T.if_then_else(
+                                vq * qt + vi < n, rotated(q, table_cos, table_sin, vb, T.min(vq * qt + vi, n - 1), _plus(vh, ops.q_offset), vs, vd), T.float32(0)
+                            )
                 else:
                     for ii, dd in T.grid(qt, head_dim):
                         with T.sblock("q_tile"):
                             vi, vd = T.axis.remap("SS", [ii, dd])
-                            T.where(vq * qt + ii < n)
-                            q_t[vi, vd] = T.Cast(acc, q[vb, T.min(vq * qt + vi, n - 1), _plus(vh, ops.q_offset), vd])
+                            q_t[vi, vd] = T.if_then_else(vq * qt + vi < n, T.Cast(acc, q[vb, T.min(vq * qt + vi, n - 1), _plus(vh, ops.q_offset), vd]), T.float32(0))
                 for ii in range(qt):
                     with T.sblock("row_init"):
                         vi = T.axis.remap("S", [ii])
-                        T.where(vq * qt + ii < n)
                         run_max[vi] = T.float32(_LOWEST)
                         run_sum[vi] = T.float32(0)
                 for ii, dd in T.grid(qt, head_dim):
                     with T.sblock("acc_zero"):
                         vi, vd = T.axis.remap("SS", [ii, dd])
-                        T.where(vq * qt + ii < n)
                         out_acc[vi, vd] = T.float32(0)
                 for t in range((m + kt - 1) // kt):
                     with T.sblock("key_tile"):
                         vt = T.axis.opaque((m + kt - 1) // kt, t)
                         T.where(causal(T.min(vq * qt + qt - 1, n - 1), t * kt, n, m))  # else: past the diagonal
-                        for dd, jj in T.grid(head_dim, kt):
-                            with T.sblock("k_tile"):
-                                vd, vj = T.axis.remap("SS", [dd, jj])
-                                T.where(vt * kt + jj < m)  # keys past m: their scores are masked, never read
-                                if ops.rope:
-                                    k_t[vd, vj] = k_rot[vb, vt * kt + vj, vh // group, vd]
-                                else:
-                                    k_t[vd, vj] = T.Cast(acc, k[vb, vt * kt + vj, _plus(vh // group, ops.k_offset), vd])
                         for jj, dd in T.grid(kt, head_dim):
                             with T.sblock("v_tile"):
                                 vj, vd = T.axis.remap("SS", [jj, dd])
                                 v_t[vj, vd] = T.if_then_else(
                                     vt * kt + vj < m, T.Cast(acc, v[vb, T.min(vt * kt + vj, m - 1), _plus(vh // group, ops.v_offset), vd]), T.float32(0)
                                 )
-                        for ii in range(qt):
-                            if vq * qt + ii < n:  # rows past n (in the last query tile) do no work
-                                for dd, jj in T.grid(head_dim, kt):
+                        for g in range(qt // rg):
+                            with T.sblock("row_group"):  # groups past n (in the last query tile) do no work
+                                vg = T.axis.opaque(qt // rg, g)
+                                T.where(vq * qt + g * rg < n)
+                                T.reads(group_reads(q_t, k_trans, v_t, run_max, run_sum, out_acc, mask, vb, vh, vt, vg, m))
+                                T.writes(group_writes(new_max, alpha, run_max, run_sum, out_acc, vg))
+                                # the group's scores and probabilities: stack arrays (the schedule keeps the scores in registers)
+                                score = T.alloc_buffer((rg, kt), acc)
+                                prob = T.alloc_buffer((rg, kt), acc)
+                                for ri, dd, jj in T.grid(rg, head_dim, kt):
                                     with T.sblock("score"):
-                                        vi, vd, vj = T.axis.remap("SRS", [ii, dd, jj])
+                                        vr, vd, vj = T.axis.remap("SRS", [ri, dd, jj])
                                         with T.init():
-                                            score[vi, vj] = T.float32(0)
-                                        score[vi, vj] = score[vi, vj] + q_t[vi, vd] * k_t[vd, vj]
-                                for jj in range(kt):
+                                            score[vr, vj] = T.float32(0)
+                                        score[vr, vj] = score[vr, vj] + q_t[vg * rg + vr, vd] * k_trans[vb, vh // group, vt, vd, vj]
+                                for ri, jj in T.grid(rg, kt):
                                     with T.sblock("tile_max"):
-                                        vi, vj = T.axis.remap("SR", [ii, jj])
+                                        vr, vj = T.axis.remap("SR", [ri, jj])
                                         with T.init():
-                                            new_max[vi] = run_max[vi]
-                                        new_max[vi] = T.max(new_max[vi], T.if_then_else(
-                                            visible(mask, vb, vq * qt + vi, vt * kt + vj, n, m), score[vi, vj] * T.float32(scale), T.float32(_LOWEST)
+                                            new_max[vg * rg + vr] = run_max[vg * rg + vr]
+                                        new_max[vg * rg + vr] = T.max(new_max[vg * rg + vr], T.if_then_else(
+                                            visible(mask, vb, vq * qt + vg * rg + vr, vt * kt + vj, n, m), score[vr, vj] * T.float32(scale), T.float32(_LOWEST)
                                         ))
-                                with T.sblock("rescale"):
-                                    vi = T.axis.remap("S", [ii])
-                                    alpha[vi] = T.exp(run_max[vi] - new_max[vi])
-                                    run_max[vi] = new_max[vi]
-                                for jj in range(kt):
+                                for ri in range(rg):
+                                    with T.sblock("rescale"):
+                                        vr = T.axis.remap("S", [ri])
+                                        alpha[vg * rg + vr] = T.exp(run_max[vg * rg + vr] - new_max[vg * rg + vr])
+                                        run_max[vg * rg + vr] = new_max[vg * rg + vr]
+                                for ri, jj in T.grid(rg, kt):
                                     with T.sblock("prob"):
-                                        vi, vj = T.axis.remap("SS", [ii, jj])
-                                        prob[vi, vj] = T.if_then_else(
-                                            visible(mask, vb, vq * qt + vi, vt * kt + vj, n, m),
-                                            T.exp(score[vi, vj] * T.float32(scale) - run_max[vi]),
+                                        vr, vj = T.axis.remap("SS", [ri, jj])
+                                        prob[vr, vj] = T.if_then_else(
+                                            visible(mask, vb, vq * qt + vg * rg + vr, vt * kt + vj, n, m),
+                                            T.exp(score[vr, vj] * T.float32(scale) - run_max[vg * rg + vr]),
                                             T.float32(0),
                                         )
-                                for jj in range(kt):
+                                for ri, jj in T.grid(rg, kt):
                                     with T.sblock("tile_sum"):
-                                        vi, vj = T.axis.remap("SR", [ii, jj])
+                                        vr, vj = T.axis.remap("SR", [ri, jj])
                                         with T.init():
-                                            run_sum[vi] = run_sum[vi] * alpha[vi]
-                                        run_sum[vi] = run_sum[vi] + prob[vi, vj]
-                                for jj, dd in T.grid(kt, head_dim):
-                                    with T.sblock("acc"):
-                                        vi, vj, vd = T.axis.remap("SRS", [ii, jj, dd])
-                                        with T.init():
-                                            out_acc[vi, vd] = out_acc[vi, vd] * alpha[vi]
-                                        out_acc[vi, vd] = out_acc[vi, vd] + prob[vi, vj] * v_t[vj, vd]
+                                            run_sum[vg * rg + vr] = run_sum[vg * rg + vr] * alpha[vg * rg + vr]
+                                        run_sum[vg * rg + vr] = run_sum[vg * rg + vr] + prob[vr, vj]
+                                for part in range(head_dim // dp):
+                                    with T.sblock("pv_part"):  # head_dim in parts: rg x dp sums under 1 KiB
+                                        vp = T.axis.opaque(head_dim // dp, part)
+                                        T.reads(part_reads(prob, v_t, out_acc, alpha, vg, vp))
+                                        T.writes(part_writes(out_acc, vg, vp))
+                                        pv = T.alloc_buffer((rg, dp), acc)
+                                        for ri, jj, dd in T.grid(rg, kt, dp):
+                                            with T.sblock("acc"):
+                                                vr, vj, vd = T.axis.remap("SRS", [ri, jj, dd])
+                                                with T.init():
+                                                    pv[vr, vd] = out_acc[vg * rg + vr, vp * dp + vd] * alpha[vg * rg + vr]
+                                                pv[vr, vd] = pv[vr, vd] + prob[vr, vj] * v_t[vj, vp * dp + vd]
+                                        for ri, dd in T.grid(rg, dp):
+                                            with T.sblock("acc_store"):
+                                                vr, vd = T.axis.remap("SS", [ri, dd])
+                                                out_acc[vg * rg + vr, vp * dp + vd] = pv[vr, vd]
                 if key_mask == "uniform":  # rows with no visible key: the mean of all values
                     for ii, dd in T.grid(qt, head_dim):
                         with T.sblock("output"):

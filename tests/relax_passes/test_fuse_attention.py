@@ -9,9 +9,10 @@ from tvm import relax, tirx
 from tvm.script import ir as I
 from tvm.script import relax as R
 
-from relaxtune.relax_passes.attention_kernel import attention_kernel
+from relaxtune.relax_passes.attention_kernel import Operands, attention_kernel
 from relaxtune.relax_passes.fuse_attention import FuseAttention
 from relaxtune.schedules.rules import apply_cpu_rules
+from relaxtune.schedules.rules.cpu_attention import Attention
 
 TARGET = {"kind": "llvm", "num-cores": 2}
 
@@ -145,6 +146,9 @@ CASES = {  # name: (heads, kv_heads, head_dim, causal mask, queries (None: n, th
     "gqa-prefill": (4, 2, 32, "TopLeft", None, [1, 33, 64]),
     "decode": (4, 2, 16, "BottomRight", 1, [1, 37, 64]),
     "no-mask-decode": (2, 1, 16, None, 3, [1, 40, 64]),
+    # row groups of 2 (head_dim 64) and 1 (head_dim 128); n not a multiple of the group or the tiles
+    "gqa-prefill-d64": (4, 2, 64, "TopLeft", None, [1, 37, 70]),
+    "decode-d128": (2, 1, 128, "BottomRight", 1, [1, 37, 64]),
 }
 
 
@@ -162,6 +166,25 @@ def test_matches_numpy(case, scheduled):
         out = vm["main"](*[tvm.runtime.tensor(x) for x in (q, k, v)]).numpy()
         expected = numpy_attention(q, k, v, causal)
         np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-5, err_msg=f"{case} b={batch} n={n} m={m}")
+
+
+KERNEL_VARIANTS = {  # name: attention_kernel keyword arguments (llama-block shapes: 4 heads, 2 kv heads, head_dim 64)
+    "plain": {},
+    "key-mask-zero": {"key_mask": "zero"},
+    "key-mask-uniform": {"key_mask": "uniform"},
+    "rope": {"operands": Operands(8, 8, 8, 0, 4, 6, rope=True)},  # q, k, v read from a merged projection
+}
+
+
+@pytest.mark.parametrize("variant", sorted(KERNEL_VARIANTS))
+def test_cpu_rule_register_blocks_every_variant(variant):
+    """The rule schedules each variant itself (on a changed kernel it logs a warning and returns None,
+    leaving a slow fallback): one parallel loop, the row groups' loops unrolled."""
+    kernel = attention_kernel(4, 2, 64, "float32", "TopLeft", **KERNEL_VARIANTS[variant])
+    sch = Attention().apply(kernel, tvm.target.Target(TARGET), False)
+    assert sch is not None
+    script = sch.mod["main"].script()
+    assert script.count("T.parallel") == 1 and "T.unroll" in script and 'T.sblock("score_update")' in script
 
 
 def assert_no_n_by_n_tensor(workload, key_mask: bool = False):
