@@ -50,6 +50,26 @@ def time_call(fn, min_runs: int = 5, min_seconds: float = 0.3, max_seconds: floa
     return times
 
 
+def interleaved(calls: dict, rounds: int, sample_s: float = 0.02) -> dict[str, float]:
+    """Median ms per call of each system, sampled in turns (each sample: enough calls of it for
+    about `sample_s` seconds, after one warm-up call), so that load on this shared machine hits
+    every system alike. What A/B comparisons and the bucket check use."""
+    repeats = {}
+    for name, call in calls.items():
+        call()  # warm-up: first-call allocation, caches
+        start = time.perf_counter()
+        call()
+        repeats[name] = max(1, int(sample_s / max(time.perf_counter() - start, 1e-6)))
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            for _ in range(repeats[name]):
+                call()
+            samples[name].append((time.perf_counter() - start) / repeats[name] * 1e3)
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
 def _tvm_runner(executable, device, workload, inputs):
     import tvm
     from tvm import relax

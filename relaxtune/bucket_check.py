@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
-import time
 from dataclasses import replace
 
+from .bench import interleaved
 from .config import JobConfig
 from .targets import ResolvedTarget
 from .workloads import Workload
@@ -65,25 +64,11 @@ class _Runner:
 
         args = [tvm.runtime.tensor(inputs[t.name], self.device) for t in self.workload.inputs] + self.params
 
-        def call(repeats: int) -> float:
-            start = time.perf_counter()
-            for _ in range(repeats):
-                self.vm["main"](*args)
+        def call():
+            self.vm["main"](*args)
             self.device.sync()
-            return (time.perf_counter() - start) / repeats * 1e3
 
         return call
-
-
-def _side_by_side(a, b) -> tuple[float, float]:
-    """Median ms of two callers, sampled alternately so load on the machine hits both alike."""
-    a(1), b(1)  # warm-up: first-call allocation, caches
-    repeats = max(1, int(SAMPLE_S / max(1e-6, min(a(1), b(1)) / 1e3)))
-    samples_a, samples_b = [], []
-    for _ in range(ROUNDS):
-        samples_a.append(a(repeats))
-        samples_b.append(b(repeats))
-    return statistics.median(samples_a), statistics.median(samples_b)
 
 
 def check_buckets(workload: Workload, target: ResolvedTarget, job: JobConfig) -> list[dict]:
@@ -107,8 +92,8 @@ def check_buckets(workload: Workload, target: ResolvedTarget, job: JobConfig) ->
         records_ms = rules_ms = 0.0
         for point in points:
             inputs = workload.random_inputs(point)
-            ms_records, ms_rules = _side_by_side(with_records.caller(inputs), with_rules.caller(inputs))
-            records_ms, rules_ms = records_ms + ms_records, rules_ms + ms_rules
+            ms = interleaved({"records": with_records.caller(inputs), "rules": with_rules.caller(inputs)}, ROUNDS, SAMPLE_S)
+            records_ms, rules_ms = records_ms + ms["records"], rules_ms + ms["rules"]
         verdict = "records" if records_ms < (1 - MARGIN) * rules_ms else "rules"
         entries.append({"signature": sig, "bucket": name, "workload": workload.name, "verdict": verdict,
                         "records_ms": round(records_ms, 4), "rules_ms": round(rules_ms, 4), "at": points})

@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +25,7 @@ from tvm import relax, tirx
 
 from relaxtune import api
 from relaxtune.artifact import prepare_params
+from relaxtune.bench import interleaved
 from relaxtune.config import CompileConfig, JobConfig
 from relaxtune.relax_passes.decompose_attention import DecomposeAttention
 from relaxtune.targets import resolve
@@ -75,23 +74,6 @@ def runner(executable, workload, values):
     return lambda: vm["main"](*args).numpy()
 
 
-def ab(fn_a, fn_b, rounds: int, min_seconds: float) -> tuple[float, float]:
-    """Median ms of A and of B, called alternately (a batch of calls of each per round)."""
-    fn_a(), fn_b()
-    t0 = time.perf_counter()
-    fn_a()
-    per_call = max(time.perf_counter() - t0, 1e-6)
-    batch = max(1, int(min_seconds / rounds / per_call))
-    times: dict[str, list[float]] = {"a": [], "b": []}
-    for _ in range(rounds):
-        for key, fn in (("a", fn_a), ("b", fn_b)):
-            t0 = time.perf_counter()
-            for _ in range(batch):
-                fn()
-            times[key].append((time.perf_counter() - t0) / batch * 1e3)
-    return statistics.median(times["a"]), statistics.median(times["b"])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default="llama-block,gpt2-block")
@@ -113,7 +95,8 @@ def main() -> None:
                 values = {"b": 1, "n": n}
                 fused, dec_fn = runner(fused_ex, workload, values), runner(dec_ex, dec, values)
                 err = float(np.abs(fused() - dec_fn()).max())
-                t_fused, t_dec = ab(fused, dec_fn, args.rounds, args.seconds)
+                ms = interleaved({"fused": fused, "decomposed": dec_fn}, args.rounds, args.seconds / args.rounds)
+                t_fused, t_dec = ms["fused"], ms["decomposed"]
                 row = {"workload": name, "part": part, "n": n, "fused_ms": round(t_fused, 4), "decomposed_ms": round(t_dec, 4),
                        "fused/decomposed": round(t_fused / t_dec, 3), "max_abs_diff": err}
                 rows.append(row)

@@ -18,13 +18,12 @@ import argparse
 import json
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 from relaxtune import api, targets
-from relaxtune.bench import Row, _torch_runner, _tvm_runner, plot, time_call
+from relaxtune.bench import Row, _torch_runner, _tvm_runner, interleaved, plot, time_call
 from relaxtune.config import BucketConfig, CompileConfig, JobConfig, TuneConfig
 from relaxtune.workloads import load
 
@@ -59,25 +58,6 @@ def dispatch_overhead(target, ns: list[int]) -> dict[int, float]:
         times = {name: statistics.median(time_call(lambda vm=vm: vm["main"](x), min_runs=200)) for name, vm in builds.items()}
         out[n] = (times["pow2"] - times["one"]) * 1e3
     return out
-
-
-def interleaved(calls: dict, rounds: int) -> dict[str, float]:
-    """Median ms per system, sampled in turns (each sample: enough calls for ~20 ms) so that load
-    on this shared machine hits every system alike."""
-    for call in calls.values():
-        call()
-    repeats = {}
-    for name, call in calls.items():
-        once = statistics.median(time_call(call, min_runs=3, min_seconds=0.05))
-        repeats[name] = max(1, int(20 / max(once, 1e-3)))
-    samples = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
-            t0 = time.perf_counter()
-            for _ in range(repeats[name]):
-                call()
-            samples[name].append((time.perf_counter() - t0) / repeats[name] * 1e3)
-    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def main() -> None:
