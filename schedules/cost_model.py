@@ -38,13 +38,21 @@ MODEL_FILE = "cost_model.tar"
 
 
 EARLY_STOPPING_ROUNDS = 10  # stock 50: training ran ~100 rounds of Python objective per batch
+# XGBoost threads. Stock uses every physical core; its training is ~100 small rounds, each a
+# barrier across the threads, so one busy core stalls every round. Measured on the 2-core box with
+# another job running, retraining on 64 samples: 0.045-0.068 s with one thread, 0.41-1.16 s with
+# two (whole jobs had seen 11 s and 70 s of updates for 40 trials). The data is small (a few
+# thousand rows at most): one thread is also the faster choice on a quiet machine.
+XGB_THREADS = 1
 
 
 def new_model() -> "ms.cost_model.XGBModel":
     """An XGBoost model that ranks from the first measured batch (no random warm-up), and stops
     training after 10 rounds without gain (stock: 50, 4-5 s per batch on 2 cores, for a best
-    round that came at 20-50)."""
-    return ms.cost_model.XGBModel(num_warmup_samples=0, early_stopping_rounds=EARLY_STOPPING_ROUNDS)
+    round that came at 20-50), on one thread (`XGB_THREADS`)."""
+    from tvm.s_tir.meta_schedule.cost_model.xgb_model import XGBConfig
+
+    return ms.cost_model.XGBModel(num_warmup_samples=0, early_stopping_rounds=EARLY_STOPPING_ROUNDS, config=XGBConfig(nthread=XGB_THREADS))
 
 
 def load(folder: Path) -> tuple["ms.cost_model.XGBModel", bool]:

@@ -72,6 +72,17 @@ def test_saved_model_warm_starts_with_the_same_predictions(tmp_path, trained):
     np.testing.assert_allclose(loaded.predict(context, candidates), model.predict(context, candidates), rtol=1e-6)
 
 
+def test_models_train_on_one_thread(tmp_path, trained):
+    """Fresh and loaded models both train with XGB_THREADS (stock: every core, 10x slower per update when one is busy)."""
+    from relaxtune.schedules import cost_model
+
+    model, _, _ = trained
+    assert model.config.nthread == cost_model.XGB_THREADS == 1
+    cost_model.save(model, tmp_path)
+    loaded, warm = cost_model.load(tmp_path)
+    assert warm and loaded.config.nthread == 1
+
+
 def test_untrained_model_is_not_saved(tmp_path):
     from relaxtune.schedules import cost_model
 
