@@ -1,0 +1,160 @@
+"""RewriteAttentionToFlash (relax_passes/flash_attention_cuda.py) and its kernel, without a GPU.
+
+The rewrite is checked structurally, the kernel by nvcc compiling it for sm_90 and by a
+cross-compiled fp16 llama-block artifact that calls it; its numbers come from the GPU
+(scripts/flash_check.py, a section of scripts/gpu_job.py run).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+import tvm
+from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
+from tvm.script import tirx as T
+
+from relaxtune import cuda_flash_attention as cfa
+from relaxtune.relax_passes.flash_attention_cuda import RewriteAttentionToFlash
+from relaxtune.relax_passes.pipeline import flash_passes
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None and not cfa.os.path.exists("/usr/local/cuda/bin/nvcc"), reason="no CUDA toolkit")
+
+
+@I.ir_module
+class Before:  # grouped-query causal attention as the llama block emits it (4 query heads, 2 kv heads)
+    @R.function(private=True)
+    def main_n65_128(
+        q: R.Tensor((1, "n", 4, 64), "float16"), k: R.Tensor((1, "n", 2, 64), "float16"), v: R.Tensor((1, "n", 2, 64), "float16")
+    ) -> R.Tensor((1, "n", 4, 64), "float16"):
+        R.func_attr({"relaxtune.bucket": {"n": [65, 128, 128]}})
+        with R.dataflow():
+            kr = R.repeat(k, 2, axis=2)
+            vr = R.repeat(v, 2, axis=2)
+            o = R.nn.attention(q, kr, vr, causal_mask="TopLeft")
+            R.output(o)
+        return o
+
+
+@I.ir_module
+class Expected:
+    @R.function(private=True)
+    def main_n65_128(
+        q: R.Tensor((1, "n", 4, 64), "float16"), k: R.Tensor((1, "n", 2, 64), "float16"), v: R.Tensor((1, "n", 2, 64), "float16")
+    ) -> R.Tensor((1, "n", 4, 64), "float16"):
+        R.func_attr({"relaxtune.bucket": {"n": [65, 128, 128]}})
+        n = T.int64()
+        with R.dataflow():
+            # the kv heads read in place (query head h -> kv head h / 2): the repeats are gone
+            o = R.call_dps_packed(
+                "relaxtune_flash_attention",
+                (q, k, v, R.prim_value(T.int64(1)), R.prim_value(T.float64(0.125)), R.prim_value(T.int64(0))),
+                out_ty=R.Tensor((1, n, 4, 64), "float16"),
+            )
+            R.output(o)
+        return o
+
+
+def test_causal_gqa_attention_becomes_one_flash_call():
+    tvm.ir.assert_structural_equal(RewriteAttentionToFlash("sm_90")(Before), Expected)
+
+
+@I.ir_module
+class Scaled:  # bf16, head_dim 128, explicit scale, no mask
+    @R.function
+    def main(q: R.Tensor((2, "n", 8, 128), "bfloat16"), k: R.Tensor((2, "m", 8, 128), "bfloat16"), v: R.Tensor((2, "m", 8, 128), "bfloat16")):
+        with R.dataflow():
+            o = R.nn.attention(q, k, v, scale=0.5)
+            R.output(o)
+        return o
+
+
+def test_bf16_unmasked_attention_keeps_its_scale():
+    body = RewriteAttentionToFlash("sm_80", block_m=128)(Scaled)["main"].script()
+    assert re.search(r'"relaxtune_flash_attention", \(q, k, v, 0, T.float64\(0\.5\), 128\)', body), body
+
+
+def _attention(dtype="float16", head_dim=64, causal="TopLeft", bias=False, bucket=(65, 128)):
+    bb = relax.BlockBuilder()
+    n = tvm.tirx.Var("n", "int64")
+    q, k, v = (relax.Var(name, relax.TensorType((1, n, 4, head_dim), dtype)) for name in "qkv")
+    params = [q, k, v]
+    if bias:
+        params.append(relax.Var("bias", relax.TensorType((1, 4, n, n), dtype)))
+    with bb.function("main_bucket", params, {"relaxtune.bucket": {"n": list(bucket) + [bucket[1]]}}, private=True):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.attention(q, k, v, params[3] if bias else None, causal_mask=causal))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize(
+    "kwargs, arch",
+    [
+        ({"dtype": "float32"}, "sm_90"),  # fp16 and bf16 only
+        ({"head_dim": 80}, "sm_90"),  # head_dim 64 and 128 only
+        ({"causal": "BottomRight"}, "sm_90"),  # the kernel's mask is top-left
+        ({"bias": True}, "sm_90"),  # an additive mask / bias
+        ({}, "sm_75"),  # no bf16 mma.sync, no cp.async
+        ({"bucket": (1, 16)}, "sm_90"),  # below min_rows=17 (set below)
+    ],
+    ids=["fp32", "head_dim80", "bottom_right", "bias", "sm_75", "small_bucket"],
+)
+def test_unsupported_attention_is_left_alone(kwargs, arch):
+    mod = _attention(**kwargs)
+    out = RewriteAttentionToFlash(arch, min_rows=17)(mod)
+    assert "relaxtune_flash_attention" not in out.script()
+    tvm.ir.assert_structural_equal(out, mod)
+    if not kwargs and arch == "sm_75":
+        assert "relaxtune_flash_attention" in RewriteAttentionToFlash("sm_90")(mod).script()  # the same call on sm_90
+
+
+def test_flash_passes_only_for_cuda_sm80_and_up():
+    assert flash_passes(tvm.target.Target({"kind": "llvm"}), True) == []
+    assert flash_passes(tvm.target.Target({"kind": "cuda", "arch": "sm_75"}), True) == []
+    assert flash_passes(tvm.target.Target({"kind": "cuda", "arch": "sm_90"}), False) == []
+    (rewrite,) = flash_passes(tvm.target.Target({"kind": "cuda", "arch": "sm_90"}), {"min_rows": 2})
+    assert rewrite.arch == "sm_90" and rewrite.min_rows == 2
+
+
+@needs_nvcc
+def test_nvcc_compiles_every_kernel_for_sm90(tmp_path):
+    fatbin = cfa.compile_fatbin("sm_90", tmp_path)
+    names = set(re.findall(r"RELAXTUNE_FLASH\((relaxtune_flash_\w+),", cfa.KERNEL_SOURCE))
+    assert len(names) == 8  # {f16, bf16} x {d64, d128} x {4, 8 warps}
+    cuobjdump = shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump"
+    if cfa.os.path.exists(cuobjdump):
+        listing = subprocess.run([cuobjdump, "--list-elf", "--list-ptx", str(fatbin)], capture_output=True, text=True).stdout
+        assert "sm_90" in listing
+        symbols = subprocess.run([cuobjdump, "--dump-elf-symbols", str(fatbin)], capture_output=True, text=True).stdout
+        assert all(name in symbols for name in names), symbols[-2000:]
+    obj = cfa.object_file("sm_90", tmp_path / "cache")
+    nm = subprocess.run(["nm", str(obj)], capture_output=True, text=True).stdout
+    assert re.search(r" T __tvm_ffi_relaxtune_flash_attention$", nm, re.M) and re.search(r" R relaxtune_flash_fatbin$", nm, re.M)
+    assert (obj.parent / fatbin.name).read_bytes() in obj.read_bytes()  # embedded whole
+
+
+@needs_nvcc
+def test_tiny_fp16_llama_artifact_calls_the_flash_kernel(tmp_path):
+    from relaxtune import api, artifact, targets
+    from relaxtune.config import CompileConfig, JobConfig
+    from relaxtune.workloads import load, parse_config
+
+    workload = load("llama-block", parse_config("hidden=128,heads=2,kv_heads=1,ffn=128,max_seq=64,max_batch=1"), "float16")
+    target = targets.resolve("cuda")
+    job = JobConfig(compile=CompileConfig(use_cache=False))
+    executable, _report, _folder = api.build(workload, target, job)
+    code = executable.as_text()
+    assert code.count("relaxtune_flash_attention") >= len(api.bucket_plan(workload, job)["n"]), "one call per bucket"
+    assert "repeat" not in code  # GQA: kv heads read in place
+    so = tmp_path / "llama.so"
+    manifest = artifact.export(executable, workload, target, so, api.bucket_plan(workload, job), None, {})
+    assert manifest["device_code"]["arch"] == "sm_90"
+    library = so.read_bytes()
+    assert b"__tvm_ffi_relaxtune_flash_attention" in library and b"relaxtune_flash_f16_d64_w4" in library
+    off = JobConfig(compile=CompileConfig(use_cache=False, flash_attention=False))
+    assert "relaxtune_flash_attention" not in api.build(workload, target, off)[0].as_text()  # --no-flash-attention
