@@ -18,11 +18,15 @@ from .merge_projections import MergeProjections
 from .split_to_slices import SplitToSlices
 
 
-def fusion_passes(plan: dict[str, list[Bucket]], fusion: str | None = None, extern: list | None = None, gpu: bool = False) -> list:
+def fusion_passes(
+    plan: dict[str, list[Bucket]], fusion: str | None = None, extern: list | None = None, gpu: bool = False, attention: list | None = None,
+) -> list:
     """Model → fused kernels with symbolic shapes, one copy per shape bucket (what tuning sees).
 
     relaxtune's fused kernels (SwiGLU, attention) have CPU schedules only: a GPU target gets
-    MergeProjections, the stock fusion (and cuBLAS through `extern`) until they have GPU ones."""
+    MergeProjections, the stock fusion (and cuBLAS through `extern`) until they have GPU ones.
+    `attention` (gpu: RewriteAttentionToFlash) runs per bucket, before DecomposeAttention, which
+    then moves after BucketDispatch and splits only the attention calls it left."""
     from ..config import CompileConfig
 
     ours = (fusion or CompileConfig().fusion) == "relaxtune" and not gpu
@@ -35,8 +39,9 @@ def fusion_passes(plan: dict[str, list[Bucket]], fusion: str | None = None, exte
         *relaxtune_fusion,  # CompileConfig.fusion; before the lift, so their weight packing runs at load
         relax.transform.LiftTransformParams(),  # weight-only work (transposes) runs once, at load
         *fused_attention,  # attention as one online-softmax kernel: no n x n scores in memory
-        DecomposeAttention(),  # attention calls left: matmul / masked softmax / matmul kernels
+        *([] if attention else [DecomposeAttention()]),  # attention calls left: matmul / masked softmax / matmul kernels
         BucketDispatch(plan),  # one function per shape bucket; main checks bounds and dispatches
+        *([*attention, DecomposeAttention()] if attention else []),  # gpu: the fused flash kernel per bucket, the rest split
         *(extern or []),  # gpu with cublas=True: library calls per bucket (RewriteGemmToCublas, RewriteBatchedGemmToCublas)
         relax.backend.DispatchSampling(),  # ops that need a library form before legalization
         relax.backend.DispatchSortScan(),
@@ -47,6 +52,16 @@ def fusion_passes(plan: dict[str, list[Bucket]], fusion: str | None = None, exte
         relax.transform.FuseTIR(),
         relax.transform.DeadCodeElimination(),
     ]
+
+
+def flash_passes(target, flash: bool | dict = True) -> list:
+    """RewriteAttentionToFlash for CUDA targets of sm_80+ when `flash` is set (a dict: its arguments)."""
+    from ..cuda_flash_attention import supports
+    from .flash_attention_cuda import RewriteAttentionToFlash
+
+    if not flash or target.kind.name != "cuda" or not supports(str(target.attrs.get("arch", ""))):
+        return []
+    return [RewriteAttentionToFlash(str(target.attrs["arch"]), **(flash if isinstance(flash, dict) else {}))]
 
 
 def rule_schedules(target) -> tvm.transform.Pass:
@@ -109,7 +124,7 @@ def small_bucket_passes(target) -> list:
 
 def pipeline(
     target, plan: dict[str, list[Bucket]], database=None, report: Counter | None = None, index: dict | None = None, memory_planner: str | None = None,
-    fusion: str | None = None, cublas: bool | dict = False, verdicts=None,
+    fusion: str | None = None, cublas: bool | dict = False, verdicts=None, flash: bool | dict = False,
 ) -> tvm.transform.Pass:
     """The full pipeline for `target`: fusion, tuned schedules, rules, memory planning, lowering."""
     from ..schedules.apply import ApplyTunedSchedules
@@ -117,6 +132,8 @@ def pipeline(
 
     # cublas: True, or a dict of RewriteGemmToCublas's arguments plus "batched" (attention; see cublas_passes)
     extern = cublas_passes(cublas) if cublas and "gpu" in target.keys else []
+    # flash: True, or a dict of RewriteAttentionToFlash's arguments (min_rows, block_m)
+    attention = flash_passes(target, flash)
 
     tuned = []
     if database is not None:
@@ -128,7 +145,7 @@ def pipeline(
             relax.transform.AnnotateTIROpPattern(),
         ]
     passes = [
-        *fusion_passes(plan, fusion, extern, gpu="gpu" in target.keys),
+        *fusion_passes(plan, fusion, extern, gpu="gpu" in target.keys, attention=attention),
         *tuned,
         rule_schedules(target),
         *gpu_checks(target),  # gpu: an unscheduled kernel is an error, not host code reading device memory

@@ -109,6 +109,7 @@ def build(workload: Workload, target: ResolvedTarget, job: JobConfig, report: Co
     passes = pipeline(
         target.target, bucket_plan(workload, job), database, report, index,
         memory_planner=job.compile.memory_planner, fusion=job.compile.fusion, cublas=job.compile.cublas, verdicts=verdicts,
+        flash=job.compile.flash_attention,
     )
     with tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": job.compile.cuda_graphs and target.is_gpu}):
         executable = tvm.compile(workload.mod, target=target.target, relax_pipeline=passes)

@@ -39,11 +39,16 @@ def export(executable, workload, target, so_path: Path, plan, cache_fingerprint,
     if target.is_gpu:
         from .cuda_device_code import FatbinPacker
 
-        from .cuda_cublas import object_file
+        from . import cuda_cublas, cuda_flash_attention
 
-        packer = FatbinPacker(target.config["arch"])
-        # the cuBLAS kernel (relax_passes/cublas_gemm.py) is linked in; it opens cuBLAS on first use
-        executable.export_library(str(so_path), fpack_imports=packer, addons=[str(object_file())], options=["-ldl"])
+        arch = target.config["arch"]
+        packer = FatbinPacker(arch)
+        # the cuBLAS kernels (relax_passes/cublas_gemm.py) are linked in; they open cuBLAS on first use;
+        # so is the flash attention kernel (relax_passes/flash_attention_cuda.py), on sm_80+
+        addons = [str(cuda_cublas.object_file())]
+        if cuda_flash_attention.supports(arch):
+            addons.append(str(cuda_flash_attention.object_file(arch)))
+        executable.export_library(str(so_path), fpack_imports=packer, addons=addons, options=["-ldl"])
         device_code = packer.summary()
     else:
         executable.export_library(str(so_path))

@@ -110,6 +110,8 @@ class CompileConfig:
     # bucket on the H200), and static regions are captured as CUDA graphs (-0.013 ms at n=1)
     cublas: bool = True
     cuda_graphs: bool = True
+    # CUDA sm_80+: attention as one fused flash kernel (relax_passes/flash_attention_cuda.py)
+    flash_attention: bool = True
 
     def __post_init__(self) -> None:
         if self.fusion not in FUSIONS:

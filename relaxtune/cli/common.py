@@ -77,11 +77,14 @@ def add_gpu_options(parser: argparse.ArgumentParser) -> None:
                         help="cuda: keep weight GEMMs as TIR kernels instead of cuBLAS calls")
     parser.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", default=None,
                         help="cuda: do not capture static regions as CUDA graphs")
+    parser.add_argument("--no-flash-attention", dest="flash_attention", action="store_false", default=None,
+                        help="cuda: attention as matmul / softmax / matmul kernels instead of the fused flash kernel")
 
 
 def job_config(args, tune: TuneConfig | None = None, use_cache: bool = True) -> JobConfig:
     chosen = {"memory_planner": getattr(args, "memory_planner", None), "fusion": getattr(args, "fusion", None),
-              "cublas": getattr(args, "cublas", None), "cuda_graphs": getattr(args, "cuda_graphs", None)}
+              "cublas": getattr(args, "cublas", None), "cuda_graphs": getattr(args, "cuda_graphs", None),
+              "flash_attention": getattr(args, "flash_attention", None)}
     return JobConfig(
         cache_dir=args.cache,
         tune=tune or TuneConfig(),
