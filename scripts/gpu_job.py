@@ -42,8 +42,9 @@ TINY = {
     "mlp-f32": ("mlp", {"hidden": "64", "ffn": "128", "max_seq": "64", "max_batch": "2"}),
     "llama-f16": ("llama-block", TINY_LLAMA),
     "llama-f16-sf-cublas": ("llama-block", TINY_LLAMA),
+    "llama-f16-flash": ("llama-block", TINY_LLAMA),  # head_dim 64, GQA 4/2: the flash kernel inside the VM
 }
-TINY_VARIANTS = {"llama-f16-sf-cublas": ("stock", True)}  # (fusion, cuBLAS); others: relaxtune fusion, no cuBLAS
+TINY_VARIANTS = {"llama-f16-sf-cublas": ("stock", True), "llama-f16-flash": ("relaxtune", True)}  # (fusion, cuBLAS); others: relaxtune fusion, no cuBLAS
 BIG_BUCKETS = {"n": (1, 16, 128, 2048)}
 # relaxtune variants of the 7B block: (CompileConfig.fusion, CUDA graphs, cuBLAS: False, True (the
 # defaults) or a dict for `cublas_passes`: RewriteGemmToCublas's arguments plus "batched", attention's GEMMs)
@@ -66,14 +67,20 @@ VARIANTS = {
     # relaxtune fusion on GPU = MergeProjections (q/k/v one GEMM, gate/up one GEMM), the CLI's default for cuda
     "llama7b-rf-cublas-all": ("relaxtune", False, True),
     "llama7b-rf-cublas-all-graph": ("relaxtune", True, True),
+    # attention as one fused flash kernel (relax_passes/flash_attention_cuda.py), options in FLASH
+    "llama7b-rf-cublas-flash-graph": ("relaxtune", True, True),
+    "llama7b-rf-cublas-flash": ("relaxtune", False, True),
 }
+# pipeline(flash=...) per artifact (others: False, the attention of the variants above)
+FLASH = {"llama-f16-flash": True, "llama7b-rf-cublas-flash-graph": True, "llama7b-rf-cublas-flash": True}
 # built with the GPU rules as they were before schedules/rules/gpu_row_softmax.py (for comparison)
 PREVIOUS_RULES = ("llama7b-sf-cublas-all-prev", "llama7b-sf-cublas-all-graph-prev")
 # `run` profiles these per kernel when built (else the fastest variant without graphs at n=128)
-KERNEL_VARIANTS = ("llama7b-sf-cublas-all-prev", "llama7b-sf-cublas-all", "llama7b-rf-cublas-all", "llama7b-sf-cublas-nobmm")
+KERNEL_VARIANTS = ("llama7b-sf-cublas-all-prev", "llama7b-sf-cublas-all", "llama7b-rf-cublas-all", "llama7b-sf-cublas-nobmm", "llama7b-rf-cublas-flash")
 # what the lead's device run needs: `build --only` with this list (tiny check artifacts included)
 DEVICE_SET = (
     *TINY, *PREVIOUS_RULES, "llama7b-sf-cublas-all", "llama7b-sf-cublas-all-graph", "llama7b-rf-cublas-all", "llama7b-rf-cublas-all-graph",
+    "llama7b-rf-cublas-flash", "llama7b-rf-cublas-flash-graph",
 )
 SYSTEMS = (*VARIANTS, "llama7b-stock")
 SEQS = (1, 128, 2048)
@@ -111,7 +118,7 @@ def section(name):
 
 
 # ----------------------------------------------------------------------------------------- build
-def compile_variant(workload, target, plan, fusion: str, graphs: bool, cublas: bool, previous_rules: bool = False):
+def compile_variant(workload, target, plan, fusion: str, graphs: bool, cublas: bool, previous_rules: bool = False, flash: bool | dict = False):
     """relaxtune's pipeline (rules only, no cache) with the variant's fusion, CUDA graphs and cuBLAS;
     `previous_rules`: without RowSoftmax (dlight's GeneralReduction schedules the softmax kernels)."""
     from collections import Counter
@@ -125,7 +132,7 @@ def compile_variant(workload, target, plan, fusion: str, graphs: bool, cublas: b
     if previous_rules:  # before `pipeline`, which makes the rule list
         gpu_rules.RowSoftmax = type("NoRowSoftmax", (row_softmax,), {"apply": lambda self, func, target, tunable: None})
     try:
-        passes = pipeline(target.target, plan, None, Counter(), {}, fusion=fusion, cublas=cublas)
+        passes = pipeline(target.target, plan, None, Counter(), {}, fusion=fusion, cublas=cublas, flash=flash)
         with tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": graphs}):
             return tvm.compile(workload.mod, target=target.target, relax_pipeline=passes)
     finally:
@@ -149,7 +156,7 @@ def build(art: Path, only: list[str]) -> None:
         workload = load(spec, dict(config))
         plan = api.bucket_plan(workload, JobConfig())
         fusion, cublas = TINY_VARIANTS.get(name, ("relaxtune", False))
-        executable = compile_variant(workload, target, plan, fusion, False, cublas)
+        executable = compile_variant(workload, target, plan, fusion, False, cublas, flash=FLASH.get(name, False))
         artifact.export(executable, workload, target, art / f"{name}.so", plan, None, {})
         artifact.paths(art / f"{name}.so")[0].unlink()  # `run` makes the same deterministic weights there
         log(f"{name}: {time.perf_counter() - t0:.1f}s")
@@ -159,7 +166,7 @@ def build(art: Path, only: list[str]) -> None:
         if only and name not in only:
             continue
         t0 = time.perf_counter()
-        executable = compile_variant(big, target, plan, fusion, graphs, cublas, previous_rules=name in PREVIOUS_RULES)
+        executable = compile_variant(big, target, plan, fusion, graphs, cublas, previous_rules=name in PREVIOUS_RULES, flash=FLASH.get(name, False))
         manifest = artifact.export(executable, big, target, art / f"{name}.so", plan, None, {})
         artifact.paths(art / f"{name}.so")[0].unlink()  # 400 MB of weights: `run` makes the same ones there
         log(f"{name}: {time.perf_counter() - t0:.1f}s, device code {manifest['device_code']}")
@@ -543,6 +550,10 @@ def run(art: Path, out: Path, skip: list[str]) -> None:
     start = time.perf_counter()
     environment()
     copy_gbs = copy_bandwidth()
+    if "flash" not in skip and (art / "flash_attention").is_dir():  # the kernel alone vs torch SDPA (scripts/flash_check.py)
+        from flash_check import check_and_time
+
+        section("flash attention kernel vs torch SDPA")(check_and_time)(art / "flash_attention", RESULTS)
     if "tiny" not in skip:
         check_tiny(art, tmp)
     model = section("llama-7B setup")(Llama7B)(art, tmp)
@@ -573,7 +584,7 @@ def main() -> None:
     parser.add_argument("--art", type=Path, default=ROOT / ".device" / "gpu")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "build/gpu_job")))
     parser.add_argument("--only", default="", help="build: comma-separated artifact names, or 'device' for DEVICE_SET")
-    parser.add_argument("--skip", default="", help="run: tiny,kernels,runtime,compile")
+    parser.add_argument("--skip", default="", help="run: flash,tiny,kernels,runtime,compile")
     parser.add_argument("--seqs", default=",".join(map(str, SEQS)), help="run: the sequence lengths n of the 7B block")
     args = parser.parse_args()
     if args.mode == "build":
