@@ -8,6 +8,14 @@ scores never reach memory), linked into the artifact. Grouped-query attention is
 a k and a v that are `R.repeat(x, r, axis=2)` of kv heads (the model's repeat_kv) are passed as
 `x`, and the kernel maps query head h to kv head h / r, so the repeat kernels go away.
 
+Operands are read where the projection put them (FuseAttentionPrologue's tracing, CPU's in-place
+attention): a q, k or v that is a single-use head slice of a (b, n, H, d) tensor (the merged
+q/k/v projection) is read from that tensor at a head offset
+(`relaxtune_flash_attention_in_place`), and a q that is a rotate-half RoPE of such a slice (or of
+any tensor) with (1, n, 1, d) cos/sin tables is rotated as the kernel loads it
+(`relaxtune_flash_attention_rope`), so the slice copies and q's rotation kernel go away. k's
+rotation stays a kernel: every query block would rotate every key tile again.
+
 What it does not match is left to DecomposeAttention (matmul / masked softmax / matmul, then
 RewriteBatchedGemmToCublas in the larger buckets). Only bucket functions whose lower bound of
 `dim` is at least `min_rows` are rewritten (functions without a bucket always are); the arch
@@ -26,9 +34,10 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from ..cuda_flash_attention import FUNCTION, HEAD_DIMS, supports
+from ..cuda_flash_attention import FUNCTION, HEAD_DIMS, IN_PLACE_FUNCTION, ROPE_FUNCTION, supports
 from .bucket_dispatch import BUCKET_ATTR
-from .fusion_utils import is_op
+from .fuse_attention_prologue import _Source, _Tracer
+from .fusion_utils import is_op, use_counts
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +48,9 @@ def _static(value) -> int | None:
     return int(value) if isinstance(value, tvm.tirx.IntImm) else None
 
 
-def _kv_heads(expr: relax.Expr, var2val) -> tuple[relax.Expr, int]:
+def _kv_heads(expr: relax.Expr, lookup) -> tuple[relax.Expr, int]:
     """(the tensor before a `repeat(x, r, axis=2)`, r), or (expr, 1)."""
-    value = var2val.get(expr) if isinstance(expr, relax.Var) else None
+    value = lookup(expr) if isinstance(expr, relax.Var) else None
     if is_op(value, "relax.repeat") and value.attrs.axis is not None and int(value.attrs.axis) in (2, -2):
         source = value.args[0]
         if isinstance(source.ty, relax.TensorType) and source.ty.ndim == 4:
@@ -49,8 +58,9 @@ def _kv_heads(expr: relax.Expr, var2val) -> tuple[relax.Expr, int]:
     return expr, 1
 
 
-def flash_args(call: relax.Call, var2val, block_m: int = 0) -> list | None:
-    """The arguments of the flash call that replaces the attention `call`, or None (not supported)."""
+def flash_args(call: relax.Call, lookup, block_m: int = 0) -> list | None:
+    """The arguments of the flash call that replaces the attention `call`, or None (not supported);
+    `lookup(var)`: the value bound to a variable, or None."""
     if not is_op(call, "relax.nn.attention") or len(call.args) != 3:
         return None
     attrs = call.attrs
@@ -62,7 +72,7 @@ def flash_args(call: relax.Call, var2val, block_m: int = 0) -> list | None:
     dtype = q.ty.dtype
     if dtype not in DTYPES or any(x.ty.dtype != dtype for x in (k, v, call)):
         return None
-    (k, k_rep), (v, v_rep) = _kv_heads(k, var2val), _kv_heads(v, var2val)
+    (k, k_rep), (v, v_rep) = _kv_heads(k, lookup), _kv_heads(v, lookup)
     if k_rep != v_rep:
         k, v = call.args[1], call.args[2]  # only one of them repeated: pass both repeated
     qs, ks, vs = (x.ty.shape.values for x in (q, k, v))
@@ -83,35 +93,62 @@ def flash_args(call: relax.Call, var2val, block_m: int = 0) -> list | None:
 
 @mutator
 class _Rewriter(PyExprMutator):
-    def __init__(self, mod, block_m: int):
+    def __init__(self, mod, block_m: int, in_place: bool):
         super().__init__(mod)
-        self.block_m, self.var2val, self.count = block_m, {}, 0
+        self.block_m, self.in_place = block_m, in_place
+        self.uses, self.views, self.count, self.read_in_place, self.rotated = {}, {}, 0, 0, 0
 
     def rewrite(self, func: relax.Function) -> relax.Function | None:
-        self.var2val, self.count = relax.analysis.get_var2val(func), 0
+        self.uses, self.views, self.count, self.read_in_place, self.rotated = use_counts(func), {}, 0, 0, 0
         new = self.visit_expr(func)
-        return relax.analysis.remove_all_unused(new) if self.count else None  # the absorbed repeats
+        return relax.analysis.remove_all_unused(new) if self.count else None  # the absorbed repeats, slices, rotation
+
+    def _lookup(self, var: relax.Var):
+        return self.builder_.lookup_binding(var)
 
     def visit_call_(self, call):
-        args = flash_args(call, self.var2val, self.block_m)  # matched on the original call: var2val knows its vars
         call = self.visit_expr_post_order(call)
+        args = flash_args(call, self._lookup, self.block_m)
         if args is None:
             return call
         self.count += 1
-        return relax.call_dps_packed(FUNCTION, [self.visit_expr(a) for a in args], call.ty)
+        in_place = self._in_place(*args[:3]) if self.in_place else None
+        if in_place is None:
+            return relax.call_dps_packed(FUNCTION, args, call.ty)
+        function, operands = in_place
+        return relax.call_dps_packed(function, [*operands, *args[3:]], call.ty)
+
+    def _in_place(self, q, k, v) -> tuple[str, list] | None:
+        """(function, operands) reading q, k, v in place and rotating q on load where they allow it."""
+        tracer = _Tracer(self.builder_, self.uses, self.views)
+        rope = tracer.rope(q)
+        if rope is not None:
+            x, tables = rope
+            qs = tracer.heads(x, uses=2) or _Source(x)  # x is read by x * cos and by split(x)
+        else:
+            qs, tables = tracer.heads(q) or _Source(q), None
+        ks, vs = tracer.heads(k) or _Source(k), tracer.heads(v) or _Source(v)
+        if tables is None and all(s.tensor.same_as(x) for s, x in zip((qs, ks, vs), (q, k, v))):
+            return None
+        heads = relax.ShapeExpr([qs.offset, ks.offset, vs.offset, _static(k.ty.shape.values[2])])
+        self.read_in_place += 1
+        if tables is None:
+            return IN_PLACE_FUNCTION, [qs.tensor, ks.tensor, vs.tensor, heads]
+        self.rotated += 1
+        return ROPE_FUNCTION, [qs.tensor, ks.tensor, vs.tensor, *(tracer.rows(t) for t in tables), heads]
 
 
 @tvm.transform.module_pass(opt_level=0, name="RewriteAttentionToFlash")
 class RewriteAttentionToFlash:
     """Attention calls of functions whose bucket of `dim` starts at >= `min_rows` call the flash kernel."""
 
-    def __init__(self, arch: str, dim: str = "n", min_rows: int = 1, block_m: int = 0):
-        self.arch, self.dim, self.min_rows, self.block_m = arch, dim, min_rows, block_m
+    def __init__(self, arch: str, dim: str = "n", min_rows: int = 1, block_m: int = 0, in_place: bool = True):
+        self.arch, self.dim, self.min_rows, self.block_m, self.in_place = arch, dim, min_rows, block_m, in_place
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if not supports(self.arch):
             return mod
-        rewriter = _Rewriter(mod, self.block_m)
+        rewriter = _Rewriter(mod, self.block_m, self.in_place)
         changed = False
         for gvar, func in mod.functions_items():
             if not isinstance(func, relax.Function):
@@ -123,5 +160,6 @@ class RewriteAttentionToFlash:
             if new is not None:
                 rewriter.builder_.update_func(gvar, new)
                 changed = True
-                logger.info("%s: %d attention call(s) -> flash attention", gvar.name_hint, rewriter.count)
+                logger.info("%s: %d attention call(s) -> flash attention (%d reading q/k/v in place, %d rotating q on load)",
+                            gvar.name_hint, rewriter.count, rewriter.read_in_place, rewriter.rotated)
         return rewriter.builder_.get() if changed else mod

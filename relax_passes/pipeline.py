@@ -61,7 +61,8 @@ def flash_passes(target, flash: bool | dict = True) -> list:
 
     if not flash or target.kind.name != "cuda" or not supports(str(target.attrs.get("arch", ""))):
         return []
-    return [RewriteAttentionToFlash(str(target.attrs["arch"]), **(flash if isinstance(flash, dict) else {}))]
+    # the rotary tables computed once up to the bound (a constant): the kernel rotates q from their first rows
+    return [LiftPositionTables(), RewriteAttentionToFlash(str(target.attrs["arch"]), **(flash if isinstance(flash, dict) else {}))]
 
 
 def rule_schedules(target) -> tvm.transform.Pass:

@@ -1,7 +1,7 @@
 // relaxtune flash attention (FlashAttention-2 style forward), compiled by nvcc into a fatbin that
 // relaxtune/cuda_flash_attention.py embeds in the artifact's host object. sm_80+ (mma.sync, cp.async).
 //
-// One CTA: BM = 16 * WARPS query rows of one (batch, query head); each warp owns 16 rows. Key and
+// One CTA: BM = 64 or 128 query rows of one (batch, query head), 4 warps of 16 or 32 rows each. Key and
 // value tiles of BN = 64 rows are staged in shared memory by cp.async, double-buffered (the next
 // K tile loads while S = Q K^T is computed, the next V tile while O += P V is); S and O live in
 // fp32 registers (mma.sync m16n8k16, fp16 or bf16 inputs), the softmax is online (running max and
@@ -9,7 +9,8 @@
 // the block's last row are never loaded, a warp skips tiles entirely above its rows, and only
 // tiles crossing the diagonal (or the end of the keys) are masked. GQA: query head h reads
 // key/value head h / group. Rows are 128 or 64 elements wide, 16-byte chunks XOR-swizzled by
-// row so ldmatrix reads are conflict-free. Layouts: q, o (b, n, hq, D); k, v (b, m, hkv, D), compact.
+// row so ldmatrix reads are conflict-free. Layouts: o (b, n, heads, D); q, k, v are head ranges of
+// (b, rows, H, D) tensors (e.g. the merged q/k/v projection), and q may be rotated (RoPE) on load.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -17,14 +18,14 @@
 namespace {
 
 struct Params {
-  const void* q;
-  const void* k;
-  const void* v;
-  void* o;
-  long long q_batch, k_batch;  // elements between batches
-  int q_row, k_row;            // elements between consecutive rows (heads * D)
-  int n, m, group, causal;     // query rows, key rows, query heads per kv head, top-left causal mask
-  float scale_log2;            // softmax scale * log2(e)
+  const void *q, *k, *v;        // (b, rows, heads of the tensor, D): read from head q_head0 + h, k/v_head0 + h / group
+  const void *cos, *sin;        // null, or (>= n, D) rotary tables: q is rotated (rotate-half) as it is loaded
+  void* o;                      // (b, n, heads, D)
+  long long q_batch, k_batch, v_batch, o_batch;  // elements between batches
+  int q_row, k_row, v_row, o_row;                // elements between consecutive rows (heads of the tensor * D)
+  int q_head0, k_head0, v_head0;
+  int n, m, group, causal;      // query rows, key rows, query heads per kv head, top-left causal mask
+  float scale_log2;             // softmax scale * log2(e)
 };
 
 constexpr int BN = 64;
@@ -48,6 +49,19 @@ __device__ __forceinline__ void mma<__nv_bfloat16>(float* c, const uint32_t* a, 
 
 template <typename T>
 __device__ __forceinline__ uint32_t pack(float lo, float hi);
+
+template <typename T>
+__device__ __forceinline__ float2 unpack(uint32_t v);
+
+template <>
+__device__ __forceinline__ float2 unpack<__half>(uint32_t v) {
+  return __half22float2(*reinterpret_cast<__half2*>(&v));
+}
+
+template <>
+__device__ __forceinline__ float2 unpack<__nv_bfloat16>(uint32_t v) {
+  return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&v));
+}
 
 template <>
 __device__ __forceinline__ uint32_t pack<__half>(float lo, float hi) {
@@ -80,6 +94,8 @@ __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_grou
 
 __device__ __forceinline__ void cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
 
+__device__ __forceinline__ void cp_wait0() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
 // byte offset of 16-byte chunk `c` of row `row` in a tile of D-element rows
 template <int D>
 __device__ __forceinline__ uint32_t swz(int row, int c) {
@@ -98,160 +114,231 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const T* src, int stride
   }
 }
 
-template <typename T, int D, int WARPS>
+// STAGES 2: K and V tiles double-buffered (the next K loads during S, the next V during P V);
+// STAGES 1: one buffer each (V_j loads during S_j, K_{j+1} during P V_j): less shared memory per block
+template <typename T, int D, int WARPS, int MT, int STAGES>
 __device__ __forceinline__ void flash_forward(const Params& p) {
-  constexpr int BM = 16 * WARPS, THREADS = 32 * WARPS;
+  constexpr int WM = 16 * MT, BM = WM * WARPS, THREADS = 32 * WARPS;
   constexpr int TILE_BYTES = BN * D * 2;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t s_q = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const uint32_t s_k = s_q + BM * D * 2, s_v = s_k + 2 * TILE_BYTES;
+  const uint32_t s_k = s_q + BM * D * 2, s_v = s_k + STAGES * TILE_BYTES;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int m0 = (gridDim.x - 1 - blockIdx.x) * BM;  // the longest (causal) blocks start first
   const int h = blockIdx.y, b = blockIdx.z;
-  const T* q = static_cast<const T*>(p.q) + b * p.q_batch + static_cast<long long>(m0) * p.q_row + h * D;
-  const T* k = static_cast<const T*>(p.k) + b * p.k_batch + (h / p.group) * D;
-  const T* v = static_cast<const T*>(p.v) + b * p.k_batch + (h / p.group) * D;
+  const T* q = static_cast<const T*>(p.q) + b * p.q_batch + static_cast<long long>(m0) * p.q_row + (p.q_head0 + h) * D;
+  const T* k = static_cast<const T*>(p.k) + b * p.k_batch + (p.k_head0 + h / p.group) * D;
+  const T* v = static_cast<const T*>(p.v) + b * p.v_batch + (p.v_head0 + h / p.group) * D;
 
   const int kv_end = p.causal ? min(p.m, m0 + BM) : p.m;
   const int tiles = (kv_end + BN - 1) / BN;
-  const int warp_row0 = m0 + warp * 16;            // this warp's first query row
-  const int row_a = warp_row0 + (lane >> 2);       // the thread's two rows: row_a and row_a + 8
+  const int warp_row0 = m0 + warp * WM;            // this warp's first query row
+  const int row_a = warp_row0 + (lane >> 2);       // the thread's rows: row_a + 16 mt and row_a + 16 mt + 8
 
   load_tile<T, D, BM, THREADS>(s_q, q, p.q_row, p.n - m0, tid);
   load_tile<T, D, BN, THREADS>(s_k, k, p.k_row, p.m, tid);
   cp_commit();
-  load_tile<T, D, BN, THREADS>(s_v, v, p.k_row, p.m, tid);
-  cp_commit();
+  if (STAGES == 2) {
+    load_tile<T, D, BN, THREADS>(s_v, v, p.v_row, p.m, tid);
+    cp_commit();
+  }
+  if (p.cos != nullptr) {  // RoPE on q in shared memory: x * cos + concat(-x2, x1) * sin, in fp32
+    if (STAGES == 2) cp_wait1(); else cp_wait0();
+    __syncthreads();
+    const T* cos = static_cast<const T*>(p.cos);
+    const T* sin = static_cast<const T*>(p.sin);
+#pragma unroll 8  // the table loads of 8 steps in flight at once
+    for (int i = tid; i < BM * D / 4; i += THREADS) {  // two neighbouring columns j, j + 1 of each half
+      int row = i / (D / 4), j = (i % (D / 4)) * 2;
+      if (m0 + row >= p.n) continue;
+      uint32_t a1 = s_q + swz<D>(row, j / 8) + (j % 8) * 2, a2 = s_q + swz<D>(row, (j + D / 2) / 8) + (j % 8) * 2;
+      uint32_t r1, r2;
+      asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(r1) : "r"(a1));
+      asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(r2) : "r"(a2));
+      const long long t = static_cast<long long>(m0 + row) * D + j;
+      float2 x1 = unpack<T>(r1), x2 = unpack<T>(r2);
+      float2 c1 = unpack<T>(*reinterpret_cast<const uint32_t*>(cos + t)), c2 = unpack<T>(*reinterpret_cast<const uint32_t*>(cos + t + D / 2));
+      float2 s1 = unpack<T>(*reinterpret_cast<const uint32_t*>(sin + t)), s2 = unpack<T>(*reinterpret_cast<const uint32_t*>(sin + t + D / 2));
+      r1 = pack<T>(x1.x * c1.x - x2.x * s1.x, x1.y * c1.y - x2.y * s1.y);
+      r2 = pack<T>(x2.x * c2.x + x1.x * s2.x, x2.y * c2.y + x1.y * s2.y);
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a1), "r"(r1));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a2), "r"(r2));
+    }
+  }
 
-  float o[D / 8][4];
+  float o[MT][D / 8][4];
 #pragma unroll
-  for (int t = 0; t < D / 8; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t) o[mt][t][0] = o[mt][t][1] = o[mt][t][2] = o[mt][t][3] = 0.f;
+  float row_max[MT][2], row_sum[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) row_max[mt][0] = row_max[mt][1] = -INFINITY, row_sum[mt][0] = row_sum[mt][1] = 0.f;
 
   for (int j = 0; j < tiles; ++j) {
-    const int key0 = j * BN, stage = j & 1;
-    const bool active = !p.causal || key0 <= warp_row0 + 15;  // a tile entirely above the warp's rows adds nothing
-    cp_wait1();
-    __syncthreads();  // K_j (and Q) landed; every warp is done with K_{j-1}
-    if (j + 1 < tiles)
-      load_tile<T, D, BN, THREADS>(s_k + (stage ^ 1) * TILE_BYTES, k + static_cast<long long>(key0 + BN) * p.k_row, p.k_row, p.m - key0 - BN, tid);
-    cp_commit();
+    const int key0 = j * BN, stage = STAGES == 2 ? j & 1 : 0;
+    const bool active = !p.causal || key0 <= warp_row0 + WM - 1;  // a tile entirely above the warp's rows adds nothing
+    if (STAGES == 2) {
+      cp_wait1();
+      __syncthreads();  // K_j (and Q) landed; every warp is done with K_{j-1}
+      if (j + 1 < tiles)
+        load_tile<T, D, BN, THREADS>(s_k + (stage ^ 1) * TILE_BYTES, k + static_cast<long long>(key0 + BN) * p.k_row, p.k_row, p.m - key0 - BN, tid);
+      cp_commit();
+    } else {
+      cp_wait0();
+      __syncthreads();  // K_j (and Q) landed; every warp is done with V_{j-1}
+      load_tile<T, D, BN, THREADS>(s_v, v + static_cast<long long>(key0) * p.v_row, p.v_row, p.m - key0, tid);
+      cp_commit();
+    }
 
-    float s[BN / 8][4];
+    float s[MT][BN / 8][4];
     if (active) {
 #pragma unroll
-      for (int t = 0; t < BN / 8; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int t = 0; t < BN / 8; ++t) s[mt][t][0] = s[mt][t][1] = s[mt][t][2] = s[mt][t][3] = 0.f;
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t a[4];
-        ldsm_x4(a, s_q + swz<D>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], s_q + swz<D>(warp * WM + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)));
 #pragma unroll
         for (int nn = 0; nn < BN / 16; ++nn) {
-          uint32_t bk[4];
+          uint32_t bk[4];  // each K fragment feeds MT row tiles
           ldsm_x4(bk, s_k + stage * TILE_BYTES + swz<D>(nn * 16 + (lane >> 4) * 8 + (lane & 7), kk * 2 + ((lane >> 3) & 1)));
-          mma<T>(s[2 * nn], a, bk[0], bk[1]);
-          mma<T>(s[2 * nn + 1], a, bk[2], bk[3]);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma<T>(s[mt][2 * nn], a[mt], bk[0], bk[1]);
+            mma<T>(s[mt][2 * nn + 1], a[mt], bk[2], bk[3]);
+          }
         }
       }
       const bool masked = key0 + BN > p.m || (p.causal && key0 + BN - 1 > warp_row0);
       if (masked) {
 #pragma unroll
-        for (int t = 0; t < BN / 8; ++t)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            int col = key0 + t * 8 + (lane & 3) * 2 + (e & 1), row = row_a + (e >> 1) * 8;
-            if (col >= p.m || (p.causal && col > row)) s[t][e] = -INFINITY;
-          }
+          for (int t = 0; t < BN / 8; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              int col = key0 + t * 8 + (lane & 3) * 2 + (e & 1), row = row_a + mt * 16 + (e >> 1) * 8;
+              if (col >= p.m || (p.causal && col > row)) s[mt][t][e] = -INFINITY;
+            }
       }
       // online softmax: rows r = 0 (elements 0, 1) and r = 1 (elements 2, 3); a row is spread over a quad
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = row_max[r];
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int t = 0; t < BN / 8; ++t) mx = fmaxf(mx, fmaxf(s[t][2 * r], s[t][2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float base = mx == -INFINITY ? 0.f : mx * p.scale_log2;
-        const float alpha = exp2f(row_max[r] * p.scale_log2 - base);  // 0 while the row had no keys
-        row_max[r] = mx;
-        float sum = 0.f;
+        for (int r = 0; r < 2; ++r) {
+          float mx = row_max[mt][r];
 #pragma unroll
-        for (int t = 0; t < BN / 8; ++t) {
-          s[t][2 * r] = exp2f(fmaf(s[t][2 * r], p.scale_log2, -base));
-          s[t][2 * r + 1] = exp2f(fmaf(s[t][2 * r + 1], p.scale_log2, -base));
-          sum += s[t][2 * r] + s[t][2 * r + 1];
+          for (int t = 0; t < BN / 8; ++t) mx = fmaxf(mx, fmaxf(s[mt][t][2 * r], s[mt][t][2 * r + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float base = mx == -INFINITY ? 0.f : mx * p.scale_log2;
+          const float alpha = exp2f(row_max[mt][r] * p.scale_log2 - base);  // 0 while the row had no keys
+          row_max[mt][r] = mx;
+          float sum = 0.f;
+#pragma unroll
+          for (int t = 0; t < BN / 8; ++t) {
+            s[mt][t][2 * r] = exp2f(fmaf(s[mt][t][2 * r], p.scale_log2, -base));
+            s[mt][t][2 * r + 1] = exp2f(fmaf(s[mt][t][2 * r + 1], p.scale_log2, -base));
+            sum += s[mt][t][2 * r] + s[mt][t][2 * r + 1];
+          }
+          row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
+#pragma unroll
+          for (int t = 0; t < D / 8; ++t) o[mt][t][2 * r] *= alpha, o[mt][t][2 * r + 1] *= alpha;
         }
-        row_sum[r] = row_sum[r] * alpha + sum;
-#pragma unroll
-        for (int t = 0; t < D / 8; ++t) o[t][2 * r] *= alpha, o[t][2 * r + 1] *= alpha;
-      }
     }
 
-    cp_wait1();
-    __syncthreads();  // V_j landed; every warp is done with V_{j-1}
-    if (j + 1 < tiles)
-      load_tile<T, D, BN, THREADS>(s_v + (stage ^ 1) * TILE_BYTES, v + static_cast<long long>(key0 + BN) * p.k_row, p.k_row, p.m - key0 - BN, tid);
-    cp_commit();
+    if (STAGES == 2) {
+      cp_wait1();
+      __syncthreads();  // V_j landed; every warp is done with V_{j-1}
+      if (j + 1 < tiles)
+        load_tile<T, D, BN, THREADS>(s_v + (stage ^ 1) * TILE_BYTES, v + static_cast<long long>(key0 + BN) * p.v_row, p.v_row, p.m - key0 - BN, tid);
+      cp_commit();
+    } else {
+      cp_wait0();
+      __syncthreads();  // V_j landed; every warp is done with K_j
+      if (j + 1 < tiles) {
+        load_tile<T, D, BN, THREADS>(s_k, k + static_cast<long long>(key0 + BN) * p.k_row, p.k_row, p.m - key0 - BN, tid);
+        cp_commit();
+      }
+    }
 
     if (active) {
 #pragma unroll
       for (int kb = 0; kb < BN / 16; ++kb) {
-        uint32_t a[4] = {pack<T>(s[2 * kb][0], s[2 * kb][1]), pack<T>(s[2 * kb][2], s[2 * kb][3]),
-                         pack<T>(s[2 * kb + 1][0], s[2 * kb + 1][1]), pack<T>(s[2 * kb + 1][2], s[2 * kb + 1][3])};
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          a[mt][0] = pack<T>(s[mt][2 * kb][0], s[mt][2 * kb][1]), a[mt][1] = pack<T>(s[mt][2 * kb][2], s[mt][2 * kb][3]);
+          a[mt][2] = pack<T>(s[mt][2 * kb + 1][0], s[mt][2 * kb + 1][1]), a[mt][3] = pack<T>(s[mt][2 * kb + 1][2], s[mt][2 * kb + 1][3]);
+        }
 #pragma unroll
         for (int dn = 0; dn < D / 16; ++dn) {
-          uint32_t bv[4];
+          uint32_t bv[4];  // each V fragment feeds MT row tiles
           ldsm_x4_trans(bv, s_v + stage * TILE_BYTES + swz<D>(kb * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), dn * 2 + (lane >> 4)));
-          mma<T>(o[2 * dn], a, bv[0], bv[1]);
-          mma<T>(o[2 * dn + 1], a, bv[2], bv[3]);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma<T>(o[mt][2 * dn], a[mt], bv[0], bv[1]);
+            mma<T>(o[mt][2 * dn + 1], a[mt], bv[2], bv[3]);
+          }
         }
       }
     }
   }
 
   // epilogue: divide by the row sums, stage the warp's 16 rows in its own rows of the Q tile, store 16-byte chunks
-  float inv[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float sum = row_sum[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    inv[r] = sum > 0.f ? 1.f / sum : 0.f;
-  }
+  for (int mt = 0; mt < MT; ++mt) {
+    float inv[2];
 #pragma unroll
-  for (int t = 0; t < D / 8; ++t) {
-    int row = warp * 16 + (lane >> 2), col = t * 8 + (lane & 3) * 2;
-    uint32_t lo = pack<T>(o[t][0] * inv[0], o[t][1] * inv[0]), hi = pack<T>(o[t][2] * inv[1], o[t][3] * inv[1]);
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_q + swz<D>(row, col / 8) + (col % 8) * 2), "r"(lo));
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_q + swz<D>(row + 8, col / 8) + (col % 8) * 2), "r"(hi));
+    for (int r = 0; r < 2; ++r) {
+      float sum = row_sum[mt][r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      inv[r] = sum > 0.f ? 1.f / sum : 0.f;
+    }
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t) {
+      int row = warp * WM + mt * 16 + (lane >> 2), col = t * 8 + (lane & 3) * 2;
+      uint32_t lo = pack<T>(o[mt][t][0] * inv[0], o[mt][t][1] * inv[0]), hi = pack<T>(o[mt][t][2] * inv[1], o[mt][t][3] * inv[1]);
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_q + swz<D>(row, col / 8) + (col % 8) * 2), "r"(lo));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_q + swz<D>(row + 8, col / 8) + (col % 8) * 2), "r"(hi));
+    }
   }
   __syncwarp();
-  T* out = static_cast<T*>(p.o) + b * p.q_batch + static_cast<long long>(m0) * p.q_row + h * D;
+  T* out = static_cast<T*>(p.o) + b * p.o_batch + static_cast<long long>(m0) * p.o_row + h * D;
   constexpr int CHUNKS = D / 8;
 #pragma unroll
-  for (int i = lane; i < 16 * CHUNKS; i += 32) {
-    int row = warp * 16 + i / CHUNKS, c = i % CHUNKS;
+  for (int i = lane; i < WM * CHUNKS; i += 32) {
+    int row = warp * WM + i / CHUNKS, c = i % CHUNKS;
     if (m0 + row < p.n) {
       uint4 value;
       asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
                    : "=r"(value.x), "=r"(value.y), "=r"(value.z), "=r"(value.w) : "r"(s_q + swz<D>(row, c)));
-      *reinterpret_cast<uint4*>(out + static_cast<long long>(row) * p.q_row + c * 8) = value;
+      *reinterpret_cast<uint4*>(out + static_cast<long long>(row) * p.o_row + c * 8) = value;
     }
   }
 }
 
 }  // namespace
 
-// one entry point per (dtype, head dim, warps): relaxtune_flash_<f16|bf16>_d<D>_w<WARPS>
-#define RELAXTUNE_FLASH(NAME, T, D, WARPS) \
-  extern "C" __global__ void __launch_bounds__(32 * WARPS) NAME(Params p) { flash_forward<T, D, WARPS>(p); }
+// one entry point per (dtype, head dim, query rows per block, stages): relaxtune_flash_<f16|bf16>_d<D>_m<BM>[_s1];
+// 4 warps, each 16 * MT rows (MT = 2: every K and V fragment read from shared memory feeds two tiles)
+#define RELAXTUNE_FLASH(NAME, T, D, MT, STAGES) \
+  extern "C" __global__ void __launch_bounds__(128) NAME(Params p) { flash_forward<T, D, 4, MT, STAGES>(p); }
+#define RELAXTUNE_FLASH_ALL(DT, T)                                      \
+  RELAXTUNE_FLASH(relaxtune_flash_##DT##_d128_m64, T, 128, 1, 2)        \
+  RELAXTUNE_FLASH(relaxtune_flash_##DT##_d128_m128, T, 128, 2, 2)       \
+  RELAXTUNE_FLASH(relaxtune_flash_##DT##_d64_m64, T, 64, 1, 2)          \
+  RELAXTUNE_FLASH(relaxtune_flash_##DT##_d64_m128, T, 64, 2, 2)         \
+  RELAXTUNE_FLASH(relaxtune_flash_##DT##_d128_m64_s1, T, 128, 1, 1)     \
+  RELAXTUNE_FLASH(relaxtune_flash_##DT##_d128_m128_s1, T, 128, 2, 1)    \
+  RELAXTUNE_FLASH(relaxtune_flash_##DT##_d64_m64_s1, T, 64, 1, 1)       \
+  RELAXTUNE_FLASH(relaxtune_flash_##DT##_d64_m128_s1, T, 64, 2, 1)
 
-RELAXTUNE_FLASH(relaxtune_flash_f16_d128_w4, __half, 128, 4)
-RELAXTUNE_FLASH(relaxtune_flash_f16_d128_w8, __half, 128, 8)
-RELAXTUNE_FLASH(relaxtune_flash_f16_d64_w4, __half, 64, 4)
-RELAXTUNE_FLASH(relaxtune_flash_f16_d64_w8, __half, 64, 8)
-RELAXTUNE_FLASH(relaxtune_flash_bf16_d128_w4, __nv_bfloat16, 128, 4)
-RELAXTUNE_FLASH(relaxtune_flash_bf16_d128_w8, __nv_bfloat16, 128, 8)
-RELAXTUNE_FLASH(relaxtune_flash_bf16_d64_w4, __nv_bfloat16, 64, 4)
-RELAXTUNE_FLASH(relaxtune_flash_bf16_d64_w8, __nv_bfloat16, 64, 8)
+RELAXTUNE_FLASH_ALL(f16, __half)
+RELAXTUNE_FLASH_ALL(bf16, __nv_bfloat16)

@@ -4,7 +4,11 @@
 for q, out (b, n, heads, d) and k, v (b, m, kv_heads, d), compact, fp16 or bf16, d = 64 or 128;
 `causal` 1 masks key j > query i (top-left, Relax's "TopLeft"); query head h reads kv head
 h / (heads / kv_heads) (grouped-query attention without repeating k and v); `block_m` picks the
-query rows per thread block (64 or 128; 0: the default, `DEFAULT_BLOCK_M`). Emitted by
+query rows per thread block (64 or 128; 0: 128 when that still makes >= 256 blocks, else 64).
+`relaxtune_flash_attention_in_place(q, k, v, heads, causal, scale, block_m, out)` reads q, k, v
+as head ranges of larger (b, rows, H, d) tensors (the merged q/k/v projection): `heads` =
+(q_head0, k_head0, v_head0, kv_heads); `relaxtune_flash_attention_rope(q, k, v, cos, sin, heads,
+...)` also rotates q (rotate-half RoPE with (>= n, d) tables) as it loads it. Emitted by
 `RewriteAttentionToFlash` (relax_passes/flash_attention_cuda.py).
 
 The kernel (cuda_flash_attention.cu, FlashAttention-2 style: mma.sync tensor cores, cp.async
@@ -27,9 +31,10 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 FUNCTION = "relaxtune_flash_attention"
+IN_PLACE_FUNCTION = "relaxtune_flash_attention_in_place"
+ROPE_FUNCTION = "relaxtune_flash_attention_rope"
 HEAD_DIMS = (64, 128)
 MIN_ARCH = 80  # mma.sync with bf16, cp.async
-DEFAULT_BLOCK_M = 64
 KERNEL_SOURCE = (Path(__file__).with_name("cuda_flash_attention.cu")).read_text()
 
 HOST_SOURCE = r"""
@@ -38,6 +43,9 @@ HOST_SOURCE = r"""
 #include <tvm/ffi/extra/c_env_api.h>
 #include <tvm/ffi/function.h>
 
+#include <tvm/ffi/container/shape.h>
+
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <mutex>
@@ -64,18 +72,18 @@ struct Driver {
 };
 
 struct Params {  // must match cuda_flash_attention.cu
-  const void* q;
-  const void* k;
-  const void* v;
+  const void *q, *k, *v, *cos, *sin;
   void* o;
-  long long q_batch, k_batch;
-  int q_row, k_row;
+  long long q_batch, k_batch, v_batch, o_batch;
+  int q_row, k_row, v_row, o_row;
+  int q_head0, k_head0, v_head0;
   int n, m, group, causal;
   float scale_log2;
 };
 
 constexpr int kMaxDynamicSharedBytes = 8;  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 constexpr int kBlockN = 64;
+constexpr int kStages = 2;  // K/V buffers per block (cuda_flash_attention.cu); relaxtune_flash_attention_config tries both
 
 Driver* LoadDriver() {
   static Driver d;
@@ -102,7 +110,7 @@ void Check(Driver* d, CUresult status, const char* what) {
   TVM_FFI_THROW(RuntimeError) << "relaxtune flash attention: " << what << " failed: " << (text ? text : "?") << " (" << status << ")";
 }
 
-// the kernel for (dtype, d, warps) on `device`: the module is loaded once per device, in its
+// the kernel for (dtype, d, block_m) on `device`: the module is loaded once per device, in its
 // current (else primary) context, and each kernel's shared-memory limit raised once
 Ptr Kernel(Driver* d, int device, const std::string& name, int smem) {
   static std::mutex mu;
@@ -131,8 +139,13 @@ Ptr Kernel(Driver* d, int device, const std::string& name, int smem) {
   return fn;
 }
 
-void FlashAttention(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v, int64_t causal, double scale,
-                    int64_t block_m, tvm::ffi::TensorView o) {
+char* Data(const tvm::ffi::TensorView& t) { return static_cast<char*>(t.data_ptr()) + t.byte_offset(); }
+
+// o (b, n, heads, d) = attention of heads q_head0.. of q, kv heads k_head0.. of k and v_head0.. of v
+// (each (b, rows, heads of the tensor, d), compact); cos/sin: (>= n, d) tables to rotate q with, or null
+void Launch(const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& k, const tvm::ffi::TensorView& v, const tvm::ffi::TensorView* cos,
+            const tvm::ffi::TensorView* sin, int64_t q_head0, int64_t k_head0, int64_t v_head0, int64_t kv_heads, int64_t causal,
+            double scale, int64_t block_m, const tvm::ffi::TensorView& o, int64_t stages = kStages) {
   for (const auto* t : {&q, &k, &v, &o}) {
     TVM_FFI_ICHECK_EQ(t->ndim(), 4) << "flash attention: q, k, v and out must be (batch, rows, heads, head_dim)";
     TVM_FFI_ICHECK(t->IsContiguous()) << "flash attention: operands must be compact";
@@ -142,35 +155,76 @@ void FlashAttention(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::Te
   for (const auto* t : {&k, &v, &o}) {
     TVM_FFI_ICHECK(t->dtype().code == dt.code && t->dtype().bits == 16) << "flash attention: mixed dtypes";
   }
-  int64_t b = q.size(0), n = q.size(1), hq = q.size(2), dim = q.size(3), m = k.size(1), hkv = k.size(2);
+  int64_t b = o.size(0), n = o.size(1), heads = o.size(2), dim = o.size(3), m = k.size(1);
   TVM_FFI_ICHECK(dim == 64 || dim == 128) << "flash attention: head_dim " << dim << " (64 or 128 only)";
-  TVM_FFI_ICHECK(k.size(0) == b && v.size(0) == b && v.size(1) == m && v.size(2) == hkv && k.size(3) == dim && v.size(3) == dim)
-      << "flash attention: k and v must be (batch, keys, kv_heads, head_dim) like each other";
-  TVM_FFI_ICHECK(hkv > 0 && hq % hkv == 0) << "flash attention: " << hq << " query heads for " << hkv << " kv heads";
-  for (int i = 0; i < 4; ++i) TVM_FFI_ICHECK_EQ(o.size(i), q.size(i)) << "flash attention: out must have q's shape";
-  TVM_FFI_ICHECK(n * hq * dim <= INT_MAX && m * hkv * dim <= INT_MAX && hq <= 65535 && b <= 65535) << "flash attention: too large";
-  if (block_m == 0) block_m = DEFAULT_BLOCK_M;
-  TVM_FFI_ICHECK(block_m == 64 || block_m == 128) << "flash attention: block_m " << block_m << " (64 or 128)";
+  TVM_FFI_ICHECK(q.size(0) == b && k.size(0) == b && v.size(0) == b && q.size(1) == n && v.size(1) == m)
+      << "flash attention: batch or row counts of q, k, v and out differ";
+  TVM_FFI_ICHECK(q.size(3) == dim && k.size(3) == dim && v.size(3) == dim) << "flash attention: head_dim differs";
+  TVM_FFI_ICHECK(kv_heads > 0 && heads % kv_heads == 0) << "flash attention: " << heads << " query heads for " << kv_heads << " kv heads";
+  TVM_FFI_ICHECK(q_head0 >= 0 && q_head0 + heads <= q.size(2) && k_head0 >= 0 && k_head0 + kv_heads <= k.size(2) && v_head0 >= 0 &&
+                 v_head0 + kv_heads <= v.size(2)) << "flash attention: head range outside q, k or v";
+  if (cos != nullptr) {
+    for (const auto* t : {cos, sin}) {
+      TVM_FFI_ICHECK(t->ndim() == 2 && t->size(0) >= n && t->size(1) == dim && t->IsContiguous() && t->dtype().code == dt.code && t->dtype().bits == 16)
+          << "flash attention: cos/sin must be compact (>= n, head_dim) tables of q's dtype";
+    }
+  }
+  TVM_FFI_ICHECK(n * q.size(2) * dim <= INT_MAX && m * std::max(k.size(2), v.size(2)) * dim <= INT_MAX && heads <= 65535 && b <= 65535)
+      << "flash attention: too large";
   if (b == 0 || n == 0) return;
   TVM_FFI_ICHECK(m > 0) << "flash attention: no keys";
-  auto data = [](const tvm::ffi::TensorView& t) { return static_cast<char*>(t.data_ptr()) + t.byte_offset(); };
-  Params p{data(q), data(k), data(v), data(o), n * hq * dim, m * hkv * dim, static_cast<int>(hq * dim),
-           static_cast<int>(hkv * dim), static_cast<int>(n), static_cast<int>(m), static_cast<int>(hq / hkv),
-           causal ? 1 : 0, static_cast<float>(scale * 1.4426950408889634)};
-  int warps = static_cast<int>(block_m / 16);
-  int smem = static_cast<int>((block_m + 4 * kBlockN) * dim * 2);
-  std::string name = std::string("relaxtune_flash_") + (dt.code == kDLBfloat ? "bf16" : "f16") + "_d" + std::to_string(dim) + "_w" + std::to_string(warps);
+  if (block_m == 0) block_m = ((n + 127) / 128) * heads * b >= 256 ? 128 : 64;  // 128 rows once that still fills the GPU
+  TVM_FFI_ICHECK(block_m == 64 || block_m == 128) << "flash attention: block_m " << block_m << " (64 or 128)";
+  TVM_FFI_ICHECK(stages == 1 || stages == 2) << "flash attention: stages " << stages << " (1 or 2)";
+  auto row = [dim](const tvm::ffi::TensorView& t) { return static_cast<int>(t.size(2) * dim); };
+  Params p{Data(q), Data(k), Data(v), cos ? Data(*cos) : nullptr, sin ? Data(*sin) : nullptr, Data(o),
+           n * row(q), m * row(k), m * row(v), n * row(o), row(q), row(k), row(v), row(o),
+           static_cast<int>(q_head0), static_cast<int>(k_head0), static_cast<int>(v_head0),
+           static_cast<int>(n), static_cast<int>(m), static_cast<int>(heads / kv_heads), causal ? 1 : 0,
+           static_cast<float>(scale * 1.4426950408889634)};
+  int smem = static_cast<int>((block_m + 2 * stages * kBlockN) * dim * 2);
+  std::string name = std::string("relaxtune_flash_") + (dt.code == kDLBfloat ? "bf16" : "f16") + "_d" + std::to_string(dim) + "_m" +
+                     std::to_string(block_m) + (stages == 1 ? "_s1" : "");
   Driver* d = LoadDriver();
-  DLDevice dev = q.device();
+  DLDevice dev = o.device();
   Ptr fn = Kernel(d, dev.device_id, name, smem);
   void* args[] = {&p};
   unsigned grid_x = static_cast<unsigned>((n + block_m - 1) / block_m);
-  Check(d, d->launch(fn, grid_x, static_cast<unsigned>(hq), static_cast<unsigned>(b), 32 * warps, 1, 1, smem,
+  Check(d, d->launch(fn, grid_x, static_cast<unsigned>(heads), static_cast<unsigned>(b), 128, 1, 1, smem,
                      TVMFFIEnvGetStream(dev.device_type, dev.device_id), args, nullptr), "cuLaunchKernel");
+}
+
+int64_t At(const tvm::ffi::Shape& s, int i) {
+  TVM_FFI_ICHECK_EQ(s.size(), 4) << "flash attention: heads must be (q_head0, k_head0, v_head0, kv_heads)";
+  return s[i];
+}
+
+void Plain(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v, int64_t causal, double scale, int64_t block_m,
+           tvm::ffi::TensorView o) {
+  Launch(q, k, v, nullptr, nullptr, 0, 0, 0, k.size(2), causal, scale, block_m, o);
+}
+
+void InPlace(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::ffi::Shape heads, int64_t causal, double scale,
+             int64_t block_m, tvm::ffi::TensorView o) {
+  Launch(q, k, v, nullptr, nullptr, At(heads, 0), At(heads, 1), At(heads, 2), At(heads, 3), causal, scale, block_m, o);
+}
+
+void Rope(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::ffi::TensorView cos, tvm::ffi::TensorView sin,
+          tvm::ffi::Shape heads, int64_t causal, double scale, int64_t block_m, tvm::ffi::TensorView o) {
+  Launch(q, k, v, &cos, &sin, At(heads, 0), At(heads, 1), At(heads, 2), At(heads, 3), causal, scale, block_m, o);
+}
+
+// the rope entry point with the stage count chosen (scripts/flash_check.py times both)
+void RopeConfig(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::ffi::TensorView cos, tvm::ffi::TensorView sin,
+                tvm::ffi::Shape heads, int64_t causal, double scale, int64_t block_m, int64_t stages, tvm::ffi::TensorView o) {
+  Launch(q, k, v, &cos, &sin, At(heads, 0), At(heads, 1), At(heads, 2), At(heads, 3), causal, scale, block_m, o, stages);
 }
 }  // namespace
 
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_flash_attention, FlashAttention);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_flash_attention, Plain);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_flash_attention_in_place, InPlace);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_flash_attention_rope, Rope);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_flash_attention_config, RopeConfig);
 """
 
 NVCC_FLAGS = ("-O3", "--use_fast_math", "-std=c++17")
@@ -208,7 +262,7 @@ def object_file(arch: str, cache_dir: Path | None = None) -> Path:
     import tvm_ffi.libinfo
 
     include = tvm_ffi.libinfo.find_include_path()
-    digest = hashlib.sha1((KERNEL_SOURCE + HOST_SOURCE + arch + include + str(DEFAULT_BLOCK_M)).encode()).hexdigest()[:12]
+    digest = hashlib.sha1((KERNEL_SOURCE + HOST_SOURCE + arch + include).encode()).hexdigest()[:12]
     folder = Path(cache_dir or os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "relaxtune" / f"flash_{arch}_{digest}"
     obj = folder / "flash_attention.o"
     if obj.exists():
@@ -221,7 +275,7 @@ def object_file(arch: str, cache_dir: Path | None = None) -> Path:
         f'asm(".section .rodata\\n.balign 16\\n.globl relaxtune_flash_fatbin\\n.hidden relaxtune_flash_fatbin\\n'
         f'relaxtune_flash_fatbin:\\n.incbin \\"{fatbin}\\"\\n.byte 0\\n.previous\\n");\n'
     )
-    src.write_text(HOST_SOURCE.replace("DEFAULT_BLOCK_M", str(DEFAULT_BLOCK_M)) + embed)
+    src.write_text(HOST_SOURCE + embed)
     includes = {include, tvm_ffi.libinfo.find_dlpack_include_path()}
     cmd = [os.environ.get("CXX", "g++"), "-std=c++17", "-O2", "-fPIC", *(f"-I{p}" for p in includes), "-c", str(src), "-o", str(obj) + ".tmp"]
     done = subprocess.run(cmd, capture_output=True, text=True)

@@ -6,8 +6,10 @@
 `build` links the kernel's host object (fatbin for sm_90 inside) into a small shared library;
 `run` loads it with the TVM runtime, calls `relaxtune_flash_attention` on torch tensors (DLPack),
 checks it against SDPA computed in fp32 (causal and not, GQA, fp16 and bf16, head_dim 128 and
-64, n = 1 to 2048, ragged tails) next to torch's own fp16 SDPA error, and times it against
-torch's SDPA (FlashAttention-2 there) at the Llama-7B shape: TFLOP/s count the causal half.
+64, n = 1 to 2048, ragged tails) next to torch's own fp16 SDPA error, and the in-place entry
+points (q and v read from a merged (b, n, hq + 2 hkv, d) projection, q rotated on load) against
+the same with the copies and the rotation done by torch; then times it against torch's SDPA at
+the Llama-7B shape: TFLOP/s count the causal half.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ CASES = [
     (1, 200, 8, 8, 64, "float16", 0), (1, 2048, 32, 32, 128, "bfloat16", 1), (1, 129, 4, 2, 64, "float16", 1),
 ]
 TIMED = (128, 512, 2048)
+# in place (merged q/k/v, q rotated on load): (batch, n, heads, kv_heads, head_dim, dtype)
+IN_PLACE = [(1, 1, 32, 32, 128, "float16"), (1, 2048, 32, 32, 128, "float16"), (1, 333, 8, 2, 64, "float16"), (2, 100, 4, 2, 128, "bfloat16")]
 
 
 def build(art: Path) -> Path:
@@ -64,7 +68,9 @@ def check_and_time(folder: Path, results: dict) -> dict:
     import tvm
     import tvm_ffi
 
-    flash = tvm.runtime.load_module(str(folder / LIBRARY))["relaxtune_flash_attention"]
+    library = tvm.runtime.load_module(str(folder / LIBRARY))
+    flash = library["relaxtune_flash_attention"]
+    FUNCTIONS.update({name: library[name] for name in ("relaxtune_flash_attention_in_place", "relaxtune_flash_attention_rope", "relaxtune_flash_attention_config")})
     as_tvm = tvm_ffi.from_dlpack
 
     def run(q, k, v, causal, block_m, out):
@@ -92,13 +98,15 @@ def check_and_time(folder: Path, results: dict) -> dict:
             row["ok"] = bool(err == err and err <= max(4 * torch_err, 2e-3 if dtype == "float16" else 1.6e-2))
             report["checks"].append(row)
             print(row, flush=True)
+    for b, n, hq, hkv, d, dtype in IN_PLACE:
+        report["checks"] += _in_place_checks(sdpa, b, n, hq, hkv, d, getattr(torch, dtype))
     for n in TIMED:
         q = torch.randn(1, n, 32, 128, device="cuda", dtype=torch.float16)
         k, v = torch.randn_like(q), torch.randn_like(q)
         out = torch.empty_like(q)
         flops = 4 * 32 * n * n * 128 / 2  # causal: half of QK^T and PV
         row = {"n": n, "GFLOP_causal": round(flops / 1e9, 2)}
-        for block_m in (64, 128):
+        for block_m in (64, 128, 0):
             ms = _timed(lambda: run(q, k, v, 1, block_m, out))
             row[f"flash_m{block_m}_ms"], row[f"flash_m{block_m}_TFLOPs"] = round(ms, 4), round(flops / ms / 1e9, 1)
         qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
@@ -106,11 +114,67 @@ def check_and_time(folder: Path, results: dict) -> dict:
         row["torch_sdpa_ms"], row["torch_sdpa_TFLOPs"] = round(ms, 4), round(flops / ms / 1e9, 1)
         report["timing"].append(row)
         print(row, flush=True)
+    q = torch.randn(1, 2048, 96, 128, device="cuda", dtype=torch.float16)  # the 7B block's merged projection
+    k, out = torch.randn(1, 2048, 32, 128, device="cuda", dtype=torch.float16), torch.empty(1, 2048, 32, 128, device="cuda", dtype=torch.float16)
+    cos, sin = torch.randn(2048, 128, device="cuda", dtype=torch.float16), torch.randn(2048, 128, device="cuda", dtype=torch.float16)
+    rope, config = FUNCTIONS["relaxtune_flash_attention_rope"], FUNCTIONS["relaxtune_flash_attention_config"]
+    heads = tvm_ffi.Shape((0, 0, 64, 32))
+    args = [as_tvm(t) for t in (q, k, q, cos, sin)]
+    row = {"n": 2048, "what": "the 7B block's call: q, v in place, q rotated on load"}
+    ms = _timed(lambda: rope(*args, heads, 1, 128 ** -0.5, 0, as_tvm(out)))
+    row["rope_auto_ms"], row["rope_auto_TFLOPs"] = round(ms, 4), round(4 * 32 * 2048 * 2048 * 128 / 2 / ms / 1e9, 1)
+    for block_m in (64, 128):
+        for stages in (1, 2):
+            ms = _timed(lambda: config(*args, heads, 1, 128 ** -0.5, block_m, stages, as_tvm(out)))
+            row[f"rope_m{block_m}_s{stages}_ms"] = round(ms, 4)
+    report["timing"].append(row)
+    print(row, flush=True)
     results["flash_kernel"] = report
     bad = [r for r in report["checks"] if not r["ok"]]
     if bad:
         raise AssertionError(f"{len(bad)} flash attention check(s) off: {bad[:3]}")
     return report
+
+
+def _in_place_checks(sdpa, b, n, hq, hkv, d, dt) -> list[dict]:
+    """q, v read from a merged projection (q rotated on load, k compact) vs torch on the copies."""
+    import torch
+    import tvm_ffi
+
+    as_tvm = tvm_ffi.from_dlpack
+    qkv = torch.randn(b, n, hq + 2 * hkv, d, device="cuda", dtype=dt)
+    k = torch.randn(b, n, hkv, d, device="cuda", dtype=dt)
+    pos = torch.arange(n + 3, device="cuda", dtype=torch.float32)[:, None]
+    angle = pos * 10000.0 ** (-torch.arange(0, d, 2, device="cuda", dtype=torch.float32) / d)
+    angle = torch.cat([angle, angle], dim=-1)
+    cos, sin = angle.cos().to(dt), angle.sin().to(dt)
+    q, v = qkv[:, :, :hq], qkv[:, :, hq + hkv :]
+    half = d // 2
+    q32 = q.float()
+    rotated = q32 * cos[:n].float()[None, :, None] + torch.cat([-q32[..., half:], q32[..., :half]], -1) * sin[:n].float()[None, :, None]
+    ref = sdpa(rotated, k.float(), v.float(), 1)
+    rows = []
+    heads = tvm_ffi.Shape((0, 0, hq + hkv, hkv))
+    cases = [
+        ("relaxtune_flash_attention_in_place", (qkv, k, qkv), sdpa(q.float(), k.float(), v.float(), 1), ()),
+        ("relaxtune_flash_attention_rope", (qkv, k, qkv, cos, sin), ref, ()),
+    ]
+    cases += [("relaxtune_flash_attention_config", (qkv, k, qkv, cos, sin), ref, (m, st)) for m in (64, 128) for st in (1, 2)]
+    for name, args, expect, config in cases:
+        fn = FUNCTIONS[name]
+        out = torch.full((b, n, hq, d), float("nan"), device="cuda", dtype=dt)
+        tail = config if config else (0,)
+        fn(*(as_tvm(a) for a in args), heads, 1, d ** -0.5, *tail, as_tvm(out))
+        torch.cuda.synchronize()
+        err = (out.float() - expect).abs().max().item()
+        row = {"function": name, "config": list(config), "shape": [b, n, hq, hkv, d], "dtype": str(dt), "max_abs_err": err}
+        row["ok"] = bool(err == err and err <= (4e-3 if dt == torch.float16 else 3e-2))
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
+FUNCTIONS: dict = {}
 
 
 def main() -> None:

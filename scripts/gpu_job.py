@@ -70,9 +70,10 @@ VARIANTS = {
     # attention as one fused flash kernel (relax_passes/flash_attention_cuda.py), options in FLASH
     "llama7b-rf-cublas-flash-graph": ("relaxtune", True, True),
     "llama7b-rf-cublas-flash": ("relaxtune", False, True),
+    "llama7b-rf-cublas-flash-copies-graph": ("relaxtune", True, True),  # flash on compact q/k/v (slice and rope kernels kept)
 }
 # pipeline(flash=...) per artifact (others: False, the attention of the variants above)
-FLASH = {"llama-f16-flash": True, "llama7b-rf-cublas-flash-graph": True, "llama7b-rf-cublas-flash": True}
+FLASH = {"llama-f16-flash": True, "llama7b-rf-cublas-flash-graph": True, "llama7b-rf-cublas-flash": True, "llama7b-rf-cublas-flash-copies-graph": {"in_place": False}}
 # built with the GPU rules as they were before schedules/rules/gpu_row_softmax.py (for comparison)
 PREVIOUS_RULES = ("llama7b-sf-cublas-all-prev", "llama7b-sf-cublas-all-graph-prev")
 # `run` profiles these per kernel when built (else the fastest variant without graphs at n=128)
@@ -80,7 +81,7 @@ KERNEL_VARIANTS = ("llama7b-sf-cublas-all-prev", "llama7b-sf-cublas-all", "llama
 # what the lead's device run needs: `build --only` with this list (tiny check artifacts included)
 DEVICE_SET = (
     *TINY, *PREVIOUS_RULES, "llama7b-sf-cublas-all", "llama7b-sf-cublas-all-graph", "llama7b-rf-cublas-all", "llama7b-rf-cublas-all-graph",
-    "llama7b-rf-cublas-flash", "llama7b-rf-cublas-flash-graph",
+    "llama7b-rf-cublas-flash", "llama7b-rf-cublas-flash-graph", "llama7b-rf-cublas-flash-copies-graph",
 )
 SYSTEMS = (*VARIANTS, "llama7b-stock")
 SEQS = (1, 128, 2048)

@@ -64,6 +64,65 @@ def test_causal_gqa_attention_becomes_one_flash_call():
 
 
 @I.ir_module
+class MergedBefore:  # q, k, v as head slices of the merged projection (MergeProjections on GPU)
+    @R.function
+    def main(qkv: R.Tensor((1, "n", 8, 64), "float16")) -> R.Tensor((1, "n", 4, 64), "float16"):
+        with R.dataflow():
+            q = R.strided_slice(qkv, axes=[2], begin=[0], end=[4])
+            k = R.strided_slice(qkv, axes=[2], begin=[4], end=[6])
+            v = R.strided_slice(qkv, axes=[2], begin=[6], end=[8])
+            o = R.nn.attention(q, R.repeat(k, 2, axis=2), R.repeat(v, 2, axis=2), causal_mask="TopLeft")
+            R.output(o)
+        return o
+
+
+@I.ir_module
+class MergedExpected:
+    @R.function
+    def main(qkv: R.Tensor((1, "n", 8, 64), "float16")) -> R.Tensor((1, "n", 4, 64), "float16"):
+        n = T.int64()
+        with R.dataflow():
+            # no slice copies: heads (q_head0, k_head0, v_head0, kv_heads) of the one tensor
+            o = R.call_dps_packed(
+                "relaxtune_flash_attention_in_place",
+                (qkv, qkv, qkv, R.shape([0, 4, 6, 2]), R.prim_value(T.int64(1)), R.prim_value(T.float64(0.125)), R.prim_value(T.int64(0))),
+                out_ty=R.Tensor((1, n, 4, 64), "float16"),
+            )
+            R.output(o)
+        return o
+
+
+def test_head_slices_are_read_in_place():
+    tvm.ir.assert_structural_equal(RewriteAttentionToFlash("sm_90")(MergedBefore), MergedExpected)
+    plain = RewriteAttentionToFlash("sm_90", in_place=False)(MergedBefore)["main"].script()
+    assert '"relaxtune_flash_attention", (q, k, v,' in plain and "repeat" not in plain
+
+
+def test_llama_block_reads_qkv_in_place_and_rotates_q_on_load():
+    from relaxtune import api, targets
+    from relaxtune.config import CompileConfig, JobConfig
+    from relaxtune.relax_passes.cublas_gemm import cublas_passes
+    from relaxtune.relax_passes.pipeline import fusion_passes
+    from relaxtune.workloads import load, parse_config
+
+    workload = load("llama-block", parse_config("hidden=256,heads=4,kv_heads=2,ffn=128,max_seq=128,max_batch=1"), "float16")
+    target = targets.resolve("cuda")
+    plan = api.bucket_plan(workload, JobConfig(compile=CompileConfig(use_cache=False)))
+    passes = fusion_passes(plan, "relaxtune", cublas_passes(True), gpu=True, attention=flash_passes(target.target, True))
+    with target.target:
+        mod = tvm.transform.Sequential(passes)(workload.mod)
+    (gv,) = [gv for gv in mod.get_global_vars() if gv.name_hint.startswith("main_n65_128")]
+    body = mod[gv].script()
+    # q (heads 0-3, rotated on load) and v (heads 6-7) from the merged projection; k rotated by its own kernel
+    call = re.search(r'"relaxtune_flash_attention_rope", \((\w+), (\w+), (\w+), \w+, \w+, R.shape\(\[0, 0, 6, 2\]\), 1, T.float64\(0.125\), 0\)', body)
+    assert call and call.group(1) == call.group(3) != call.group(2), body
+    kernels = re.findall(r"R.call_tir\((?:cls\.)?(\w+),", body)
+    assert sum("concatenate" in k for k in kernels) == 1 and not any("repeat" in k for k in kernels), kernels
+    assert not any(k.startswith("strided_slice") for k in kernels), "no slice copies"
+    assert "relaxtune_cublas_batched_gemm" not in body and "softmax" not in body
+
+
+@I.ir_module
 class Scaled:  # bf16, head_dim 128, explicit scale, no mask
     @R.function
     def main(q: R.Tensor((2, "n", 8, 128), "bfloat16"), k: R.Tensor((2, "m", 8, 128), "bfloat16"), v: R.Tensor((2, "m", 8, 128), "bfloat16")):
@@ -124,8 +183,8 @@ def test_flash_passes_only_for_cuda_sm80_and_up():
 @needs_nvcc
 def test_nvcc_compiles_every_kernel_for_sm90(tmp_path):
     fatbin = cfa.compile_fatbin("sm_90", tmp_path)
-    names = set(re.findall(r"RELAXTUNE_FLASH\((relaxtune_flash_\w+),", cfa.KERNEL_SOURCE))
-    assert len(names) == 8  # {f16, bf16} x {d64, d128} x {4, 8 warps}
+    names = {name.replace("##DT##", dt) for name in re.findall(r"RELAXTUNE_FLASH\((relaxtune_flash_[#\w]+),", cfa.KERNEL_SOURCE) for dt in ("f16", "bf16")}
+    assert len(names) == 16  # {f16, bf16} x {d64, d128} x {64, 128 query rows per block} x {1, 2 stages}
     cuobjdump = shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump"
     if cfa.os.path.exists(cuobjdump):
         listing = subprocess.run([cuobjdump, "--list-elf", "--list-ptx", str(fatbin)], capture_output=True, text=True).stdout
@@ -155,6 +214,6 @@ def test_tiny_fp16_llama_artifact_calls_the_flash_kernel(tmp_path):
     manifest = artifact.export(executable, workload, target, so, api.bucket_plan(workload, job), None, {})
     assert manifest["device_code"]["arch"] == "sm_90"
     library = so.read_bytes()
-    assert b"__tvm_ffi_relaxtune_flash_attention" in library and b"relaxtune_flash_f16_d64_w4" in library
+    assert b"__tvm_ffi_relaxtune_flash_attention_rope" in library and b"relaxtune_flash_f16_d64_m64" in library and b"relaxtune_flash_f16_d64_m128" in library
     off = JobConfig(compile=CompileConfig(use_cache=False, flash_attention=False))
     assert "relaxtune_flash_attention" not in api.build(workload, target, off)[0].as_text()  # --no-flash-attention
