@@ -247,8 +247,13 @@ def test_cuda_build_calls_cublas_unless_told_not_to():
 @needs_nvcc
 def test_cli_gpu_flags(tmp_path):
     so = tmp_path / "mlp.so"
-    argv = ["compile", "mlp", "--config", SMALL, "--dtype", "float16", "--target", "cuda", "--no-cache", "-o", str(so), "--no-cublas", "--no-cuda-graphs"]
+    argv = ["compile", "mlp", "--config", SMALL, "--dtype", "float16", "--target", "cuda", "--no-cache", "-o", str(so), "--no-cublas", "--no-cuda-graphs", "--no-flash-attention"]
     assert main(argv) == 0 and so.exists()
+    from relaxtune.cli.common import job_config
+    from relaxtune.config import CompileConfig
+
+    args = type("Args", (), {"cache": tmp_path, "buckets": None, "flash_attention": False})()  # --no-flash-attention
+    assert job_config(args).compile.flash_attention is False and CompileConfig().flash_attention is True
 
 
 # ---- RewriteBatchedGemmToCublas (relax_passes/cublas_batched_gemm.py): attention's GEMMs on cuBLAS
