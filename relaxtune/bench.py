@@ -53,9 +53,15 @@ def time_call(fn, min_runs: int = 5, min_seconds: float = 0.3, max_seconds: floa
 def interleaved(calls: dict, rounds: int, sample_s: float = 0.02) -> dict[str, float]:
     """Median ms per call of each system, sampled in turns (each sample: enough calls of it for
     about `sample_s` seconds, after one warm-up call), so that load on this shared machine hits
-    every system alike. What A/B comparisons and the bucket check use."""
+    every system alike. What A/B comparisons and the bucket check use. A system is a callable, or
+    a sampler timed elsewhere (`sample(repeats)` -> ms per call, `once()` -> seconds; e.g.
+    `bench_remote.TorchProcess`)."""
     repeats = {}
     for name, call in calls.items():
+        if hasattr(call, "sample"):
+            call.once()  # warm-up
+            repeats[name] = max(1, int(sample_s / max(call.once(), 1e-6)))
+            continue
         call()  # warm-up: first-call allocation, caches
         start = time.perf_counter()
         call()
@@ -63,6 +69,9 @@ def interleaved(calls: dict, rounds: int, sample_s: float = 0.02) -> dict[str, f
     samples: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(rounds):
         for name, call in calls.items():
+            if hasattr(call, "sample"):
+                samples[name].append(call.sample(repeats[name]))
+                continue
             start = time.perf_counter()
             for _ in range(repeats[name]):
                 call()

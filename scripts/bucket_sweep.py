@@ -6,7 +6,7 @@ Tunes the workload with the same budget into fresh caches (default power-of-two 
 bucket tuned at --single-at; and, as spot checks, one bucket tuned at exactly each --exact n),
 each job ending with its bucket check (relaxtune/bucket_check.py); builds them and a rules-only
 artifact, then times each with torch eager, interleaved in rounds, at every n (an exact-n
-artifact only at its n), in one process, and writes a markdown table (with bucketed / exact),
+artifact only at its n; torch eager in a child process, `relaxtune/bench_remote.py`), and writes a markdown table (with bucketed / exact),
 JSON and a PNG.
 It also measures the bucket dispatch overhead: a one-op model compiled with one bucket and with
 the default buckets, timed at the same n.
@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from relaxtune import api, targets
-from relaxtune.bench import Row, _torch_runner, _tvm_runner, interleaved, plot, time_call
+from relaxtune.bench import Row, _tvm_runner, interleaved, plot, time_call
+from relaxtune.bench_remote import TorchProcess
 from relaxtune.config import BucketConfig, CompileConfig, JobConfig, TuneConfig
 from relaxtune.workloads import load
 
@@ -74,7 +75,8 @@ def main() -> None:
     ns = [int(v) for v in args.n.split(",")]
     exact = [int(v) for v in args.exact.split(",") if v.strip()]
     target = targets.resolve("cpu")
-    workload = load(args.workload, dict(kv.split("=", 1) for kv in args.config.split(",") if kv))
+    config = dict(kv.split("=", 1) for kv in args.config.split(",") if kv)
+    workload = load(args.workload, config)
     root = Path(tempfile.mkdtemp(prefix="sweep-"))
     single = f"tuned at n={args.single_at} only"
     jobs = {
@@ -93,7 +95,8 @@ def main() -> None:
     executables = {name: api.build(workload, target, job)[0] for name, job in jobs.items()}
     import tvm
 
-    eager = workload.torch_module().eval()
+    # torch eager in a process of its own: in this one, TVM's calls ran up to 1.7x slower (bench_remote.py)
+    torch_eager = TorchProcess(args.workload, config)
     rows: list[Row] = []
     for n in ns + [n for n in exact if n not in ns]:
         point = {"b": 1, "n": n}
@@ -106,12 +109,13 @@ def main() -> None:
             call, output = _tvm_runner(ex, tvm.cpu(), workload, inputs)
             errors[name] = float(np.abs(output() - expected).max())
             calls[name] = call
-        calls["torch"] = _torch_runner(eager, workload, inputs)[0]
+        calls["torch"] = torch_eager.at(point)
         medians = interleaved(calls, args.rounds)
         for name, ms in medians.items():
             label = "tuned at exact n" if name.startswith("tuned at n=") and name != single else name
             rows.append(Row(label, point, ms, args.rounds, errors.get(name)))
         print(" ".join(f"{name}={ms:.3f}ms" for name, ms in medians.items()), flush=True)
+    torch_eager.close()
     overhead = dispatch_overhead(target, [1, 100, 1000])
     systems = list(dict.fromkeys(r.system for r in rows))
     by = {(r.system, r.shape["n"]): r for r in rows}

@@ -1,0 +1,105 @@
+"""torch eager timed in a process of its own, sampled in turns with the systems timed here.
+
+Measured on the 2-core box (2026-11-30, llama-block, quiet machine): relaxtune alone 11.9 ms at
+n = 1000, but 20.7 ms when torch eager was timed in the same process in alternating samples
+(torch itself 17.9 vs 18.7 ms): the two thread pools in one process slow TVM's calls down. A
+side-by-side table must not charge one system for the other's threads, so torch runs in a
+spawned child that rebuilds the same workload (same spec, config and seeds: same weights and
+inputs) and answers "time K calls" requests; the parent waits (idle) while it runs.
+
+`TorchProcess(spec, config)` → `.at(point)` (inputs for that shape, one warm-up call) →
+`.sample(repeats)` (ms per call over `repeats` calls) / `.once()` (seconds of one call); it is a
+sampler that `bench.interleaved` accepts beside plain callables.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+
+
+def _serve(conn, spec: str, config: dict, threads: int | None) -> None:
+    import torch
+
+    from .workloads import load
+
+    if threads:
+        torch.set_num_threads(threads)
+    workload = load(spec, config)
+    module = workload.torch_module().eval()
+    tensors = None
+
+    def call():
+        with torch.no_grad():
+            return module(*tensors)
+
+    conn.send(("ready", None))
+    while True:
+        what, arg = conn.recv()
+        if what == "close":
+            return
+        try:
+            if what == "at":
+                inputs = workload.random_inputs(arg)
+                tensors = [torch.from_numpy(inputs[t.name]) for t in workload.inputs]
+                call()
+                conn.send(("ok", None))
+            elif what == "once":
+                start = time.perf_counter()
+                call()
+                conn.send(("ok", time.perf_counter() - start))
+            elif what == "sample":
+                start = time.perf_counter()
+                for _ in range(arg):
+                    call()
+                conn.send(("ok", (time.perf_counter() - start) / arg * 1e3))
+            else:
+                conn.send(("error", f"unknown request {what!r}"))
+        except Exception as err:  # pylint: disable=broad-except  # reported to the parent, which raises
+            conn.send(("error", f"{type(err).__name__}: {err}"))
+
+
+class TorchProcess:
+    """torch eager for `spec` (+ `config`) in a spawned child process (see module docstring)."""
+
+    def __init__(self, spec: str, config: dict | None = None, threads: int | None = None):
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child, spec, dict(config or {}), threads), daemon=True)
+        self._proc.start()
+        self._expect()
+
+    def _expect(self):
+        if not self._conn.poll(600):
+            raise RuntimeError("torch timing process did not answer within 600 s")
+        status, value = self._conn.recv()
+        if status == "error":
+            raise RuntimeError(f"torch timing process: {value}")
+        return value
+
+    def _ask(self, what: str, arg=None):
+        self._conn.send((what, arg))
+        return self._expect()
+
+    def at(self, point: dict) -> "TorchProcess":
+        self._ask("at", dict(point))
+        return self
+
+    def once(self) -> float:
+        return self._ask("once")
+
+    def sample(self, repeats: int) -> float:
+        return self._ask("sample", int(repeats))
+
+    def close(self) -> None:
+        if self._proc.is_alive():
+            self._conn.send(("close", None))
+            self._proc.join(10)
+        if self._proc.is_alive():
+            self._proc.kill()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        self.close()

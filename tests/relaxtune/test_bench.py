@@ -1,0 +1,42 @@
+"""The interleaved A/B timer and torch eager timed in a process of its own."""
+
+import pytest
+
+from relaxtune import bench
+from relaxtune.bench_remote import TorchProcess
+
+
+class _FakeSampler:
+    """A system timed elsewhere: reports 2 ms per call and counts the calls asked of it."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def once(self) -> float:
+        self.calls += 1
+        return 0.002
+
+    def sample(self, repeats: int) -> float:
+        self.calls += repeats
+        return 2.0
+
+
+def test_interleaved_takes_callables_and_samplers():
+    local_calls = []
+    sampler = _FakeSampler()
+    medians = bench.interleaved({"local": lambda: local_calls.append(1), "remote": sampler}, rounds=3, sample_s=0.01)
+    assert medians["remote"] == 2.0 and medians["local"] < 1.0
+    assert sampler.calls == 2 + 3 * 5  # warm-up + calibration, then 3 samples of 0.01 s / 2 ms = 5 calls
+    assert len(local_calls) >= 2 + 3
+
+
+def test_torch_process_times_the_workload_and_reports_errors():
+    config = {"hidden": "32", "ffn": "64", "max_seq": "16", "max_batch": "2"}
+    with TorchProcess("mlp", config, threads=1) as torch_eager:
+        torch_eager.at({"b": 2, "n": 16})
+        assert 0 < torch_eager.once() < 5
+        assert 0 < torch_eager.sample(3) < 5000
+        with pytest.raises(RuntimeError, match="torch timing process"):
+            torch_eager.at({"b": 2})  # no n: the child's error comes back as one line
+        torch_eager.at({"b": 1, "n": 3})  # still serving after an error
+        assert torch_eager.sample(1) > 0
