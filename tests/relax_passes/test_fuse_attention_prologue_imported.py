@@ -19,12 +19,13 @@ HEADS, KV_HEADS, D = 4, 2, 16
 INT64_MAX = 9223372036854775807
 
 
-def _vars(lifted: bool = False):
-    """(b, n, qkv, tables, mask); `lifted`: the tables are (1, 1, 64, d), 64 the bound of n."""
+def _vars(lifted: bool = False, per_batch: bool = False):
+    """(b, n, qkv, tables, mask); `lifted`: the tables are (1, 1, 64, d), 64 the bound of n;
+    `per_batch`: (b, 1, n, d) (positions from a position_ids input)."""
     b, n = tirx.Var("b", "int64"), tirx.Var("n", "int64")
     qkv = relax.Var("qkv", relax.TensorType((b, n, HEADS + 2 * KV_HEADS, D), "float32"))
     rows = 64 if lifted else n
-    tables = [relax.Var(name, relax.TensorType((1, 1, rows, D), "float32")) for name in ("cos", "sin", "cos2", "sin2")]
+    tables = [relax.Var(name, relax.TensorType((b if per_batch else 1, 1, rows, D), "float32")) for name in ("cos", "sin", "cos2", "sin2")]
     mask = relax.Var("mask", relax.TensorType((b, n), "int64"))
     return b, n, qkv, tables, mask
 
@@ -39,12 +40,12 @@ def _rotate_half(bb, x, rotation: str):
     return bb.emit(relax.op.concat([second, bb.emit(relax.op.negative(first))], axis=-1))  # the inverse rotation
 
 
-def hf_module(rotation: str = "half", reuse: bool = False, k_tables: str = "same", lifted: bool = False) -> tvm.IRModule:
+def hf_module(rotation: str = "half", reuse: bool = False, k_tables: str = "same", lifted: bool = False, per_batch: bool = False) -> tvm.IRModule:
     """What FuseAttention leaves of HF Llama: head slices of the merged qkv, transposed heads first,
     rotated with (1, 1, n, d) tables, transposed back into the key-mask kernel. `reuse`: q's
     heads-first copy also returned; `k_tables` "other": k rotated with other tables; `lifted`: the
-    tables are the first n rows of (1, 1, 64, d) ones."""
-    b, n, qkv, params, mask = _vars(lifted)
+    tables are the first n rows of (1, 1, 64, d) ones; `per_batch`: the tables are (b, 1, n, d)."""
+    b, n, qkv, params, mask = _vars(lifted, per_batch)
     kernel = attention_kernel(HEADS, KV_HEADS, D, "float32", "TopLeft", key_mask="zero").with_attr("op_pattern", 8)
     bb = relax.BlockBuilder()
     with bb.function("main", [qkv, *params, mask], {"tir_var_upper_bound": {"n": 64}}):
@@ -101,15 +102,16 @@ def _ops(mod) -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("rotation,reuse,k_tables", [
-    ("inverse", False, "same"),  # not rotate-half: q and k stay rotated copies
-    ("quarter", False, "same"),  # slices that are not the halves of d
-    ("half", True, "same"),  # q's heads-first copy is also returned: neither rotation is taken
-    ("half", False, "other"),  # k rotated with other tables than q: neither rotation is taken
-], ids=["not-rotate-half", "not-halves", "q-reused", "other-tables"])
-def test_rotation_is_not_taken(rotation, reuse, k_tables):
+@pytest.mark.parametrize("variant", [
+    {"rotation": "inverse"},  # not rotate-half: q and k stay rotated copies
+    {"rotation": "quarter"},  # slices that are not the halves of d
+    {"reuse": True},  # q's heads-first copy is also returned: neither rotation is taken
+    {"k_tables": "other"},  # k rotated with other tables than q: neither rotation is taken
+    {"per_batch": True},  # (b, 1, n, d) tables (position_ids an input): the kernel's tables have no batch
+], ids=["not-rotate-half", "not-halves", "q-reused", "other-tables", "per-batch-tables"])
+def test_rotation_is_not_taken(variant):
     """Only v is read in place (its slice is gone); q and k are read as the transposed rotated copies."""
-    after = FuseAttentionPrologue()(hf_module(rotation, reuse, k_tables))
+    after = FuseAttentionPrologue()(hf_module(**variant))
     (kernel,) = _kernels(after)
     ops = _ops(after)
     assert "table_cos" not in [p.name for p in kernel.params] and "relaxtune.key_mask" in kernel.attrs
