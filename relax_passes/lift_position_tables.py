@@ -21,8 +21,10 @@ element-wise operators, broadcasting binary ones, ``expand_dims``, ``permute_dim
 ``matmul`` (over a static axis), every value with ``n`` on exactly one axis and every other axis
 static, has row ``i`` (along ``n``) independent of ``n``. Each float such expression read by
 something else, with a transcendental operator (cos, sin, exp, ...) in it, is computed at the bound
-(a copy of its operators with ``arange(0, U)``) and sliced to ``n`` along that axis. Positions read from an input (``position_ids``) or tables using a weight
-(the ONNX export keeps ``inv_freq`` as an initializer) are not lifted: they are not constant.
+(a copy of its operators with ``arange(0, U)``) and sliced to ``n`` along that axis. Positions read
+from an input (``position_ids``) or tables using a weight (the ONNX export keeps ``inv_freq`` as an
+initializer) are not lifted: they are not constant. Integer positions alone are not either (the
+causal mask's, which FuseAttention reads as ``arange``).
 Run before FuseAttentionPrologue and before LegalizeOps / FoldConstant.
 """
 
