@@ -350,7 +350,8 @@ def attention_kernel(heads: int, kv_heads: int, head_dim: int, dtype: str, causa
     params = [p for i, p in enumerate(fused_attention.params) if i not in unused]
     kernel = tirx.PrimFunc(params, fused_attention.body, fused_attention.ret_type, fused_attention.attrs)
     kernel = kernel.with_attr(ARGS_ATTR, {"heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "dtype": dtype, "scale": scale,
-                                          "causal_mask": causal_mask or "none", "query_tile": qt, "key_tile": kt})
+                                          "causal_mask": causal_mask or "none", "query_tile": qt, "key_tile": kt,
+                                          **({} if key_mask is None else {"key_mask": key_mask, "mask_dtype": mask_dtype})})
     if ops.rope:
         kernel = kernel.with_attr(ROPE_ATTR, True)
     return kernel if key_mask is None else kernel.with_attr(KEY_MASK_ATTR, key_mask)

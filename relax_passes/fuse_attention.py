@@ -26,7 +26,9 @@ the source gives: zeros with the guard and ``fill = -inf``; the mean of all valu
 uniform). A mask that is not provably that conjunction, another fill, ``-inf`` without the guard
 (NaN rows) or a softmax over another axis: not fused. Heads repeated as ``reshape(broadcast_to(
 expand_dims(x, 2)))`` (``repeat_kv``) are read un-repeated. The kernel takes ``(b, n, heads, d)``,
-so q, k, v are transposed to it (a transpose in the source is dropped instead) and the output back.
+so q, k, v are transposed to it (a transpose in the source is dropped instead) and the output back;
+the model's own transposes of that output are composed with it (``_compose_output_transposes``),
+so a chain back to ``(b, n, heads, d)`` (torch.export writes three) leaves no copy kernel.
 
 Run before LegalizeOps and before DecomposeAttention (the fallback for the calls left here). On a
 GPU target (in scope) the pass does nothing yet: the kernel has a CPU schedule only, and dlight's
@@ -41,7 +43,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .attention_kernel import CAUSAL_MASKS, attention_kernel
+from .attention_kernel import ATTR, CAUSAL_MASKS, KIND, attention_kernel
 from .fusion_utils import bound_call, rewrite_functions
 
 logger = logging.getLogger(__name__)
@@ -340,7 +342,25 @@ class _AttentionFuser(PyExprMutator):
                 return call
             self.fused += 1
             return fused
+        if name == "relax.permute_dims":
+            return _compose_output_transposes(self.builder_, call)
         return call
+
+
+def _compose_output_transposes(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """`call` = permute_dims(permute_dims(out, p1), p2) of a fused kernel's output as one transpose of
+    `out`, or `out` itself where they cancel (imported models transpose the (b, h, n, d) result back
+    to (b, n, h, d), the kernel's own layout, sometimes in several steps)."""
+    inner = bound_call(bb, call.args[0], "relax.permute_dims")
+    if inner is None or inner.attrs.axes is None or call.attrs.axes is None:
+        return call
+    kernel = bound_call(bb, inner.args[0], "relax.call_tir")
+    func = None if kernel is None else bb.get()[kernel.args[0]]
+    if not isinstance(func, tirx.PrimFunc) or not func.attrs or func.attrs.get(ATTR, None) != KIND:
+        return call
+    first, second = [int(a) for a in inner.attrs.axes], [int(a) for a in call.attrs.axes]
+    axes = [first[a] for a in second]
+    return inner.args[0] if axes == sorted(axes) else relax.op.permute_dims(inner.args[0], axes)
 
 
 @tvm.transform.module_pass(opt_level=0, name="FuseAttention")

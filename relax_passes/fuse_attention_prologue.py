@@ -12,13 +12,21 @@ tables, to apply the rotation as it loads them (``attention_kernel.Operands``). 
 dead and DeadCodeElimination drops them; the kernel stays one TIR function with no ``n x n``
 intermediate.
 
+Imported models (``transformers`` through torch.export or ONNX; the key-mask kernel, whose mask
+stays its last input) rotate heads first: FuseAttention's operand is ``permute_dims(r, [0, 2, 1,
+3])`` of ``r = x·cos + rot(x)·sin`` with ``x = permute_dims(slice, [0, 2, 1, 3])``, tables ``(1,
+1, n, d)`` and HF's ``rotate_half``: ``concat(-x[..., d/2:], x[..., :d/2])`` as two
+``strided_slice`` of the halves. Both transposes are dropped with the copies: the kernel rotates
+the slice's heads as it loads them, the same values.
+
 Matches operators and attributes only. An operand is left as it is when the slice is not a
 contiguous head range on axis 2 of a 4-d tensor, a split is not on the last axis or its part is
-not reshaped to whole heads, or any intermediate (slice, split part, rotation step) has another
-consumer (the copy is needed anyway). The rotation is taken only in exactly the rotate-half form
-(an interleaved rotation, another sign or other tables are not); q and k must both be rotated
-with the same tables, else neither rotation is taken and the rotated tensors are read as they are.
-Kernels with a key mask (imported models, which read transposed operands) are left alone.
+not reshaped to whole heads, or any intermediate (slice, split part, transpose, rotation step)
+has another consumer (the copy is needed anyway). The rotation is taken only in exactly the
+rotate-half form (an interleaved rotation, another sign, slices that are not the two halves or
+other tables are not); q and k must both be rotated with the same tables, else neither rotation
+is taken and the rotated tensors are read as they are. A key-mask kernel whose build arguments do
+not record the mask's dtype is left alone.
 
 Runs after FuseAttention and LiftPositionTables (whose sliced tables it reads whole), before
 LegalizeOps (it reads the Relax operators).
@@ -122,8 +130,10 @@ class _Tracer:
             self.views[(whole, head_dim)] = self.bb.emit(relax.op.reshape(whole, [*whole.ty.shape.values[:2], width // head_dim, head_dim]))
         return _Source(self.views[(whole, head_dim)], sum(sizes[:index]) // head_dim, copy="split")
 
-    def rope(self, expr) -> tuple[relax.Expr, tuple] | None:
-        """(x, (cos, sin)) when `expr` = x * cos + concat(-x2, x1) * sin, x1, x2 = split(x, 2, axis=-1)."""
+    def rope(self, expr, seq_axis: int = 1) -> tuple[relax.Expr, tuple, int] | None:
+        """(x, (cos, sin), reads) when `expr` = x * cos + concat(-x2, x1) * sin with x1, x2 the halves
+        of x's last axis (`_rotate_half`), the tables (1, n, 1, d) for x (b, n, h, d) (`seq_axis` 1) or
+        (1, 1, n, d) for x (b, h, n, d) (2); `reads`: how many times this reads x."""
         add = self.bound(expr, "relax.add")
         if add is None:
             return None
@@ -133,31 +143,60 @@ class _Tracer:
                 continue
             for x, cos in (straight.args, reversed(straight.args)):
                 for rotated, sin in (turned.args, reversed(turned.args)):
-                    if self._rotate_half(rotated, x) and self._table(cos, x) and self._table(sin, x):
-                        return x, (cos, sin)
+                    reads = self._rotate_half(rotated, x)
+                    if reads and self._table(cos, x, seq_axis) and self._table(sin, x, seq_axis):
+                        return x, (cos, sin), 1 + reads
         return None
 
-    def _rotate_half(self, expr, x) -> bool:
+    def _rotate_half(self, expr, x) -> int:
+        """How many times `expr` = concat(-x2, x1) reads x (0: it is not that), with x1, x2 the parts
+        of split(x, 2, axis=-1) (llama-block) or x[..., :d/2] and x[..., d/2:] (HF's rotate_half)."""
         concat = self.bound(expr, "relax.concat")
         if concat is None or int(concat.attrs.axis) not in (-1, 3) or not isinstance(concat.args[0], relax.Tuple):
-            return False
+            return 0
         fields = concat.args[0].fields
-        if len(fields) != 2:
-            return False
+        if len(fields) != 2 or not isinstance(x.ty, relax.TensorType) or x.ty.ndim != 4:
+            return 0
         neg = self.bound(fields[0], "relax.negative")
+        if neg is not None and self._half(neg.args[0], x) == 1 and self._half(fields[1], x) == 0:
+            return 2
         first, second = self.part(fields[1]), None if neg is None else self.part(neg.args[0])
         if first is None or second is None or not first[0].same_as(second[0]) or (first[1], second[1]) != (0, 1):
-            return False
+            return 0
         split = first[0]
         sections = split.attrs.indices_or_sections
         halves = int(sections) == 2 if isinstance(sections, tirx.IntImm) else None
         if halves is None and len(sections) == 1:  # split at d / 2
             halves = _equal(sections[0], x.ty.shape.values[3] // 2)
-        return bool(halves) and int(split.attrs.axis) in (-1, 3) and split.args[0].same_as(x) and x.ty.ndim == 4
+        return int(bool(halves) and int(split.attrs.axis) in (-1, 3) and split.args[0].same_as(x))
 
-    def rows(self, table) -> relax.Expr:
+    def _half(self, expr, x) -> int | None:
+        """0 / 1 when `expr` is a single-use strided_slice of the first / second half of x's last axis."""
+        sliced = self.bound(expr, "relax.strided_slice")
+        if sliced is None or not sliced.args[0].same_as(x):
+            return None
+        axes, begin, end = (_ints(a) for a in sliced.args[1:4])
+        strides = _ints(sliced.args[4]) if len(sliced.args) > 4 else []
+        d = _static(x.ty.shape.values[3])
+        if d is None or d % 2 or axes not in ([3], [-1]) or None in (begin, end, strides) or any(s != 1 for s in strides):
+            return None
+        if begin == [0] and end == [d // 2]:
+            return 0
+        return 1 if begin == [d // 2] and end[0] >= d else None
+
+    def rows(self, table, seq_axis: int = 1) -> relax.Expr:
         """A (1, n, 1, d) table as the (rows >= n, d) tensor the kernel reads: the table it is the first
-        n rows of (`strided_slice` on axis 0 from 0, as LiftPositionTables writes), else a view of it."""
+        n rows of (`strided_slice` on axis 0 from 0, as LiftPositionTables writes), else a view of it.
+        A (1, 1, n, d) table (`seq_axis` 2): a view of the (1, 1, rows, d) table it is the first n rows of
+        (`strided_slice` on axis 2 from 0, LiftPositionTables on imported models), else of itself."""
+        shape = table.ty.shape.values
+        if seq_axis == 2:
+            sliced = self.bb.lookup_binding(table) if isinstance(table, relax.Var) else None
+            if is_op(sliced, "relax.strided_slice") and _ints(sliced.args[1]) == [2] and _ints(sliced.args[2]) == [0]:
+                strides = _ints(sliced.args[4]) if len(sliced.args) > 4 else []
+                if strides is not None and all(s == 1 for s in strides):
+                    table = sliced.args[0]
+            return self.bb.emit(relax.op.reshape(table, [table.ty.shape.values[2], shape[3]]))
         flat = None
         reshape = self.bb.lookup_binding(table) if isinstance(table, relax.Var) else None
         if is_op(reshape, "relax.reshape") and reshape.args[0].ty.ndim == 2:
@@ -175,37 +214,63 @@ class _Tracer:
             flat = self.bb.emit(relax.op.reshape(table, [table.ty.shape.values[1], table.ty.shape.values[3]]))
         return flat
 
-    def _table(self, table, x) -> bool:
-        """`table` is (1, n, 1, d) with n, d those of x, of x's dtype."""
+    def _table(self, table, x, seq_axis: int) -> bool:
+        """`table` is (1, n, 1, d) (`seq_axis` 1) or (1, 1, n, d) (2) with n, d those of x, of x's dtype."""
         if not isinstance(table.ty, relax.TensorType) or table.ty.ndim != 4 or table.ty.shape is None:
             return False
         shape, xs = table.ty.shape.values, x.ty.shape.values
-        return (str(table.ty.dtype) == str(x.ty.dtype) and _static(shape[0]) == 1 and _static(shape[2]) == 1
-                and _equal(shape[1], xs[1]) and _equal(shape[3], xs[3]))
+        ones = [i for i in (0, 1, 2) if i != seq_axis]
+        return (str(table.ty.dtype) == str(x.ty.dtype) and all(_static(shape[i]) == 1 for i in ones)
+                and _equal(shape[seq_axis], xs[seq_axis]) and _equal(shape[3], xs[3]))
 
 
-def _operand(tracer: _Tracer, expr, rotated: bool) -> _Source:
-    """Where `expr` is read from: through its rotation (when `rotated`) and a head slice, else itself."""
-    if rotated:
-        x, tables = tracer.rope(expr)
-        source = tracer.heads(x, uses=2) or _Source(x)  # x is read by x * cos and by split(x)
+def _axes(call: relax.Call, expected: list[int]) -> bool:
+    return call.attrs.axes is not None and [int(a) for a in call.attrs.axes] == expected
+
+
+def _rotation(tracer: _Tracer, expr) -> tuple[relax.Expr, int, tuple, int] | None:
+    """(x, reads, (cos, sin), seq_axis) when `expr` (b, n, h, d) is x (b, n, h, d) rotated, read by
+    nothing else than the rotation (`reads` times), or the rotation computed heads first (b, h, n, d)
+    from x's transpose and transposed back (imported models: `seq_axis` 2), else None."""
+    found = tracer.rope(expr)
+    if found is not None:
+        x, tables, reads = found
+        return (x, reads, tables, 1) if tracer.uses.get(x, 0) == reads else None
+    back = tracer.bound(expr, "relax.permute_dims")
+    found = None if back is None or not _axes(back, [0, 2, 1, 3]) else tracer.rope(back.args[0], seq_axis=2)
+    if found is None:
+        return None
+    x_heads_first, tables, reads = found
+    there = tracer.bound(x_heads_first, "relax.permute_dims", uses=reads)
+    return (there.args[0], 1, tables, 2) if there is not None and _axes(there, [0, 2, 1, 3]) else None
+
+
+def _operand(tracer: _Tracer, expr, rotation: tuple | None) -> _Source:
+    """Where `expr` is read from: through its `rotation` (`_rotation`) and a head slice, else itself."""
+    if rotation is not None:
+        x, reads, tables, _ = rotation
+        source = tracer.heads(x, uses=reads) or _Source(x)
         return _Source(source.tensor, source.offset, tables, source.copy)
     return tracer.heads(expr) or _Source(expr)
 
 
-def _same_rotation(tracer: _Tracer, query, key) -> bool:
-    """q and k are both rotate-half rotations of their own (else single-use) slices, with the same tables."""
-    q_rope, k_rope = tracer.rope(query), tracer.rope(key)
-    if q_rope is None or k_rope is None or any(tracer.uses.get(x, 0) != 2 for x, _ in (q_rope, k_rope)):
-        return False
-    (q_x, (q_cos, q_sin)), (k_x, (k_cos, k_sin)) = q_rope, k_rope
-    return q_cos.same_as(k_cos) and q_sin.same_as(k_sin) and _equal(q_x.ty.shape.values[1], k_x.ty.shape.values[1])
+def _same_rotation(tracer: _Tracer, query, key) -> tuple[tuple, tuple] | None:
+    """The `_rotation`s of q and k when both are rotate-half rotations of their own (else single-use)
+    slices, with the same tables, else None."""
+    q_rot, k_rot = _rotation(tracer, query), _rotation(tracer, key)
+    if q_rot is None or k_rot is None:
+        return None
+    (q_x, _, (q_cos, q_sin), _), (k_x, _, (k_cos, k_sin), _) = q_rot, k_rot
+    same = q_cos.same_as(k_cos) and q_sin.same_as(k_sin) and _equal(q_x.ty.shape.values[1], k_x.ty.shape.values[1])
+    return (q_rot, k_rot) if same else None
 
 
 def kernel_args(func: tirx.PrimFunc) -> dict | None:
     """The `attention_kernel` arguments of a fused attention kernel this pass may extend, else None."""
     attrs = func.attrs if isinstance(func, tirx.PrimFunc) else None
-    if not attrs or attrs.get(ATTR, None) != KIND or KEY_MASK_ATTR in attrs or PROLOGUE_ATTR in attrs or ARGS_ATTR not in attrs:
+    if not attrs or attrs.get(ATTR, None) != KIND or PROLOGUE_ATTR in attrs or ARGS_ATTR not in attrs:
+        return None
+    if KEY_MASK_ATTR in attrs and "mask_dtype" not in attrs[ARGS_ATTR]:
         return None
     return {key: getattr(value, "value", value) for key, value in attrs[ARGS_ATTR].items()}
 
@@ -227,28 +292,31 @@ class _PrologueFuser(PyExprMutator):
 
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
-        if not is_op(call, "relax.call_tir") or not isinstance(call.args[1], relax.Tuple) or len(call.args[1].fields) != 3:
+        if not is_op(call, "relax.call_tir") or not isinstance(call.args[1], relax.Tuple) or len(call.args[1].fields) not in (3, 4):
             return call
         args = kernel_args(self.builder_.get()[call.args[0]])
-        if args is None:
+        if args is None or len(call.args[1].fields) != 3 + ("key_mask" in args):
             return call
         tracer = _Tracer(self.builder_, self.uses, self.views)
-        query, key, value = call.args[1].fields
-        rotated = _same_rotation(tracer, query, key)
-        sources = [_operand(tracer, query, rotated), _operand(tracer, key, rotated), _operand(tracer, value, False)]
+        (query, key, value), mask = call.args[1].fields[:3], list(call.args[1].fields[3:])
+        rotations = _same_rotation(tracer, query, key)
+        rotated = rotations is not None
+        sources = [_operand(tracer, query, rotations and rotations[0]), _operand(tracer, key, rotations and rotations[1]),
+                   _operand(tracer, value, None)]
         if all(s.tensor.same_as(x) for s, x in zip(sources, (query, key, value))):
             return call
         heads = [_static(s.tensor.ty.shape.values[2]) for s in sources]
         operands = Operands(*heads, *(s.offset for s in sources), rope=rotated)
         causal = None if args["causal_mask"] == "none" else args["causal_mask"]
         kernel = attention_kernel(int(args["heads"]), int(args["kv_heads"]), int(args["head_dim"]), args["dtype"], causal,
-                                  float(args["scale"]), int(args["query_tile"]), int(args["key_tile"]), operands=operands)
+                                  float(args["scale"]), int(args["query_tile"]), int(args["key_tile"]), operands=operands,
+                                  key_mask=args.get("key_mask", None), mask_dtype=args.get("mask_dtype", "int64"))
         copies = [s.copy for s in sources if s.copy] + ["rotate_half"] * 2 * rotated
         gv = self.builder_.add_func(in_place(kernel, copies), NAME)
-        tables = [tracer.rows(t) for t in sources[0].rope] if rotated else []
+        tables = [tracer.rows(t, rotations[0][3]) for t in sources[0].rope] if rotated else []
         self.fused += 1
         self.rotated += rotated
-        return relax.call_tir(gv, [s.tensor for s in sources] + tables, call.ty)
+        return relax.call_tir(gv, [s.tensor for s in sources] + tables + mask, call.ty)
 
 
 @tvm.transform.module_pass(opt_level=0, name="FuseAttentionPrologue")

@@ -12,6 +12,19 @@ kernel either. Tables over ``MAX_ELEMENTS`` elements are left as they are.
 Fires only when row ``i`` of every output provably does not depend on ``n``: the PrimFunc's every
 block stores one element, with no predicate, and ``n`` appears in no stored value and no index
 (only in loop extents and buffer shapes). Matches operators and PrimFunc structure, never names.
+
+Imported models (``torch.export`` of ``transformers``) write the tables as Relax operators:
+``cos(concat((f, f), -1)) * s`` with ``f = float(positions) * inv_freq``, positions
+``arange(0, n)``, viewed as ``(1, 1, n, d)``. The same is done for these (``_RowLocal``): an
+expression computed only from constants and ``arange(0, n, 1)`` (``n`` bounded), through
+element-wise operators, broadcasting binary ones, ``expand_dims``, ``permute_dims``, ``concat`` and
+``matmul`` (over a static axis), every value with ``n`` on exactly one axis and every other axis
+static, has row ``i`` (along ``n``) independent of ``n``. Each float such expression read by
+something else, with a transcendental operator (cos, sin, exp, ...) in it, is computed at the bound
+(a copy of its operators with ``arange(0, U)``) and sliced to ``n`` along that axis. Positions read
+from an input (``position_ids``) or tables using a weight (the ONNX export keeps ``inv_freq`` as an
+initializer) are not lifted: they are not constant. Integer positions alone are not either (the
+causal mask's, which FuseAttention reads as ``arange``).
 Run before FuseAttentionPrologue and before LegalizeOps / FoldConstant.
 """
 
@@ -78,19 +91,142 @@ def _elements(ty: relax.TensorType) -> int:
     return count
 
 
+# operators under which an expression of positions stays row-local (module docstring)
+_UNARY = {f"relax.{op}" for op in ("astype", "cos", "sin", "negative", "exp", "sqrt", "rsqrt", "tanh", "sigmoid")}
+_BINARY = {f"relax.{op}" for op in ("add", "subtract", "multiply", "divide", "power", "maximum", "minimum")}
+_LAYOUT = {"relax.expand_dims", "relax.permute_dims", "relax.concat"}
+_FREE = "constant"  # a row-local analysis value: computed from constants only, no n
+# operators that make a table worth computing once (positions alone, or scaled by constants, cost
+# nothing to recompute: lifting them would only turn a cheap kernel into a constant)
+_TRANSCENDENTAL = {f"relax.{op}" for op in ("cos", "sin", "exp", "sqrt", "rsqrt", "tanh", "sigmoid", "power", "divide")}
+
+
+class _RowLocal:
+    """The bindings of one function that are row-local in a bounded symbolic var (module docstring):
+    `axis[var]` is (n, the axis of n in var's shape), or `_FREE` for constant expressions."""
+
+    def __init__(self, func: relax.Function, bounds: dict):
+        self.bounds, self.axis, self.values, self.costly = bounds, {}, {}, set()
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                if isinstance(binding, relax.VarBinding):
+                    found = self._analyse(binding.value)
+                    if found is not None:
+                        self.axis[binding.var], self.values[binding.var] = found, binding.value
+                        if binding.value.op.name in _TRANSCENDENTAL or any(v in self.costly for v in relax.analysis.free_vars(binding.value)):
+                            self.costly.add(binding.var)
+        self.roots = self._roots(func)
+
+    def _arg(self, expr):
+        """`_FREE`, (n, axis), a list of those (a tuple's fields), or None (not row-local)."""
+        if isinstance(expr, tvm.ir.expr.Constant):
+            return _FREE
+        if isinstance(expr, relax.Tuple):
+            fields = [self._arg(f) for f in expr.fields]
+            return None if any(f is None or isinstance(f, list) for f in fields) else fields
+        return self.axis.get(expr) if isinstance(expr, relax.Var) else None
+
+    @staticmethod
+    def _n_axis(ty, n) -> int | None:
+        """The axis of `ty`'s shape holding n, when it is its only symbolic one (else None)."""
+        if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+            return None
+        axes = [i for i, x in enumerate(ty.shape.values) if not isinstance(x, tirx.IntImm)]
+        return axes[0] if len(axes) == 1 and ty.shape.values[axes[0]].same_as(n) else None
+
+    def _analyse(self, value):
+        """`_FREE`, (n, axis) or None for a bound value (module docstring)."""
+        if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+            return None
+        name = value.op.name
+        if name == "relax.arange":
+            start, end, step = value.args  # prim values are PrimExprs
+            if not (isinstance(start, tirx.IntImm) and int(start) == 0 and isinstance(step, tirx.IntImm) and int(step) == 1):
+                return None
+            return (end, 0) if isinstance(end, tirx.Var) and end.name in self.bounds else None
+        if name not in _UNARY | _BINARY | _LAYOUT and name != "relax.matmul":
+            return None
+        args = []
+        for arg in (self._arg(a) for a in value.args):
+            if arg is None:
+                return None
+            args += arg if isinstance(arg, list) else [arg]
+        local = [a for a in args if a != _FREE]
+        if not local:
+            return _FREE
+        n = local[0][0]
+        if any(not other.same_as(n) for other, _ in local):  # positions along two different vars
+            return None
+        if name == "relax.matmul":  # the contracted axis static: output position i reads input position i
+            contracted = [value.args[0].ty.shape.values[-1], value.args[1].ty.shape.values[-2]]
+            if any(not isinstance(x, tirx.IntImm) for x in contracted):
+                return None
+        axis = self._n_axis(value.ty, n)
+        if axis is None or (name == "relax.concat" and int(value.attrs.axis) % value.ty.ndim == axis):
+            return None
+        return n, axis
+
+    def _roots(self, func) -> dict:
+        """Float row-local vars (with n) read by something that is not row-local, with a transcendental
+        operator in their computation: var → (n, axis)."""
+        outside = set(relax.analysis.free_vars(func.body.body))
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                if binding.var not in self.axis:
+                    outside.update(relax.analysis.free_vars(binding.value))
+        return {var: found for var, found in self.axis.items()
+                if var in outside and found != _FREE and var in self.costly and str(var.ty.dtype).startswith(("float", "bfloat"))}
+
+
 @mutator
 class _Lifter(PyExprMutator):
     def __init__(self, mod: tvm.IRModule):
         super().__init__(mod)
         self.bounds: dict = {}  # name of a symbolic var -> its upper bound, per function
         self.lifted = 0
+        self.expressions = 0  # of them, Relax expressions (imported models), not call_tir
 
     def visit_function_(self, func):
         bounds = (func.attrs or {}).get("tir_var_upper_bound", None) if func.attrs is not None else None
         self.bounds = {str(k): int(v) for k, v in bounds.items()} if bounds else {}
+        self.rows = _RowLocal(func, self.bounds)
+        self.root_values = {self.rows.values[var]: (var, found) for var, found in self.rows.roots.items()}
+        self.at_bound = {}  # row-local var -> its value computed at the bound (emitted once)
         return super().visit_function_(func)
 
+    def _full(self, expr) -> relax.Expr:
+        """`expr` (row-local or constant) with n replaced by its bound (module docstring)."""
+        if isinstance(expr, relax.Tuple):
+            return relax.Tuple([self._full(f) for f in expr.fields])
+        if not isinstance(expr, relax.Var) or self.rows.axis.get(expr) == _FREE:
+            return self.visit_expr(expr)
+        if expr not in self.at_bound:
+            value = self.rows.values[expr]
+            if is_op(value, "relax.arange"):
+                bound = relax.prim_value(tirx.const(self.bounds[value.args[1].name], "int64"))
+                args = [value.args[0], bound, *value.args[2:]]
+            else:
+                args = [self._full(a) for a in value.args]
+            self.at_bound[expr] = self.builder_.emit(relax.Call(value.op, args, value.attrs, value.ty_args))
+        return self.at_bound[expr]
+
+    def _lift_expression(self, call) -> relax.Expr | None:
+        """The slice of `call`'s value computed at the bound, when `call` is a root of `_RowLocal`."""
+        root = self.root_values.get(call)
+        if root is None:
+            return None
+        var, (n, axis) = root
+        shape = [tirx.const(self.bounds[n.name], "int64") if i == axis else x for i, x in enumerate(var.ty.shape.values)]
+        if _elements(relax.TensorType(shape, var.ty.dtype)) > MAX_ELEMENTS:
+            return None
+        self.lifted += 1
+        self.expressions += 1
+        return relax.op.strided_slice(self._full(var), [axis], [0], [n], assume_inbound=True)
+
     def visit_call_(self, call):
+        lifted = self._lift_expression(call)
+        if lifted is not None:
+            return lifted
         call = self.visit_expr_post_order(call)
         if not is_op(call, "relax.call_tir") or len(call.args) != 2 or not isinstance(call.args[1], relax.Tuple) or call.args[1].fields:
             return call
@@ -125,5 +261,5 @@ class LiftPositionTables:
         rewritten = rewrite_functions(mod, lifter)
         if not lifter.lifted:
             return mod
-        logger.info("LiftPositionTables: %d table call(s) now computed up to the bound", lifter.lifted)
-        return rewritten
+        logger.info("LiftPositionTables: %d table(s) now computed up to the bound", lifter.lifted)
+        return relax.transform.DeadCodeElimination()(rewritten) if lifter.expressions else rewritten

@@ -227,9 +227,10 @@ def _position(bb, extent, axis):
     return x
 
 
-def decomposed_module(mask: str = "causal-pad", guard: bool = True, fill: float = float("-inf"), heads=2, kv_heads=1):
+def decomposed_module(mask: str = "causal-pad", guard: bool = True, fill: float = float("-inf"), heads=2, kv_heads=1, transposes=()):
     """torch's decomposed attention: (q·c)(kᵀ·c) + where(mask, 0, fill) → softmax (→ the all -inf guard) → ·v.
-    `mask`: causal-pad (causal ∧ attention_mask[b, key]), input (a (b, 1, n, n) bool input), anti-causal."""
+    `mask`: causal-pad (causal ∧ attention_mask[b, key]), input (a (b, 1, n, n) bool input), anti-causal;
+    `transposes`: the axes of the model's transposes of the result."""
     b, n = tirx.Var("b", "int64"), tirx.Var("n", "int64")
     d = 16
     q = relax.Var("q", relax.TensorType((b, heads, n, d), "float32"))
@@ -263,12 +264,15 @@ def decomposed_module(mask: str = "causal-pad", guard: bool = True, fill: float 
                 row = bb.emit(relax.op.max(bb.emit(relax.op.astype(finite, "int8")), [-1], keepdims=True))
                 empty = bb.emit(relax.op.logical_not(bb.emit(relax.op.astype(row, "bool"))))
                 probs = bb.emit(relax.op.where(empty, bb.emit(relax.op.full_like(probs, relax.const(0.0, "float32"))), probs))
-            o = bb.emit_output(relax.op.matmul(probs, v, out_dtype="float32"))
+            o = relax.op.matmul(probs, v, out_dtype="float32")
+            for axes in transposes:
+                o = relax.op.permute_dims(bb.emit(o), axes)
+            o = bb.emit_output(o)
         bb.emit_func_output(o)
     return bb.get()
 
 
-def decomposed_expected(heads=2, kv_heads=1, key_mask="zero"):
+def decomposed_expected(heads=2, kv_heads=1, key_mask="zero", back=(0, 2, 1, 3)):
     """main transposes q, k, v to (b, n, h, d), calls the key-mask kernel with attention_mask, transposes back."""
     b, n = tirx.Var("b", "int64"), tirx.Var("n", "int64")
     q = relax.Var("q", relax.TensorType((b, heads, n, 16), "float32"))
@@ -282,7 +286,7 @@ def decomposed_expected(heads=2, kv_heads=1, key_mask="zero"):
             gv = bb.add_func(kernel, "fused_attention")
             args = [bb.emit(relax.op.permute_dims(x, [0, 2, 1, 3])) for x in (q, k, v)]
             out = bb.emit(relax.call_tir(gv, args + [attn], relax.TensorType((b, n, heads, 16), "float32")))
-            o = bb.emit_output(relax.op.permute_dims(out, [0, 2, 1, 3]))
+            o = bb.emit_output(out if back is None else relax.op.permute_dims(out, list(back)))
         bb.emit_func_output(o)
     return bb.get()
 
@@ -291,6 +295,14 @@ def test_decomposed_causal_padding_attention_becomes_one_kernel():
     tvm.ir.assert_structural_equal(FuseAttention()(decomposed_module()), decomposed_expected())
     uniform = FuseAttention()(decomposed_module(guard=False, fill=-3.4028234663852886e38))
     tvm.ir.assert_structural_equal(uniform, decomposed_expected(key_mask="uniform"))
+
+
+def test_transposes_of_the_result_are_composed():
+    """The model's transposes back to (b, n, h, d) (torch.export: three) cancel the kernel's own; others compose."""
+    back = FuseAttention()(decomposed_module(transposes=[[2, 0, 1, 3], [1, 2, 0, 3], [0, 2, 1, 3]]))
+    tvm.ir.assert_structural_equal(back, decomposed_expected(back=None))
+    other = FuseAttention()(decomposed_module(transposes=[[0, 1, 3, 2]]))
+    tvm.ir.assert_structural_equal(other, decomposed_expected(back=(0, 2, 3, 1)))
 
 
 @pytest.mark.parametrize("mask, guard, fill", [

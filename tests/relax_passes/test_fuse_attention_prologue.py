@@ -101,21 +101,29 @@ def test_does_not_fire(rotation, reuse, k_tables, slices_left):
     assert (ops.count("relax.multiply") == 0) == rotated
 
 
-def test_mask_kernels_are_left_alone():
-    """The key-mask kernel (imported models) is not extended, even when its operands are head slices."""
+def test_mask_kernels_read_slices_in_place():
+    """The key-mask kernel (imported models) reads its head slices in place too; the mask stays its last input
+    (the imported RoPE form: test_fuse_attention_prologue_imported.py)."""
     b, n = tirx.Var("b", "int64"), tirx.Var("n", "int64")
     qkv = relax.Var("qkv", relax.TensorType((b, n, 3 * HEADS, D), "float32"))
     mask = relax.Var("mask", relax.TensorType((b, n), "int64"))
-    kernel = attention_kernel(HEADS, HEADS, D, "float32", "TopLeft", key_mask="zero").with_attr("op_pattern", 8)
-    bb = relax.BlockBuilder()
-    with bb.function("main", [qkv, mask]):
-        with bb.dataflow():
-            gv = bb.add_func(kernel, "fused_attention")
-            q, k, v = (bb.emit(relax.op.strided_slice(qkv, [2], [i * HEADS], [(i + 1) * HEADS], assume_inbound=True)) for i in range(3))
-            o = bb.emit_output(relax.call_tir(gv, [q, k, v, mask], relax.TensorType((b, n, HEADS, D), "float32")))
-        bb.emit_func_output(o)
-    before = bb.get()
-    tvm.ir.assert_structural_equal(FuseAttentionPrologue()(before), before)
+
+    def module(read_in_place: bool) -> tvm.IRModule:
+        bb = relax.BlockBuilder()
+        with bb.function("main", [qkv, mask]):
+            with bb.dataflow():
+                if read_in_place:
+                    kernel = attention_kernel(HEADS, HEADS, D, "float32", "TopLeft", key_mask="zero", operands=Operands(12, 12, 12, 0, HEADS, 2 * HEADS))
+                    gv = bb.add_func(in_place(kernel, ["strided_slice"] * 3), NAME)
+                    args = [qkv, qkv, qkv, mask]
+                else:
+                    gv = bb.add_func(attention_kernel(HEADS, HEADS, D, "float32", "TopLeft", key_mask="zero").with_attr("op_pattern", 8), "fused_attention")
+                    args = [bb.emit(relax.op.strided_slice(qkv, [2], [i * HEADS], [(i + 1) * HEADS], assume_inbound=True)) for i in range(3)] + [mask]
+                o = bb.emit_output(relax.call_tir(gv, args, relax.TensorType((b, n, HEADS, D), "float32")))
+            bb.emit_func_output(o)
+        return bb.get()
+
+    tvm.ir.assert_structural_equal(FuseAttentionPrologue()(module(False)), module(True))
 
 
 def gpt2_module() -> tvm.IRModule:

@@ -165,7 +165,9 @@ def test_hf_export_attention_is_fused_and_matches_onnx_with_left_padding(family,
     _, workload, vm = request.getfixturevalue(f"hf_{family}_onnx")
     fused = fuse(workload.mod, target.target, api.bucket_plan(workload, JobConfig()))
     kernels = [f for gv, f in fused.functions_items() if gv.name_hint.startswith("fused_attention")]
-    assert kernels and all(len(f.params) == 5 for f in kernels)  # q, k, v, key mask, out
+    # q, k, v, key mask, out; Llama's RoPE applied on load (FuseAttentionPrologue): cos and sin tables too
+    rope = family == "llama"
+    assert kernels and all(len(f.params) == 5 + 2 * rope and f.attrs.get("relaxtune.rope", False) == rope for f in kernels)
     weights = prepare_params(vm, [tvm.runtime.tensor(v) for v in workload.params.values()])
     for b, n in [(1, 1), (2, 1), (2, 17), (1, 48), (2, 48)]:
         inputs = workload.random_inputs({"b": b, "n": n}, seed=n)
