@@ -123,8 +123,8 @@ class _Rewriter(PyExprMutator):
         tracer = _Tracer(self.builder_, self.uses, self.views)
         rope = tracer.rope(q)
         if rope is not None:
-            x, tables = rope
-            qs = tracer.heads(x, uses=2) or _Source(x)  # x is read by x * cos and by split(x)
+            x, tables, reads = rope
+            qs = tracer.heads(x, uses=reads) or _Source(x)  # x is read by x * cos and by the rotation
         else:
             qs, tables = tracer.heads(q) or _Source(q), None
         ks, vs = tracer.heads(k) or _Source(k), tracer.heads(v) or _Source(v)
