@@ -8,7 +8,7 @@ with stock and with relaxtune fusion (``relaxtune report fusion``), the max abs 
 torch eager at n = 1, 32 and the bound (b = 1,
 after tuning; once with the configured memory planner, once with TVM's), and the latency at
 n = 32 after a 16-trial tuning run into a temporary cache (``relaxtune.bench.bench`` with the
-systems relaxtune and torch, torch with ``--torch-threads``, default 1; for an ONNX row torch runs
+systems relaxtune and torch, both on ``--threads`` threads, default 1; for an ONNX row torch runs
 the module that was exported). A failed tuning run is
 reported in its column and the latency is then that of the rule-based schedules. Prints a
 markdown table; ``--json PATH`` writes the rows.
@@ -147,15 +147,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-onnx", action="store_true", help="skip the ONNX exports")
     parser.add_argument("--memory-planner", default=CompileConfig().memory_planner, help="CompileConfig.memory_planner")
     parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON")
-    parser.add_argument("--torch-threads", type=int, default=1,
-                        help="torch intra-op threads (default 1: on a shared 2-core box, 2 threads stalled ~256 ms per call)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="threads of TVM's runtime and of torch, the same for both (default 1: torch and TVM run in this one "
+                             "process, and two pools of 2 threads on a shared 2-core box stalled ~256 ms per call)")
     args = parser.parse_args(argv)
+    import os
+
     import torch
 
-    torch.set_num_threads(args.torch_threads)
+    if args.threads < 1:
+        parser.error(f"--threads {args.threads}: give 1 or more")
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)  # before TVM's pool starts (relaxtune's import set the core count)
+    torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     target = targets.resolve("cpu")
-    print(f"target: {target.json}; torch threads: {torch.get_num_threads()}", flush=True)
+    print(f"target: {target.json}; threads: TVM {os.environ['TVM_NUM_THREADS']}, torch {torch.get_num_threads()}", flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="import_table_") as tmp:
         folder = Path(tmp)
