@@ -80,6 +80,7 @@ class ProgressBar(ms.measure_callback.PyMeasureCallback):
         self.stale = [0] * len(names)
         self.stopped: list[str] = []
         self._held_out_seen = 0
+        self.total = total
         self.bar = tqdm(total=total, unit="trial", desc="tuning", disable=disable, dynamic_ncols=True)
 
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
@@ -122,12 +123,23 @@ class ProgressBar(ms.measure_callback.PyMeasureCallback):
         if self.patience and self.stale[task_id] >= self.patience and task_scheduler is not None:
             if task_scheduler.tasks_[task_id].is_terminated:  # the scheduler ended it (budget spent, or its space done)
                 return
+            if self._budget_sent(task_scheduler, task_id):
+                return  # no trials left to give away; and in its final drain the scheduler ends this task itself after the callback
             name = self.names[task_id]
             logger.info("%s: no gain over %d batches, best %.1f us: stopped; its trials go to the other tasks", name, self.patience, best)
             self.stopped.append(name)
             if self.events is not None:
                 self.events.write("stop", task=name, best_us=best if best < float("inf") else None)
             task_scheduler.terminate_task(task_id)
+
+    def _budget_sent(self, task_scheduler, task_id: int) -> bool:
+        """Whether every trial of the budget is measured or in flight. Then MetaSchedule sends no more
+        candidates, and once it stops picking tasks it joins each running task and ends it without
+        checking whether a callback already did (TerminateTask: `Check failed: (!task->is_terminated)`,
+        which crashed a 128-trial job of llama-block): an early stop there gains nothing and must not happen."""
+        in_flight = sum(len(t.runner_futures) for i, t in enumerate(task_scheduler.tasks_)
+                        if i != task_id and getattr(t, "runner_futures", None) is not None)
+        return sum(self.trials) + in_flight >= self.total
 
     def close(self) -> None:
         self.bar.close()

@@ -125,7 +125,7 @@ class _Scheduler:
 
     def __init__(self, tasks: int = 2):
         self.terminated = []
-        self.tasks_ = [SimpleNamespace(is_terminated=False) for _ in range(tasks)]
+        self.tasks_ = [SimpleNamespace(is_terminated=False, runner_futures=None) for _ in range(tasks)]
 
     def terminate_task(self, task_id):
         if self.tasks_[task_id].is_terminated:
@@ -179,3 +179,21 @@ def test_no_early_stop_of_a_task_the_scheduler_already_ended():
     scheduler.tasks_[0].is_terminated = True  # budget spent
     _batch(bar, scheduler, 0, [100.0])  # no gain: would stop, but the task has ended already
     assert scheduler.terminated == [] and bar.stopped == []
+
+
+def test_no_early_stop_once_the_budget_is_measured_or_in_flight():
+    """MetaSchedule's final drain joins a running task, runs the callbacks, then ends the task without
+    checking whether a callback ended it: an early stop there crashed a job (TerminateTask check)."""
+    from relaxtune.schedules.progress import ProgressBar
+
+    bar = ProgressBar(3, ["a", "b"], [1e6, 1e6], disable=True, patience=1)
+    scheduler = _Scheduler()
+    _batch(bar, scheduler, 0, [100.0])
+    scheduler.tasks_[1].runner_futures = [object()]  # b's last candidate is still running
+    _batch(bar, scheduler, 0, [100.0])  # 2 measured + 1 in flight = the budget of 3: no stop, although stale
+    assert scheduler.terminated == [] and bar.stopped == []
+    scheduler.tasks_[1].runner_futures = None
+    bar2 = ProgressBar(8, ["a", "b"], [1e6, 1e6], disable=True, patience=1)
+    _batch(bar2, scheduler, 0, [100.0])
+    _batch(bar2, scheduler, 0, [100.0])  # 2 of 8: trials left to give to b, so a stops
+    assert scheduler.terminated == [0]
