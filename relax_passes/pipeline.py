@@ -70,14 +70,12 @@ def rule_schedules(target) -> tvm.transform.Pass:
     from tvm.s_tir import dlight as dl
 
     if "gpu" in target.keys:
-        from ..schedules.rules.gpu_rules import gpu_rules
+        from ..schedules.rules.gpu_rules import gpu_schedule_pass
 
-        rules = gpu_rules()
-    else:
-        from ..schedules.rules import cpu_rules
+        return gpu_schedule_pass()  # ApplyDefaultSchedule(*gpu_rules()), after the kernels' bound annotation
+    from ..schedules.rules import cpu_rules
 
-        rules = cpu_rules()
-    return dl.ApplyDefaultSchedule(*rules)
+    return dl.ApplyDefaultSchedule(*cpu_rules())
 
 
 def explicit_allocation_passes() -> list:
