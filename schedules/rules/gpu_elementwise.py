@@ -1,5 +1,5 @@
 """RowElementwise: a CUDA schedule for injective kernels whose last axis is static and read and
-written contiguously (issue 8): silu(gate) * up, the residual adds, RoPE, casts.
+written contiguously (issue 8): silu(gate) * up, the residual adds, casts (not RoPE: below).
 
 Tried in gpu_rules.py before dlight's rules; dlight's `Fallback` (its element-wise schedule) fuses
 every loop into one flat index, splits it over (blockIdx, threadIdx) and recovers the row and
@@ -10,7 +10,7 @@ traffic: ~32 us at copy bandwidth) and 30 + 18 us for the two residual adds (50 
 Matches by structure, not by name: after every producer block is inlined into the output, one
 spatial block is left, with one output, whose innermost loop is the output's last axis with a
 static extent, and every buffer access reads that axis contiguously (index = innermost var + an
-offset free of it, e.g. the gate/up halves of the merged projection, the rotate-half of RoPE) or
+offset free of it, e.g. the gate/up halves of the merged projection) or
 not at all (a broadcast over it, e.g. a per-row scale). It declines reductions, several outputs,
 a symbolic last axis, and transposes (the innermost var in another index, or scaled).
 
@@ -22,7 +22,7 @@ extent L (else V = 1), and C = L / V vectors per row:
 - C >= 64 (the MLP's 1376, hidden 4096's 512): rows on blockIdx.x (up to 2^31 - 1, so a symbolic
   n is fine), the vectors of a row over (blockIdx.y, threadIdx.x) with the thread count among
   512/256/128/64 that wastes the fewest threads in the last block of the row (128 for 1376);
-- C < 64 (RoPE's 16 per head row): T / C rows per block of T = 256 threads.
+- C < 64 (e.g. 16 for 128-wide rows): T / C rows per block of T = 256 threads.
 
 No element needs a division: the row is the block index and the column the thread index
 (times V), so the remaining index arithmetic is one multiply-add per vector. It is 32-bit
@@ -32,9 +32,17 @@ before the rules, see gpu_rules.gpu_schedule_pass) wrote on the kernel as `relax
 from its callers' `tir_var_upper_bound` (the bucket bounds: n <= 2048 at max_seq 2048). Otherwise
 (no bound, a bound too large, scalar parameters) it stays int64.
 
-When the vectoriser cannot keep a vector expression (RoPE's `if_then_else` on the column, which
-selects the rotated half), TVM scalarises that loop: it is still correct, with the row/column
-layout and no division.
+Declined as well: a select on the column (RoPE's `if_then_else`, which picks the rotated half).
+TVM's vectoriser scalarises a lane loop with a vector condition, and neither layout tried beat
+dlight's `Fallback` on k's RoPE (7B block, H200): dlight 22.9-23.3 us at n = 2048 (3.65 us at
+n = 128); this rule with 8 scalar lanes per thread (16 bytes apart, uncoalesced) 27.0 us; with one
+element per thread (128 threads per head row, n * 32 blocks) 42.3 us (4.58 us at n = 128).
+
+Measured on the H200 (scripts/gpu_job.py, llama7b-rf-cublas-flash vs -prev, per kernel):
+silu(gate) * up 109.9-116.5 -> 43.1-44.1 us at n = 2048 (7.4 -> 4.1-4.2 us at n = 128); the
+residual adds 29.7-29.9 + 18.0-18.1 -> 13.3-13.4 + 8.1-8.2 us at n = 2048; n = 1 unchanged
+(~3.6-5.5 us, launch-bound). The block with CUDA graphs at n = 2048: 1.721 -> 1.604 ms (second
+run; the first, with RoPE still on this rule, 1.719 -> 1.671 ms).
 """
 
 from __future__ import annotations
@@ -89,6 +97,23 @@ def _contiguous(index_exprs, var, analyzer) -> bool:
 
 
 _FIELDS = ("a", "b", "value", "args", "indices", "condition", "true_value", "false_value", "body", "seq", "then_case", "else_case", "base")
+
+
+def _selects_on(node, var) -> bool:
+    """A Select or if_then_else under `node` whose condition uses `var` (RoPE's rotate-half concat)."""
+    kind = type(node).__name__
+    if kind == "Select" and _uses(node.condition, var):
+        return True
+    if kind == "Call" and str(getattr(node.op, "name", "")).endswith("if_then_else") and _uses(node.args[0], var):
+        return True
+    for field in _FIELDS:
+        child = getattr(node, field, None)
+        if child is None or isinstance(child, (int, float, str)):
+            continue
+        for item in (child if isinstance(child, (list, tuple, tvm_ffi.Array)) else [child]):
+            if hasattr(item, "same_as") and _selects_on(item, var):
+                return True
+    return False
 
 
 def _accesses(node, found: list | None = None) -> list:
@@ -159,6 +184,8 @@ class RowElementwise(dl.ScheduleRule):
             return None
         widest = max(tvm_dtype_bytes(dtype) for _n, dtype, _i in accesses)
         vector = max(1, self.vector_bytes // widest)
+        if _selects_on(stmt.body, inner):
+            return None  # RoPE's rotate-half: slower than dlight's Fallback in both layouts tried (docstring)
         if length % vector:
             vector = 1
         return self._schedule(sch, block, loops, length, vector, target)

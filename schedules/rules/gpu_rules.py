@@ -10,7 +10,7 @@ the cuda target in scope. The order is most specific first:
 - `LowBatchGEMV`: the same for small symbolic batches (decode buckets 2..8), where `Matmul`
   would pad the row tile to 32+ and `GEMV` does not match.
 - `RowElementwise` (gpu_elementwise.py): injective kernels with a static last axis read and
-  written contiguously (silu(gate) * up, residual adds, RoPE): rows on blocks, 16-byte vectors on
+  written contiguously (silu(gate) * up, residual adds; not RoPE): rows on blocks, 16-byte vectors on
   threads, no per-element division; dlight's `Fallback` (flat index, int64 `/` and `%` per
   element, scalar loads) took 110-123 us for the n = 2048 silu * up of the 7B block.
 - `Reduction`: plain reductions (the output is the reduced value).

@@ -43,7 +43,7 @@ def _add(width: int = 4096, static_n: int | None = None) -> tirx.PrimFunc:
 
 
 def _rope(heads: int = 32, dim: int = 128) -> tirx.PrimFunc:
-    """k's rotate-half RoPE reading the merged q/k/v projection (1, n, 3h, d) and (1, n, 1, d) tables."""
+    """k's rotate-half RoPE (declined: dlight's Fallback measured faster) reading the merged q/k/v projection (1, n, 3h, d) and (1, n, 1, d) tables."""
     n = tirx.Var("n", "int64")
     qkv = te.placeholder((I64(1), n, I64(3 * heads), I64(dim)), "float16", "lv4")
     cos = te.placeholder((I64(1), n, I64(1), I64(dim)), "float16", "cos")
@@ -105,17 +105,17 @@ def test_static_add_is_narrowed_without_a_bound():
     assert mod is not None and "int64" not in mod.script()
 
 
-def test_rope_packs_head_rows_into_blocks():
-    mod = _schedule(_rope())
+def test_short_rows_are_packed_into_blocks():
+    mod = _schedule(_add(width=128))
     assert mod is not None
     script = mod.script()
-    # 16 vectors of 8 per 128-wide head row: 16 head rows per block of 256 threads
+    # 16 vectors of 8 per 128-wide row: 16 rows per block of 256 threads
     assert 'T.thread_binding(256, thread="threadIdx.x")' in script and "T.vectorized(8)" in script
-    assert "int64" not in script
+    assert '"blockIdx.y"' not in script
 
 
 @needs_nvcc
-@pytest.mark.parametrize("make", [_silu_mul, _add, _rope], ids=["silu_mul", "add", "rope"])
+@pytest.mark.parametrize("make", [_silu_mul, _add, lambda: _add(width=128)], ids=["silu_mul", "add", "short-rows"])
 def test_generated_cuda_compiles_for_sm_90(make, tmp_path):
     src = _cuda(_schedule(make()))
     (tmp_path / "k.cu").write_text(src)
@@ -154,7 +154,10 @@ def _strided_last() -> tirx.PrimFunc:
     return te.create_prim_func([x, te.compute((n, I64(64)), lambda i, j: x[i, j * I64(2)], name="y")])
 
 
-@pytest.mark.parametrize("make", [_row_sum, _rms_norm, _transpose, _symbolic_last, _strided_last], ids=["reduction", "rms_norm", "transpose", "symbolic-last-axis", "strided-last-axis"])
+@pytest.mark.parametrize(
+    "make", [_row_sum, _rms_norm, _transpose, _symbolic_last, _strided_last, _rope],
+    ids=["reduction", "rms_norm", "transpose", "symbolic-last-axis", "strided-last-axis", "rope-select-on-column"],
+)
 def test_does_not_apply(make):
     assert _schedule(make()) is None
 
