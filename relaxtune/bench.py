@@ -55,7 +55,8 @@ def interleaved(calls: dict, rounds: int, sample_s: float = 0.02) -> dict[str, f
     about `sample_s` seconds, after one warm-up call), so that load on this shared machine hits
     every system alike. What A/B comparisons and the bucket check use. A system is a callable, or
     a sampler timed elsewhere (`sample(repeats)` -> ms per call, `once()` -> seconds; e.g.
-    `bench_remote.TorchProcess`)."""
+    `bench_remote.TorchProcess`); the system sampled right after a sampler gets an untimed sample
+    first (the other process's threads are still spinning)."""
     repeats = {}
     for name, call in calls.items():
         if hasattr(call, "sample"):
@@ -67,11 +68,17 @@ def interleaved(calls: dict, rounds: int, sample_s: float = 0.02) -> dict[str, f
         call()
         repeats[name] = max(1, int(sample_s / max(time.perf_counter() - start, 1e-6)))
     samples: dict[str, list[float]] = {name: [] for name in calls}
+    after_remote = False
     for _ in range(rounds):
         for name, call in calls.items():
             if hasattr(call, "sample"):
                 samples[name].append(call.sample(repeats[name]))
+                after_remote = True
                 continue
+            if after_remote:  # the other process's threads still spin: an untimed sample first
+                for _ in range(repeats[name]):
+                    call()
+                after_remote = False
             start = time.perf_counter()
             for _ in range(repeats[name]):
                 call()

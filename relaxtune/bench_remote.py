@@ -10,6 +10,12 @@ inputs) and answers "time K calls" requests; the parent waits (idle) while it ru
 `TorchProcess(spec, config)` → `.at(point)` (inputs for that shape, one warm-up call) →
 `.sample(repeats)` (ms per call over `repeats` calls) / `.once()` (seconds of one call); it is a
 sampler that `bench.interleaved` accepts beside plain callables.
+
+Threads of the other process keep spinning for a while after its sample ends, so each sample
+starts with one untimed call here, and `interleaved` gives the system sampled right after a
+remote one an untimed sample first. Without that, the system sampled right after torch ran ~1.4x
+slow (llama-block, 2-core box: the bucketed artifact 7.66 ms at n = 512 in the sweep's order,
+5.21 ms timed alone, where the rules-only artifact sampled later in each round took 5.25 ms).
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ def _serve(conn, spec: str, config: dict, threads: int | None) -> None:
                 call()
                 conn.send(("ok", time.perf_counter() - start))
             elif what == "sample":
+                call()  # untimed: the parent's thread pool may still be spinning
                 start = time.perf_counter()
                 for _ in range(arg):
                     call()

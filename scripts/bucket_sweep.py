@@ -71,13 +71,16 @@ def main() -> None:
     parser.add_argument("--n", default="1,2,3,7,16,37,64,100,128,300,512,1000")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", type=Path, default=Path("build/sweep"))
+    parser.add_argument("--caches", type=Path, default=None,
+                        help="folder for the jobs' caches (default: a new temporary folder); an earlier run's folder re-times its artifacts (0 new trials)")
     args = parser.parse_args()
     ns = [int(v) for v in args.n.split(",")]
     exact = [int(v) for v in args.exact.split(",") if v.strip()]
     target = targets.resolve("cpu")
     config = dict(kv.split("=", 1) for kv in args.config.split(",") if kv)
     workload = load(args.workload, config)
-    root = Path(tempfile.mkdtemp(prefix="sweep-"))
+    root = args.caches or Path(tempfile.mkdtemp(prefix="sweep-"))
+    print(f"caches: {root}", flush=True)
     single = f"tuned at n={args.single_at} only"
     jobs = {
         "relaxtune bucketed": JobConfig(cache_dir=root / "bucketed", tune=TuneConfig(trials=args.trials)),

@@ -24,10 +24,11 @@ class _FakeSampler:
 def test_interleaved_takes_callables_and_samplers():
     local_calls = []
     sampler = _FakeSampler()
-    medians = bench.interleaved({"local": lambda: local_calls.append(1), "remote": sampler}, rounds=3, sample_s=0.01)
+    medians = bench.interleaved({"local": lambda: local_calls.append(1), "remote": sampler}, rounds=3, sample_s=1e-9)
     assert medians["remote"] == 2.0 and medians["local"] < 1.0
-    assert sampler.calls == 2 + 3 * 5  # warm-up + calibration, then 3 samples of 0.01 s / 2 ms = 5 calls
-    assert len(local_calls) >= 2 + 3
+    assert sampler.calls == 2 + 3  # warm-up + calibration, then 3 samples of 1 call
+    # warm-up + calibration, round 1: one timed call; rounds 2 and 3 follow the remote sample: untimed + timed
+    assert len(local_calls) == 2 + 1 + 2 * 2
 
 
 def test_torch_process_times_the_workload_and_reports_errors():
