@@ -115,12 +115,6 @@ def gpu_checks(target) -> list:
     return [require_gpu_schedules()] if "gpu" in target.keys else []
 
 
-def small_bucket_passes(target) -> list:
-    from ..schedules.serialize_small import SerializeSmallBuckets
-
-    return [] if "gpu" in target.keys else [SerializeSmallBuckets()]
-
-
 def pipeline(
     target, plan: dict[str, list[Bucket]], database=None, report: Counter | None = None, index: dict | None = None, memory_planner: str | None = None,
     fusion: str | None = None, cublas: bool | dict = False, verdicts=None, flash: bool | dict = False,
@@ -148,7 +142,6 @@ def pipeline(
         *tuned,
         rule_schedules(target),
         *gpu_checks(target),  # gpu: an unscheduled kernel is an error, not host code reading device memory
-        *small_bucket_passes(target),  # decode-sized buckets run their kernels on one thread
         *explicit_allocation_passes(),
         memory_planning(memory_planner),  # storage reuse over the whole function (CompileConfig.memory_planner)
         # gpu: static regions captured as CUDA graphs when PassContext `relax.backend.use_cuda_graph` is set
