@@ -25,6 +25,18 @@ reads them (the normalisation, the only output). The schedule:
   `pragma_loop_partition_hint`, so TVM's LoopPartition emits whole 2048-element chunks without
   bound checks (straight-line loads) and one checked tail.
 
+- a static row that is a multiple of threads x V long (V = 16 bytes of the widest row operand;
+  RMSNorm at hidden 4096, a static softmax row): each reduction reads its row operands 16 bytes at
+  a time into registers (`cache_read` to local, vectorised; element (o * threads + tx) * V + v,
+  o and v unrolled) instead of one scalar load per element (`_vector_reduce`; `vector_bytes=0`
+  keeps the scalar loads). The output pass of a row with fp32 math (RMSNorm's scale, the fp32
+  softmax) writes 4 elements per step, not 8: TVM's CUDA codegen emits a float32 x 8 broadcast as
+  an 8-argument make_ulonglong4 that nvcc rejects (`_output_vector`).
+  H200, 7B block, n = 2048 (scripts/gpu_job.py, llama7b-rf-cublas-flash vs -h8cprev): each
+  RMSNorm 15.1-15.4 us (then dlight's Reduction rule, 1024 threads, scalar loads: this rule now
+  runs before it, gpu_rules.ROW_SOFTMAX_FIRST) -> 7.8-7.9 us (~4.2 TB/s for the 33.5 MB read and
+  written); 5.4-5.7 us at n = 1 and 128 (launch-bound) either way.
+
 The row is read from global memory by each pass (max, sum, normalise), but a row is 4 KB at
 m = 2048 and the 2nd and 3rd reads hit L1 (8 blocks of 256 threads per SM: 64 KB of rows);
 exp is recomputed in the normalisation rather than stored. The accumulation type is the compute
@@ -44,6 +56,10 @@ from tvm.s_tir import dlight as dl
 logger = logging.getLogger(__name__)
 
 DATA_PAR, COMM_REDUCE = 0, 2  # tirx.IterVar.iter_type values
+
+
+def _uses(expr, var) -> bool:
+    return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
 
 
 def _kinds(sch: s_tir.Schedule, block) -> list[int]:
@@ -95,8 +111,9 @@ def _same_extents(sch, loops_a, loops_b) -> bool:
 class RowSoftmax(dl.ScheduleRule):
     """Softmax-shaped kernels (row reductions, then one normalising output pass): a block per row."""
 
-    def __init__(self, threads: int = 256, vector: int = 8, unroll: int = 8):
-        self.threads, self.vector, self.unroll = threads, vector, unroll
+    def __init__(self, threads: int = 256, vector: int = 8, unroll: int = 8, vector_bytes: int = 16):
+        # vector_bytes: 16-byte loads in the reduction passes of a static row (0: scalar loads, the rule before issue 8's RMSNorm work)
+        self.threads, self.vector, self.unroll, self.vector_bytes = threads, vector, unroll, vector_bytes
 
     def apply(self, func, target, _tunable):
         if not isinstance(func, tirx.PrimFunc):
@@ -140,7 +157,8 @@ class RowSoftmax(dl.ScheduleRule):
         threads = self._threads(sch, row, target)
         extent = sch.get(row).extent
         static = int(extent) if isinstance(extent, tirx.IntImm) else None
-        vector = self.vector if static and static % (threads * self.vector) == 0 else 1
+        vector = self._output_vector(sch, output)
+        vector = vector if static and static % (threads * vector) == 0 else 1
         unroll = self.unroll if static is None else max(1, min(self.unroll, static // threads))
         bx = sch.fuse(*lead)
         sch.bind(bx, "blockIdx.x")
@@ -154,6 +172,8 @@ class RowSoftmax(dl.ScheduleRule):
         sch.bind(tx, "threadIdx.x")
         for red in reversed(reductions):
             sch.compute_at(red, bx, preserve_unit_loops=True)
+            if self._vector_reduce(sch, red, static, threads):
+                continue
             red_row = sch.get_loops(red)[-1]
             # element (r_o * unroll + r_step) * threads + r_tx: each load coalesced across the warp,
             # `unroll` independent loads in flight per thread (a GPU issues in order: without them
@@ -166,3 +186,48 @@ class RowSoftmax(dl.ScheduleRule):
             sch.set_scope(red, 0, "shared")
         logger.debug("RowSoftmax: %d reduction(s), %d threads, vector %d, unroll %d", len(reductions), threads, vector, unroll)
         return sch
+
+    def _output_vector(self, sch, output) -> int:
+        """`self.vector`, at most 16 bytes of the widest type in the output's expression: TVM's CUDA
+        codegen writes a float32 x 8 broadcast (RMSNorm's fp32 scale) as an 8-argument
+        make_ulonglong4, which nvcc rejects."""
+        widest = 4 if "float32" in str(sch.get(output).body) else 2  # fp32 math in the expression
+        return max(1, min(self.vector, 16 // widest))
+
+    def _vector_reduce(self, sch: s_tir.Schedule, red, static: int | None, threads: int) -> bool:
+        """A static row whose length is a multiple of `threads` x V (V = 16 bytes of the widest row
+        operand): each row operand is read into registers V elements at a time (one 16-byte load,
+        `cache_read` to local, vectorised), element (o * threads + tx) * V + v, the o loop unrolled
+        (RMSNorm at hidden 4096, fp16: 2 x 16 bytes per thread of 256). False: nothing was done."""
+        if not self.vector_bytes or static is None:
+            return False
+        block = sch.get(red)
+        reads, k = block.reads, block.iter_vars[-1].var  # k: the reduced (row) axis
+        analyzer = tvm.sym.Analyzer()
+
+        def along_row(region) -> bool:  # the last index is k + an offset free of k, the others free of k
+            if not len(region) or any(_uses(r.min, k) for r in region[:-1]):
+                return False
+            last = region[-1]
+            return isinstance(last.extent, tirx.IntImm) and int(last.extent) == 1 and _uses(last.min, k) and not _uses(analyzer.simplify(last.min - k), k)
+
+        rows = [i for i, r in enumerate(reads) if along_row(r.region)]
+        if not rows or any(_uses(r.region[-1].min, k) for i, r in enumerate(reads) if i not in rows):
+            return False
+        names = {reads[i].source.name for i in rows}
+        widest = max(tvm.runtime.DataType(str(reads[i].source.dtype)).bits // 8 for i in rows)
+        vector = self.vector_bytes // max(1, widest)
+        if vector <= 1 or static % (threads * vector):
+            return False
+        r_o, r_tx, r_v = sch.split(sch.get_loops(red)[-1], [None, threads, vector])
+        sch.reorder(r_tx, r_o, r_v)  # thread loop outside: the all-reduce is over threadIdx.x
+        sch.bind(r_tx, "threadIdx.x")
+        for name in sorted(names):
+            index = next(i for i, r in enumerate(sch.get(red).reads) if r.source.name == name)
+            cache = sch.cache_read(red, index, "local", consumer_blocks=[red])
+            sch.compute_at(cache, r_o, preserve_unit_loops=True)
+            sch.vectorize(sch.get_loops(cache)[-1])
+        sch.unroll(r_o)
+        sch.unroll(r_v)
+        sch.set_scope(red, 0, "shared")
+        return True

@@ -85,12 +85,57 @@ def test_one_block_per_row_and_one_store_per_element(make):
 
 def test_static_row_length_writes_vectors():
     mod = _schedule(_biased(static=4096))
-    assert mod is not None and "T.vectorized(T.int64(8))" in mod.script()
+    # 16 bytes of fp32 math per thread (the scores' max and sum are fp32): 4 elements
+    assert mod is not None and "T.vectorized(T.int64(4))" in mod.script()
+
+
+def _rms_norm(width: int = 4096) -> tirx.PrimFunc:
+    """R.nn.rms_norm as LegalizeOps writes it for fp16 (fp32 sum of squares, rsqrt, fp16 output)."""
+    n = tirx.Var("n", "int64")
+    x = te.placeholder((I64(1), n, I64(width)), "float16", "x")
+    w = te.placeholder((I64(width),), "float16", "w")
+    return te.create_prim_func([x, w, topi.nn.rms_norm(x, w, axis=[2])])
+
+
+def test_rms_norm_reads_16_byte_vectors_in_the_reduction():
+    mod = _schedule(_rms_norm())
+    assert mod is not None
+    script = mod.script()
+    # the row into registers 8 fp16 at a time (local cache, vectorised), 2 vectors per thread of 256, unrolled
+    assert 'scope="local"' in script and script.count("T.vectorized(T.int64(8))") == 1, script
+    assert "T.unroll(T.int64(2))" in script and "T.unroll(T.int64(8))" in script
+    assert script.count('scope="shared"') == 1  # the sum of squares, one per row
+    # the output pass: 4 elements (16 bytes of fp32 math) per thread and step
+    assert "T.vectorized(T.int64(4))" in script
+    body = _kernel_body(_cuda(mod))
+    assert body.count("*(uint4*)(x_ptr") == 2, "2 16-byte vectors per thread in the reduction"
+    assert body.count("*(half4*)(x_ptr") == 1 and body.count("*(half4*)(T_cast_ptr") == 1 and "__shfl_down_sync" in body
+
+
+def test_vector_bytes_0_keeps_scalar_reduction_loads():
+    target = targets.resolve("cuda").target
+    with target:
+        sch = RowSoftmax(vector_bytes=0).apply(_rms_norm().with_attr("global_symbol", "main"), target, False)
+    assert sch is not None and 'scope="local"' not in sch.mod.script() and sch.mod.script().count("T.vectorized") == 1  # the output pass only
+
+
+def test_row_not_a_multiple_of_the_vectors_keeps_scalar_loads():
+    mod = _schedule(_rms_norm(width=4000))
+    assert mod is not None and 'scope="local"' not in mod.script()
+
+
+def _cuda(mod) -> str:
+    return cdc.cuda_sources(tvm.compile(mod, target=targets.resolve("cuda").target).mod)[0].decode()
+
+
+def _kernel_body(src: str) -> str:
+    return src[src.rindex('extern "C" __global__') :]
 
 
 @needs_nvcc
-def test_generated_cuda_compiles_for_sm_90(tmp_path):
-    mod = _schedule(_biased(heads=32))
+@pytest.mark.parametrize("make", [lambda: _biased(heads=32), _rms_norm, lambda: _biased(static=4096)], ids=["softmax_bias", "rms_norm", "static-softmax"])
+def test_generated_cuda_compiles_for_sm_90(make, tmp_path):
+    mod = _schedule(make())
     src = cdc.cuda_sources(tvm.compile(mod, target=targets.resolve("cuda").target).mod)[0].decode()
     (tmp_path / "k.cu").write_text(src)
     done = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-o", str(tmp_path / "k.cubin"), str(tmp_path / "k.cu")], capture_output=True, text=True)
