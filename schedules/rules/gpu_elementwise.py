@@ -1,5 +1,5 @@
 """RowElementwise: a CUDA schedule for injective kernels whose last axis is static and read and
-written contiguously (issue 8): silu(gate) * up, the residual adds, casts (not RoPE: below).
+written contiguously (issue 8): silu(gate) * up, the residual adds, casts, k's RoPE (below).
 
 Tried in gpu_rules.py before dlight's rules; dlight's `Fallback` (its element-wise schedule) fuses
 every loop into one flat index, splits it over (blockIdx, threadIdx) and recovers the row and
@@ -32,11 +32,20 @@ before the rules, see gpu_rules.gpu_schedule_pass) wrote on the kernel as `relax
 from its callers' `tir_var_upper_bound` (the bucket bounds: n <= 2048 at max_seq 2048). Otherwise
 (no bound, a bound too large, scalar parameters) it stays int64.
 
-Declined as well: a select on the column (RoPE's `if_then_else`, which picks the rotated half).
-TVM's vectoriser scalarises a lane loop with a vector condition, and neither layout tried beat
-dlight's `Fallback` on k's RoPE (7B block, H200): dlight 22.9-23.3 us at n = 2048 (3.65 us at
-n = 128); this rule with 8 scalar lanes per thread (16 bytes apart, uncoalesced) 27.0 us; with one
-element per thread (128 threads per head row, n * 32 blocks) 42.3 us (4.58 us at n = 128).
+A select on the column (RoPE's `if_then_else`, which picks the rotated half) is taken only when
+every such condition is constant on each half of the row (`_constant_per_half`): the last axis is
+then split into its two halves with `loop_partition`, so that TVM's simplifier folds each half's
+condition (the half's column range is known before VectorizeLoop) and both halves get 16-byte
+loads and stores (`_schedule_halves`: rows on threadIdx.y, a half's vectors on threadIdx.x). A
+vector condition would make TVM's vectoriser scalarise the lane loop: the layouts tried before
+that lost to dlight's `Fallback` on k's RoPE (7B block, H200; dlight 22.9-23.3 us at n = 2048,
+3.65 us at n = 128): 8 scalar lanes per thread (16 bytes apart, uncoalesced) 27.0 us; one element
+per thread (128 threads per head row, n * 32 blocks) 42.3 us (4.58 us at n = 128). Per half
+(H200, same run as the RMSNorm figures in gpu_row_softmax.py): 24.5 -> 7.9 us at n = 2048, 5.6 ->
+5.8 us at n = 128 (launch-bound). `halves=False` declines every select on the column (the rule
+before). The leading indices are simplified over the block's domains before the contiguity check,
+so a reshape's `(v // 128 + row) % U` (the whole rotary table read in place, SliceAfterReshape)
+counts as free of the column.
 
 Measured on the H200 (scripts/gpu_job.py, llama7b-rf-cublas-flash vs -prev, per kernel):
 silu(gate) * up 109.9-116.5 -> 43.1-44.1 us at n = 2048 (7.4 -> 4.1-4.2 us at n = 128); the
@@ -91,7 +100,7 @@ def _contiguous(index_exprs, var, analyzer) -> bool:
     if not index_exprs:
         return True
     *lead, last = index_exprs
-    if any(_uses(e, var) for e in lead):
+    if any(_uses(analyzer.simplify(e), var) for e in lead):  # e.g. a reshape's `(v // 128 + row) % U`
         return False
     return not _uses(last, var) or not _uses(analyzer.simplify(last - var), var)
 
@@ -116,6 +125,37 @@ def _selects_on(node, var) -> bool:
     return False
 
 
+def _conditions_on(node, var, found: list | None = None) -> list:
+    """The conditions of every Select / if_then_else under `node` that use `var`."""
+    found = [] if found is None else found
+    kind = type(node).__name__
+    if kind == "Select" and _uses(node.condition, var):
+        found.append(node.condition)
+    if kind == "Call" and str(getattr(node.op, "name", "")).endswith("if_then_else") and _uses(node.args[0], var):
+        found.append(node.args[0])
+    for field in _FIELDS:
+        child = getattr(node, field, None)
+        if child is None or isinstance(child, (int, float, str)):
+            continue
+        for item in (child if isinstance(child, (list, tuple, tvm_ffi.Array)) else [child]):
+            if hasattr(item, "same_as"):
+                _conditions_on(item, var, found)
+    return found
+
+
+def _constant_per_half(body, var, length: int) -> bool:
+    """Every select condition on `var` is provably true or provably false for `var` in [0, L/2) and in [L/2, L)."""
+    conditions = _conditions_on(body, var)
+    for lo, hi in ((0, length // 2), (length // 2, length)):
+        analyzer = tvm.sym.Analyzer()
+        dtype = str(var.ty.dtype)
+        analyzer.bind(var, tvm.ir.Range(tirx.IntImm(dtype, lo), tirx.IntImm(dtype, hi)))
+        for cond in conditions:
+            if not (analyzer.can_prove(cond) or analyzer.can_prove(tirx.Not(cond))):
+                return False
+    return bool(conditions)
+
+
 def _accesses(node, found: list | None = None) -> list:
     """Every load and store under `node` (the block body): (buffer name, element type, indices)."""
     found = [] if found is None else found
@@ -137,8 +177,10 @@ def _accesses(node, found: list | None = None) -> list:
 class RowElementwise(dl.ScheduleRule):
     """Injective kernels with a static, contiguous last axis: rows on blocks, 16-byte vectors on threads."""
 
-    def __init__(self, vector_bytes: int = 16, row_threads: tuple = (512, 256, 128, 64), pack_threads: int = 256):
-        self.vector_bytes, self.row_threads, self.pack_threads = vector_bytes, row_threads, pack_threads
+    def __init__(self, vector_bytes: int = 16, row_threads: tuple = (512, 256, 128, 64), pack_threads: int = 256, halves: bool = True):
+        # halves: a select on the column that is constant on each half of the row (RoPE) is scheduled
+        # per half (False: declined, the rule before issue 8's RoPE work)
+        self.vector_bytes, self.row_threads, self.pack_threads, self.halves = vector_bytes, row_threads, pack_threads, halves
 
     def apply(self, func, target, _tunable):
         if not isinstance(func, tirx.PrimFunc):
@@ -185,10 +227,39 @@ class RowElementwise(dl.ScheduleRule):
         widest = max(tvm_dtype_bytes(dtype) for _n, dtype, _i in accesses)
         vector = max(1, self.vector_bytes // widest)
         if _selects_on(stmt.body, inner):
-            return None  # RoPE's rotate-half: slower than dlight's Fallback in both layouts tried (docstring)
+            # RoPE's rotate-half: one vectorised loop per half of the row, where the select is constant
+            if not self.halves or length % (2 * vector) or not _constant_per_half(stmt.body, inner, length):
+                return None
+            return self._schedule_halves(sch, block, loops, length, vector, target)
         if length % vector:
             vector = 1
         return self._schedule(sch, block, loops, length, vector, target)
+
+    def _schedule_halves(self, sch, block, loops, length: int, vector: int, target):
+        """The last axis as two halves (loop_partition), each split as (C, V): its select conditions
+        fold to constants (the half's column range is known when TVM simplifies, before it vectorises),
+        so both halves are 16-byte loads and stores. A block of `pack_threads` threads takes
+        pack_threads / C rows (threadIdx.y), C vectors of each half (threadIdx.x)."""
+        limit = int(target.attrs.get("max_threads_per_block", 1024)) if target is not None else 1024
+        *lead, last = loops
+        row = sch.fuse(*lead) if len(lead) > 1 else (lead[0] if lead else sch.add_unit_loop(block))
+        chunks = length // 2 // vector
+        per_block = max(1, min(self.pack_threads, limit) // chunks)
+        bx, ty = sch.split(row, [None, per_block])
+        half, col = sch.split(last, [2, None])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(ty, "threadIdx.y")
+        for part in sch.loop_partition(half, [1, None]):
+            (inner_block,) = sch.get_child_blocks(part)
+            tx, vec = sch.split(sch.get_loops(inner_block)[-1], [None, vector])
+            sch.bind(tx, "threadIdx.x")
+            sch.vectorize(vec)
+        # loop_partition (0.27) copies the block with the same iter var objects: ill-formed TIR (a var
+        # defined twice) that a new Schedule refuses; printed and parsed back, each copy gets its own
+        mod = tvm.script.from_source(sch.mod.script())
+        narrow = _fits_int32(mod["main"])
+        logger.debug("RowElementwise: halves, %d rows of 2 x %d vectors per block, vector %d, %s indices", per_block, chunks, vector, "int32" if narrow else "int64")
+        return s_tir.Schedule(tirx.transform.ForceNarrowIndexToInt32()(mod) if narrow else mod)
 
     @staticmethod
     def _binding(sch, block):

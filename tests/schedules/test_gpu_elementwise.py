@@ -42,17 +42,19 @@ def _add(width: int = 4096, static_n: int | None = None) -> tirx.PrimFunc:
     return te.create_prim_func([x, y, topi.add(x, y)])
 
 
-def _rope(heads: int = 32, dim: int = 128) -> tirx.PrimFunc:
-    """k's rotate-half RoPE (declined: dlight's Fallback measured faster) reading the merged q/k/v projection (1, n, 3h, d) and (1, n, 1, d) tables."""
+def _rope(heads: int = 32, dim: int = 128, split: int | None = None) -> tirx.PrimFunc:
+    """k's rotate-half RoPE reading the merged q/k/v projection (1, n, 3h, d) and (1, n, 1, d) tables;
+    `split`: the column where the select switches (d / 2 for RoPE)."""
     n = tirx.Var("n", "int64")
     qkv = te.placeholder((I64(1), n, I64(3 * heads), I64(dim)), "float16", "lv4")
     cos = te.placeholder((I64(1), n, I64(1), I64(dim)), "float16", "cos")
     sin = te.placeholder((I64(1), n, I64(1), I64(dim)), "float16", "sin")
     half = dim // 2
+    split = half if split is None else split
 
     def body(a, s, h, d):
         k = lambda j: qkv[a, s, h + I64(heads), j]  # noqa: E731
-        rot = tirx.if_then_else(d >= I64(half), k(d - I64(half)), -k(d + I64(half)))
+        rot = tirx.if_then_else(d >= I64(split), k(d - I64(half)), -k(d + I64(half)))
         return k(d) * cos[a, s, I64(0), d] + rot * sin[a, s, I64(0), d]
 
     out = te.compute((I64(1), n, I64(heads), I64(dim)), body, name="T_add")
@@ -114,8 +116,27 @@ def test_short_rows_are_packed_into_blocks():
     assert '"blockIdx.y"' not in script
 
 
+def test_rope_is_scheduled_per_half_with_16_byte_vectors():
+    mod = _schedule(_rope())
+    assert mod is not None
+    script = mod.script()
+    # 32 rows (head rows) per block on threadIdx.y, each half's 8 vectors of 8 on threadIdx.x
+    assert 'T.thread_binding(32, thread="threadIdx.y")' in script and script.count('T.thread_binding(8, thread="threadIdx.x")') == 2, script
+    assert script.count("T.vectorized(8)") == 2 and "int64" not in script
+    body = _kernel_body(_cuda(mod))
+    assert "?" not in body and "if_then_else" not in body, "each half's select folded away"
+    assert body.count("*(uint4*)(T_add_ptr") == 2, "one 16-byte store per half"
+    assert body.count("*(uint4*)(lv4_ptr") == 4, "k and its rotation partner, 16 bytes each, per half"
+
+
+def test_rope_halves_off_declines_it():
+    target = targets.resolve("cuda").target
+    with target:
+        assert RowElementwise(halves=False).apply(_rope().with_attr("global_symbol", "main"), target, False) is None
+
+
 @needs_nvcc
-@pytest.mark.parametrize("make", [_silu_mul, _add, lambda: _add(width=128)], ids=["silu_mul", "add", "short-rows"])
+@pytest.mark.parametrize("make", [_silu_mul, _add, lambda: _add(width=128), _rope], ids=["silu_mul", "add", "short-rows", "rope"])
 def test_generated_cuda_compiles_for_sm_90(make, tmp_path):
     src = _cuda(_schedule(make()))
     (tmp_path / "k.cu").write_text(src)
@@ -155,8 +176,8 @@ def _strided_last() -> tirx.PrimFunc:
 
 
 @pytest.mark.parametrize(
-    "make", [_row_sum, _rms_norm, _transpose, _symbolic_last, _strided_last, _rope],
-    ids=["reduction", "rms_norm", "transpose", "symbolic-last-axis", "strided-last-axis", "rope-select-on-column"],
+    "make", [_row_sum, _rms_norm, _transpose, _symbolic_last, _strided_last, lambda: _rope(split=32)],
+    ids=["reduction", "rms_norm", "transpose", "symbolic-last-axis", "strided-last-axis", "select-not-constant-per-half"],
 )
 def test_does_not_apply(make):
     assert _schedule(make()) is None
@@ -190,8 +211,8 @@ def test_annotate_var_bounds_takes_the_largest_caller_bound():
 
 @needs_nvcc
 def test_tiny_llama_elementwise_kernels_use_the_rule(tmp_path, monkeypatch):
-    """fp16 llama-block for cuda: silu(gate) * up and the residual adds are scheduled by RowElementwise
-    with int32 indices, and the artifact builds for sm_90."""
+    """fp16 llama-block for cuda: silu(gate) * up, the residual adds and k's RoPE are scheduled by
+    RowElementwise with int32 indices, and the artifact builds for sm_90."""
     from relaxtune import api, artifact
     from relaxtune.config import CompileConfig, JobConfig
     from relaxtune.schedules.rules import gpu_rules
@@ -213,7 +234,10 @@ def test_tiny_llama_elementwise_kernels_use_the_rule(tmp_path, monkeypatch):
     executable = api.build(workload, target, job)[0]
     assert any("T.sigmoid" in s for s in scheduled), "silu(gate) * up"
     assert any('T.sblock("T_add")' in s and "T.sigmoid" not in s for s in scheduled), "residual add"
-    assert all("int64" not in s for s in scheduled), "max_seq 128: int32 indices everywhere"
+    assert any("threadIdx.y" in s and "T.if_then_else" in s for s in scheduled), "k's RoPE, per half"
+    # max_seq 128: int32 indices everywhere, except in kernels with a scalar n parameter (kept int64):
+    # the rotary table slices here (head_dim 16 has no flash kernel, so q's and k's rotation both read them)
+    assert all("int64" not in s for s in scheduled if "n: T.int64," not in s), "max_seq 128: int32 indices"
     src = "".join(s.decode() for s in cdc.cuda_sources(executable.mod))
     assert "uint4" in src
     manifest = artifact.export(executable, workload, target, tmp_path / "llama.so", api.bucket_plan(workload, job), None, {})
