@@ -15,6 +15,7 @@ from .fuse_attention_prologue import FuseAttentionPrologue
 from .lift_position_tables import LiftPositionTables
 from .fuse_swiglu import FuseSwiGLU
 from .merge_projections import MergeProjections
+from .slice_after_reshape import SliceAfterReshape
 from .split_to_slices import SplitToSlices
 
 
@@ -61,8 +62,13 @@ def flash_passes(target, flash: bool | dict = True) -> list:
 
     if not flash or target.kind.name != "cuda" or not supports(str(target.attrs.get("arch", ""))):
         return []
-    # (LiftPositionTables before it measured no gain on the H200: k's rotation kernel then reads two slice copies)
-    return [RewriteAttentionToFlash(str(target.attrs["arch"]), **(flash if isinstance(flash, dict) else {}))]
+    args = dict(flash) if isinstance(flash, dict) else {}
+    # the rotary tables computed once up to each bucket's bound (constants), read whole: by the flash
+    # kernel's q rotation (it always did) and, with SliceAfterReshape, by k's rotation kernel, into
+    # which their slice then fuses; without SliceAfterReshape the H200 measured no gain: two slice
+    # kernels replaced the table kernel ("lift_tables": False, the pipeline before)
+    lift = [LiftPositionTables()] if args.pop("lift_tables", True) else []
+    return [*lift, RewriteAttentionToFlash(str(target.attrs["arch"]), **args), *([SliceAfterReshape()] if lift else [])]
 
 
 def rule_schedules(target) -> tvm.transform.Pass:

@@ -113,13 +113,18 @@ def test_llama_block_reads_qkv_in_place_and_rotates_q_on_load():
         mod = tvm.transform.Sequential(passes)(workload.mod)
     (gv,) = [gv for gv in mod.get_global_vars() if gv.name_hint.startswith("main_n65_128")]
     body = mod[gv].script()
-    # q (heads 0-3, rotated on load) and v (heads 6-7) from the merged projection; k rotated by its own kernel
-    call = re.search(r'"relaxtune_flash_attention_rope", \((\w+), (\w+), (\w+), \w+, \w+, R.shape\(\[0, 0, 6, 2\]\), 1, T.float64\(0.125\), 0\)', body)
+    # q (heads 0-3, rotated on load) and v (heads 6-7) from the merged projection; k rotated by its own kernel;
+    # the tables: constants (LiftPositionTables), passed whole
+    call = re.search(r'"relaxtune_flash_attention_rope", \((\w+), (\w+), (\w+), [^,]+, [^,]+, R.shape\(\[0, 0, 6, 2\]\), 1, T.float64\(0.125\), 0\)', body)
     assert call and call.group(1) == call.group(3) != call.group(2), body
     kernels = re.findall(r"R.call_tir\((?:cls\.)?(\w+),", body)
     assert sum("concatenate" in k for k in kernels) == 1 and not any("repeat" in k for k in kernels), kernels
     assert not any(k.startswith("strided_slice") for k in kernels), "no slice copies"
     assert "relaxtune_cublas_batched_gemm" not in body and "softmax" not in body
+    # the rotary tables are constants (LiftPositionTables), read whole by k's rotation kernel (SliceAfterReshape)
+    assert not any("rope_cos_sin" in k for k in kernels), kernels
+    (rope,) = [k for k in kernels if "concatenate" in k]
+    assert rope.startswith("fused_strided_slice") and rope.count("strided_slice") == 3, rope  # k's head slice and both tables
 
 
 @I.ir_module
@@ -176,8 +181,11 @@ def test_flash_passes_only_for_cuda_sm80_and_up():
     assert flash_passes(tvm.target.Target({"kind": "llvm"}), True) == []
     assert flash_passes(tvm.target.Target({"kind": "cuda", "arch": "sm_75"}), True) == []
     assert flash_passes(tvm.target.Target({"kind": "cuda", "arch": "sm_90"}), False) == []
-    (rewrite,) = flash_passes(tvm.target.Target({"kind": "cuda", "arch": "sm_90"}), {"min_rows": 2})
+    lift, rewrite, views = flash_passes(tvm.target.Target({"kind": "cuda", "arch": "sm_90"}), {"min_rows": 2})
     assert rewrite.arch == "sm_90" and rewrite.min_rows == 2
+    assert (type(lift).__name__, type(views).__name__) == ("LiftPositionTables", "SliceAfterReshape")
+    (rewrite,) = flash_passes(tvm.target.Target({"kind": "cuda", "arch": "sm_90"}), {"lift_tables": False})  # the pipeline before
+    assert type(rewrite).__name__ == "RewriteAttentionToFlash"
 
 
 @needs_nvcc
