@@ -74,16 +74,24 @@ VARIANTS = {
     # the flash default before RowElementwise (dlight's Fallback for the element-wise kernels): see PREVIOUS_EW
     "llama7b-rf-cublas-flash-graph-prev": ("relaxtune", True, True),
     "llama7b-rf-cublas-flash-prev": ("relaxtune", False, True),
+    # the flash default before issue 8's RMSNorm / RoPE / table work (scalar loads in the norms'
+    # reductions, k's RoPE on dlight's Fallback, the rotary tables computed per call): see PREVIOUS_H8C
+    "llama7b-rf-cublas-flash-graph-h8cprev": ("relaxtune", True, True),
+    "llama7b-rf-cublas-flash-h8cprev": ("relaxtune", False, True),
 }
 # pipeline(flash=...) per artifact (others: False, the attention of the variants above)
 FLASH = {"llama-f16-flash": True, "llama7b-rf-cublas-flash-graph": True, "llama7b-rf-cublas-flash": True,
-         "llama7b-rf-cublas-flash-graph-prev": True, "llama7b-rf-cublas-flash-prev": True, "llama7b-rf-cublas-flash-copies-graph": {"in_place": False}}
+         "llama7b-rf-cublas-flash-graph-prev": True, "llama7b-rf-cublas-flash-prev": True, "llama7b-rf-cublas-flash-copies-graph": {"in_place": False},
+         "llama7b-rf-cublas-flash-graph-h8cprev": {"lift_tables": False}, "llama7b-rf-cublas-flash-h8cprev": {"lift_tables": False}}
 # built with the GPU rules as they were before schedules/rules/gpu_row_softmax.py (for comparison)
 PREVIOUS_RULES = ("llama7b-sf-cublas-all-prev", "llama7b-sf-cublas-all-graph-prev")
 # built without schedules/rules/gpu_elementwise.py (dlight's Fallback for element-wise kernels)
 PREVIOUS_EW = ("llama7b-rf-cublas-flash-graph-prev", "llama7b-rf-cublas-flash-prev")
+# built with RowSoftmax(vector_bytes=0) and RowElementwise(halves=False), tables not lifted (FLASH)
+PREVIOUS_H8C = ("llama7b-rf-cublas-flash-graph-h8cprev", "llama7b-rf-cublas-flash-h8cprev")
 # `run` profiles these per kernel when built (else the fastest variant without graphs at n=128)
-KERNEL_VARIANTS = ("llama7b-sf-cublas-all-prev", "llama7b-sf-cublas-all", "llama7b-rf-cublas-all", "llama7b-sf-cublas-nobmm", "llama7b-rf-cublas-flash-prev", "llama7b-rf-cublas-flash")
+KERNEL_VARIANTS = ("llama7b-sf-cublas-all-prev", "llama7b-sf-cublas-all", "llama7b-rf-cublas-all", "llama7b-sf-cublas-nobmm", "llama7b-rf-cublas-flash-prev",
+                   "llama7b-rf-cublas-flash-h8cprev", "llama7b-rf-cublas-flash")
 # what the lead's device run needs: `build --only` with this list (tiny check artifacts included)
 DEVICE_SET = (
     *TINY, *PREVIOUS_RULES, "llama7b-sf-cublas-all", "llama7b-sf-cublas-all-graph", "llama7b-rf-cublas-all", "llama7b-rf-cublas-all-graph",
@@ -126,10 +134,11 @@ def section(name):
 
 # ----------------------------------------------------------------------------------------- build
 def compile_variant(workload, target, plan, fusion: str, graphs: bool, cublas: bool, previous_rules: bool = False, flash: bool | dict = False,
-                    previous_ew: bool = False):
+                    previous_ew: bool = False, previous_h8c: bool = False):
     """relaxtune's pipeline (rules only, no cache) with the variant's fusion, CUDA graphs and cuBLAS;
     `previous_rules`: without RowSoftmax (dlight's GeneralReduction schedules the softmax kernels);
-    `previous_rules` and `previous_ew`: without RowElementwise (dlight's Fallback for element-wise kernels)."""
+    `previous_rules` and `previous_ew`: without RowElementwise (dlight's Fallback for element-wise kernels);
+    `previous_h8c`: RowSoftmax with scalar reduction loads, RowElementwise declining RoPE."""
     from collections import Counter
 
     import tvm
@@ -137,17 +146,22 @@ def compile_variant(workload, target, plan, fusion: str, graphs: bool, cublas: b
     from relaxtune.relax_passes.pipeline import pipeline
     from relaxtune.schedules.rules import gpu_rules
 
-    row_softmax, row_ew = gpu_rules.RowSoftmax, gpu_rules.RowElementwise
+    row_softmax, row_ew, first = gpu_rules.RowSoftmax, gpu_rules.RowElementwise, gpu_rules.ROW_SOFTMAX_FIRST
     if previous_rules:  # before `pipeline`, which makes the rule list
         gpu_rules.RowSoftmax = type("NoRowSoftmax", (row_softmax,), {"apply": lambda self, func, target, tunable: None})
     if previous_rules or previous_ew:
         gpu_rules.RowElementwise = type("NoRowElementwise", (row_ew,), {"apply": lambda self, func, target, tunable: None})
+    if previous_h8c or previous_rules or previous_ew:  # RowSoftmax after dlight's Reduction
+        gpu_rules.ROW_SOFTMAX_FIRST = False
+    if previous_h8c:  # scalar loads in RowSoftmax's reductions, RoPE declined by RowElementwise
+        gpu_rules.RowSoftmax = type("ScalarRowSoftmax", (row_softmax,), {"__init__": lambda self: row_softmax.__init__(self, vector_bytes=0)})
+        gpu_rules.RowElementwise = type("WholeRowElementwise", (row_ew,), {"__init__": lambda self: row_ew.__init__(self, halves=False)})
     try:
         passes = pipeline(target.target, plan, None, Counter(), {}, fusion=fusion, cublas=cublas, flash=flash)
         with tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": graphs}):
             return tvm.compile(workload.mod, target=target.target, relax_pipeline=passes)
     finally:
-        gpu_rules.RowSoftmax, gpu_rules.RowElementwise = row_softmax, row_ew
+        gpu_rules.RowSoftmax, gpu_rules.RowElementwise, gpu_rules.ROW_SOFTMAX_FIRST = row_softmax, row_ew, first
 
 
 def build(art: Path, only: list[str]) -> None:
@@ -178,7 +192,7 @@ def build(art: Path, only: list[str]) -> None:
             continue
         t0 = time.perf_counter()
         executable = compile_variant(big, target, plan, fusion, graphs, cublas, previous_rules=name in PREVIOUS_RULES, flash=FLASH.get(name, False),
-                                     previous_ew=name in PREVIOUS_EW)
+                                     previous_ew=name in PREVIOUS_EW, previous_h8c=name in PREVIOUS_H8C)
         manifest = artifact.export(executable, big, target, art / f"{name}.so", plan, None, {})
         artifact.paths(art / f"{name}.so")[0].unlink()  # 400 MB of weights: `run` makes the same ones there
         log(f"{name}: {time.perf_counter() - t0:.1f}s, device code {manifest['device_code']}")
