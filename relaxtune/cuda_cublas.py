@@ -216,13 +216,20 @@ def object_file(cache_dir: Path | None = None) -> Path:
     if obj.exists():
         return obj
     folder.mkdir(parents=True, exist_ok=True)
-    src = folder / f"cublas_gemm_{digest}.cc"
-    src.write_text(SOURCE)
-    includes = {include, tvm_ffi.libinfo.find_dlpack_include_path()}
+    return compile_host_object(SOURCE, folder / f"cublas_gemm_{digest}.cc", obj, "the cuBLAS kernel")
+
+
+def compile_host_object(source: str, src: Path, obj: Path, what: str) -> Path:
+    """Compile C++ `source` (written to `src`) against the tvm-ffi headers into `obj` with the host
+    compiler ($CXX, else g++); written to a temporary name and renamed, so a reader never sees half a file."""
+    import tvm_ffi.libinfo
+
+    src.write_text(source)
+    includes = {tvm_ffi.libinfo.find_include_path(), tvm_ffi.libinfo.find_dlpack_include_path()}
     cmd = [os.environ.get("CXX", "g++"), "-std=c++17", "-O2", "-fPIC", *(f"-I{p}" for p in includes), "-c", str(src), "-o", str(obj) + ".tmp"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"compiling the cuBLAS kernel failed ({' '.join(cmd)}):\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"compiling {what} failed ({' '.join(cmd)}):\n{done.stderr[-3000:]}")
     os.replace(str(obj) + ".tmp", obj)
     logger.info("compiled %s", obj)
     return obj

@@ -280,12 +280,7 @@ def object_file(arch: str, cache_dir: Path | None = None) -> Path:
         f'asm(".section .rodata\\n.balign 16\\n.globl relaxtune_flash_fatbin\\n.hidden relaxtune_flash_fatbin\\n'
         f'relaxtune_flash_fatbin:\\n.incbin \\"{fatbin}\\"\\n.byte 0\\n.previous\\n");\n'
     )
-    src.write_text(HOST_SOURCE + embed)
-    includes = {include, tvm_ffi.libinfo.find_dlpack_include_path()}
-    cmd = [os.environ.get("CXX", "g++"), "-std=c++17", "-O2", "-fPIC", *(f"-I{p}" for p in includes), "-c", str(src), "-o", str(obj) + ".tmp"]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"compiling the flash attention host object failed ({' '.join(cmd)}):\n{done.stderr[-3000:]}")
-    os.replace(str(obj) + ".tmp", obj)
-    logger.info("compiled %s (fatbin %d bytes)", obj, fatbin.stat().st_size)
+    from .cuda_cublas import compile_host_object
+
+    compile_host_object(HOST_SOURCE + embed, src, obj, f"the flash attention host object (fatbin {fatbin.stat().st_size} bytes)")
     return obj
