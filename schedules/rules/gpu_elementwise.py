@@ -108,38 +108,27 @@ def _contiguous(index_exprs, var, analyzer) -> bool:
 _FIELDS = ("a", "b", "value", "args", "indices", "condition", "true_value", "false_value", "body", "seq", "then_case", "else_case", "base")
 
 
-def _selects_on(node, var) -> bool:
-    """A Select or if_then_else under `node` whose condition uses `var` (RoPE's rotate-half concat)."""
-    kind = type(node).__name__
-    if kind == "Select" and _uses(node.condition, var):
-        return True
-    if kind == "Call" and str(getattr(node.op, "name", "")).endswith("if_then_else") and _uses(node.args[0], var):
-        return True
-    for field in _FIELDS:
-        child = getattr(node, field, None)
-        if child is None or isinstance(child, (int, float, str)):
-            continue
-        for item in (child if isinstance(child, (list, tuple, tvm_ffi.Array)) else [child]):
-            if hasattr(item, "same_as") and _selects_on(item, var):
-                return True
-    return False
-
-
-def _conditions_on(node, var, found: list | None = None) -> list:
-    """The conditions of every Select / if_then_else under `node` that use `var`."""
-    found = [] if found is None else found
-    kind = type(node).__name__
-    if kind == "Select" and _uses(node.condition, var):
-        found.append(node.condition)
-    if kind == "Call" and str(getattr(node.op, "name", "")).endswith("if_then_else") and _uses(node.args[0], var):
-        found.append(node.args[0])
+def _nodes(node):
+    """`node` and every TIR node under it, parents first (TVM 0.27 has no Python visitor for tirx)."""
+    yield node
     for field in _FIELDS:
         child = getattr(node, field, None)
         if child is None or isinstance(child, (int, float, str)):
             continue
         for item in (child if isinstance(child, (list, tuple, tvm_ffi.Array)) else [child]):
             if hasattr(item, "same_as"):
-                _conditions_on(item, var, found)
+                yield from _nodes(item)
+
+
+def _conditions_on(node, var) -> list:
+    """The conditions of every Select / if_then_else under `node` that use `var` (RoPE's rotate-half concat)."""
+    found = []
+    for item in _nodes(node):
+        kind = type(item).__name__
+        if kind == "Select" and _uses(item.condition, var):
+            found.append(item.condition)
+        elif kind == "Call" and str(getattr(item.op, "name", "")).endswith("if_then_else") and _uses(item.args[0], var):
+            found.append(item.args[0])
     return found
 
 
@@ -156,21 +145,16 @@ def _constant_per_half(body, var, length: int) -> bool:
     return bool(conditions)
 
 
-def _accesses(node, found: list | None = None) -> list:
+def _accesses(node) -> list:
     """Every load and store under `node` (the block body): (buffer name, element type, indices)."""
-    found = [] if found is None else found
-    if type(node).__name__ in ("BufferLoad", "BufferStore", "TensorLoad", "TensorStore"):  # 0.27: loads are TensorLoad nodes
-        if hasattr(node, "buffer"):  # a store: the buffer is a Var typed as a buffer
-            found.append((node.buffer.name, str(node.buffer.dtype), list(node.indices)))
-        else:
-            found.append((node.source.name, str(node.ty.dtype), list(node.indices)))
-    for field in _FIELDS:
-        child = getattr(node, field, None)
-        if child is None or isinstance(child, (int, float, str)):
+    found = []
+    for item in _nodes(node):
+        if type(item).__name__ not in ("BufferLoad", "BufferStore", "TensorLoad", "TensorStore"):  # 0.27: loads are TensorLoad nodes
             continue
-        for item in (child if isinstance(child, (list, tuple, tvm_ffi.Array)) else [child]):
-            if hasattr(item, "same_as"):
-                _accesses(item, found)
+        if hasattr(item, "buffer"):  # a store: the buffer is a Var typed as a buffer
+            found.append((item.buffer.name, str(item.buffer.dtype), list(item.indices)))
+        else:
+            found.append((item.source.name, str(item.ty.dtype), list(item.indices)))
     return found
 
 
@@ -226,7 +210,7 @@ class RowElementwise(dl.ScheduleRule):
             return None
         widest = max(tvm_dtype_bytes(dtype) for _n, dtype, _i in accesses)
         vector = max(1, self.vector_bytes // widest)
-        if _selects_on(stmt.body, inner):
+        if _conditions_on(stmt.body, inner):
             # RoPE's rotate-half: one vectorised loop per half of the row, where the select is constant
             if not self.halves or length % (2 * vector) or not _constant_per_half(stmt.body, inner, length):
                 return None
