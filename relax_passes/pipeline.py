@@ -127,12 +127,6 @@ def pipeline(
 ) -> tvm.transform.Pass:
     """The full pipeline for `target`: fusion, tuned schedules, rules, memory planning, lowering."""
     from ..schedules.apply import ApplyTunedSchedules
-    from .cublas_gemm import cublas_passes
-
-    # cublas: True, or a dict of RewriteGemmToCublas's arguments plus "batched" (attention; see cublas_passes)
-    extern = cublas_passes(cublas) if cublas and "gpu" in target.keys else []
-    # flash: True, or a dict of RewriteAttentionToFlash's arguments (min_rows, block_m)
-    attention = flash_passes(target, flash)
 
     tuned = []
     if database is not None:
@@ -144,7 +138,7 @@ def pipeline(
             relax.transform.AnnotateTIROpPattern(),
         ]
     passes = [
-        *fusion_passes(plan, fusion, extern, gpu="gpu" in target.keys, attention=attention),
+        *target_fusion_passes(target, plan, fusion, cublas, flash),
         *tuned,
         rule_schedules(target),
         *gpu_checks(target),  # gpu: an unscheduled kernel is an error, not host code reading device memory
@@ -163,7 +157,18 @@ def pipeline(
     return _run
 
 
-def fuse(mod: tvm.IRModule, target, plan: dict[str, list[Bucket]], fusion: str | None = None) -> tvm.IRModule:
-    """Run the fusion stage only (what task extraction reads)."""
+def target_fusion_passes(target, plan: dict[str, list[Bucket]], fusion: str | None = None, cublas: bool | dict = False, flash: bool | dict = False) -> list:
+    """`fusion_passes` with `target`'s library rewrites: on a GPU, cuBLAS calls (`cublas`: True, or a
+    dict of RewriteGemmToCublas's arguments plus "batched"; see cublas_passes) and the flash kernel
+    (`flash`: True, or a dict of RewriteAttentionToFlash's arguments). The build and task
+    extraction both run these, so tuning sees exactly the kernels the build keeps."""
+    from .cublas_gemm import cublas_passes
+
+    extern = cublas_passes(cublas) if cublas and "gpu" in target.keys else []
+    return fusion_passes(plan, fusion, extern, gpu="gpu" in target.keys, attention=flash_passes(target, flash))
+
+
+def fuse(mod: tvm.IRModule, target, plan: dict[str, list[Bucket]], fusion: str | None = None, cublas: bool | dict = False, flash: bool | dict = False) -> tvm.IRModule:
+    """Run the fusion stage only (what task extraction reads), with the build's library rewrites."""
     with target:
-        return tvm.transform.Sequential(fusion_passes(plan, fusion, gpu="gpu" in target.keys))(mod)
+        return tvm.transform.Sequential(target_fusion_passes(target, plan, fusion, cublas, flash))(mod)

@@ -45,7 +45,8 @@ def extract_tasks(workload: Workload, target: ResolvedTarget, job: JobConfig):
     from .schedules.tasks import extract_tasks as extract
 
     intrin.register_for(target.target.kind.name)
-    return extract(fuse(workload.mod, target.target, bucket_plan(workload, job), job.compile.fusion))
+    compile_ = job.compile  # the build's cuBLAS / flash rewrites too: tune only the kernels the build keeps
+    return extract(fuse(workload.mod, target.target, bucket_plan(workload, job), compile_.fusion, compile_.cublas, compile_.flash_attention))
 
 
 def tune(workload: Workload, target: ResolvedTarget, job: JobConfig, progress: bool = True):

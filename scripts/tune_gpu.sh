@@ -8,6 +8,8 @@
 # Defaults: llama-block, fp16 at Llama-7B sizes, 256 trials, buckets n=1,16,128,2048, FUSION=stock
 # (compile with the same --fusion to apply the records). CONFIG or BUCKETS "default": the
 # workload's own sizes / the default power-of-two buckets; DTYPE=float32 for the default workloads.
+# The job tunes the kernels the build keeps: fp16/bf16 weight GEMMs call cuBLAS and attention is the
+# flash kernel unless CUBLAS=0 / FLASH=0 (then compile with --no-cublas / --no-flash-attention too).
 set -uo pipefail
 cache=${1:?usage: tune_gpu.sh CACHE_DIR [WORKLOAD] [TRIALS] [CONFIG] [BUCKETS]}
 workload=${2:-llama-block}
@@ -30,7 +32,8 @@ start=$(date +%s)
 timeout --signal=INT --kill-after=30 $((minutes * 60)) \
   python3 -m relaxtune tune "$workload" --target cuda \
   $([[ $config == default ]] || echo --config "$config") $([[ $buckets == default ]] || echo --buckets "$buckets") \
-  --dtype "${DTYPE:-float16}" --fusion "${FUSION:-stock}" --trials "$trials" --cache "$cache" --no-progress
+  --dtype "${DTYPE:-float16}" --fusion "${FUSION:-stock}" --trials "$trials" --cache "$cache" --no-progress \
+  $([[ ${CUBLAS:-1} == 0 ]] && echo --no-cublas) $([[ ${FLASH:-1} == 0 ]] && echo --no-flash-attention)
 rc=$?
 echo "tune: exit $rc after $(( $(date +%s) - start )) s (124/130: stopped at the ${minutes}-minute limit, records kept)"
 python3 -m relaxtune cache ls --cache "$cache"

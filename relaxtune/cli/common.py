@@ -72,11 +72,13 @@ def add_fusion(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_gpu_options(parser: argparse.ArgumentParser) -> None:
+def add_gpu_options(parser: argparse.ArgumentParser, graphs: bool = True) -> None:
+    """The CUDA library rewrites (tune, compile, bench: a job tunes the kernels the build keeps) and graphs (compile, bench)."""
     parser.add_argument("--no-cublas", dest="cublas", action="store_false", default=None,
                         help="cuda: keep weight GEMMs as TIR kernels instead of cuBLAS calls")
-    parser.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", default=None,
-                        help="cuda: do not capture static regions as CUDA graphs")
+    if graphs:
+        parser.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", default=None,
+                            help="cuda: do not capture static regions as CUDA graphs")
     parser.add_argument("--no-flash-attention", dest="flash_attention", action="store_false", default=None,
                         help="cuda: attention as matmul / softmax / matmul kernels instead of the fused flash kernel")
 

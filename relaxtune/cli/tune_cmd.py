@@ -11,6 +11,7 @@ def add_arguments(parser) -> None:
     common.add_target(parser)
     common.add_cache(parser)
     common.add_fusion(parser)
+    common.add_gpu_options(parser, graphs=False)
     parser.add_argument("--trials", type=int, default=TuneConfig.trials, help=f"trial budget for the job, cached trials included (default {TuneConfig.trials})")
     parser.add_argument("--trials-per-iter", type=int, default=TuneConfig.trials_per_iter, help="candidates measured per batch")
     parser.add_argument("--rpc", metavar="HOST:PORT", default=TuneConfig.rpc_tracker, help="measure on the servers of this TVM RPC tracker (builds stay local)")
@@ -39,7 +40,10 @@ def run(args) -> int:
     workload = common.load_workload(args)
     print(f"target: {target.json}")
     result = api.tune(workload, target, job, progress=not args.no_progress)
-    if result.trials_run == 0:
+    if not result.tasks:
+        library = " (cuBLAS / flash attention; --no-cublas / --no-flash-attention make them TIR kernels to tune)" if target.is_gpu else ""
+        print(f"{workload.name}: nothing to tune: the build has no contraction kernel of its own{library}")
+    elif result.trials_run == 0:
         print(f"{workload.name}: 0 trials run: the cache already holds {result.trials_cached} trials for its {len(result.tasks)} tasks (budget {args.trials})")
     else:
         print(f"{workload.name}: {result.trials_run} trials in {result.wall_s:.0f} s ({result.failed} failed), {result.trials_cached} were cached")

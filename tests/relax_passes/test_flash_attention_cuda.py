@@ -225,3 +225,23 @@ def test_tiny_fp16_llama_artifact_calls_the_flash_kernel(tmp_path):
     assert b"__tvm_ffi_relaxtune_flash_attention_rope" in library and b"relaxtune_flash_f16_d64_m64" in library and b"relaxtune_flash_f16_d64_m128" in library
     off = JobConfig(compile=CompileConfig(use_cache=False, flash_attention=False))
     assert "relaxtune_flash_attention" not in api.build(workload, target, off)[0].as_text()  # --no-flash-attention
+
+
+
+def test_cuda_task_extraction_sees_the_kernels_the_build_keeps():
+    """A cuda tuning job tunes what the build runs: no tasks for the GEMMs that call cuBLAS, none
+    for the attention that runs as the flash kernel (the job used to tune both, for nothing)."""
+    from relaxtune import api, targets
+    from relaxtune.config import CompileConfig, JobConfig
+    from relaxtune.workloads import load, parse_config
+
+    workload = load("llama-block", parse_config("hidden=128,heads=2,kv_heads=1,ffn=128,max_seq=64,max_batch=1"), "float16")
+
+    def tasks(cublas, flash):
+        job = JobConfig(compile=CompileConfig(cublas=cublas, flash_attention=flash))
+        return {t.name for t in api.extract_tasks(workload, targets.resolve("cuda"), job)}
+
+    weights, attention, neither = tasks(False, True), tasks(True, False), tasks(False, False)
+    assert tasks(True, True) == set()  # every contraction is a library call
+    assert weights and attention and not weights & attention
+    assert len(weights) + len(attention) == len(neither)  # each library rewrite removes exactly its own kernels
