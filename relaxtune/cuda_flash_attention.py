@@ -4,15 +4,18 @@
 for q, out (b, n, heads, d) and k, v (b, m, kv_heads, d), compact, fp16 or bf16, d = 64 or 128;
 `causal` 1 masks key j > query i (top-left, Relax's "TopLeft"); query head h reads kv head
 h / (heads / kv_heads) (grouped-query attention without repeating k and v); `block_m` picks the
-query rows per thread block (64 or 128; 0: the measured default, 64, with single-buffered K/V).
+kernel: 64 or 128 query rows per block of the mma.sync kernel (single-buffered K/V), 90 the wgmma
+kernel (compute capability 9.0 only), 0 the measured default (the wgmma kernel on 9.0 from 256
+query rows on, else 64 rows of the mma.sync one).
 `relaxtune_flash_attention_in_place(q, k, v, heads, causal, scale, block_m, out)` reads q, k, v
 as head ranges of larger (b, rows, H, d) tensors (the merged q/k/v projection): `heads` =
 (q_head0, k_head0, v_head0, kv_heads); `relaxtune_flash_attention_rope(q, k, v, cos, sin, heads,
 ...)` also rotates q (rotate-half RoPE with (>= n, d) tables) as it loads it. Emitted by
 `RewriteAttentionToFlash` (relax_passes/flash_attention_cuda.py).
 
-The kernel (cuda_flash_attention.cu, FlashAttention-2 style: mma.sync tensor cores, cp.async
-double buffering, online softmax) is compiled here by nvcc into a fatbin for the target's arch;
+The kernels (cuda_flash_attention.cu, FlashAttention-2 style: mma.sync tensor cores, cp.async
+double buffering, online softmax; cuda_flash_attention_sm90.cu, the same with Hopper's wgmma, two
+warpgroups per block) are compiled here by nvcc into a fatbin for the target's arch;
 `object_file(arch)` embeds that fatbin in a host object (`.incbin`) whose exported TVM FFI
 function loads it with `cuModuleLoadData` on first use (per device) and launches it with
 `cuLaunchKernel` on TVM's current stream: no sync and no allocation per call, so CUDA graphs can
@@ -35,7 +38,8 @@ IN_PLACE_FUNCTION = "relaxtune_flash_attention_in_place"
 ROPE_FUNCTION = "relaxtune_flash_attention_rope"
 HEAD_DIMS = (64, 128)
 MIN_ARCH = 80  # mma.sync with bf16, cp.async
-KERNEL_SOURCE = (Path(__file__).with_name("cuda_flash_attention.cu")).read_text()
+# the mma.sync kernels (sm_80+) and, appended in the same translation unit, the wgmma kernels (sm_90a)
+KERNEL_SOURCE = "".join(Path(__file__).with_name(name).read_text() for name in ("cuda_flash_attention.cu", "cuda_flash_attention_sm90.cu"))
 
 HOST_SOURCE = r"""
 #include <dlfcn.h>
@@ -69,6 +73,7 @@ struct Driver {
   CUresult (*func_set_attribute)(Ptr, int, int) = nullptr;
   CUresult (*launch)(Ptr, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, Ptr, void**, void**) = nullptr;
   CUresult (*error_string)(CUresult, const char**) = nullptr;
+  CUresult (*device_attribute)(int*, int, CUdevice) = nullptr;
 };
 
 struct Params {  // must match cuda_flash_attention.cu
@@ -89,6 +94,12 @@ constexpr int kBlockN = 64;
 // n = 2048 (q, v in place, q rotated: 217 us against 239 us; 128 rows: 249 / 247 us)
 constexpr int kBlockM = 64;
 constexpr int kStages = 1;  // K/V buffers per block (cuda_flash_attention.cu); relaxtune_flash_attention_config picks any
+// the wgmma kernel (cuda_flash_attention_sm90.cu, 128 query rows, two warpgroups) on compute capability 9.0
+// from this many query rows on, with this many key rows per tile
+constexpr int kSm90MinRows = 256;
+constexpr int kSm90BlockN = 128;
+constexpr int kSm90 = 90;  // block_m value that asks for the wgmma kernel
+
 
 Driver* LoadDriver() {
   static Driver d;
@@ -101,7 +112,8 @@ Driver* LoadDriver() {
     bool ok = sym(d.init, "cuInit") && sym(d.ctx_get_current, "cuCtxGetCurrent") && sym(d.ctx_set_current, "cuCtxSetCurrent") &&
               sym(d.device_get, "cuDeviceGet") && sym(d.primary_retain, "cuDevicePrimaryCtxRetain") &&
               sym(d.module_load_data, "cuModuleLoadData") && sym(d.module_get_function, "cuModuleGetFunction") &&
-              sym(d.func_set_attribute, "cuFuncSetAttribute") && sym(d.launch, "cuLaunchKernel") && sym(d.error_string, "cuGetErrorString");
+              sym(d.func_set_attribute, "cuFuncSetAttribute") && sym(d.launch, "cuLaunchKernel") && sym(d.error_string, "cuGetErrorString") &&
+              sym(d.device_attribute, "cuDeviceGetAttribute");
     if (!ok || d.init(0) != 0) { error = "libcuda.so.1 lacks a driver entry point, or cuInit failed"; d.launch = nullptr; }
   });
   TVM_FFI_ICHECK(d.launch != nullptr) << "relaxtune flash attention: " << error;
@@ -144,6 +156,21 @@ Ptr Kernel(Driver* d, int device, const std::string& name, int smem) {
   return fn;
 }
 
+// whether `device` is compute capability 9.0 (the fatbin's sm_90a code runs there), cached per device
+bool IsSm90(Driver* d, int device) {
+  static std::mutex mu;
+  static std::unordered_map<int, bool> known;
+  std::lock_guard<std::mutex> lock(mu);
+  auto found = known.find(device);
+  if (found != known.end()) return found->second;
+  CUdevice dev;
+  int major = 0, minor = 0;
+  Check(d, d->device_get(&dev, device), "cuDeviceGet");
+  Check(d, d->device_attribute(&major, 75, dev), "cuDeviceGetAttribute(compute capability major)");
+  Check(d, d->device_attribute(&minor, 76, dev), "cuDeviceGetAttribute(compute capability minor)");
+  return known[device] = major == 9 && minor == 0;
+}
+
 char* Data(const tvm::ffi::TensorView& t) { return static_cast<char*>(t.data_ptr()) + t.byte_offset(); }
 
 // o (b, n, heads, d) = attention of heads q_head0.. of q, kv heads k_head0.. of k and v_head0.. of v
@@ -178,25 +205,38 @@ void Launch(const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& k, const 
       << "flash attention: too large";
   if (b == 0 || n == 0) return;
   TVM_FFI_ICHECK(m > 0) << "flash attention: no keys";
+  Driver* d = LoadDriver();
+  DLDevice dev = o.device();
+  // block_m 0: the wgmma kernel on compute capability 9.0 from kSm90MinRows query rows, else 64 rows of the mma.sync one
+  bool sm90 = block_m == kSm90 || stages == 0 || (block_m == 0 && n >= kSm90MinRows && IsSm90(d, dev.device_id));
+  TVM_FFI_ICHECK(!sm90 || IsSm90(d, dev.device_id)) << "flash attention: the wgmma kernel needs compute capability 9.0";
+  int64_t block_n = stages == 0 ? block_m : kSm90BlockN;  // the config entry point: stages 0 = wgmma, block_m = its key rows
+  if (sm90) block_m = 128, stages = 2;
   if (block_m == 0) block_m = kBlockM;
-  TVM_FFI_ICHECK(block_m == 64 || block_m == 128) << "flash attention: block_m " << block_m << " (64 or 128)";
-  TVM_FFI_ICHECK(stages == 1 || stages == 2) << "flash attention: stages " << stages << " (1 or 2)";
+  TVM_FFI_ICHECK(block_m == 64 || block_m == 128) << "flash attention: block_m " << block_m << " (0, 64, 128 or " << kSm90 << ")";
+  TVM_FFI_ICHECK(stages == 1 || stages == 2) << "flash attention: stages " << stages << " (0, 1 or 2)";
+  TVM_FFI_ICHECK(!sm90 || block_n == 64 || block_n == 128) << "flash attention: wgmma key rows " << block_n << " (64 or 128)";
   auto row = [dim](const tvm::ffi::TensorView& t) { return static_cast<int>(t.size(2) * dim); };
   Params p{Data(q), Data(k), Data(v), cos ? Data(*cos) : nullptr, sin ? Data(*sin) : nullptr, Data(o),
            n * row(q), m * row(k), m * row(v), n * row(o), row(q), row(k), row(v), row(o),
            static_cast<int>(q_head0), static_cast<int>(k_head0), static_cast<int>(v_head0),
            static_cast<int>(n), static_cast<int>(m), static_cast<int>(heads / kv_heads), causal ? 1 : 0,
            static_cast<float>(scale * 1.4426950408889634)};
-  int smem = static_cast<int>((block_m + 2 * stages * kBlockN) * dim * 2);
-  std::string name = std::string("relaxtune_flash_") + (dt.code == kDLBfloat ? "bf16" : "f16") + "_d" + std::to_string(dim) + "_m" +
-                     std::to_string(block_m) + (stages == 1 ? "_s1" : "");
-  Driver* d = LoadDriver();
-  DLDevice dev = o.device();
-  Ptr fn = Kernel(d, dev.device_id, name, smem);
+  const char* type = dt.code == kDLBfloat ? "bf16" : "f16";
   void* args[] = {&p};
-  unsigned grid_x = static_cast<unsigned>((n + block_m - 1) / block_m);
-  Check(d, d->launch(fn, grid_x, static_cast<unsigned>(heads), static_cast<unsigned>(b), 128, 1, 1, smem,
-                     TVMFFIEnvGetStream(dev.device_type, dev.device_id), args, nullptr), "cuLaunchKernel");
+  unsigned blocks = static_cast<unsigned>((n + block_m - 1) / block_m);
+  void* stream = TVMFFIEnvGetStream(dev.device_type, dev.device_id);
+  if (sm90) {  // 256 threads; grid (heads, query blocks, batch): every head's longest causal blocks start first
+    int smem = static_cast<int>((block_m + 4 * block_n) * dim * 2 + 1024);  // Q, two K and two V buffers, 1024-byte alignment
+    std::string name = std::string("relaxtune_flash_sm90_") + type + "_d" + std::to_string(dim) + "_n" + std::to_string(block_n);
+    Ptr fn = Kernel(d, dev.device_id, name, smem);
+    Check(d, d->launch(fn, static_cast<unsigned>(heads), blocks, static_cast<unsigned>(b), 256, 1, 1, smem, stream, args, nullptr), "cuLaunchKernel");
+    return;
+  }
+  int smem = static_cast<int>((block_m + 2 * stages * kBlockN) * dim * 2);
+  std::string name = std::string("relaxtune_flash_") + type + "_d" + std::to_string(dim) + "_m" + std::to_string(block_m) + (stages == 1 ? "_s1" : "");
+  Ptr fn = Kernel(d, dev.device_id, name, smem);
+  Check(d, d->launch(fn, blocks, static_cast<unsigned>(heads), static_cast<unsigned>(b), 128, 1, 1, smem, stream, args, nullptr), "cuLaunchKernel");
 }
 
 int64_t At(const tvm::ffi::Shape& s, int i) {
@@ -219,7 +259,8 @@ void Rope(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v
   Launch(q, k, v, &cos, &sin, At(heads, 0), At(heads, 1), At(heads, 2), At(heads, 3), causal, scale, block_m, o);
 }
 
-// the rope entry point with the stage count chosen (scripts/flash_check.py times both)
+// the rope entry point with the kernel chosen (scripts/flash_check.py times each): block_m 64 / 128 and
+// stages 1 / 2 for the mma.sync kernel; stages 0 for the wgmma one, block_m then its key rows per tile (64 / 128)
 void RopeConfig(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::ffi::TensorView cos, tvm::ffi::TensorView sin,
                 tvm::ffi::Shape heads, int64_t causal, double scale, int64_t block_m, int64_t stages, tvm::ffi::TensorView o) {
   Launch(q, k, v, &cos, &sin, At(heads, 0), At(heads, 1), At(heads, 2), At(heads, 3), causal, scale, block_m, o, stages);
@@ -255,7 +296,11 @@ def compile_fatbin(arch: str, workdir: Path) -> Path:
     workdir.mkdir(parents=True, exist_ok=True)
     src, out = workdir / "flash_attention.cu", workdir / "flash_attention.fatbin"
     src.write_text(KERNEL_SOURCE)
-    cmd = [find_nvcc(), "--fatbin", f"-gencode=arch=compute_{number},code=[sm_{number},compute_{number}]", *NVCC_FLAGS, "-o", str(out), str(src)]
+    # sm_90: SASS for sm_90a (the wgmma kernels; it runs on compute capability 9.0 only) and sm_90 PTX
+    # (newer GPUs JIT it; the wgmma kernels trap there and the host never picks them)
+    sass = f"{number}a" if number == 90 else str(number)
+    gencode = [f"-gencode=arch=compute_{sass},code=sm_{sass}", f"-gencode=arch=compute_{number},code=compute_{number}"]
+    cmd = [find_nvcc(), "--fatbin", *gencode, *NVCC_FLAGS, "-o", str(out), str(src)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"nvcc failed on the flash attention kernel ({' '.join(cmd)}):\n{done.stderr[-4000:]}")

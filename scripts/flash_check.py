@@ -89,7 +89,7 @@ def check_and_time(folder: Path, results: dict) -> dict:
         k, v = (torch.randn(b, n, hkv, d, device="cuda", dtype=dt) for _ in range(2))
         ref = sdpa(q, k, v, causal, torch.float32)
         torch_err = (sdpa(q, k, v, causal).float() - ref).abs().max().item()
-        for block_m in (64, 128):
+        for block_m in (64, 128, 90):  # the mma.sync kernel's two block sizes, the wgmma kernel (sm_90)
             out = torch.full_like(q, float("nan"))
             run(q, k, v, causal, block_m, out)
             torch.cuda.synchronize()
@@ -106,7 +106,7 @@ def check_and_time(folder: Path, results: dict) -> dict:
         out = torch.empty_like(q)
         flops = 4 * 32 * n * n * 128 / 2  # causal: half of QK^T and PV
         row = {"n": n, "GFLOP_causal": round(flops / 1e9, 2)}
-        for block_m in (64, 128, 0):
+        for block_m in (64, 128, 90, 0):
             ms = _timed(lambda: run(q, k, v, 1, block_m, out))
             row[f"flash_m{block_m}_ms"], row[f"flash_m{block_m}_TFLOPs"] = round(ms, 4), round(flops / ms / 1e9, 1)
         qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
@@ -124,9 +124,9 @@ def check_and_time(folder: Path, results: dict) -> dict:
     ms = _timed(lambda: rope(*args, heads, 1, 128 ** -0.5, 0, as_tvm(out)))
     row["rope_auto_ms"], row["rope_auto_TFLOPs"] = round(ms, 4), round(4 * 32 * 2048 * 2048 * 128 / 2 / ms / 1e9, 1)
     for block_m in (64, 128):
-        for stages in (1, 2):
+        for stages in (1, 2, 0):  # stages 0: the wgmma kernel with block_m key rows per tile
             ms = _timed(lambda: config(*args, heads, 1, 128 ** -0.5, block_m, stages, as_tvm(out)))
-            row[f"rope_m{block_m}_s{stages}_ms"] = round(ms, 4)
+            row[f"rope_sm90_n{block_m}_ms" if stages == 0 else f"rope_m{block_m}_s{stages}_ms"] = round(ms, 4)
     report["timing"].append(row)
     print(row, flush=True)
     results["flash_kernel"] = report
@@ -159,7 +159,7 @@ def _in_place_checks(sdpa, b, n, hq, hkv, d, dt) -> list[dict]:
         ("relaxtune_flash_attention_in_place", (qkv, k, qkv), sdpa(q.float(), k.float(), v.float(), 1), ()),
         ("relaxtune_flash_attention_rope", (qkv, k, qkv, cos, sin), ref, ()),
     ]
-    cases += [("relaxtune_flash_attention_config", (qkv, k, qkv, cos, sin), ref, (m, st)) for m in (64, 128) for st in (1, 2)]
+    cases += [("relaxtune_flash_attention_config", (qkv, k, qkv, cos, sin), ref, (m, st)) for m in (64, 128) for st in (1, 2, 0)]
     for name, args, expect, config in cases:
         fn = FUNCTIONS[name]
         out = torch.full((b, n, hq, d), float("nan"), device="cuda", dtype=dt)
