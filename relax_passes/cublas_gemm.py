@@ -13,7 +13,8 @@ fastest (0.152 ms, against 0.182 with cuBLAS for the wide ones only and 0.235 wi
 default is every bucket (`min_rows=1`).
 
 Run after BucketDispatch (reads `relaxtune.bucket`) and before LegalizeOps; element-wise
-consumers of the GEMM (residual add, SwiGLU) then stay separate kernels. Attention's batched
+consumers of the GEMM (SwiGLU) then stay separate kernels, except a residual add, which
+RewriteResidualAddToCublas (cublas_gemm_add.py) folds into the GEMM. Attention's batched
 activation GEMMs are RewriteBatchedGemmToCublas's (cublas_batched_gemm.py); `cublas_passes`
 turns the pipeline's `cublas` option into both passes.
 """
@@ -97,12 +98,18 @@ class RewriteGemmToCublas:
 def cublas_passes(options: bool | dict = True) -> list:
     """The cuBLAS rewrites for `pipeline(cublas=...)`: True, or a dict of RewriteGemmToCublas's
     arguments (min_rows, decode_wide) plus "batched": False, True (default) or
-    RewriteBatchedGemmToCublas's arguments (min_rows) for attention's batched GEMMs."""
+    RewriteBatchedGemmToCublas's arguments (min_rows) for attention's batched GEMMs, and
+    "residual": False, True (default) or RewriteResidualAddToCublas's arguments (min_rows) for
+    residual adds as the GEMM's epilogue."""
+    from .cublas_gemm_add import RewriteResidualAddToCublas
+
     if not options:
         return []
     gemm = dict(options) if isinstance(options, dict) else {}
-    batched = gemm.pop("batched", True)
+    batched, residual = gemm.pop("batched", True), gemm.pop("residual", True)
     passes = [RewriteGemmToCublas(**gemm)]
+    if residual:
+        passes.append(RewriteResidualAddToCublas(**(residual if isinstance(residual, dict) else {})))
     if batched:
         passes.append(RewriteBatchedGemmToCublas(**(batched if isinstance(batched, dict) else {})))
     return passes

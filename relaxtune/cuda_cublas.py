@@ -2,6 +2,12 @@
 
 - `relaxtune_cublas_gemm(x, w, y)`: `y[..., N] = x[..., K] @ w[K, N]` (row-major) by `cublasGemmEx`;
   emitted by `RewriteGemmToCublas` (relax_passes/cublas_gemm.py) for weight GEMMs.
+- `relaxtune_cublas_gemm_add(x, w, r, y)`: `y = x @ w + r` (r shaped like y) by `cublasLtMatmul` with
+  C = r, beta = 1 and D = y: the residual add is the GEMM's epilogue (no add kernel, r read once
+  there); the algorithm is cuBLASLt's heuristic first pick, cached per shape, with up to 32 MiB of
+  workspace taken from the stream-ordered pool (`cuMemAllocAsync` / `cuMemFreeAsync` around the
+  call, so CUDA graphs capture it). Emitted by `RewriteResidualAddToCublas`
+  (relax_passes/cublas_gemm_add.py).
 - `relaxtune_cublas_batched_gemm(a, b, a_axes, b_axes, c_axes, alpha, c)`: the batched
   `permute_dims(c, c_axes) = alpha * permute_dims(a, a_axes) @ permute_dims(b, b_axes)` by
   `cublasGemmStridedBatchedEx`, where the three tensors are compact and each permutation is a
@@ -28,6 +34,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 FUNCTION = "relaxtune_cublas_gemm"
+GEMM_ADD_FUNCTION = "relaxtune_cublas_gemm_add"
 BATCHED_FUNCTION = "relaxtune_cublas_batched_gemm"
 
 SOURCE = r"""
@@ -39,7 +46,9 @@ SOURCE = r"""
 
 #include <algorithm>
 #include <climits>
+#include <map>
 #include <mutex>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -106,6 +115,94 @@ void Gemm(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView y
                          Data(w), type, static_cast<int>(n), Data(x), type, static_cast<int>(k), &beta,
                          Data(y), type, static_cast<int>(n), kCompute32F, kGemmDefault);
   TVM_FFI_ICHECK_EQ(status, 0) << "cublasGemmEx failed for m=" << m << " n=" << n << " k=" << k;
+}
+
+// cuBLASLt (dlopen'ed like cuBLAS) and the driver's stream-ordered allocator for its workspace
+struct LtAlgo { uint64_t data[8]; };                                       // cublasLtMatmulAlgo_t
+struct LtHeuristic { LtAlgo algo; size_t workspace; int state; float waves; int reserved[4]; };  // cublasLtMatmulHeuristicResult_t
+constexpr int kR32F = 0, kPrefMaxWorkspace = 1;
+constexpr size_t kLtWorkspace = size_t(32) << 20;
+struct Lt {
+  Handle handle = nullptr;
+  int (*desc_create)(Handle*, int, int) = nullptr;
+  int (*layout_create)(Handle*, int, uint64_t, uint64_t, int64_t) = nullptr;
+  int (*pref_create)(Handle*) = nullptr;
+  int (*pref_set)(Handle, int, const void*, size_t) = nullptr;
+  int (*pref_destroy)(Handle) = nullptr;
+  int (*heuristic)(Handle, Handle, Handle, Handle, Handle, Handle, Handle, int, LtHeuristic*, int*) = nullptr;
+  int (*matmul)(Handle, Handle, const void*, const void*, Handle, const void*, Handle, const void*, const void*, Handle, void*, Handle,
+                const LtAlgo*, void*, size_t, void*) = nullptr;
+  int (*alloc_async)(uint64_t*, size_t, void*) = nullptr;  // cuMemAllocAsync
+  int (*free_async)(uint64_t, void*) = nullptr;            // cuMemFreeAsync
+};
+
+Lt* LoadLt() {
+  static Lt lib;
+  static std::once_flag once;
+  static std::string error;
+  std::call_once(once, [] {
+    void* so = nullptr;
+    for (const char* name : {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"}) {
+      if ((so = dlopen(name, RTLD_NOW | RTLD_GLOBAL)) != nullptr) break;
+    }
+    void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (so == nullptr || cuda == nullptr) { error = "cannot dlopen libcublasLt.so.13/.12 or libcuda.so.1"; return; }
+    auto sym = [](void* from, auto& fn, const char* name) { fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(from, name)); return fn != nullptr; };
+    int (*create)(Handle*) = nullptr;
+    bool ok = sym(so, create, "cublasLtCreate") && sym(so, lib.desc_create, "cublasLtMatmulDescCreate") &&
+              sym(so, lib.layout_create, "cublasLtMatrixLayoutCreate") && sym(so, lib.pref_create, "cublasLtMatmulPreferenceCreate") &&
+              sym(so, lib.pref_set, "cublasLtMatmulPreferenceSetAttribute") && sym(so, lib.pref_destroy, "cublasLtMatmulPreferenceDestroy") &&
+              sym(so, lib.heuristic, "cublasLtMatmulAlgoGetHeuristic") && sym(so, lib.matmul, "cublasLtMatmul") &&
+              sym(cuda, lib.alloc_async, "cuMemAllocAsync") && sym(cuda, lib.free_async, "cuMemFreeAsync");
+    if (!ok || create(&lib.handle) != 0) { error = "libcublasLt/libcuda lack an entry point, or cublasLtCreate failed"; lib.handle = nullptr; }
+  });
+  TVM_FFI_ICHECK(lib.handle != nullptr) << "relaxtune cuBLASLt GEMM: " << error;
+  return &lib;
+}
+
+// the descriptors and the heuristic's algorithm for column-major D (n x m) = W (n x k) X (k x m) + C, per shape and type
+struct LtPlan {
+  Handle desc = nullptr, w = nullptr, x = nullptr, y = nullptr;
+  LtHeuristic best{};
+};
+
+const LtPlan& Plan(Lt* lt, int64_t m, int64_t n, int64_t k, int type) {
+  static std::mutex mu;
+  static std::map<std::vector<int64_t>, LtPlan> plans;
+  std::lock_guard<std::mutex> lock(mu);
+  LtPlan& plan = plans[{m, n, k, type}];
+  if (plan.desc != nullptr) return plan;
+  bool ok = lt->desc_create(&plan.desc, kCompute32F, kR32F) == 0 && lt->layout_create(&plan.w, type, n, k, n) == 0 &&
+            lt->layout_create(&plan.x, type, k, m, k) == 0 && lt->layout_create(&plan.y, type, n, m, n) == 0;
+  Handle pref = nullptr;
+  int found = 0;
+  ok = ok && lt->pref_create(&pref) == 0 && lt->pref_set(pref, kPrefMaxWorkspace, &kLtWorkspace, sizeof(kLtWorkspace)) == 0 &&
+       lt->heuristic(lt->handle, plan.desc, plan.w, plan.x, plan.y, plan.y, pref, 1, &plan.best, &found) == 0 && found > 0;
+  if (pref != nullptr) lt->pref_destroy(pref);
+  if (!ok) plan.desc = nullptr;
+  TVM_FFI_ICHECK(ok) << "cuBLASLt has no algorithm for the GEMM m=" << m << " n=" << n << " k=" << k;
+  return plan;
+}
+
+void GemmAdd(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView r, tvm::ffi::TensorView y) {
+  TVM_FFI_ICHECK_EQ(w.ndim(), 2) << "weight must be (K, N)";
+  int64_t k = w.size(0), n = w.size(1), m = 1;
+  TVM_FFI_ICHECK_EQ(x.size(x.ndim() - 1), k) << "x's last dimension must be K";
+  for (int i = 0; i + 1 < x.ndim(); ++i) m *= x.size(i);
+  TVM_FFI_ICHECK(y.size(y.ndim() - 1) == n && y.numel() == m * n && r.numel() == m * n && r.IsContiguous() && y.IsContiguous())
+      << "gemm_add: r and y must be compact (..., N) tensors of x's rows";
+  int type = CublasType(x);
+  TVM_FFI_ICHECK(CublasType(w) == type && CublasType(r) == type && CublasType(y) == type) << "gemm_add: mixed dtypes";
+  Lt* lt = LoadLt();
+  const LtPlan& plan = Plan(lt, m, n, k, type);
+  void* stream = TVMFFIEnvGetStream(y.device().device_type, y.device().device_id);
+  uint64_t workspace = 0;
+  if (plan.best.workspace > 0) TVM_FFI_ICHECK_EQ(lt->alloc_async(&workspace, plan.best.workspace, stream), 0) << "cuMemAllocAsync failed";
+  float alpha = 1.0f, beta = 1.0f;
+  int status = lt->matmul(lt->handle, plan.desc, &alpha, Data(w), plan.w, Data(x), plan.x, &beta, Data(r), plan.y, Data(y), plan.y, &plan.best.algo,
+                          reinterpret_cast<void*>(workspace), plan.best.workspace, stream);
+  if (workspace != 0) lt->free_async(workspace, stream);
+  TVM_FFI_ICHECK_EQ(status, 0) << "cublasLtMatmul failed for m=" << m << " n=" << n << " k=" << k;
 }
 
 // permute_dims(t, axes) of a compact tensor t, as a strided view (extents and element strides)
@@ -201,6 +298,7 @@ void BatchedGemm(tvm::ffi::TensorView a, tvm::ffi::TensorView b, tvm::ffi::Shape
 }  // namespace
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_cublas_gemm, Gemm);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_cublas_gemm_add, GemmAdd);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_cublas_batched_gemm, BatchedGemm);
 """
 

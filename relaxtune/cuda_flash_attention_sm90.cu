@@ -112,6 +112,43 @@ __device__ __forceinline__ void load_tile128(uint32_t dst, const T* src, int str
   }
 }
 
+// q rotated (rotate-half RoPE, fp32 math) on its way into the Q tile: every load of a thread's
+// chunk pairs (16-byte q, cos and sin chunks of both halves) is issued before the first use,
+// then the rotated chunks are stored swizzled; rows past `valid_rows` are zeros
+template <typename T, int D, int ROWS, int THREADS>
+__device__ __forceinline__ void load_q_rotated(uint32_t dst, const T* src, int stride, int valid_rows, const T* cos, const T* sin, int tid) {
+  constexpr int PAIRS = D / 16, ITEMS = ROWS * PAIRS / THREADS;  // chunk c pairs with chunk c + D / 16
+  static_assert(ROWS * PAIRS % THREADS == 0, "chunk pairs must divide among the threads");
+  uint4 x1[ITEMS], x2[ITEMS], c1[ITEMS], c2[ITEMS], s1[ITEMS], s2[ITEMS];
+#pragma unroll
+  for (int it = 0; it < ITEMS; ++it) {
+    int i = tid + it * THREADS, row = i / PAIRS, c = i % PAIRS;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    bool ok = row < valid_rows;
+    const T* x = src + static_cast<long long>(row) * stride + c * 8;
+    const long long t = static_cast<long long>(row) * D + c * 8;
+    x1[it] = ok ? *reinterpret_cast<const uint4*>(x) : zero, x2[it] = ok ? *reinterpret_cast<const uint4*>(x + D / 2) : zero;
+    c1[it] = ok ? *reinterpret_cast<const uint4*>(cos + t) : zero, c2[it] = ok ? *reinterpret_cast<const uint4*>(cos + t + D / 2) : zero;
+    s1[it] = ok ? *reinterpret_cast<const uint4*>(sin + t) : zero, s2[it] = ok ? *reinterpret_cast<const uint4*>(sin + t + D / 2) : zero;
+  }
+#pragma unroll
+  for (int it = 0; it < ITEMS; ++it) {
+    int i = tid + it * THREADS, row = i / PAIRS, c = i % PAIRS;
+    const uint32_t* a = &x1[it].x;
+    const uint32_t* b = &x2[it].x;
+    const uint32_t *ca = &c1[it].x, *cb = &c2[it].x, *sa = &s1[it].x, *sb = &s2[it].x;
+    uint32_t r1[4], r2[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {  // two columns per 32-bit word
+      float2 u = unpack<T>(a[w]), v = unpack<T>(b[w]), cu = unpack<T>(ca[w]), cv = unpack<T>(cb[w]), su = unpack<T>(sa[w]), sv = unpack<T>(sb[w]);
+      r1[w] = pack<T>(u.x * cu.x - v.x * su.x, u.y * cu.y - v.y * su.y);
+      r2[w] = pack<T>(v.x * cv.x + u.x * sv.x, v.y * cv.y + u.y * sv.y);
+    }
+    asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"r"(dst + swz128<ROWS>(row, c)), "r"(r1[0]), "r"(r1[1]), "r"(r1[2]), "r"(r1[3]));
+    asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"r"(dst + swz128<ROWS>(row, c + PAIRS)), "r"(r2[0]), "r"(r2[1]), "r"(r2[2]), "r"(r2[3]));
+  }
+}
+
 template <typename T, int D, int BN>
 __device__ __forceinline__ void flash_forward_sm90(const Params& p) {
 #ifdef RELAXTUNE_WGMMA
@@ -131,36 +168,17 @@ __device__ __forceinline__ void flash_forward_sm90(const Params& p) {
   const int wg_row0 = m0 + wg * 64;                               // the warpgroup's first query row
   const int row_a = wg_row0 + (warp & 3) * 16 + (lane >> 2);      // the thread's rows: row_a, row_a + 8
 
-  // group: Q, K_0; group: K_1, V_0 (K_j+1 and V_j then load while tile j is computed)
-  load_tile128<T, D, BM, THREADS>(s_q, q, p.q_row, p.n - m0, tid);
+  // group: Q (unless rotated), K_0; group: K_1, V_0 (K_j+1 and V_j then load while tile j is computed)
+  if (p.cos == nullptr) load_tile128<T, D, BM, THREADS>(s_q, q, p.q_row, p.n - m0, tid);
   load_tile128<T, D, BN, THREADS>(s_k, k, p.k_row, p.m, tid);
   cp_commit();
   if (tiles > 1) load_tile128<T, D, BN, THREADS>(s_k + KV_BYTES, k + static_cast<long long>(BN) * p.k_row, p.k_row, p.m - BN, tid);
   load_tile128<T, D, BN, THREADS>(s_v, v, p.v_row, p.m, tid);
   cp_commit();
+  if (p.cos != nullptr)  // while K_0 loads: q through registers, rotated (RoPE) on the way
+    load_q_rotated<T, D, BM, THREADS>(s_q, q, p.q_row, p.n - m0, static_cast<const T*>(p.cos) + static_cast<long long>(m0) * D,
+                                      static_cast<const T*>(p.sin) + static_cast<long long>(m0) * D, tid);
   cp_wait1();
-  if (p.cos != nullptr) {  // RoPE on q in shared memory: x * cos + concat(-x2, x1) * sin, in fp32
-    __syncthreads();
-    const T* cos = static_cast<const T*>(p.cos);
-    const T* sin = static_cast<const T*>(p.sin);
-#pragma unroll 8
-    for (int i = tid; i < BM * D / 4; i += THREADS) {  // two neighbouring columns j, j + 1 of each half
-      int row = i / (D / 4), j = (i % (D / 4)) * 2;
-      if (m0 + row >= p.n) continue;
-      uint32_t a1 = s_q + swz128<BM>(row, j / 8) + (j % 8) * 2, a2 = s_q + swz128<BM>(row, (j + D / 2) / 8) + (j % 8) * 2;
-      uint32_t r1, r2;
-      asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(r1) : "r"(a1));
-      asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(r2) : "r"(a2));
-      const long long t = static_cast<long long>(m0 + row) * D + j;
-      float2 x1 = unpack<T>(r1), x2 = unpack<T>(r2);
-      float2 c1 = unpack<T>(*reinterpret_cast<const uint32_t*>(cos + t)), c2 = unpack<T>(*reinterpret_cast<const uint32_t*>(cos + t + D / 2));
-      float2 s1 = unpack<T>(*reinterpret_cast<const uint32_t*>(sin + t)), s2 = unpack<T>(*reinterpret_cast<const uint32_t*>(sin + t + D / 2));
-      r1 = pack<T>(x1.x * c1.x - x2.x * s1.x, x1.y * c1.y - x2.y * s1.y);
-      r2 = pack<T>(x2.x * c2.x + x1.x * s2.x, x2.y * c2.y + x1.y * s2.y);
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a1), "r"(r1));
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a2), "r"(r2));
-    }
-  }
   fence_async_smem();
   __syncthreads();
 

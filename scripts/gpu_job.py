@@ -72,6 +72,7 @@ VARIANTS = {
     "llama7b-rf-cublas-flash": ("relaxtune", False, True),
     "llama7b-rf-cublas-flash-copies-graph": ("relaxtune", True, True),  # flash on compact q/k/v (slice and rope kernels kept)
     "llama7b-rf-cublas-flash-mma-graph": ("relaxtune", True, True),  # the mma.sync flash kernel in every bucket (the default before the wgmma one)
+    "llama7b-rf-cublas-flash-sepadd-graph": ("relaxtune", True, {"residual": False}),  # residual adds as kernels of their own (the default before)
     # the flash default before RowElementwise (dlight's Fallback for the element-wise kernels): see PREVIOUS_EW
     "llama7b-rf-cublas-flash-graph-prev": ("relaxtune", True, True),
     "llama7b-rf-cublas-flash-prev": ("relaxtune", False, True),
@@ -83,7 +84,7 @@ VARIANTS = {
 # pipeline(flash=...) per artifact (others: False, the attention of the variants above)
 FLASH = {"llama-f16-flash": True, "llama7b-rf-cublas-flash-graph": True, "llama7b-rf-cublas-flash": True,
          "llama7b-rf-cublas-flash-graph-prev": True, "llama7b-rf-cublas-flash-prev": True, "llama7b-rf-cublas-flash-copies-graph": {"in_place": False},
-         "llama7b-rf-cublas-flash-mma-graph": {"block_m": 64},
+         "llama7b-rf-cublas-flash-mma-graph": {"block_m": 64}, "llama7b-rf-cublas-flash-sepadd-graph": True,
          "llama7b-rf-cublas-flash-graph-h8cprev": {"lift_tables": False}, "llama7b-rf-cublas-flash-h8cprev": {"lift_tables": False}}
 # built with the GPU rules as they were before schedules/rules/gpu_row_softmax.py (for comparison)
 PREVIOUS_RULES = ("llama7b-sf-cublas-all-prev", "llama7b-sf-cublas-all-graph-prev")

@@ -165,9 +165,11 @@ def test_every_bucket_gets_its_own_softmax_kernel():
 
 
 def test_cublas_options():
-    assert [type(p) for p in cublas_passes(True)] == [RewriteGemmToCublas, RewriteBatchedGemmToCublas]
-    assert [type(p) for p in cublas_passes({"min_rows": 2, "batched": False})] == [RewriteGemmToCublas]
-    (_gemm, batched) = cublas_passes({"batched": {"min_rows": 17}})
+    from relaxtune.relax_passes.cublas_gemm_add import RewriteResidualAddToCublas
+
+    assert [type(p) for p in cublas_passes(True)] == [RewriteGemmToCublas, RewriteResidualAddToCublas, RewriteBatchedGemmToCublas]
+    assert [type(p) for p in cublas_passes({"min_rows": 2, "batched": False, "residual": False})] == [RewriteGemmToCublas]
+    (_gemm, _residual, batched) = cublas_passes({"batched": {"min_rows": 17}})
     assert batched.min_rows == 17 and RewriteBatchedGemmToCublas().min_rows == 64
     assert cublas_passes(False) == []
 
