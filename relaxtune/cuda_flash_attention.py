@@ -4,9 +4,9 @@
 for q, out (b, n, heads, d) and k, v (b, m, kv_heads, d), compact, fp16 or bf16, d = 64 or 128;
 `causal` 1 masks key j > query i (top-left, Relax's "TopLeft"); query head h reads kv head
 h / (heads / kv_heads) (grouped-query attention without repeating k and v); `block_m` picks the
-kernel: 64 or 128 query rows per block of the mma.sync kernel (single-buffered K/V), 90 the wgmma
-kernel (compute capability 9.0 only), 0 the measured default (the wgmma kernel on 9.0 from 256
-query rows on, else 64 rows of the mma.sync one).
+kernel: 64 or 128 query rows per block of the mma.sync kernel (single-buffered K/V), 90 the
+warp-specialized wgmma kernel (compute capability 9.0 only), 0 the measured default (that kernel on
+9.0 from 256 query rows on, else 64 rows of the mma.sync one).
 `relaxtune_flash_attention_in_place(q, k, v, heads, causal, scale, block_m, out)` reads q, k, v
 as head ranges of larger (b, rows, H, d) tensors (the merged q/k/v projection): `heads` =
 (q_head0, k_head0, v_head0, kv_heads); `relaxtune_flash_attention_rope(q, k, v, cos, sin, heads,
@@ -15,7 +15,9 @@ as head ranges of larger (b, rows, H, d) tensors (the merged q/k/v projection): 
 
 The kernels (cuda_flash_attention.cu, FlashAttention-2 style: mma.sync tensor cores, cp.async
 double buffering, online softmax; cuda_flash_attention_sm90.cu, the same with Hopper's wgmma, two
-warpgroups per block) are compiled here by nvcc into a fatbin for the target's arch;
+warpgroups per block; cuda_flash_attention_sm90_ws.cu, that with a producer warpgroup feeding
+mbarrier-guarded stages and the two consumer warpgroups taking turns on the tensor cores) are
+compiled here by nvcc into a fatbin for the target's arch;
 `object_file(arch)` embeds that fatbin in a host object (`.incbin`) whose exported TVM FFI
 function loads it with `cuModuleLoadData` on first use (per device) and launches it with
 `cuLaunchKernel` on TVM's current stream: no sync and no allocation per call, so CUDA graphs can
@@ -39,7 +41,9 @@ ROPE_FUNCTION = "relaxtune_flash_attention_rope"
 HEAD_DIMS = (64, 128)
 MIN_ARCH = 80  # mma.sync with bf16, cp.async
 # the mma.sync kernels (sm_80+) and, appended in the same translation unit, the wgmma kernels (sm_90a)
-KERNEL_SOURCE = "".join(Path(__file__).with_name(name).read_text() for name in ("cuda_flash_attention.cu", "cuda_flash_attention_sm90.cu"))
+KERNEL_SOURCE = "".join(
+    Path(__file__).with_name(name).read_text() for name in ("cuda_flash_attention.cu", "cuda_flash_attention_sm90.cu", "cuda_flash_attention_sm90_ws.cu")
+)
 
 HOST_SOURCE = r"""
 #include <dlfcn.h>
@@ -94,11 +98,13 @@ constexpr int kBlockN = 64;
 // n = 2048 (q, v in place, q rotated: 217 us against 239 us; 128 rows: 249 / 247 us)
 constexpr int kBlockM = 64;
 constexpr int kStages = 1;  // K/V buffers per block (cuda_flash_attention.cu); relaxtune_flash_attention_config picks any
-// the wgmma kernel (cuda_flash_attention_sm90.cu, 128 query rows, two warpgroups) on compute capability 9.0
-// from this many query rows on, with this many key rows per tile
+// on compute capability 9.0, from kSm90MinRows query rows on: the warp-specialized wgmma kernel with ping-pong
+// (cuda_flash_attention_sm90_ws.cu, 128 query rows, 64 key rows per tile), measured on an H200 for the 7B block's
+// call at n = 2048 (q, v in place, q rotated): 89.1 us, without ping-pong 89.7, the two-warpgroup kernel
+// (cuda_flash_attention_sm90.cu) 107-108 with 64 or 128 key rows, the mma.sync kernel 215
 constexpr int kSm90MinRows = 256;
-constexpr int kSm90BlockN = 128;
-constexpr int kSm90 = 90;  // block_m value that asks for the wgmma kernel
+constexpr int kSm90BlockN = 64;
+constexpr int kSm90 = 90;  // block_m value that asks for that kernel
 
 
 Driver* LoadDriver() {
@@ -207,14 +213,19 @@ void Launch(const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& k, const 
   TVM_FFI_ICHECK(m > 0) << "flash attention: no keys";
   Driver* d = LoadDriver();
   DLDevice dev = o.device();
-  // block_m 0: the wgmma kernel on compute capability 9.0 from kSm90MinRows query rows, else 64 rows of the mma.sync one
-  bool sm90 = block_m == kSm90 || stages == 0 || (block_m == 0 && n >= kSm90MinRows && IsSm90(d, dev.device_id));
-  TVM_FFI_ICHECK(!sm90 || IsSm90(d, dev.device_id)) << "flash attention: the wgmma kernel needs compute capability 9.0";
-  int64_t block_n = stages == 0 ? block_m : kSm90BlockN;  // the config entry point: stages 0 = wgmma, block_m = its key rows
+  // block_m 0: the warp-specialized wgmma kernel on compute capability 9.0 from kSm90MinRows query rows, else 64 rows of the
+  // mma.sync one. The config entry point: stages 0 = the two-warpgroup wgmma kernel, 3 = the warp-specialized one, 4 = that
+  // with ping-pong, block_m then their key rows per tile (64 or 128; 64 for 3 and 4)
+  bool hopper = block_m == kSm90 || (block_m == 0 && n >= kSm90MinRows && IsSm90(d, dev.device_id));
+  bool ws = stages == 3 || stages == 4 || hopper, pingpong = stages == 4 || hopper;
+  bool sm90 = stages == 0 || ws;
+  TVM_FFI_ICHECK(!sm90 || IsSm90(d, dev.device_id)) << "flash attention: the wgmma kernels need compute capability 9.0";
+  int64_t block_n = hopper ? kSm90BlockN : block_m;
+  TVM_FFI_ICHECK(!ws || block_n == 64) << "flash attention: the warp-specialized kernel has 64 key rows per tile, not " << block_n;
   if (sm90) block_m = 128, stages = 2;
   if (block_m == 0) block_m = kBlockM;
   TVM_FFI_ICHECK(block_m == 64 || block_m == 128) << "flash attention: block_m " << block_m << " (0, 64, 128 or " << kSm90 << ")";
-  TVM_FFI_ICHECK(stages == 1 || stages == 2) << "flash attention: stages " << stages << " (0, 1 or 2)";
+  TVM_FFI_ICHECK(stages == 1 || stages == 2) << "flash attention: stages " << stages << " (0, 1, 2, 3 or 4)";
   TVM_FFI_ICHECK(!sm90 || block_n == 64 || block_n == 128) << "flash attention: wgmma key rows " << block_n << " (64 or 128)";
   auto row = [dim](const tvm::ffi::TensorView& t) { return static_cast<int>(t.size(2) * dim); };
   Params p{Data(q), Data(k), Data(v), cos ? Data(*cos) : nullptr, sin ? Data(*sin) : nullptr, Data(o),
@@ -226,6 +237,13 @@ void Launch(const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& k, const 
   void* args[] = {&p};
   unsigned blocks = static_cast<unsigned>((n + block_m - 1) / block_m);
   void* stream = TVMFFIEnvGetStream(dev.device_type, dev.device_id);
+  if (ws) {  // 384 threads: two consumer warpgroups, one producer warpgroup; Q, three K/V stages, six mbarriers
+    int smem = static_cast<int>((block_m + 6 * block_n) * dim * 2 + 1024 + 64);
+    std::string name = std::string("relaxtune_flash_ws_") + type + "_d" + std::to_string(dim) + "_n" + std::to_string(block_n) + (pingpong ? "_pp" : "");
+    Ptr fn = Kernel(d, dev.device_id, name, smem);
+    Check(d, d->launch(fn, static_cast<unsigned>(heads), blocks, static_cast<unsigned>(b), 384, 1, 1, smem, stream, args, nullptr), "cuLaunchKernel");
+    return;
+  }
   if (sm90) {  // 256 threads; grid (heads, query blocks, batch): every head's longest causal blocks start first
     int smem = static_cast<int>((block_m + 4 * block_n) * dim * 2 + 1024);  // Q, two K and two V buffers, 1024-byte alignment
     std::string name = std::string("relaxtune_flash_sm90_") + type + "_d" + std::to_string(dim) + "_n" + std::to_string(block_n);
@@ -260,7 +278,8 @@ void Rope(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v
 }
 
 // the rope entry point with the kernel chosen (scripts/flash_check.py times each): block_m 64 / 128 and
-// stages 1 / 2 for the mma.sync kernel; stages 0 for the wgmma one, block_m then its key rows per tile (64 / 128)
+// stages 1 / 2 for the mma.sync kernel; stages 0 for the wgmma one, 3 for its warp-specialized form, 4 for
+// that with ping-pong: block_m then the key rows per tile (64 / 128; 64 for 3 and 4)
 void RopeConfig(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::ffi::TensorView cos, tvm::ffi::TensorView sin,
                 tvm::ffi::Shape heads, int64_t causal, double scale, int64_t block_m, int64_t stages, tvm::ffi::TensorView o) {
   Launch(q, k, v, &cos, &sin, At(heads, 0), At(heads, 1), At(heads, 2), At(heads, 3), causal, scale, block_m, o, stages);

@@ -89,9 +89,17 @@ def check_and_time(folder: Path, results: dict) -> dict:
         k, v = (torch.randn(b, n, hkv, d, device="cuda", dtype=dt) for _ in range(2))
         ref = sdpa(q, k, v, causal, torch.float32)
         torch_err = (sdpa(q, k, v, causal).float() - ref).abs().max().item()
-        for block_m in (64, 128, 90):  # the mma.sync kernel's two block sizes, the wgmma kernel (sm_90)
+        ones, zeros = torch.ones(n, d, device="cuda", dtype=dt), torch.zeros(n, d, device="cuda", dtype=dt)  # q "rotated" by 0
+        config = FUNCTIONS["relaxtune_flash_attention_config"]
+        heads = tvm_ffi.Shape((0, 0, 0, hkv))
+        # the mma.sync kernel's two block sizes, the warp-specialized wgmma kernel (sm_90), the default; through
+        # the rope entry point with identity tables: the two-warpgroup wgmma kernel, the warp-specialized one without ping-pong
+        for block_m in (64, 128, 90, 0, "sm90", "ws"):
             out = torch.full_like(q, float("nan"))
-            run(q, k, v, causal, block_m, out)
+            if isinstance(block_m, str):
+                config(*(as_tvm(t) for t in (q, k, v, ones, zeros)), heads, causal, d ** -0.5, 64, 3 if block_m == "ws" else 0, as_tvm(out))
+            else:
+                run(q, k, v, causal, block_m, out)
             torch.cuda.synchronize()
             err = (out.float() - ref).abs().max().item()
             row = {"shape": [b, n, hq, hkv, d], "dtype": dtype, "causal": causal, "block_m": block_m, "max_abs_err": err, "torch_sdpa_err": torch_err}
@@ -123,10 +131,10 @@ def check_and_time(folder: Path, results: dict) -> dict:
     row = {"n": 2048, "what": "the 7B block's call: q, v in place, q rotated on load"}
     ms = _timed(lambda: rope(*args, heads, 1, 128 ** -0.5, 0, as_tvm(out)))
     row["rope_auto_ms"], row["rope_auto_TFLOPs"] = round(ms, 4), round(4 * 32 * 2048 * 2048 * 128 / 2 / ms / 1e9, 1)
-    for block_m in (64, 128):
-        for stages in (1, 2, 0):  # stages 0: the wgmma kernel with block_m key rows per tile
-            ms = _timed(lambda: config(*args, heads, 1, 128 ** -0.5, block_m, stages, as_tvm(out)))
-            row[f"rope_sm90_n{block_m}_ms" if stages == 0 else f"rope_m{block_m}_s{stages}_ms"] = round(ms, 4)
+    names = {0: "rope_sm90_n{}_ms", 3: "rope_ws_n{}_ms", 4: "rope_ws_pp_n{}_ms"}
+    for block_m, stages in [(64, 1), (64, 2), (128, 1), (128, 2), (64, 0), (128, 0), (64, 3), (64, 4)]:  # 0: wgmma, 3 / 4: warp-specialized
+        ms = _timed(lambda: config(*args, heads, 1, 128 ** -0.5, block_m, stages, as_tvm(out)))
+        row[names.get(stages, "rope_m{}_s" + str(stages) + "_ms").format(block_m)] = round(ms, 4)
     report["timing"].append(row)
     print(row, flush=True)
     results["flash_kernel"] = report
@@ -160,6 +168,7 @@ def _in_place_checks(sdpa, b, n, hq, hkv, d, dt) -> list[dict]:
         ("relaxtune_flash_attention_rope", (qkv, k, qkv, cos, sin), ref, ()),
     ]
     cases += [("relaxtune_flash_attention_config", (qkv, k, qkv, cos, sin), ref, (m, st)) for m in (64, 128) for st in (1, 2, 0)]
+    cases += [("relaxtune_flash_attention_config", (qkv, k, qkv, cos, sin), ref, (64, st)) for st in (3, 4)]
     for name, args, expect, config in cases:
         fn = FUNCTIONS[name]
         out = torch.full((b, n, hq, d), float("nan"), device="cuda", dtype=dt)

@@ -502,7 +502,10 @@ def kernels(model: Llama7B, name: str, copy_gbs: float | None):
             kname, us, shapes = row["kernel"], row["us"], row["shapes"]
             weight = shapes[1][1] if len(shapes) >= 3 else []
             a = shapes[0][1] if shapes else []
-            if "matmul" in kname and len(weight) >= 2 and a and a[-1] in (weight[0], weight[-1]):
+            # TIR GEMMs and relaxtune's cuBLAS calls (relaxtune_cublas_gemm / _gemm_add, the latter with its residual
+            # add) against torch.matmul on the same shapes
+            gemm = "matmul" in kname or kname in ("relaxtune_cublas_gemm", "relaxtune_cublas_gemm_add")
+            if gemm and len(weight) >= 2 and a and a[-1] in (weight[0], weight[-1]):
                 m, k = int(np.prod(a[:-1])), a[-1]
                 k_first = weight[0] == k
                 nn_ = int(np.prod(weight[1:] if k_first else weight[:-1]))

@@ -206,6 +206,25 @@ def test_nvcc_compiles_every_kernel_for_sm90(tmp_path):
 
 
 @needs_nvcc
+def test_hopper_kernels_assemble_for_sm90a_without_serialized_wgmma_or_spills(tmp_path):
+    from relaxtune.cuda_device_code import find_nvcc
+
+    src = tmp_path / "flash.cu"
+    src.write_text(cfa.KERNEL_SOURCE)
+    cmd = [find_nvcc(), "-cubin", "-gencode=arch=compute_90a,code=sm_90a", *cfa.NVCC_FLAGS, "-Xptxas", "-v", "-o", str(tmp_path / "flash.cubin"), str(src)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # ptxas serializes every wgmma of a kernel where one sits on a path it cannot prove warpgroup-uniform (C7520)
+    assert "C7520" not in done.stderr and "C7508" not in done.stderr, done.stderr[-3000:]
+    report = dict(re.findall(r"Function properties for (\w+)\n\s+(.*)", done.stderr))
+    hopper = {name: line for name, line in report.items() if name.startswith(("relaxtune_flash_sm90_", "relaxtune_flash_ws_"))}
+    assert len(hopper) == 16, sorted(report)  # {f16, bf16} x {d64, d128} x (two-warpgroup n64/n128, warp-specialized, with ping-pong)
+    assert all("0 bytes spill stores" in line for line in hopper.values()), hopper
+    fatbin = cfa.compile_fatbin("sm_90", tmp_path / "fatbin").read_bytes()
+    assert all(name.encode() in fatbin for name in hopper)
+
+
+@needs_nvcc
 def test_tiny_fp16_llama_artifact_calls_the_flash_kernel(tmp_path):
     from relaxtune import api, artifact, targets
     from relaxtune.config import CompileConfig, JobConfig
