@@ -12,7 +12,9 @@ ones (42-54 vs 25-27 us), but inside the graph-captured Llama-7B block every-GEM
 fastest (0.152 ms, against 0.182 with cuBLAS for the wide ones only and 0.235 with none): so the
 default is every bucket (`min_rows=1`).
 
-Run after BucketDispatch (reads `relaxtune.bucket`) and before LegalizeOps; element-wise
+Run after BucketDispatch (reads `relaxtune.bucket`) and RewriteGemvToCuda (gemv_cuda.py: the
+decode buckets' GEMVs on relaxtune's own kernel, where it measured faster), and before
+LegalizeOps; element-wise
 consumers of the GEMM (SwiGLU) then stay separate kernels, except a residual add, which
 RewriteResidualAddToCublas (cublas_gemm_add.py) folds into the GEMM. Attention's batched
 activation GEMMs are RewriteBatchedGemmToCublas's (cublas_batched_gemm.py); `cublas_passes`
@@ -100,12 +102,13 @@ def cublas_passes(options: bool | dict = True) -> list:
     arguments (min_rows, decode_wide) plus "batched": False, True (default) or
     RewriteBatchedGemmToCublas's arguments (min_rows) for attention's batched GEMMs, and
     "residual": False, True (default) or RewriteResidualAddToCublas's arguments (min_rows) for
-    residual adds as the GEMM's epilogue."""
+    residual adds as the GEMM's epilogue; "gemv" is gemv_cuda.gemv_passes's (decode buckets)."""
     from .cublas_gemm_add import RewriteResidualAddToCublas
 
     if not options:
         return []
     gemm = dict(options) if isinstance(options, dict) else {}
+    gemm.pop("gemv", None)  # the decode buckets' GEMV kernel: gemv_cuda.gemv_passes reads it
     batched, residual = gemm.pop("batched", True), gemm.pop("residual", True)
     passes = [RewriteGemmToCublas(**gemm)]
     if residual:

@@ -30,12 +30,12 @@ GEMM = "relaxtune_cublas_gemm"
 FUNCTION = "relaxtune_cublas_gemm_add"
 
 
-def _gemm_args(value) -> tuple | None:
-    """(x, w) of `call_dps_packed("relaxtune_cublas_gemm", (x, w))`, else None."""
+def _gemm_args(value, name: str = GEMM) -> tuple | None:
+    """(x, w) of `call_dps_packed(name, (x, w))` (default: "relaxtune_cublas_gemm"), else None."""
     if not (isinstance(value, relax.Call) and value.op == tvm.ir.Op.get("relax.call_dps_packed")):
         return None
     func, args = value.args[0], value.args[1]
-    if not (isinstance(func, relax.ExternFunc) and func.global_symbol == GEMM and isinstance(args, relax.Tuple) and len(args.fields) == 2):
+    if not (isinstance(func, relax.ExternFunc) and func.global_symbol == name and isinstance(args, relax.Tuple) and len(args.fields) == 2):
         return None
     return tuple(args.fields)
 
@@ -52,10 +52,11 @@ def _same_tensor_type(a, b) -> bool:
 
 @visitor
 class _Matches(PyExprVisitor):
-    """The GEMM bindings used once, by an add of a same-typed tensor: {add var: (gemm var, x, w, r)}."""
+    """The GEMM bindings (calls of `gemm`) used once, by an add of a same-typed tensor: {add var: (gemm var, x, w, r)}."""
 
-    def __init__(self):
+    def __init__(self, gemm: str = GEMM):
         super().__init__()
+        self.gemm = gemm
         self.uses: Counter = Counter()
         self.gemms: dict = {}
         self.adds: list = []
@@ -70,7 +71,7 @@ class _Matches(PyExprVisitor):
     def visit_var_binding_(self, binding):
         super().visit_var_binding_(binding)
         value = binding.value
-        args = _gemm_args(value)
+        args = _gemm_args(value, self.gemm)
         if args is not None:
             self.gemms[binding.var] = args
         elif isinstance(value, relax.Call) and value.op == self.add and len(value.args) == 2:
@@ -88,9 +89,9 @@ class _Matches(PyExprVisitor):
 
 @mutator
 class _Rewriter(PyExprMutator):
-    def __init__(self, mod, found: dict):
+    def __init__(self, mod, found: dict, function: str = FUNCTION):
         super().__init__(mod)
-        self.found = found
+        self.found, self.function = found, function
         self.dropped = {g for g, *_ in found.values()}
 
     def visit_var_binding_(self, binding):
@@ -99,7 +100,7 @@ class _Rewriter(PyExprMutator):
         if binding.var not in self.found:
             return super().visit_var_binding_(binding)
         _g, x, w, r = self.found[binding.var]
-        call = relax.call_dps_packed(FUNCTION, [self.visit_expr(x), self.visit_expr(w), self.visit_expr(r)], binding.var.ty)
+        call = relax.call_dps_packed(self.function, [self.visit_expr(x), self.visit_expr(w), self.visit_expr(r)], binding.var.ty)
         bb = self.builder_
         if bb.current_block_is_dataflow() and not isinstance(binding.var, relax.DataflowVar):
             new = bb.emit_output(call, binding.var.name)  # a dataflow block's output stays one

@@ -43,7 +43,7 @@ def fusion_passes(
         *([] if attention else [DecomposeAttention()]),  # attention calls left: matmul / masked softmax / matmul kernels
         BucketDispatch(plan),  # one function per shape bucket; main checks bounds and dispatches
         *([*attention, DecomposeAttention()] if attention else []),  # gpu: the fused flash kernel per bucket, the rest split
-        *(extern or []),  # gpu with cublas=True: library calls per bucket (RewriteGemmToCublas, RewriteBatchedGemmToCublas)
+        *(extern or []),  # gpu with cublas=True: library calls per bucket (RewriteGemvToCuda, RewriteGemmToCublas, RewriteBatchedGemmToCublas)
         relax.backend.DispatchSampling(),  # ops that need a library form before legalization
         relax.backend.DispatchSortScan(),
         relax.transform.LegalizeOps(),  # every op becomes a TIR kernel, shapes stay symbolic
@@ -163,8 +163,10 @@ def target_fusion_passes(target, plan: dict[str, list[Bucket]], fusion: str | No
     (`flash`: True, or a dict of RewriteAttentionToFlash's arguments). The build and task
     extraction both run these, so tuning sees exactly the kernels the build keeps."""
     from .cublas_gemm import cublas_passes
+    from .gemv_cuda import gemv_passes
 
-    extern = cublas_passes(cublas) if cublas and "gpu" in target.keys else []
+    # the decode buckets' weight GEMVs on relaxtune's kernel first (cublas "gemv"), cuBLAS takes the rest
+    extern = [*gemv_passes(target, cublas), *cublas_passes(cublas)] if cublas and "gpu" in target.keys else []
     return fusion_passes(plan, fusion, extern, gpu="gpu" in target.keys, attention=flash_passes(target, flash))
 
 

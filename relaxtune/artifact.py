@@ -39,7 +39,7 @@ def export(executable, workload, target, so_path: Path, plan, cache_fingerprint,
     if target.is_gpu:
         from .cuda_device_code import FatbinPacker
 
-        from . import cuda_cublas, cuda_flash_attention
+        from . import cuda_cublas, cuda_flash_attention, cuda_gemv
 
         arch = target.config["arch"]
         packer = FatbinPacker(arch)
@@ -48,6 +48,8 @@ def export(executable, workload, target, so_path: Path, plan, cache_fingerprint,
         addons = [str(cuda_cublas.object_file())]
         if cuda_flash_attention.supports(arch):
             addons.append(str(cuda_flash_attention.object_file(arch)))
+        if cuda_gemv.supports(arch):  # the decode buckets' GEMV kernel (relax_passes/gemv_cuda.py)
+            addons.append(str(cuda_gemv.object_file(arch)))
         executable.export_library(str(so_path), fpack_imports=packer, addons=addons, options=["-ldl"])
         device_code = packer.summary()
     else:

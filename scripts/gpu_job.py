@@ -73,6 +73,9 @@ VARIANTS = {
     "llama7b-rf-cublas-flash-copies-graph": ("relaxtune", True, True),  # flash on compact q/k/v (slice and rope kernels kept)
     "llama7b-rf-cublas-flash-mma-graph": ("relaxtune", True, True),  # the mma.sync flash kernel in every bucket (the default before the wgmma one)
     "llama7b-rf-cublas-flash-sepadd-graph": ("relaxtune", True, {"residual": False}),  # residual adds as kernels of their own (the default before)
+    # the decode buckets' GEMVs on cuBLAS, their residual adds as kernels (the default before relax_passes/gemv_cuda.py)
+    "llama7b-rf-cublas-flash-nogemv-graph": ("relaxtune", True, {"gemv": False}),
+    "llama7b-rf-cublas-flash-nogemv": ("relaxtune", False, {"gemv": False}),
     # the flash default before RowElementwise (dlight's Fallback for the element-wise kernels): see PREVIOUS_EW
     "llama7b-rf-cublas-flash-graph-prev": ("relaxtune", True, True),
     "llama7b-rf-cublas-flash-prev": ("relaxtune", False, True),
@@ -85,6 +88,7 @@ VARIANTS = {
 FLASH = {"llama-f16-flash": True, "llama7b-rf-cublas-flash-graph": True, "llama7b-rf-cublas-flash": True,
          "llama7b-rf-cublas-flash-graph-prev": True, "llama7b-rf-cublas-flash-prev": True, "llama7b-rf-cublas-flash-copies-graph": {"in_place": False},
          "llama7b-rf-cublas-flash-mma-graph": {"block_m": 64}, "llama7b-rf-cublas-flash-sepadd-graph": True,
+         "llama7b-rf-cublas-flash-nogemv-graph": True, "llama7b-rf-cublas-flash-nogemv": True,
          "llama7b-rf-cublas-flash-graph-h8cprev": {"lift_tables": False}, "llama7b-rf-cublas-flash-h8cprev": {"lift_tables": False}}
 # built with the GPU rules as they were before schedules/rules/gpu_row_softmax.py (for comparison)
 PREVIOUS_RULES = ("llama7b-sf-cublas-all-prev", "llama7b-sf-cublas-all-graph-prev")
@@ -94,7 +98,7 @@ PREVIOUS_EW = ("llama7b-rf-cublas-flash-graph-prev", "llama7b-rf-cublas-flash-pr
 PREVIOUS_H8C = ("llama7b-rf-cublas-flash-graph-h8cprev", "llama7b-rf-cublas-flash-h8cprev")
 # `run` profiles these per kernel when built (else the fastest variant without graphs at n=128)
 KERNEL_VARIANTS = ("llama7b-sf-cublas-all-prev", "llama7b-sf-cublas-all", "llama7b-rf-cublas-all", "llama7b-sf-cublas-nobmm", "llama7b-rf-cublas-flash-prev",
-                   "llama7b-rf-cublas-flash-h8cprev", "llama7b-rf-cublas-flash")
+                   "llama7b-rf-cublas-flash-h8cprev", "llama7b-rf-cublas-flash-nogemv", "llama7b-rf-cublas-flash")
 # what the lead's device run needs: `build --only` with this list (tiny check artifacts included)
 DEVICE_SET = (
     *TINY, *PREVIOUS_RULES, "llama7b-sf-cublas-all", "llama7b-sf-cublas-all-graph", "llama7b-rf-cublas-all", "llama7b-rf-cublas-all-graph",
@@ -502,9 +506,9 @@ def kernels(model: Llama7B, name: str, copy_gbs: float | None):
             kname, us, shapes = row["kernel"], row["us"], row["shapes"]
             weight = shapes[1][1] if len(shapes) >= 3 else []
             a = shapes[0][1] if shapes else []
-            # TIR GEMMs and relaxtune's cuBLAS calls (relaxtune_cublas_gemm / _gemm_add, the latter with its residual
-            # add) against torch.matmul on the same shapes
-            gemm = "matmul" in kname or kname in ("relaxtune_cublas_gemm", "relaxtune_cublas_gemm_add")
+            # TIR GEMMs, relaxtune's cuBLAS calls (relaxtune_cublas_gemm / _gemm_add, the latter with its residual
+            # add) and its GEMV kernel (relaxtune_gemv / _gemv_add) against torch.matmul on the same shapes
+            gemm = "matmul" in kname or kname in ("relaxtune_cublas_gemm", "relaxtune_cublas_gemm_add", "relaxtune_gemv", "relaxtune_gemv_add")
             if gemm and len(weight) >= 2 and a and a[-1] in (weight[0], weight[-1]):
                 m, k = int(np.prod(a[:-1])), a[-1]
                 k_first = weight[0] == k
@@ -514,11 +518,11 @@ def kernels(model: Llama7B, name: str, copy_gbs: float | None):
                 cublas = time_ms(lambda: torch.matmul(A, B), torch.cuda.synchronize, min_seconds=0.2) * 1e3
                 row.update({"M": m, "N": nn_, "K": k, "cublas_us": round(cublas, 2), "pct_of_cublas": round(100 * cublas / us, 1)})
                 row["TFLOPs"] = round(2 * m * k * nn_ / us / 1e6, 1)
-                if n == 1:
+                if n == 1:  # the bytes the call moves (with a residual: read too), and cuBLAS's for x @ w -> y
                     gbs = sum(int(np.prod(s)) * np.dtype(dt).itemsize for dt, s in shapes) / us / 1e3
-                    row["GBps"] = round(gbs, 1)
+                    row["GBps"], row["cublas_GBps"] = round(gbs, 1), round(2 * (m * k + k * nn_ + m * nn_) / cublas / 1e3, 1)
                     if copy_gbs:
-                        row["pct_of_copy_bw"] = round(100 * gbs / copy_gbs, 1)
+                        row["pct_of_copy_bw"], row["cublas_pct_of_copy_bw"] = round(100 * gbs / copy_gbs, 1), round(100 * row["cublas_GBps"] / copy_gbs, 1)
             table.append(row)
         mine = [r for r in table if r["n"] == n and r["artifact"] == name]
         top = sorted(mine, key=lambda r: -r["us"])[:12]
@@ -553,10 +557,10 @@ def markdown(results: dict) -> str:
     lines += ["| n | " + " | ".join(systems) + " |", "|---" * (len(systems) + 1) + "|"]
     for n, row in lat.items():
         lines.append(f"| {n} | " + " | ".join(f"{row[s]['ms']:.3f}" if s in row else "-" for s in systems) + " |")
-    lines += ["", f"copy bandwidth: {results.get('copy_GBps')} GB/s", "", "| artifact | n | kernel | M | N | K | us | cuBLAS us | % cuBLAS | GB/s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", f"copy bandwidth: {results.get('copy_GBps')} GB/s", "", "| artifact | n | kernel | M | N | K | us | cuBLAS us | % cuBLAS | GB/s | % copy | cuBLAS GB/s | cuBLAS % copy |", "|---" * 13 + "|"]
     for r in results.get("kernels", []):
         if "M" in r:
-            lines.append(f"| {r.get('artifact', '')} | {r['n']} | {r['kernel']} | {r['M']} | {r['N']} | {r['K']} | {r['us']} | {r['cublas_us']} | {r['pct_of_cublas']} | {r.get('GBps', '')} |")
+            lines.append(f"| {r.get('artifact', '')} | {r['n']} | {r['kernel']} | {r['M']} | {r['N']} | {r['K']} | {r['us']} | {r['cublas_us']} | {r['pct_of_cublas']} | {r.get('GBps', '')} | {r.get('pct_of_copy_bw', '')} | {r.get('cublas_GBps', '')} | {r.get('cublas_pct_of_copy_bw', '')} |")
     totals: dict = {}  # every kernel and library call of one `main` call, per artifact and n
     for r in results.get("kernels", []):
         key = (r.get("artifact", ""), r["n"])
@@ -586,6 +590,10 @@ def run(art: Path, out: Path, skip: list[str]) -> None:
         from flash_check import check_and_time
 
         section("flash attention kernel vs torch SDPA")(check_and_time)(art / "flash_attention", RESULTS)
+    if "gemv" not in skip and (art / "gemv").is_dir():  # the GEMV kernel alone vs cuBLAS (scripts/gemv_check.py)
+        from gemv_check import check_and_time as gemv_check
+
+        section("gemv kernel vs cuBLAS")(gemv_check)(art / "gemv", RESULTS, copy_gbs)
     if "tiny" not in skip:
         check_tiny(art, tmp)
     model = section("llama-7B setup")(Llama7B)(art, tmp)
@@ -616,7 +624,7 @@ def main() -> None:
     parser.add_argument("--art", type=Path, default=ROOT / ".device" / "gpu")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "build/gpu_job")))
     parser.add_argument("--only", default="", help="build: comma-separated artifact names, or 'device' for DEVICE_SET")
-    parser.add_argument("--skip", default="", help="run: flash,tiny,kernels,runtime,compile")
+    parser.add_argument("--skip", default="", help="run: flash,gemv,tiny,kernels,runtime,compile")
     parser.add_argument("--seqs", default=",".join(map(str, SEQS)), help="run: the sequence lengths n of the 7B block")
     args = parser.parse_args()
     if args.mode == "build":

@@ -1,0 +1,118 @@
+"""RewriteGemvToCuda: the weight GEMVs of the decode buckets call relaxtune's GEMV kernel (CUDA only).
+
+In bucket functions whose rows dimension ends at <= `max_rows` (the decode buckets), `R.matmul(x, w)`
+with `x (..., K)` and a 2-D weight `w (K, N)` that is a parameter of the bucket function (the
+transposed weights LiftTransformParams produced), static K and N with N a multiple of 8, fp16 or
+bf16 in and out, becomes `R.call_dps_packed("relaxtune_gemv", (x, w), out)`: the kernel of
+relaxtune/cuda_gemv.py (16-byte weight loads in 64-column tiles, K split over a thread-block
+cluster, up to 8 rows per pass over the weights). A product used by nothing but an add of a
+same-typed tensor `r` (the residual: `x + o_proj(a)`, `h + down(m)`) becomes
+`R.call_dps_packed("relaxtune_gemv_add", (x, w, r), out)` (`residual`): r is added in the
+kernel's epilogue, the add kernel and its read of the product are gone. Matched by operators and
+types, never by names (the add matcher is RewriteResidualAddToCublas's).
+
+Why: cuBLAS reads the 4096-output weights of the Llama-7B block (o_proj 4096 x 4096, down 11008 x
+4096) at 48% / 75% of the H200's copy bandwidth at n = 1 (scripts/gpu_job.py): with weights in
+the (K, N) layout, 4096 outputs give it too little parallelism.
+
+Run after BucketDispatch (reads `relaxtune.bucket`) and before RewriteGemmToCublas, which then
+takes the weight GEMMs left (larger buckets, shapes this kernel does not take); `gemv_passes`
+turns the pipeline's `cublas` option ("gemv": False, True or this pass's arguments) into it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from ..cuda_gemv import ADD_FUNCTION, FUNCTION, VECTOR, supports
+from .bucket_dispatch import BUCKET_ATTR
+from .cublas_gemm_add import _Matches
+from .cublas_gemm_add import _Rewriter as _AddRewriter
+
+logger = logging.getLogger(__name__)
+
+DTYPES = ("float16", "bfloat16")
+# buckets up to 8 rows by default: the kernel's rows share one pass over the weights up to 8
+MAX_ROWS = 8
+
+
+def _static(value) -> int | None:
+    return int(value) if isinstance(value, tvm.tirx.IntImm) else None
+
+
+@mutator
+class _Rewriter(PyExprMutator):
+    def __init__(self, mod, params):
+        super().__init__(mod)
+        self.params, self.count = params, 0
+        self.matmul = tvm.ir.Op.get("relax.matmul")
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if call.op != self.matmul or len(call.args) != 2:
+            return call
+        x, w = call.args
+        if not (isinstance(w, relax.Var) and w in self.params):
+            return call
+        xt, wt = x.ty, w.ty
+        if not (isinstance(xt, relax.TensorType) and isinstance(wt, relax.TensorType) and wt.ndim == 2 and xt.ndim >= 1 and wt.shape is not None):
+            return call
+        k, n = (_static(d) for d in wt.shape.values)
+        if k is None or n is None or n % VECTOR:
+            return call
+        out_dtype = str(call.attrs.out_dtype) if call.attrs.out_dtype else ""
+        if xt.dtype not in DTYPES or wt.dtype != xt.dtype or out_dtype not in ("", "void", xt.dtype):
+            return call
+        self.count += 1
+        return relax.call_dps_packed(FUNCTION, [x, w], relax.TensorType(list(xt.shape.values[:-1]) + [n], xt.dtype))
+
+
+@tvm.transform.module_pass(opt_level=0, name="RewriteGemvToCuda")
+class RewriteGemvToCuda:
+    """Weight GEMVs of bucket functions whose `dim` ends at <= `max_rows` call relaxtune's GEMV kernel (see above)."""
+
+    def __init__(self, dim: str = "n", max_rows: int = MAX_ROWS, residual: bool = True):
+        self.dim, self.max_rows, self.residual = dim, max_rows, residual
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        updates = {}
+        for gvar, func in mod.functions_items():
+            if not isinstance(func, relax.Function) or func.attrs is None or BUCKET_ATTR not in func.attrs:
+                continue
+            bucket = func.attrs[BUCKET_ATTR]
+            if self.dim not in bucket or int(bucket[self.dim][1]) > self.max_rows:
+                continue
+            rewriter = _Rewriter(mod, set(func.params))
+            new = rewriter.visit_expr(func)
+            if not rewriter.count:
+                continue
+            fused = 0
+            if self.residual:
+                matches = _Matches(FUNCTION)
+                matches.visit_expr(new)
+                found = matches.matches()
+                if found:
+                    new, fused = _AddRewriter(mod, found, ADD_FUNCTION).visit_expr(new), len(found)
+            updates[gvar] = new
+            logger.info("%s: %d GEMV(s) -> relaxtune_gemv (%d with the residual add)", gvar.name_hint, rewriter.count, fused)
+        if not updates:
+            return mod
+        mod = mod.clone()  # the pass's input stays as it was
+        for gvar, func in updates.items():
+            mod[gvar] = func
+        return mod
+
+
+def gemv_passes(target, cublas: bool | dict = True) -> list:
+    """RewriteGemvToCuda for CUDA targets of sm_80+ where the pipeline's `cublas` option is on and its
+    "gemv" key (default True) is not False (a dict: the pass's arguments)."""
+    if not cublas or target.kind.name != "cuda" or not supports(str(target.attrs.get("arch", ""))):
+        return []
+    options = cublas.get("gemv", True) if isinstance(cublas, dict) else True
+    if not options:
+        return []
+    return [RewriteGemvToCuda(**(options if isinstance(options, dict) else {}))]

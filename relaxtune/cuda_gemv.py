@@ -1,0 +1,273 @@
+"""relaxtune's decode GEMV for CUDA artifacts: an nvcc-compiled kernel launched through the driver API.
+
+- `relaxtune_gemv(x, w, y)`: `y[..., N] = x[..., K] @ w[K, N]` for the few rows of a decode step
+  (w row-major, as LiftTransformParams left it), fp16 or bf16, fp32 accumulation;
+- `relaxtune_gemv_add(x, w, r, y)`: the same plus `r` (shaped like y), added in fp32 before the
+  one rounding: the residual add as the GEMV's epilogue;
+- `relaxtune_gemv_config(x, w, splits, y)`: `relaxtune_gemv` with the split of K chosen by the
+  caller (scripts/gemv_check.py times each; 0 = the default below).
+Emitted by `RewriteGemvToCuda` (relax_passes/gemv_cuda.py) in the small (decode) buckets.
+
+The kernel (cuda_gemv.cu) gives each block 64 output columns: 8 threads x 16-byte vectors per
+weight row, 32 K lanes per block, up to 8 rows of x sharing one pass over the weights (more rows:
+one launch per 8). cuBLAS reaches 48% of the copy bandwidth at N = 4096 outputs on an H200: 64
+column tiles are too few for 132 SMs. Here, on compute capability 9.0+, the K range of a tile is
+split over the blocks of a thread-block cluster, which add their partial sums through distributed
+shared memory (no workspace, nothing zeroed, no atomics): the default split is the smallest power
+of two up to 8 that gives >= 4 blocks per SM while every block keeps >= 256 weight rows.
+Launched with `cuLaunchKernelEx` (cluster dimension attribute) on TVM's current stream, no
+allocation and no sync, so CUDA graphs capture it; libcuda is opened with `dlopen`.
+`object_file(arch)` embeds the fatbin in a host object (`.incbin`) that `artifact.export` links
+into CUDA artifacts, as for the flash attention kernel (cuda_flash_attention.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import subprocess
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+FUNCTION = "relaxtune_gemv"
+ADD_FUNCTION = "relaxtune_gemv_add"
+CONFIG_FUNCTION = "relaxtune_gemv_config"
+MIN_ARCH = 80
+VECTOR = 8  # columns per 16-byte load: N must be a multiple of it
+KERNEL_SOURCE = Path(__file__).with_name("cuda_gemv.cu").read_text()
+
+HOST_SOURCE = r"""
+#include <dlfcn.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/extra/c_env_api.h>
+#include <tvm/ffi/function.h>
+
+#include <algorithm>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+extern "C" const char relaxtune_gemv_fatbin[];  // the nvcc fatbin, linked in by .incbin below
+
+namespace {
+using CUresult = int;
+using Ptr = void*;
+struct LaunchAttribute { int id; char pad[4]; union { char raw[64]; struct { unsigned x, y, z; } cluster; } value; };  // CUlaunchAttribute
+struct LaunchConfig {  // CUlaunchConfig
+  unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes;
+  Ptr stream;
+  LaunchAttribute* attrs;
+  unsigned num_attrs;
+};
+constexpr int kClusterDimension = 4;  // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+struct Driver {
+  CUresult (*init)(unsigned) = nullptr;
+  CUresult (*ctx_get_current)(Ptr*) = nullptr;
+  CUresult (*ctx_set_current)(Ptr) = nullptr;
+  CUresult (*device_get)(int*, int) = nullptr;
+  CUresult (*primary_retain)(Ptr*, int) = nullptr;
+  CUresult (*module_load_data)(Ptr*, const void*) = nullptr;
+  CUresult (*module_get_function)(Ptr*, Ptr, const char*) = nullptr;
+  CUresult (*launch)(Ptr, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, Ptr, void**, void**) = nullptr;
+  CUresult (*launch_ex)(const LaunchConfig*, Ptr, void**, void**) = nullptr;
+  CUresult (*error_string)(CUresult, const char**) = nullptr;
+  CUresult (*device_attribute)(int*, int, int) = nullptr;
+};
+
+struct Params {  // must match cuda_gemv.cu
+  const void *x, *w, *res;
+  void* y;
+  int rows, k, n, k_per_split;
+};
+constexpr int kCols = 64, kMaxRows = 8, kMaxSplits = 8, kMinRowsPerSplit = 256, kBlocksPerSm = 4;
+
+Driver* LoadDriver() {
+  static Driver d;
+  static std::once_flag once;
+  static std::string error;
+  std::call_once(once, [] {
+    void* so = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (so == nullptr) { error = "cannot dlopen libcuda.so.1 (no NVIDIA driver?)"; return; }
+    auto sym = [so](auto& fn, const char* name) { fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(so, name)); return fn != nullptr; };
+    bool ok = sym(d.init, "cuInit") && sym(d.ctx_get_current, "cuCtxGetCurrent") && sym(d.ctx_set_current, "cuCtxSetCurrent") &&
+              sym(d.device_get, "cuDeviceGet") && sym(d.primary_retain, "cuDevicePrimaryCtxRetain") &&
+              sym(d.module_load_data, "cuModuleLoadData") && sym(d.module_get_function, "cuModuleGetFunction") &&
+              sym(d.launch, "cuLaunchKernel") && sym(d.launch_ex, "cuLaunchKernelEx") && sym(d.error_string, "cuGetErrorString") &&
+              sym(d.device_attribute, "cuDeviceGetAttribute");
+    if (!ok || d.init(0) != 0) { error = "libcuda.so.1 lacks a driver entry point, or cuInit failed"; d.launch = nullptr; }
+  });
+  TVM_FFI_ICHECK(d.launch != nullptr) << "relaxtune gemv: " << error;
+  return &d;
+}
+
+void Check(Driver* d, CUresult status, const char* what) {
+  if (status == 0) return;
+  const char* text = nullptr;
+  d->error_string(status, &text);
+  TVM_FFI_THROW(RuntimeError) << "relaxtune gemv: " << what << " failed: " << (text ? text : "?") << " (" << status << ")";
+}
+
+// the kernel `name` on `device` (module loaded once per device, in its current, else primary, context)
+Ptr Kernel(Driver* d, int device, const std::string& name) {
+  static std::mutex mu;
+  static std::unordered_map<int, Ptr> modules;
+  static std::unordered_map<std::string, Ptr> kernels;
+  std::lock_guard<std::mutex> lock(mu);
+  std::string key = std::to_string(device) + "/" + name;
+  auto found = kernels.find(key);
+  if (found != kernels.end()) return found->second;
+  Ptr& module = modules[device];
+  if (module == nullptr) {
+    Ptr ctx = nullptr;
+    Check(d, d->ctx_get_current(&ctx), "cuCtxGetCurrent");
+    if (ctx == nullptr) {
+      int dev;
+      Check(d, d->device_get(&dev, device), "cuDeviceGet");
+      Check(d, d->primary_retain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+      Check(d, d->ctx_set_current(ctx), "cuCtxSetCurrent");
+    }
+    Check(d, d->module_load_data(&module, relaxtune_gemv_fatbin), "cuModuleLoadData (is the GPU older than the artifact's arch?)");
+  }
+  Ptr fn = nullptr;
+  Check(d, d->module_get_function(&fn, module, name.c_str()), "cuModuleGetFunction");
+  return kernels[key] = fn;
+}
+
+struct DeviceInfo { int major = 0, sms = 0; };
+DeviceInfo Info(Driver* d, int device) {
+  static std::mutex mu;
+  static std::unordered_map<int, DeviceInfo> known;
+  std::lock_guard<std::mutex> lock(mu);
+  auto found = known.find(device);
+  if (found != known.end()) return found->second;
+  int dev;
+  DeviceInfo info;
+  Check(d, d->device_get(&dev, device), "cuDeviceGet");
+  Check(d, d->device_attribute(&info.major, 75, dev), "cuDeviceGetAttribute(compute capability major)");
+  Check(d, d->device_attribute(&info.sms, 16, dev), "cuDeviceGetAttribute(multiprocessor count)");
+  return known[device] = info;
+}
+
+char* Data(const tvm::ffi::TensorView& t) { return static_cast<char*>(t.data_ptr()) + t.byte_offset(); }
+
+// y = x @ w (+ r); splits: blocks per cluster that share a column tile's K range (0: the default)
+void Launch(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const tvm::ffi::TensorView* r, const tvm::ffi::TensorView& y,
+            int64_t splits) {
+  TVM_FFI_ICHECK_EQ(w.ndim(), 2) << "gemv: the weight must be (K, N)";
+  int64_t k = w.size(0), n = w.size(1), m = 1;
+  for (int i = 0; i + 1 < x.ndim(); ++i) m *= x.size(i);
+  TVM_FFI_ICHECK(x.ndim() >= 1 && x.size(x.ndim() - 1) == k) << "gemv: x's last dimension must be K = " << k;
+  TVM_FFI_ICHECK(y.size(y.ndim() - 1) == n && y.numel() == m * n) << "gemv: y must be (..., N) with x's rows";
+  TVM_FFI_ICHECK(n % 8 == 0) << "gemv: N = " << n << " must be a multiple of 8 (16-byte vectors)";
+  TVM_FFI_ICHECK(k <= INT32_MAX / 2 && n <= INT32_MAX / 2) << "gemv: too large";
+  DLDataType dt = x.dtype();
+  TVM_FFI_ICHECK(dt.bits == 16 && dt.lanes == 1 && (dt.code == kDLFloat || dt.code == kDLBfloat)) << "gemv: fp16 or bf16 only";
+  for (const auto* t : {&w, &y, r}) {
+    if (t == nullptr) continue;
+    TVM_FFI_ICHECK(t->dtype().code == dt.code && t->dtype().bits == 16 && t->dtype().lanes == 1) << "gemv: mixed dtypes";
+    TVM_FFI_ICHECK(t->IsContiguous()) << "gemv: operands must be compact";
+  }
+  TVM_FFI_ICHECK(x.IsContiguous()) << "gemv: operands must be compact";
+  TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(Data(w)) % 16 == 0) << "gemv: the weight must be 16-byte aligned";
+  if (r != nullptr) TVM_FFI_ICHECK_EQ(r->numel(), m * n) << "gemv: the residual must be shaped like y";
+  TVM_FFI_ICHECK(splits >= 0 && splits <= kMaxSplits) << "gemv: splits " << splits << " (0 = default, 1.." << kMaxSplits << ")";
+  if (m == 0 || n == 0) return;
+  Driver* d = LoadDriver();
+  DLDevice dev = y.device();
+  DeviceInfo info = Info(d, dev.device_id);
+  unsigned tiles = static_cast<unsigned>((n + kCols - 1) / kCols);
+  if (splits == 0) {  // clusters (compute capability 9.0+) until the grid fills the GPU
+    splits = 1;
+    while (info.major >= 9 && splits < kMaxSplits && tiles * splits < static_cast<unsigned>(kBlocksPerSm * info.sms) &&
+           k / (2 * splits) >= kMinRowsPerSplit)
+      splits *= 2;
+  }
+  TVM_FFI_ICHECK(splits == 1 || info.major >= 9) << "gemv: splitting K over a cluster needs compute capability 9.0+";
+  int k_per_split = static_cast<int>((k + splits - 1) / splits);
+  const char* type = dt.code == kDLBfloat ? "bf16" : "f16";
+  void* stream = TVMFFIEnvGetStream(dev.device_type, dev.device_id);
+  for (int64_t r0 = 0; r0 < m; r0 += kMaxRows) {  // up to 8 rows share one pass over the weights
+    int rows = static_cast<int>(std::min<int64_t>(kMaxRows, m - r0));
+    int tile = rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8;
+    Ptr fn = Kernel(d, dev.device_id, std::string("relaxtune_gemv_") + type + "_m" + std::to_string(tile));
+    Params p{Data(x) + r0 * k * 2, Data(w), r != nullptr ? Data(*r) + r0 * n * 2 : nullptr, Data(y) + r0 * n * 2,
+             rows, static_cast<int>(k), static_cast<int>(n), k_per_split};
+    void* args[] = {&p};
+    if (splits == 1) {
+      Check(d, d->launch(fn, tiles, 1, 1, 256, 1, 1, 0, stream, args, nullptr), "cuLaunchKernel");
+      continue;
+    }
+    LaunchAttribute attr{};
+    attr.id = kClusterDimension;
+    attr.value.cluster.x = 1, attr.value.cluster.y = static_cast<unsigned>(splits), attr.value.cluster.z = 1;
+    LaunchConfig config{tiles, static_cast<unsigned>(splits), 1, 256, 1, 1, 0, stream, &attr, 1};
+    Check(d, d->launch_ex(&config, fn, args, nullptr), "cuLaunchKernelEx (cluster)");
+  }
+}
+
+void Gemv(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView y) { Launch(x, w, nullptr, y, 0); }
+void GemvAdd(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView r, tvm::ffi::TensorView y) { Launch(x, w, &r, y, 0); }
+void GemvConfig(tvm::ffi::TensorView x, tvm::ffi::TensorView w, int64_t splits, tvm::ffi::TensorView y) { Launch(x, w, nullptr, y, splits); }
+}  // namespace
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv, Gemv);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_add, GemvAdd);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_config, GemvConfig);
+"""
+
+NVCC_FLAGS = ("-O3", "-std=c++17")
+
+
+def _arch_number(arch: str) -> int:
+    return int(arch.removeprefix("sm_").rstrip("a"))
+
+
+def supports(arch: str) -> bool:
+    """Whether the kernel runs on `arch` (e.g. "sm_90"); the cluster split needs compute capability 9.0+ at run time."""
+    try:
+        return _arch_number(arch) >= MIN_ARCH
+    except ValueError:
+        return False
+
+
+def nvcc_command(arch: str, src: Path, out: Path, kind: str = "--fatbin", extra: tuple = ()) -> list[str]:
+    """nvcc for `arch`: SASS for it and its PTX (newer GPUs JIT that)."""
+    from .cuda_device_code import find_nvcc
+
+    number = _arch_number(arch)
+    return [find_nvcc(), kind, f"-gencode=arch=compute_{number},code=[sm_{number},compute_{number}]", *NVCC_FLAGS, *extra, "-o", str(out), str(src)]
+
+
+def compile_fatbin(arch: str, workdir: Path) -> Path:
+    workdir.mkdir(parents=True, exist_ok=True)
+    src, out = workdir / "gemv.cu", workdir / "gemv.fatbin"
+    src.write_text(KERNEL_SOURCE)
+    cmd = nvcc_command(arch, src, out)
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"nvcc failed on the gemv kernel ({' '.join(cmd)}):\n{done.stderr[-4000:]}")
+    return out
+
+
+def object_file(arch: str, cache_dir: Path | None = None) -> Path:
+    """The host object with the fatbin for `arch` embedded (cached by sources, arch and headers)."""
+    import tvm_ffi.libinfo
+
+    if not supports(arch):
+        raise ValueError(f"the gemv kernel needs sm_{MIN_ARCH} or newer, not {arch}")
+    include = tvm_ffi.libinfo.find_include_path()
+    digest = hashlib.sha1((KERNEL_SOURCE + HOST_SOURCE + arch + include).encode()).hexdigest()[:12]
+    folder = Path(cache_dir or os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "relaxtune" / f"gemv_{arch}_{digest}"
+    obj = folder / "gemv.o"
+    if obj.exists():
+        return obj
+    fatbin = compile_fatbin(arch, folder)
+    embed = (
+        f'asm(".section .rodata\\n.balign 16\\n.globl relaxtune_gemv_fatbin\\n.hidden relaxtune_gemv_fatbin\\n'
+        f'relaxtune_gemv_fatbin:\\n.incbin \\"{fatbin}\\"\\n.byte 0\\n.previous\\n");\n'
+    )
+    from .cuda_cublas import compile_host_object
+
+    return compile_host_object(HOST_SOURCE + embed, folder / "gemv_host.cc", obj, f"the gemv host object (fatbin {fatbin.stat().st_size} bytes)")

@@ -1,0 +1,133 @@
+"""relaxtune's decode GEMV kernel alone (relaxtune/cuda_gemv.py) against cuBLAS, on the GPU.
+
+    python scripts/gemv_check.py build --art .device/gpu    # CPU host with nvcc: gpu/gemv/
+    python3 scripts/gemv_check.py run --art .device/gpu      # GPU host (also a section of gpu_job.py run)
+
+`build` links the kernel's host object (fatbin for sm_90 inside) into a small shared library;
+`run` loads it with the TVM runtime and calls it on torch tensors (DLPack): checks against fp32
+torch (fp16 and bf16, 1 to 16 rows, ragged K and N, with and without the residual, every split)
+next to torch's own fp16/bf16 matmul error; then times the Llama-7B block's four weight shapes at
+1 to 16 rows: the default launch, each split of K, and torch.matmul (cuBLAS) on the same operands,
+as GB/s of the bytes each call must move (weights, x, y, residual) against the copy bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LIBRARY = "libgemv.so"
+# (rows, K, N, dtype, residual): ragged N (not a multiple of the 64-column tile) and K (not of the 32 K lanes)
+CASES = [(r, k, n, dt, res) for dt in ("float16", "bfloat16") for r in (1, 2, 3, 5, 8, 13, 16) for k, n, res in ((4096, 4096, r % 2 == 1), (1000, 4104, r % 2 == 0), (11008, 4096, True))]
+SHAPES = [(4096, 12288, "qkv"), (4096, 4096, "o_proj"), (4096, 22016, "gate_up"), (11008, 4096, "down")]  # (K, N)
+TIMED_ROWS = (1, 2, 4, 8, 16)
+
+
+def build(art: Path) -> Path:
+    import tvm_ffi.libinfo
+
+    sys.path.insert(0, str(ROOT))
+    from relaxtune.cuda_gemv import object_file
+
+    folder = art / "gemv"
+    folder.mkdir(parents=True, exist_ok=True)
+    lib_dir = Path(tvm_ffi.libinfo.find_libtvm_ffi()).parent
+    subprocess.run(["g++", "-shared", "-o", str(folder / LIBRARY), str(object_file("sm_90")), "-ldl", f"-L{lib_dir}", "-ltvm_ffi"], check=True)
+    return folder / LIBRARY
+
+
+def _timed(fn, iters: int = 200) -> float:
+    """us per call over `iters` back-to-back calls (CUDA events), after a warm-up."""
+    import torch
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = []
+    for _ in range(3):
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        best.append(start.elapsed_time(end) * 1e3 / iters)
+    return sorted(best)[1]
+
+
+def check_and_time(folder: Path, results: dict, copy_gbs: float | None = None) -> dict:
+    import torch
+    import tvm
+    import tvm_ffi
+
+    library = tvm.runtime.load_module(str(folder / LIBRARY))
+    gemv, gemv_add, config = (library[n] for n in ("relaxtune_gemv", "relaxtune_gemv_add", "relaxtune_gemv_config"))
+    T = tvm_ffi.from_dlpack
+    report: dict = {"checks": [], "timing": []}
+    torch.manual_seed(0)
+    for rows, k, n, dtype, residual in CASES:
+        dt = getattr(torch, dtype)
+        x, w = torch.randn(1, rows, k, device="cuda", dtype=dt), torch.randn(k, n, device="cuda", dtype=dt) / k ** 0.5
+        r = torch.randn(1, rows, n, device="cuda", dtype=dt)
+        ref = x.float() @ w.float() + (r.float() if residual else 0)
+        torch_err = ((x @ w + (r if residual else 0)).float() - ref).abs().max().item()
+        for splits in ((0,) if residual else (0, 1, 2, 4, 8)):
+            y = torch.full((1, rows, n), float("nan"), device="cuda", dtype=dt)
+            if residual:
+                gemv_add(T(x), T(w), T(r), T(y))
+            elif splits == 0:
+                gemv(T(x), T(w), T(y))
+            else:
+                config(T(x), T(w), splits, T(y))
+            torch.cuda.synchronize()
+            err = (y.float() - ref).abs().max().item()
+            row = {"rows": rows, "K": k, "N": n, "dtype": dtype, "residual": residual, "splits": splits, "max_abs_err": err, "torch_err": torch_err}
+            row["ok"] = bool(err == err and err <= max(2 * torch_err, 4e-3 if dtype == "float16" else 3e-2))
+            report["checks"].append(row)
+            if not row["ok"]:
+                print("OFF", row, flush=True)
+    print(f"gemv: {sum(r['ok'] for r in report['checks'])} / {len(report['checks'])} checks ok", flush=True)
+    for k, n, what in SHAPES:
+        w = torch.randn(k, n, device="cuda", dtype=torch.float16)
+        for rows in TIMED_ROWS:
+            x, y, res = (torch.randn(1, rows, c, device="cuda", dtype=torch.float16) for c in (k, n, n))
+            moved = 2 * (k * n + rows * (k + n))
+            row = {"shape": what, "K": k, "N": n, "rows": rows}
+            row["relaxtune_us"] = round(_timed(lambda: gemv(T(x), T(w), T(y))), 2)
+            row["relaxtune_add_us"] = round(_timed(lambda: gemv_add(T(x), T(w), T(res), T(y))), 2)
+            for splits in (1, 2, 4, 8):
+                row[f"split{splits}_us"] = round(_timed(lambda: config(T(x), T(w), splits, T(y))), 2)
+            row["cublas_us"] = round(_timed(lambda: torch.matmul(x, w, out=y)), 2)
+            row["cublas_add_us"] = round(_timed(lambda: torch.addmm(res.view(rows, n), x.view(rows, k), w, out=y.view(rows, n))), 2)
+            for key in ("relaxtune", "cublas"):
+                row[f"{key}_GBps"] = round(moved / row[f"{key}_us"] / 1e3, 1)
+                if copy_gbs:
+                    row[f"{key}_pct_copy"] = round(100 * row[f"{key}_GBps"] / copy_gbs, 1)
+            report["timing"].append(row)
+            print(row, flush=True)
+    results["gemv_kernel"] = report
+    bad = [r for r in report["checks"] if not r["ok"]]
+    if bad:
+        raise AssertionError(f"{len(bad)} gemv check(s) off: {bad[:3]}")
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=("build", "run"))
+    parser.add_argument("--art", type=Path, default=ROOT / ".device" / "gpu")
+    args = parser.parse_args()
+    if args.mode == "build":
+        print(build(args.art))
+    else:
+        results: dict = {}
+        check_and_time(args.art / "gemv", results)
+        print(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
