@@ -1,0 +1,146 @@
+"""RewriteGemvToCuda (relax_passes/gemv_cuda.py) and its kernel (relaxtune/cuda_gemv.py), without a GPU.
+
+The rewrite is checked structurally and where it must not fire; the kernel is assembled by nvcc
+for sm_90 and sm_80 without spills, and its host object exports the three entry points. The
+numbers (against torch and cuBLAS) come from scripts/gemv_check.py and scripts/gpu_job.py.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+import tvm
+from tvm.script import ir as I
+from tvm.script import relax as R
+from tvm.script import tirx as T
+
+from relaxtune.relax_passes.gemv_cuda import RewriteGemvToCuda, gemv_passes
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
+
+
+@I.ir_module
+class Before:  # a decode bucket of the llama block: projection, o_proj + residual, down + residual
+    @R.function(private=True)
+    def main_n1(
+        x: R.Tensor((1, 1, 64), "float16"), a: R.Tensor((1, 1, 64), "float16"), wqkv: R.Tensor((64, 192), "float16"),
+        wo: R.Tensor((64, 64), "float16"), wd: R.Tensor((32, 64), "float16"), m: R.Tensor((1, 1, 32), "float16"),
+    ) -> R.Tensor((1, 1, 64), "float16"):
+        R.func_attr({"relaxtune.bucket": {"n": [1, 1, 1]}})
+        with R.dataflow():
+            qkv = R.matmul(x, wqkv)
+            o = R.matmul(a, wo)
+            h = R.add(x, o)
+            d = R.matmul(m, wd)
+            y = R.add(d, h)
+            z = R.add(y, R.sum(qkv, axis=[2], keepdims=True))
+            R.output(z)
+        return z
+
+
+@I.ir_module
+class Expected:
+    @R.function(private=True)
+    def main_n1(
+        x: R.Tensor((1, 1, 64), "float16"), a: R.Tensor((1, 1, 64), "float16"), wqkv: R.Tensor((64, 192), "float16"),
+        wo: R.Tensor((64, 64), "float16"), wd: R.Tensor((32, 64), "float16"), m: R.Tensor((1, 1, 32), "float16"),
+    ) -> R.Tensor((1, 1, 64), "float16"):
+        R.func_attr({"relaxtune.bucket": {"n": [1, 1, 1]}})
+        with R.dataflow():
+            qkv = R.call_dps_packed("relaxtune_gemv", (x, wqkv), out_ty=R.Tensor((1, 1, 192), "float16"))
+            h = R.call_dps_packed("relaxtune_gemv_add", (a, wo, x), out_ty=R.Tensor((1, 1, 64), "float16"))
+            y = R.call_dps_packed("relaxtune_gemv_add", (m, wd, h), out_ty=R.Tensor((1, 1, 64), "float16"))
+            z = R.add(y, R.sum(qkv, axis=[2], keepdims=True))
+            R.output(z)
+        return z
+
+
+@I.ir_module
+class Untouched:
+    @R.function(private=True)
+    def main_n9_16(x: R.Tensor((1, "n", 64), "float16"), w: R.Tensor((64, 64), "float16")) -> R.Tensor((1, "n", 64), "float16"):
+        R.func_attr({"relaxtune.bucket": {"n": [9, 16, 16]}})  # above max_rows
+        with R.dataflow():
+            y = R.matmul(x, w)
+            R.output(y)
+        return y
+
+    @R.function(private=True)
+    def main_n1(
+        x: R.Tensor((1, 1, 64), "float32"), w: R.Tensor((64, 64), "float32"), h: R.Tensor((1, 1, 64), "float16"),
+        v: R.Tensor((64, 64), "float16"), u: R.Tensor((64, 60), "float16"),
+    ) -> R.Tuple(R.Tensor((1, 1, 64), "float32"), R.Tensor((1, 1, 64), "float16"), R.Tensor((1, 1, 60), "float16")):
+        R.func_attr({"relaxtune.bucket": {"n": [1, 1, 1]}})
+        with R.dataflow():
+            y = R.matmul(x, w)  # fp32
+            t = R.permute_dims(v)  # a weight computed in the function, not a parameter
+            p = R.matmul(h, t)
+            q = R.matmul(h, u)  # N = 60: not a multiple of the kernel's 8-column vectors
+            R.output(y, p, q)
+        return (y, p, q)
+
+
+def test_decode_gemvs_become_kernel_calls_with_the_residual_as_epilogue():
+    tvm.ir.assert_structural_equal(RewriteGemvToCuda()(Before), Expected)
+
+
+def test_does_not_fire_on_large_buckets_fp32_computed_weights_or_odd_widths():
+    tvm.ir.assert_structural_equal(RewriteGemvToCuda()(Untouched), Untouched)
+    assert "relaxtune_gemv" in RewriteGemvToCuda(max_rows=16)(Untouched)["main_n9_16"].script()  # the bucket's upper bound decides
+
+
+def test_a_product_with_a_second_use_keeps_its_add():
+    @I.ir_module
+    class TwoUses:
+        @R.function(private=True)
+        def main_n1(x: R.Tensor((1, 1, 64), "float16"), w: R.Tensor((64, 64), "float16")) -> R.Tuple(R.Tensor((1, 1, 64), "float16"), R.Tensor((1, 1, 64), "float16")):
+            R.func_attr({"relaxtune.bucket": {"n": [1, 1, 1]}})
+            with R.dataflow():
+                o = R.matmul(x, w)
+                h = R.add(x, o)
+                R.output(h, o)
+            return (h, o)
+
+    text = RewriteGemvToCuda()(TwoUses).script()
+    assert "relaxtune_gemv" in text and "relaxtune_gemv_add" not in text and "R.add(x, o)" in text
+    assert "relaxtune_gemv_add" not in RewriteGemvToCuda(residual=False)(Before).script()
+
+
+def test_gemv_passes_follow_the_cublas_option_and_the_arch():
+    def target(arch):
+        return tvm.target.Target({"kind": "cuda", "arch": arch})
+
+    assert [type(p) for p in gemv_passes(target("sm_90"), True)] == [RewriteGemvToCuda]
+    assert gemv_passes(target("sm_90"), {"gemv": {"max_rows": 4}})[0].max_rows == 4
+    assert gemv_passes(target("sm_90"), {"gemv": False}) == [] and gemv_passes(target("sm_90"), False) == []
+    assert gemv_passes(target("sm_75"), True) == [] and gemv_passes(tvm.target.Target("llvm"), True) == []
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_kernel_assembles_without_spills(tmp_path, arch):
+    from relaxtune.cuda_gemv import KERNEL_SOURCE, nvcc_command
+
+    src = tmp_path / "gemv.cu"
+    src.write_text(KERNEL_SOURCE)
+    done = subprocess.run(nvcc_command(arch, src, tmp_path / "gemv.fatbin", extra=("-Xptxas", "-v")), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    kernels = re.findall(r"Compiling entry function '(\w+)'", done.stderr)
+    assert len(kernels) == 8, kernels  # fp16 and bf16, 1 / 2 / 4 / 8 rows
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", done.stderr)
+    assert len(spills) == 8 and all(s == ("0", "0") for s in spills), done.stderr[-3000:]
+    assert "0 bytes stack frame" in done.stderr and not re.search(r"[1-9]\d* bytes stack frame", done.stderr)
+
+
+@needs_nvcc
+def test_host_object_exports_the_entry_points(tmp_path):
+    from relaxtune.cuda_gemv import ADD_FUNCTION, CONFIG_FUNCTION, FUNCTION, object_file
+
+    symbols = subprocess.run(["nm", "-g", "--defined-only", str(object_file("sm_90", tmp_path))], capture_output=True, text=True).stdout
+    for name in (FUNCTION, ADD_FUNCTION, CONFIG_FUNCTION):
+        assert f"__tvm_ffi_{name}" in symbols, name
+    with pytest.raises(ValueError, match="sm_80 or newer, not sm_75"):
+        object_file("sm_75", tmp_path)
