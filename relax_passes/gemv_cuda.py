@@ -2,7 +2,7 @@
 
 In bucket functions whose rows dimension ends at <= `max_rows` (the decode buckets), `R.matmul(x, w)`
 with `x (..., K)` and a 2-D weight `w (K, N)` that is a parameter of the bucket function (the
-transposed weights LiftTransformParams produced), static K and N with N a multiple of 8, fp16 or
+transposed weights LiftTransformParams produced), static K and N, both multiples of 8, fp16 or
 bf16 in and out, becomes `R.call_dps_packed("relaxtune_gemv", (x, w), out)`: the kernel of
 relaxtune/cuda_gemv.py (16-byte weight loads in 64-column tiles, K split over a thread-block
 cluster, up to 8 rows per pass over the weights). A product used by nothing but an add of a
@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 DTYPES = ("float16", "bfloat16")
 # buckets up to 8 rows by default: the kernel's rows share one pass over the weights up to 8
 MAX_ROWS = 8
+# GEMVs with up to this many outputs N (None: any)
+MAX_COLS = None
 
 
 def _static(value) -> int | None:
@@ -46,9 +48,9 @@ def _static(value) -> int | None:
 
 @mutator
 class _Rewriter(PyExprMutator):
-    def __init__(self, mod, params):
+    def __init__(self, mod, params, max_cols: int | None):
         super().__init__(mod)
-        self.params, self.count = params, 0
+        self.params, self.max_cols, self.count = params, max_cols, 0
         self.matmul = tvm.ir.Op.get("relax.matmul")
 
     def visit_call_(self, call):
@@ -62,7 +64,7 @@ class _Rewriter(PyExprMutator):
         if not (isinstance(xt, relax.TensorType) and isinstance(wt, relax.TensorType) and wt.ndim == 2 and xt.ndim >= 1 and wt.shape is not None):
             return call
         k, n = (_static(d) for d in wt.shape.values)
-        if k is None or n is None or n % VECTOR:
+        if k is None or n is None or n % VECTOR or k % VECTOR or (self.max_cols is not None and n > self.max_cols):
             return call
         out_dtype = str(call.attrs.out_dtype) if call.attrs.out_dtype else ""
         if xt.dtype not in DTYPES or wt.dtype != xt.dtype or out_dtype not in ("", "void", xt.dtype):
@@ -73,10 +75,10 @@ class _Rewriter(PyExprMutator):
 
 @tvm.transform.module_pass(opt_level=0, name="RewriteGemvToCuda")
 class RewriteGemvToCuda:
-    """Weight GEMVs of bucket functions whose `dim` ends at <= `max_rows` call relaxtune's GEMV kernel (see above)."""
+    """Weight GEMVs (N <= `max_cols` outputs) of bucket functions whose `dim` ends at <= `max_rows` call relaxtune's GEMV kernel (see above)."""
 
-    def __init__(self, dim: str = "n", max_rows: int = MAX_ROWS, residual: bool = True):
-        self.dim, self.max_rows, self.residual = dim, max_rows, residual
+    def __init__(self, dim: str = "n", max_rows: int = MAX_ROWS, residual: bool = True, max_cols: int | None = MAX_COLS):
+        self.dim, self.max_rows, self.residual, self.max_cols = dim, max_rows, residual, max_cols
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         updates = {}
@@ -86,7 +88,7 @@ class RewriteGemvToCuda:
             bucket = func.attrs[BUCKET_ATTR]
             if self.dim not in bucket or int(bucket[self.dim][1]) > self.max_rows:
                 continue
-            rewriter = _Rewriter(mod, set(func.params))
+            rewriter = _Rewriter(mod, set(func.params), self.max_cols)
             new = rewriter.visit_expr(func)
             if not rewriter.count:
                 continue

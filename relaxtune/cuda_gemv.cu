@@ -46,12 +46,41 @@ template <typename T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
+// U weight rows (16 bytes each) from row k on, or zeros where the chunk is outside the block's range
+template <int U>
+__device__ __forceinline__ void load_weights(uint4 (&wv)[U], const char* w, size_t row_bytes, int k, bool ok) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) wv[u] = ok ? load_stream(w + static_cast<size_t>(k + u) * row_bytes) : make_uint4(0, 0, 0, 0);
+}
+
+// U consecutive elements of x from p (2U-byte aligned) as floats: one vector load
+template <typename T, int U>
+__device__ __forceinline__ void load_x(const T* p, float (&out)[U]) {
+  uint32_t words[U / 2];
+  if constexpr (U == 8) {
+    uint4 v = *reinterpret_cast<const uint4*>(p);
+    words[0] = v.x, words[1] = v.y, words[2] = v.z, words[3] = v.w;
+  } else if constexpr (U == 4) {
+    uint2 v = *reinterpret_cast<const uint2*>(p);
+    words[0] = v.x, words[1] = v.y;
+  } else {
+    static_assert(U == 2, "U is 2, 4 or 8");
+    words[0] = *reinterpret_cast<const uint32_t*>(p);
+  }
+#pragma unroll
+  for (int j = 0; j < U / 2; ++j) {
+    float2 f = to_float2(words[j], T());
+    out[2 * j] = f.x, out[2 * j + 1] = f.y;
+  }
+}
+
 template <typename T, int M, int U>
 __device__ __forceinline__ void gemv_body(const GemvParams& p) {
   __shared__ float part[kWarps][M * kCols];  // per warp: the sums of its 4 K lanes
   __shared__ float total[M * kCols];         // the block's sums (read by the whole cluster)
   const int tx = threadIdx.x % kTX, ty = threadIdx.x / kTX, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int col = blockIdx.x * kCols + tx * 8;
+  // the host makes K and k_per_split multiples of 8: a chunk of U rows is wholly inside [k0, k1) or outside
   const int k0 = blockIdx.y * p.k_per_split, k1 = min(p.k, k0 + p.k_per_split);
   const bool col_ok = col < p.n;
   const T* x = static_cast<const T*>(p.x);
@@ -62,30 +91,39 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
   for (int r = 0; r < M; ++r)
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[r][j] = 0.0f;
-  for (int kb = k0 + ty; kb < k1; kb += kTY * U) {
-    uint4 wv[U];
+  constexpr int kStep = kTY * U;  // each K lane takes U consecutive rows, then the block moves on
+  int kc = k0 + ty * U;
+  uint4 cur[U];
+  load_weights<U>(cur, w, row_bytes, kc, col_ok && kc < k1);
+  for (; kc < k1; kc += kStep) {
+    uint4 next[U];  // the next chunk's loads are in flight while this one is multiplied
+    load_weights<U>(next, w, row_bytes, kc + kStep, col_ok && kc + kStep < k1);
+    float xv[M][U];  // rows beyond p.rows (a partial group) multiply by zero
 #pragma unroll
-    for (int u = 0; u < U; ++u) {  // every weight load issued before any is used
-      const int k = kb + u * kTY;
-      wv[u] = (col_ok && k < k1) ? load_stream(w + static_cast<size_t>(k) * row_bytes) : make_uint4(0, 0, 0, 0);
+    for (int r = 0; r < M; ++r) {
+      if (r < p.rows) {
+        load_x<T, U>(x + static_cast<size_t>(r) * p.k + kc, xv[r]);
+      } else {
+#pragma unroll
+        for (int u = 0; u < U; ++u) xv[r][u] = 0.0f;
+      }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int k = kb + u * kTY;
+      const uint32_t bits[4] = {cur[u].x, cur[u].y, cur[u].z, cur[u].w};
       float wf[8];
-      const uint32_t bits[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         float2 f = to_float2(bits[j], T());
         wf[2 * j] = f.x, wf[2 * j + 1] = f.y;
       }
 #pragma unroll
-      for (int r = 0; r < M; ++r) {
-        const float xv = (k < k1 && r < p.rows) ? to_float(x[static_cast<size_t>(r) * p.k + k]) : 0.0f;
+      for (int r = 0; r < M; ++r)
 #pragma unroll
-        for (int j = 0; j < 8; ++j) acc[r][j] = fmaf(xv, wf[j], acc[r][j]);
-      }
+        for (int j = 0; j < 8; ++j) acc[r][j] = fmaf(xv[r][u], wf[j], acc[r][j]);
     }
+#pragma unroll
+    for (int u = 0; u < U; ++u) cur[u] = next[u];
   }
   // the 4 K lanes of a warp (lanes tx, tx + 8, tx + 16, tx + 24), then the warps
 #pragma unroll
@@ -143,11 +181,11 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
 #define RELAXTUNE_GEMV(NAME, T, M, U, B) \
   extern "C" __global__ void __launch_bounds__(kThreads, B) NAME(GemvParams p) { gemv_body<T, M, U>(p); }
 
-RELAXTUNE_GEMV(relaxtune_gemv_f16_m1, __half, 1, 8, 4)
-RELAXTUNE_GEMV(relaxtune_gemv_f16_m2, __half, 2, 8, 4)
-RELAXTUNE_GEMV(relaxtune_gemv_f16_m4, __half, 4, 4, 3)
+RELAXTUNE_GEMV(relaxtune_gemv_f16_m1, __half, 1, 8, 2)
+RELAXTUNE_GEMV(relaxtune_gemv_f16_m2, __half, 2, 8, 2)
+RELAXTUNE_GEMV(relaxtune_gemv_f16_m4, __half, 4, 4, 2)
 RELAXTUNE_GEMV(relaxtune_gemv_f16_m8, __half, 8, 2, 2)
-RELAXTUNE_GEMV(relaxtune_gemv_bf16_m1, __nv_bfloat16, 1, 8, 4)
-RELAXTUNE_GEMV(relaxtune_gemv_bf16_m2, __nv_bfloat16, 2, 8, 4)
-RELAXTUNE_GEMV(relaxtune_gemv_bf16_m4, __nv_bfloat16, 4, 4, 3)
+RELAXTUNE_GEMV(relaxtune_gemv_bf16_m1, __nv_bfloat16, 1, 8, 2)
+RELAXTUNE_GEMV(relaxtune_gemv_bf16_m2, __nv_bfloat16, 2, 8, 2)
+RELAXTUNE_GEMV(relaxtune_gemv_bf16_m4, __nv_bfloat16, 4, 4, 2)
 RELAXTUNE_GEMV(relaxtune_gemv_bf16_m8, __nv_bfloat16, 8, 2, 2)

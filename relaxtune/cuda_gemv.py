@@ -14,7 +14,8 @@ one launch per 8). cuBLAS reaches 48% of the copy bandwidth at N = 4096 outputs 
 column tiles are too few for 132 SMs. Here, on compute capability 9.0+, the K range of a tile is
 split over the blocks of a thread-block cluster, which add their partial sums through distributed
 shared memory (no workspace, nothing zeroed, no atomics): the default split is the smallest power
-of two up to 8 that gives >= 4 blocks per SM while every block keeps >= 256 weight rows.
+of two up to 8 that gives >= 1.5 blocks per SM while every block keeps >= 256 weight rows (H200,
+fp16, 1 row: the fastest split of each 7B shape was the one giving 1.5 to 3 blocks per SM).
 Launched with `cuLaunchKernelEx` (cluster dimension attribute) on TVM's current stream, no
 allocation and no sync, so CUDA graphs capture it; libcuda is opened with `dlopen`.
 `object_file(arch)` embeds the fatbin in a host object (`.incbin`) that `artifact.export` links
@@ -81,7 +82,7 @@ struct Params {  // must match cuda_gemv.cu
   void* y;
   int rows, k, n, k_per_split;
 };
-constexpr int kCols = 64, kMaxRows = 8, kMaxSplits = 8, kMinRowsPerSplit = 256, kBlocksPerSm = 4;
+constexpr int kCols = 64, kMaxRows = 8, kMaxSplits = 8, kMinRowsPerSplit = 256;
 
 Driver* LoadDriver() {
   static Driver d;
@@ -160,7 +161,7 @@ void Launch(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const 
   for (int i = 0; i + 1 < x.ndim(); ++i) m *= x.size(i);
   TVM_FFI_ICHECK(x.ndim() >= 1 && x.size(x.ndim() - 1) == k) << "gemv: x's last dimension must be K = " << k;
   TVM_FFI_ICHECK(y.size(y.ndim() - 1) == n && y.numel() == m * n) << "gemv: y must be (..., N) with x's rows";
-  TVM_FFI_ICHECK(n % 8 == 0) << "gemv: N = " << n << " must be a multiple of 8 (16-byte vectors)";
+  TVM_FFI_ICHECK(n % 8 == 0 && k % 8 == 0) << "gemv: N = " << n << " and K = " << k << " must be multiples of 8 (16-byte vectors)";
   TVM_FFI_ICHECK(k <= INT32_MAX / 2 && n <= INT32_MAX / 2) << "gemv: too large";
   DLDataType dt = x.dtype();
   TVM_FFI_ICHECK(dt.bits == 16 && dt.lanes == 1 && (dt.code == kDLFloat || dt.code == kDLBfloat)) << "gemv: fp16 or bf16 only";
@@ -170,7 +171,8 @@ void Launch(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const 
     TVM_FFI_ICHECK(t->IsContiguous()) << "gemv: operands must be compact";
   }
   TVM_FFI_ICHECK(x.IsContiguous()) << "gemv: operands must be compact";
-  TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(Data(w)) % 16 == 0) << "gemv: the weight must be 16-byte aligned";
+  TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(Data(w)) % 16 == 0 && reinterpret_cast<uintptr_t>(Data(x)) % 16 == 0)
+      << "gemv: the weight and x must be 16-byte aligned";
   if (r != nullptr) TVM_FFI_ICHECK_EQ(r->numel(), m * n) << "gemv: the residual must be shaped like y";
   TVM_FFI_ICHECK(splits >= 0 && splits <= kMaxSplits) << "gemv: splits " << splits << " (0 = default, 1.." << kMaxSplits << ")";
   if (m == 0 || n == 0) return;
@@ -178,14 +180,14 @@ void Launch(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const 
   DLDevice dev = y.device();
   DeviceInfo info = Info(d, dev.device_id);
   unsigned tiles = static_cast<unsigned>((n + kCols - 1) / kCols);
-  if (splits == 0) {  // clusters (compute capability 9.0+) until the grid fills the GPU
+  if (splits == 0) {  // clusters (compute capability 9.0+) until the grid has >= 1.5 blocks per SM
     splits = 1;
-    while (info.major >= 9 && splits < kMaxSplits && tiles * splits < static_cast<unsigned>(kBlocksPerSm * info.sms) &&
+    while (info.major >= 9 && splits < kMaxSplits && 2 * tiles * splits < static_cast<unsigned>(3 * info.sms) &&
            k / (2 * splits) >= kMinRowsPerSplit)
       splits *= 2;
   }
   TVM_FFI_ICHECK(splits == 1 || info.major >= 9) << "gemv: splitting K over a cluster needs compute capability 9.0+";
-  int k_per_split = static_cast<int>((k + splits - 1) / splits);
+  int k_per_split = static_cast<int>((k + 8 * splits - 1) / (8 * splits) * 8);  // a multiple of 8: chunks never straddle blocks
   const char* type = dt.code == kDLBfloat ? "bf16" : "f16";
   void* stream = TVMFFIEnvGetStream(dev.device_type, dev.device_id);
   for (int64_t r0 = 0; r0 < m; r0 += kMaxRows) {  // up to 8 rows share one pass over the weights

@@ -76,6 +76,9 @@ VARIANTS = {
     # the decode buckets' GEMVs on cuBLAS, their residual adds as kernels (the default before relax_passes/gemv_cuda.py)
     "llama7b-rf-cublas-flash-nogemv-graph": ("relaxtune", True, {"gemv": False}),
     "llama7b-rf-cublas-flash-nogemv": ("relaxtune", False, {"gemv": False}),
+    # the GEMV kernel for the 4096-output GEMVs only (o_proj, down), cuBLAS for the wide ones
+    "llama7b-rf-cublas-flash-gemv4k-graph": ("relaxtune", True, {"gemv": {"max_cols": 4096}}),
+    "llama7b-rf-cublas-flash-gemvall-graph": ("relaxtune", True, {"gemv": {"max_cols": None}}),
     # the flash default before RowElementwise (dlight's Fallback for the element-wise kernels): see PREVIOUS_EW
     "llama7b-rf-cublas-flash-graph-prev": ("relaxtune", True, True),
     "llama7b-rf-cublas-flash-prev": ("relaxtune", False, True),
@@ -89,6 +92,7 @@ FLASH = {"llama-f16-flash": True, "llama7b-rf-cublas-flash-graph": True, "llama7
          "llama7b-rf-cublas-flash-graph-prev": True, "llama7b-rf-cublas-flash-prev": True, "llama7b-rf-cublas-flash-copies-graph": {"in_place": False},
          "llama7b-rf-cublas-flash-mma-graph": {"block_m": 64}, "llama7b-rf-cublas-flash-sepadd-graph": True,
          "llama7b-rf-cublas-flash-nogemv-graph": True, "llama7b-rf-cublas-flash-nogemv": True,
+         "llama7b-rf-cublas-flash-gemv4k-graph": True, "llama7b-rf-cublas-flash-gemvall-graph": True,
          "llama7b-rf-cublas-flash-graph-h8cprev": {"lift_tables": False}, "llama7b-rf-cublas-flash-h8cprev": {"lift_tables": False}}
 # built with the GPU rules as they were before schedules/rules/gpu_row_softmax.py (for comparison)
 PREVIOUS_RULES = ("llama7b-sf-cublas-all-prev", "llama7b-sf-cublas-all-graph-prev")

@@ -90,6 +90,8 @@ def test_decode_gemvs_become_kernel_calls_with_the_residual_as_epilogue():
 def test_does_not_fire_on_large_buckets_fp32_computed_weights_or_odd_widths():
     tvm.ir.assert_structural_equal(RewriteGemvToCuda()(Untouched), Untouched)
     assert "relaxtune_gemv" in RewriteGemvToCuda(max_rows=16)(Untouched)["main_n9_16"].script()  # the bucket's upper bound decides
+    narrow = RewriteGemvToCuda(max_cols=64)(Before).script()  # the qkv projection (192 outputs) stays a matmul
+    assert "R.matmul(x, wqkv" in narrow and narrow.count("relaxtune_gemv_add") == 2
 
 
 def test_a_product_with_a_second_use_keeps_its_add():
