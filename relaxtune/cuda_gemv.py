@@ -14,8 +14,9 @@ one launch per 8). cuBLAS reaches 48% of the copy bandwidth at N = 4096 outputs 
 column tiles are too few for 132 SMs. Here, on compute capability 9.0+, the K range of a tile is
 split over the blocks of a thread-block cluster, which add their partial sums through distributed
 shared memory (no workspace, nothing zeroed, no atomics): the default split is the smallest power
-of two up to 8 that gives >= 1.5 blocks per SM while every block keeps >= 256 weight rows (H200,
-fp16, 1 row: the fastest split of each 7B shape was the one giving 1.5 to 3 blocks per SM).
+of two up to 8 that gives a block to 7/8 of the SMs while every block keeps >= 256 weight rows
+(H200, fp16, 1 row, timed alone: the fastest split of each 7B shape gave 1 to 2.6 blocks per SM);
+RELAXTUNE_GEMV_SPLITS=1|2|4|8 in the environment replaces it (read at each launch; for measurements).
 Launched with `cuLaunchKernelEx` (cluster dimension attribute) on TVM's current stream, no
 allocation and no sync, so CUDA graphs capture it; libcuda is opened with `dlopen`.
 `object_file(arch)` embeds the fatbin in a host object (`.incbin`) that `artifact.export` links
@@ -46,6 +47,7 @@ HOST_SOURCE = r"""
 #include <tvm/ffi/function.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -153,6 +155,13 @@ DeviceInfo Info(Driver* d, int device) {
 
 char* Data(const tvm::ffi::TensorView& t) { return static_cast<char*>(t.data_ptr()) + t.byte_offset(); }
 
+// RELAXTUNE_GEMV_SPLITS=1|2|4|8 replaces the default split of K (scripts/gpu_job.py measures each in the block); read per launch
+int64_t ForcedSplits() {
+  const char* value = std::getenv("RELAXTUNE_GEMV_SPLITS");
+  int64_t splits = value != nullptr ? std::atoll(value) : 0;
+  return splits == 1 || splits == 2 || splits == 4 || splits == 8 ? splits : 0;
+}
+
 // y = x @ w (+ r); splits: blocks per cluster that share a column tile's K range (0: the default)
 void Launch(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const tvm::ffi::TensorView* r, const tvm::ffi::TensorView& y,
             int64_t splits) {
@@ -180,9 +189,10 @@ void Launch(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const 
   DLDevice dev = y.device();
   DeviceInfo info = Info(d, dev.device_id);
   unsigned tiles = static_cast<unsigned>((n + kCols - 1) / kCols);
-  if (splits == 0) {  // clusters (compute capability 9.0+) until the grid has >= 1.5 blocks per SM
+  if (splits == 0) splits = ForcedSplits();
+  if (splits == 0) {  // clusters (compute capability 9.0+) until 7/8 of the SMs have a block
     splits = 1;
-    while (info.major >= 9 && splits < kMaxSplits && 2 * tiles * splits < static_cast<unsigned>(3 * info.sms) &&
+    while (info.major >= 9 && splits < kMaxSplits && 8 * tiles * splits < static_cast<unsigned>(7 * info.sms) &&
            k / (2 * splits) >= kMinRowsPerSplit)
       splits *= 2;
   }

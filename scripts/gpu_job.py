@@ -78,7 +78,7 @@ VARIANTS = {
     "llama7b-rf-cublas-flash-nogemv": ("relaxtune", False, {"gemv": False}),
     # the GEMV kernel for the 4096-output GEMVs only (o_proj, down), cuBLAS for the wide ones
     "llama7b-rf-cublas-flash-gemv4k-graph": ("relaxtune", True, {"gemv": {"max_cols": 4096}}),
-    "llama7b-rf-cublas-flash-gemvall-graph": ("relaxtune", True, {"gemv": {"max_cols": None}}),
+    "llama7b-rf-cublas-flash-gemv12k-graph": ("relaxtune", True, {"gemv": {"max_cols": 12288}}),
     # the flash default before RowElementwise (dlight's Fallback for the element-wise kernels): see PREVIOUS_EW
     "llama7b-rf-cublas-flash-graph-prev": ("relaxtune", True, True),
     "llama7b-rf-cublas-flash-prev": ("relaxtune", False, True),
@@ -92,7 +92,7 @@ FLASH = {"llama-f16-flash": True, "llama7b-rf-cublas-flash-graph": True, "llama7
          "llama7b-rf-cublas-flash-graph-prev": True, "llama7b-rf-cublas-flash-prev": True, "llama7b-rf-cublas-flash-copies-graph": {"in_place": False},
          "llama7b-rf-cublas-flash-mma-graph": {"block_m": 64}, "llama7b-rf-cublas-flash-sepadd-graph": True,
          "llama7b-rf-cublas-flash-nogemv-graph": True, "llama7b-rf-cublas-flash-nogemv": True,
-         "llama7b-rf-cublas-flash-gemv4k-graph": True, "llama7b-rf-cublas-flash-gemvall-graph": True,
+         "llama7b-rf-cublas-flash-gemv4k-graph": True, "llama7b-rf-cublas-flash-gemv12k-graph": True,
          "llama7b-rf-cublas-flash-graph-h8cprev": {"lift_tables": False}, "llama7b-rf-cublas-flash-h8cprev": {"lift_tables": False}}
 # built with the GPU rules as they were before schedules/rules/gpu_row_softmax.py (for comparison)
 PREVIOUS_RULES = ("llama7b-sf-cublas-all-prev", "llama7b-sf-cublas-all-graph-prev")
@@ -450,6 +450,38 @@ def latency(model: Llama7B):
     return rows
 
 
+GEMV_SPLITS = (0, 1, 2, 4, 8)  # RELAXTUNE_GEMV_SPLITS: 0 = the kernel's default
+
+
+@section("llama-7B fp16 block at n = 1: the GEMV kernel's split of K")
+def gemv_splits(model: Llama7B, rounds: int = 3):
+    """The graph variants with the GEMV kernel at n = 1, once per forced split (a VM each: its graph is
+    captured on the first call, with the split of that moment), interleaved with the variant without it."""
+    names = [v for v in ("llama7b-rf-cublas-flash-graph", "llama7b-rf-cublas-flash-gemv4k-graph", "llama7b-rf-cublas-flash-gemv12k-graph")
+             if (model.art / f"{v}.so").exists()]
+    base = "llama7b-rf-cublas-flash-nogemv-graph"
+    configs = [(base, 0)] if (model.art / f"{base}.so").exists() else []
+    configs += [(name, s) for name in names for s in GEMV_SPLITS]
+    vms = {}
+    for name, splits in configs:
+        os.environ["RELAXTUNE_GEMV_SPLITS"] = str(splits)
+        vm, params, dev = model.vm(name)
+        x = model.tvm_args(1, dev)
+        out = vm["main"](x, *params).numpy()  # captures the graph with this split
+        vms[(name, splits)] = (vm, params, dev, x, rel_err(out, model.ref[1].float().cpu().numpy()))
+    os.environ.pop("RELAXTUNE_GEMV_SPLITS", None)
+    times: dict = {key: [] for key in vms}
+    for _ in range(rounds):
+        for key, (vm, params, dev, x, _err) in vms.items():
+            main = vm["main"]
+            times[key].append(time_ms(lambda: main(x, *params), dev.sync, min_seconds=0.3))
+    table = [{"artifact": n, "splits": s, "ms": round(statistics.median(t), 4), "rounds": [round(v, 4) for v in t], "rel_err_vs_torch": round(vms[(n, s)][4], 5)}
+             for (n, s), t in times.items()]
+    for row in table:
+        log(row)
+    RESULTS["gemv_splits_n1"] = table
+
+
 @section("llama-7B fp16 block: torch.compile")
 def latency_compile(model: Llama7B, rows):
     import torch
@@ -576,6 +608,14 @@ def markdown(results: dict) -> str:
     if totals:
         lines += ["", "| artifact | n | calls | us in kernels | us in kernels with an (.., n, n) tensor |", "|---|---|---|---|---|"]
         lines += [f"| {a} | {n} | {t['calls']} | {t['us']:.1f} | {t['attention_us']:.1f} |" for (a, n), t in totals.items()]
+    if results.get("gemv_splits_n1"):
+        lines += ["", "n = 1, interleaved (RELAXTUNE_GEMV_SPLITS: 0 = default)", "", "| artifact | splits | ms | rel err |", "|---|---|---|---|"]
+        lines += [f"| {r['artifact']} | {r['splits']} | {r['ms']:.4f} | {r['rel_err_vs_torch']} |" for r in results["gemv_splits_n1"]]
+    gk = results.get("gemv_kernel", {}).get("timing", [])
+    if gk:
+        lines += ["", "GEMV kernel alone (weights from memory; us)", "", "| shape | rows | default | split 1 | 2 | 4 | 8 | cuBLAS | % copy | cuBLAS % copy | warm-L2 default | warm-L2 cuBLAS |", "|---" * 12 + "|"]
+        lines += [f"| {r['shape']} | {r['rows']} | {r['relaxtune_us']} | {r['split1_us']} | {r['split2_us']} | {r['split4_us']} | {r['split8_us']} | {r['cublas_us']} | "
+                  f"{r.get('relaxtune_pct_copy', '')} | {r.get('cublas_pct_copy', '')} | {r['relaxtune_warm_l2_us']} | {r['cublas_warm_l2_us']} |" for r in gk]
     if results.get("errors"):
         lines += ["", "failed sections: " + ", ".join(results["errors"])]
     return "\n".join(lines) + "\n"
@@ -611,6 +651,8 @@ def run(art: Path, out: Path, skip: list[str]) -> None:
                 kernels(model, name, copy_gbs)
         if "runtime" not in skip:
             big_runtime_only(model, best)
+        if "gemv" not in skip:
+            gemv_splits(model)
         if rows and "compile" not in skip:
             latency_compile(model, rows)
     RESULTS["wall_s"] = round(time.perf_counter() - start, 1)
