@@ -1,6 +1,7 @@
 """RewriteGemvToCuda: the weight GEMVs of the decode buckets call relaxtune's GEMV kernel (CUDA only).
 
 In bucket functions whose rows dimension ends at <= `max_rows` (the decode buckets), `R.matmul(x, w)`
+with at most `max_cols` outputs
 with `x (..., K)` and a 2-D weight `w (K, N)` that is a parameter of the bucket function (the
 transposed weights LiftTransformParams produced), static K and N, both multiples of 8, fp16 or
 bf16 in and out, becomes `R.call_dps_packed("relaxtune_gemv", (x, w), out)`: the kernel of
@@ -13,7 +14,14 @@ types, never by names (the add matcher is RewriteResidualAddToCublas's).
 
 Why: cuBLAS reads the 4096-output weights of the Llama-7B block (o_proj 4096 x 4096, down 11008 x
 4096) at 48% / 75% of the H200's copy bandwidth at n = 1 (scripts/gpu_job.py): with weights in
-the (K, N) layout, 4096 outputs give it too little parallelism.
+the (K, N) layout, 4096 outputs give it too little parallelism. Measured on an H200 (fp16, weights
+read from memory, scripts/gemv_check.py; copy bandwidth 4269 GB/s), 1 row: qkv 4096 x 12288
+26.2 us (90% of copy) vs cuBLAS 28.8 (82%), o_proj 12.6 (62%) vs 14.9 (53%), down 26.7 (79%) vs
+28.2 (75%), gate/up 4096 x 22016 50.0 (85%) vs 45.7 (93%): cuBLAS keeps GEMVs wider than
+`max_cols` = 16384. 2 rows: 26.8 / 13.9 / 29.1 vs 29.2 / 14.6 / 28.2 (the add kernel gone pays for
+down); from 4 rows cuBLAS wins every shape (the kernel's FMAs and x loads per weight byte grow with
+the rows), so `max_rows` = 2. The 7B block at n = 1 with CUDA graphs, interleaved: 0.1302 ms with
+qkv, o_proj and down here, 0.1319 with gate/up too, 0.1363 with all on cuBLAS.
 
 Run after BucketDispatch (reads `relaxtune.bucket`) and before RewriteGemmToCublas, which then
 takes the weight GEMMs left (larger buckets, shapes this kernel does not take); `gemv_passes`
@@ -36,10 +44,9 @@ from .cublas_gemm_add import _Rewriter as _AddRewriter
 logger = logging.getLogger(__name__)
 
 DTYPES = ("float16", "bfloat16")
-# buckets up to 8 rows by default: the kernel's rows share one pass over the weights up to 8
-MAX_ROWS = 8
-# GEMVs with up to this many outputs N (None: any)
-MAX_COLS = None
+# buckets up to 2 rows, GEMVs up to 16384 outputs (None: any): where the H200 measured the kernel faster (above)
+MAX_ROWS = 2
+MAX_COLS = 16384
 
 
 def _static(value) -> int | None:

@@ -2,10 +2,11 @@
 // fp16 or bf16 in and out, fp32 accumulation (host side and the measurements: cuda_gemv.py).
 //
 // A block owns 64 output columns (kCols) of one K range: 8 column threads each load 16 bytes (8
-// columns) of a weight row, so a warp reads 4 whole 128-byte row segments per load, and the
-// block's 32 K lanes take every 32nd row of its range. Each thread issues U weight loads before
-// it uses any (unrolled), then multiplies them with up to M rows of x (M = 1, 2, 4, 8: the rows
-// share one pass over the weights). The K lanes reduce through warp shuffles and shared memory.
+// columns) of a weight row, so a warp reads 4 whole 128-byte row segments per load, and each of
+// the block's 32 K lanes takes U consecutive rows (x: one U-element vector load per row of x),
+// then the block moves on by 32 U rows. Each thread issues the next chunk's U weight loads
+// (unrolled) before it multiplies the current chunk with up to M rows of x (M = 1, 2, 4, 8: the
+// rows share one pass over the weights). The K lanes reduce through warp shuffles and shared memory.
 // With N = 4096 there are only 64 column tiles for 132 SMs, so the K range is split over the
 // blocks of a thread-block cluster (1, splits, 1) (compute capability 9.0): each block reduces
 // its partial sums into its own shared memory, and after a cluster barrier every block sums one

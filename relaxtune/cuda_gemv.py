@@ -9,13 +9,16 @@
 Emitted by `RewriteGemvToCuda` (relax_passes/gemv_cuda.py) in the small (decode) buckets.
 
 The kernel (cuda_gemv.cu) gives each block 64 output columns: 8 threads x 16-byte vectors per
-weight row, 32 K lanes per block, up to 8 rows of x sharing one pass over the weights (more rows:
-one launch per 8). cuBLAS reaches 48% of the copy bandwidth at N = 4096 outputs on an H200: 64
+weight row, 32 K lanes per block each taking 8 consecutive rows (x: one vector load per row), the
+next 8 rows' loads in flight while the current ones are multiplied, up to 8 rows of x sharing one
+pass over the weights (more rows: one launch per 8). cuBLAS reaches 48% of the copy bandwidth at N = 4096 outputs on an H200: 64
 column tiles are too few for 132 SMs. Here, on compute capability 9.0+, the K range of a tile is
 split over the blocks of a thread-block cluster, which add their partial sums through distributed
 shared memory (no workspace, nothing zeroed, no atomics): the default split is the smallest power
 of two up to 8 that gives a block to 7/8 of the SMs while every block keeps >= 256 weight rows
-(H200, fp16, 1 row, timed alone: the fastest split of each 7B shape gave 1 to 2.6 blocks per SM);
+(H200, fp16, 1 row, the 7B block's four GEMVs: the fastest split gave 1 to 2.6 blocks per SM; in
+the graph-captured block at n = 1 the default measured 0.1319 ms, splits 1 / 2 / 4 / 8 forced
+0.1317 / 0.1365 / 0.1429 / 0.1555);
 RELAXTUNE_GEMV_SPLITS=1|2|4|8 in the environment replaces it (read at each launch; for measurements).
 Launched with `cuLaunchKernelEx` (cluster dimension attribute) on TVM's current stream, no
 allocation and no sync, so CUDA graphs capture it; libcuda is opened with `dlopen`.

@@ -76,9 +76,11 @@ VARIANTS = {
     # the decode buckets' GEMVs on cuBLAS, their residual adds as kernels (the default before relax_passes/gemv_cuda.py)
     "llama7b-rf-cublas-flash-nogemv-graph": ("relaxtune", True, {"gemv": False}),
     "llama7b-rf-cublas-flash-nogemv": ("relaxtune", False, {"gemv": False}),
-    # the GEMV kernel for the 4096-output GEMVs only (o_proj, down), cuBLAS for the wide ones
+    # the GEMV kernel for the 4096-output GEMVs only (o_proj, down); up to 12288 (qkv too: the default's choice
+    # since RewriteGemvToCuda's max_cols = 16384); every one (gate/up too: the default before)
     "llama7b-rf-cublas-flash-gemv4k-graph": ("relaxtune", True, {"gemv": {"max_cols": 4096}}),
     "llama7b-rf-cublas-flash-gemv12k-graph": ("relaxtune", True, {"gemv": {"max_cols": 12288}}),
+    "llama7b-rf-cublas-flash-gemvall-graph": ("relaxtune", True, {"gemv": {"max_cols": None}}),
     # the flash default before RowElementwise (dlight's Fallback for the element-wise kernels): see PREVIOUS_EW
     "llama7b-rf-cublas-flash-graph-prev": ("relaxtune", True, True),
     "llama7b-rf-cublas-flash-prev": ("relaxtune", False, True),
@@ -92,7 +94,7 @@ FLASH = {"llama-f16-flash": True, "llama7b-rf-cublas-flash-graph": True, "llama7
          "llama7b-rf-cublas-flash-graph-prev": True, "llama7b-rf-cublas-flash-prev": True, "llama7b-rf-cublas-flash-copies-graph": {"in_place": False},
          "llama7b-rf-cublas-flash-mma-graph": {"block_m": 64}, "llama7b-rf-cublas-flash-sepadd-graph": True,
          "llama7b-rf-cublas-flash-nogemv-graph": True, "llama7b-rf-cublas-flash-nogemv": True,
-         "llama7b-rf-cublas-flash-gemv4k-graph": True, "llama7b-rf-cublas-flash-gemv12k-graph": True,
+         "llama7b-rf-cublas-flash-gemv4k-graph": True, "llama7b-rf-cublas-flash-gemv12k-graph": True, "llama7b-rf-cublas-flash-gemvall-graph": True,
          "llama7b-rf-cublas-flash-graph-h8cprev": {"lift_tables": False}, "llama7b-rf-cublas-flash-h8cprev": {"lift_tables": False}}
 # built with the GPU rules as they were before schedules/rules/gpu_row_softmax.py (for comparison)
 PREVIOUS_RULES = ("llama7b-sf-cublas-all-prev", "llama7b-sf-cublas-all-graph-prev")
@@ -457,7 +459,8 @@ GEMV_SPLITS = (0, 1, 2, 4, 8)  # RELAXTUNE_GEMV_SPLITS: 0 = the kernel's default
 def gemv_splits(model: Llama7B, rounds: int = 3):
     """The graph variants with the GEMV kernel at n = 1, once per forced split (a VM each: its graph is
     captured on the first call, with the split of that moment), interleaved with the variant without it."""
-    names = [v for v in ("llama7b-rf-cublas-flash-graph", "llama7b-rf-cublas-flash-gemv4k-graph", "llama7b-rf-cublas-flash-gemv12k-graph")
+    names = [v for v in ("llama7b-rf-cublas-flash-graph", "llama7b-rf-cublas-flash-gemv4k-graph", "llama7b-rf-cublas-flash-gemv12k-graph",
+                         "llama7b-rf-cublas-flash-gemvall-graph")
              if (model.art / f"{v}.so").exists()]
     base = "llama7b-rf-cublas-flash-nogemv-graph"
     configs = [(base, 0)] if (model.art / f"{base}.so").exists() else []

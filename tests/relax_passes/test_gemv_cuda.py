@@ -94,6 +94,30 @@ def test_does_not_fire_on_large_buckets_fp32_computed_weights_or_odd_widths():
     assert "R.matmul(x, wqkv" in narrow and narrow.count("relaxtune_gemv_add") == 2
 
 
+def test_defaults_keep_wide_gemvs_and_buckets_beyond_two_rows_on_cublas():
+    @I.ir_module
+    class Wide:
+        @R.function(private=True)
+        def main_n1(x: R.Tensor((1, 1, 64), "float16"), w: R.Tensor((64, 16392), "float16")) -> R.Tensor((1, 1, 16392), "float16"):
+            R.func_attr({"relaxtune.bucket": {"n": [1, 1, 1]}})
+            with R.dataflow():
+                y = R.matmul(x, w)
+                R.output(y)
+            return y
+
+        @R.function(private=True)
+        def main_n3_4(x: R.Tensor((1, "n", 64), "float16"), w: R.Tensor((64, 64), "float16")) -> R.Tensor((1, "n", 64), "float16"):
+            R.func_attr({"relaxtune.bucket": {"n": [3, 4, 4]}})
+            with R.dataflow():
+                y = R.matmul(x, w)
+                R.output(y)
+            return y
+
+    tvm.ir.assert_structural_equal(RewriteGemvToCuda()(Wide), Wide)
+    both = RewriteGemvToCuda(max_rows=4, max_cols=None)(Wide)
+    assert all("relaxtune_gemv" in both[name].script() for name in ("main_n1", "main_n3_4"))
+
+
 def test_a_product_with_a_second_use_keeps_its_add():
     @I.ir_module
     class TwoUses:
