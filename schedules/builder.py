@@ -7,12 +7,19 @@ when they reach the builder; `build_worker.py`), and the workers are started onc
 up (TVM imported, one kernel built) outside the timeout, and reused for every batch; they are recycled after
 `RECYCLE_AFTER` builds each, which bounds the memory leak that made stock restart them per batch.
 Each batch's wall time is kept in `stats` for the tuning profile.
+
+The local runner (`make_runner`) is MetaSchedule's `LocalRunner`, whose constructor starts its
+worker process and waits for a sanity check in it: 2.15 s of a 2.5 s job set-up (mlp, 40 trials).
+`DeferredRunner` builds it in a background thread instead, started with the build workers, and
+the first `run` waits for it: the runner's worker starts while the build workers do and while the
+first batch is searched and built, which needs no runner.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 
 from tvm.ir.utils import derived_object
@@ -81,6 +88,41 @@ class PersistentBuilder(ms.builder.PyBuilder):
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+
+
+@derived_object
+class DeferredRunner(ms.runner.PyRunner):
+    """A runner made by `factory()` in a background thread from `start()` on; `run` waits for it
+    (and raises what the factory raised)."""
+
+    def __init__(self, factory):
+        super().__init__()
+        self._factory = factory
+        self._runner = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._make, name="relaxtune-runner-start", daemon=True)
+            self._thread.start()
+
+    def _make(self) -> None:
+        try:
+            self._runner = self._factory()
+        except BaseException as err:  # noqa: BLE001 (re-raised in the tuning thread by `get`)
+            self._error = err
+
+    def get(self):
+        """The runner, once made (starts it here if `start` was not called)."""
+        self.start()
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._runner
+
+    def run(self, runner_inputs):
+        return self.get().run(runner_inputs)
 
 
 def make_builder(config: TuneConfig) -> PersistentBuilder:

@@ -17,8 +17,9 @@ The evolutionary search starts from the cached records of each task.
 
 Where a job's time goes, and what this driver does about it (`TuneResult.profile` has the seconds
 per part; `relaxtune report tuning` draws them): build workers that live for the whole job and
-start while the job loads its cost model and seeds (`builder.py`; after the rule-based times are
-measured, which their start-up would disturb); a smaller evolutionary population and fewer
+start while the job loads its cost model and seeds, with the runner's worker started alongside
+them in the background (`builder.py`; all after the rule-based times are measured, which their
+start-up would disturb); a smaller evolutionary population and fewer
 generations per batch, since a trained cost model scores every member of every generation; the
 XGBoost model loaded from and saved to the cache folder (`cost_model.py`); a new task's first
 batch transferred from similar tasks' best records (`transfer.py`); a task stopped after
@@ -36,7 +37,7 @@ from pathlib import Path
 
 from ..config import TuneConfig
 from . import cost_model, intrin, shares, task_index, transfer
-from .builder import make_builder, make_runner
+from .builder import DeferredRunner, make_builder, make_runner
 from .database import CacheDatabase
 from .progress import EventLog, ProgressBar
 from .tasks import Task
@@ -205,8 +206,13 @@ def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig,
     rules_s = time.perf_counter() - mark
     tuning = tuning and remaining > 0  # not when every short kernel was skipped (no design space)
     if tuning:
-        builder, runner = make_builder(config), make_runner(config)
+        builder = make_builder(config)
         builder.start()
+        # the local runner's worker starts in the background too (`DeferredRunner`); a remote one
+        # is checked now, so that a tracker without servers is reported before any search
+        runner = make_runner(config) if config.rpc_tracker else DeferredRunner(lambda: make_runner(config))
+        if isinstance(runner, DeferredRunner):
+            runner.start()
     if tuning:
         holding = sum(1 for s in job.shares if s) - len(short)
         logger.info("%d trials for the %d kernels short of their share of the %d-trial budget; %d hold theirs already or were stopped early", remaining, len(tasks), config.trials, holding)
