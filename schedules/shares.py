@@ -17,6 +17,18 @@ job's kernels (`plan`); within that, the gradient task scheduler spends trials w
 job measures exactly the rest, a larger budget later measures more, and a second workload whose
 kernels an earlier job already tuned to their share measures nothing for them. A kernel an earlier
 job stopped early (no gain) keeps its share and is owed nothing more.
+
+Trials of the same main computation count too. A kernel whose main computation (its blocks with
+a reduction, at the same shapes: `transfer.core`) another job measured on a kernel with other
+fused element-wise blocks (mlp's down projection, a plain matmul, after llama-block's, which fuses
+the residual add) gets those trials credited toward its share (`borrowed`): that search explored
+this kernel's tiling, and its best traces are carried here (`transfer.py`). A kernel without a
+record of its own still owes one batch of its share (its first batch: the carried traces,
+measured on it; without a record of its own it would keep its rule-based schedule); the credit
+covers at most the rest. So mlp after llama-block at 40 trials owes its SwiGLU kernel 8 (share
+24, 16 measured by llama-block) and its down projection 8 (share 16, one batch; llama-block
+measured 8 on its fused twin), 16 trials where 24 were owed before; run again, it owes nothing.
+Credited trials count against the budget as cached ones do.
 """
 
 from __future__ import annotations
@@ -53,11 +65,13 @@ def split(values: list[float], total: int, per_batch: int) -> list[int]:
 
 @dataclass(frozen=True)
 class Plan:
-    """One job's trials: `shares` and `needs` (new trials owed) per kernel, in ranked order."""
+    """One job's trials: `shares`, `needs` (new trials owed) and `credit` (another kernel's trials
+    of the same main computation counted toward the share) per kernel, in ranked order."""
 
     shares: list[int]
     needs: list[int]
-    budget: int  # new trials this job may measure: min(budget - all cached, sum of needs)
+    budget: int  # new trials this job may measure: min(budget - all cached - credit, sum of needs)
+    credit: list[int] | None = None
 
     @property
     def short(self) -> list[int]:
@@ -65,15 +79,23 @@ class Plan:
         return [i for i, n in enumerate(self.needs) if n > 0]
 
 
-def plan(values: list[float], cached: list[int], trials: int, per_batch: int, cached_total: int, retired: list[bool] | None = None) -> Plan:
-    """The job's plan for its kernels (`values`, `cached`, `retired`: ranked, most valuable
-    first). A retired kernel (stopped early by an earlier job) keeps its share and is owed
+def plan(values: list[float], cached: list[int], trials: int, per_batch: int, cached_total: int, retired: list[bool] | None = None,
+         borrowed: list[int] | None = None) -> Plan:
+    """The job's plan for its kernels (`values`, `cached`, `retired`, `borrowed`: ranked, most
+    valuable first). A retired kernel (stopped early by an earlier job) keeps its share and is owed
     nothing, so the others' shares do not grow when one retires. `cached_total` counts the cached
-    trials of every kernel of the job (those past the budget's batches too)."""
+    trials of every kernel of the job (those past the budget's batches too). `borrowed`: trials of
+    the kernel's main computation measured on other jobs' kernels (module docstring)."""
     shares = split(values, trials, per_batch)
     retired = retired or [False] * len(values)
-    needs = [0 if r else max(0, s - c) for s, c, r in zip(shares, cached, retired)]
-    return Plan(shares, needs, max(0, min(trials - cached_total, sum(needs))))
+    borrowed = borrowed or [0] * len(values)
+    needs, credit = [], []
+    for share, have, gone, lent in zip(shares, cached, retired, borrowed):
+        floor = min(share, per_batch) if have == 0 and lent > 0 else 0  # its carried batch
+        given = 0 if gone else min(lent, max(0, share - have - floor))
+        credit.append(given)
+        needs.append(0 if gone else max(0, share - have - given))
+    return Plan(shares, needs, max(0, min(trials - cached_total - sum(credit), sum(needs))), credit)
 
 
 def give_back(freed: int, values: list[float], per_batch: int) -> list[int]:

@@ -1,15 +1,25 @@
 """Transfer: seed a new task's search with the best schedules of similar tasks already in the cache.
 
 Runs in the tuning driver (`tune.py`) before MetaSchedule's search, for each task the cache holds
-no record of. Similar tasks are those with the same kernel structure (the same blocks and
-parameter ranks and dtypes: the same operator family and fused epilogue) at another shape (another
-bucket, another hidden size), nearest first in log2 of their parameter shapes. Their best traces
-are replayed on the new task with every `SamplePerfectTile` decision refitted to the new loop
-extents (inner factors kept where they divide, the outer factor takes the rest), so the result is
-an ordinary MetaSchedule trace with sampling decisions the search can mutate. MetaSchedule's
-postprocessors then validate each one; those that pass are built and measured like any batch
-(they count as trials) and committed to the cache, where the evolutionary search picks them as
-its initial population.
+no record of. Two kinds of task are similar:
+- the same kernel structure (the same blocks and parameter ranks and dtypes: the same operator
+  family and fused epilogue) at another shape (another bucket, another hidden size), nearest first
+  in log2 of their parameter shapes. Their best traces are replayed whole, with every
+  `SamplePerfectTile` decision refitted to the new loop extents (inner factors kept where they
+  divide, the outer factor takes the rest);
+- the same main computation at the same shapes with other fused element-wise blocks (`core`: the
+  blocks with a reduction iterator, structurally equal; e.g. a matmul with and without the residual
+  add its consumer fused into it). These come first (the main computation's tiling is exactly
+  theirs). Their traces are carried over instruction by instruction (`carry`): an instruction that
+  does not apply here (it names a block that is absent, or a block's consumers differ) is dropped
+  with every instruction that uses what it returned; blocks left without instructions stay
+  unscheduled for the postprocessors (parallelize, vectorize, unroll), as MetaSchedule leaves
+  inlined-away or trivial blocks.
+Either way the result is an ordinary MetaSchedule trace with sampling decisions the search can
+mutate. MetaSchedule's postprocessors then validate each one; those that pass are built and
+measured like any batch (they count as trials) and committed to the cache, where the evolutionary
+search picks them as its initial population. Schedule primitives preserve a kernel's semantics, so
+a carried trace computes what the kernel computes, or does not apply.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from pathlib import Path
 
 import tvm
 import tvm_ffi
+from tvm import tirx
 from tvm.s_tir import meta_schedule as ms
 
 from tvm.s_tir.schedule import Trace
@@ -43,6 +54,41 @@ def signature(mod: tvm.IRModule) -> tuple:
     return tuple(sorted(names)), params
 
 
+def core(mod: tvm.IRModule) -> tuple | None:
+    """The kernel's main computation: the structural hashes (free variables mapped, so buffer and
+    variable names do not count; shapes, dtypes, loop extents and the body do) of its blocks with a
+    reduction iterator, sorted; None for a kernel without one (nothing but element-wise blocks)."""
+    sch = fresh_schedule(mod["main"])
+    hashes, pending = [], [sch.get_sblock("root", func_name="main")]
+    while pending:
+        block = pending.pop()
+        node = sch.get(block)
+        if any(iv.iter_type == tirx.IterVar.CommReduce for iv in node.iter_vars):
+            hashes.append(int(tvm_ffi.structural_hash(node, map_free_vars=True)))
+        pending.extend(sch.get_child_blocks(block))
+    return tuple(sorted(hashes)) or None
+
+
+def same_core_trials(database, tasks) -> dict[str, int]:
+    """Per task key: the trials the cache holds for other jobs' kernels of the task's main
+    computation (`core`; kernels of this job, the task itself included, do not count). Every
+    record counts, as `tune.trial_counts` counts them."""
+    keys = {t.key for t in tasks}
+    per_workload: dict[int, list] = {}  # records of one workload share its object
+    for record in database.get_all_tuning_records():
+        entry = per_workload.setdefault(hash(record.workload), [record.workload, 0])
+        entry[1] += 1
+    by_core: dict[tuple, int] = {}
+    for workload, count in per_workload.values():
+        if str(tvm_ffi.structural_hash(workload.mod)) not in keys:
+            main = core(workload.mod)
+            if main is not None:
+                by_core[main] = by_core.get(main, 0) + count
+    if not by_core:
+        return {t.key: 0 for t in tasks}
+    return {t.key: by_core.get(core(t.mod), 0) for t in tasks}
+
+
 def shape(mod: tvm.IRModule) -> list[int]:
     func = mod["main"]
     return [int(d) for p in func.params for d in p.shape]
@@ -54,9 +100,10 @@ def distance(a: list[int], b: list[int]) -> float:
 
 
 def similar_records(mod: tvm.IRModule, database, workloads: int = 3, per_workload: int = 2) -> list:
-    """The best valid records of the `workloads` nearest tasks of the same signature."""
+    """The best valid records of the `workloads` most similar tasks (module docstring): the same
+    main computation at the same shapes first, then the same signature, nearest shapes first."""
     key = tvm_ffi.structural_hash(mod)
-    want, here = signature(mod), shape(mod)
+    want, here, main = signature(mod), shape(mod), core(mod)
     groups: dict[int, list] = {}
     for record in database.get_all_tuning_records():
         if record.run_secs and min(float(s) for s in record.run_secs) < 1e9:
@@ -64,10 +111,16 @@ def similar_records(mod: tvm.IRModule, database, workloads: int = 3, per_workloa
     ranked = []
     for other, records in groups.items():
         source = records[0].workload.mod
-        if other == key or signature(source) != want:
+        if other == key:
+            continue
+        if signature(source) == want:
+            rank = (1, distance(shape(source), here))
+        elif main is not None and core(source) == main:
+            rank = (0, 0.0)
+        else:
             continue
         best = sorted(records, key=lambda r: sum(float(s) for s in r.run_secs) / len(r.run_secs))
-        ranked.append((distance(shape(source), here), other, best[:per_workload]))
+        ranked.append((rank, other, best[:per_workload]))
     ranked.sort(key=lambda item: (item[0], item[1]))
     return [r for _, _, records in ranked[:workloads] for r in records]
 
@@ -84,32 +137,77 @@ def fit_tile(extent: int, factors: list[int]) -> list[int]:
     return out
 
 
-def adapt(record, mod: tvm.IRModule, postprocs) -> "tvm.s_tir.Schedule | None":
-    """The record's trace replayed on `mod` with refitted tiles and postprocessed; None if it
-    does not apply."""
-    sch = tvm.s_tir.Schedule(mod, debug_mask="all")
+def _refit(sch):
+    """A decision provider for replaying a trace on `sch`: tiles refitted to its loop extents."""
 
     def provide(inst, inputs, _attrs, decision):
         if inst.kind.name == "SamplePerfectTile":
             return fit_tile(int(sch.get(inputs[0]).extent), [int(f) for f in decision])
         return decision
 
-    try:
-        record.trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=provide)
-        sch.enter_postproc()
-        if not all(p.apply(sch) for p in postprocs):
+    return provide
+
+
+def _before_postproc(trace: Trace) -> list:
+    insts = []
+    for inst in trace.insts:
+        if inst.kind.name == "EnterPostproc":
+            break
+        insts.append(inst)
+    return insts
+
+
+def _uses(value, dead: list) -> bool:
+    """Whether an instruction input (possibly nested in arrays) is one of the `dead` values."""
+    if isinstance(value, (list, tuple, tvm_ffi.Array)):
+        return any(_uses(v, dead) for v in value)
+    return hasattr(value, "same_as") and any(value.same_as(d) for d in dead)
+
+
+def carry(trace: Trace, mod: tvm.IRModule) -> Trace:
+    """The instructions of `trace` (before its postprocessing) that apply to `mod`, each tried on
+    the ones kept before it; one that fails is dropped with its dependants (module docstring)."""
+    kept, dead, decisions = [], [], trace.decisions
+    for inst in _before_postproc(trace):
+        if _uses(list(inst.inputs), dead):
+            dead.extend(inst.outputs)
+            continue
+        trial = kept + [inst]
+        sch = tvm.s_tir.Schedule(mod, debug_mask="all")
+        try:
+            Trace(trial, {i: decisions[i] for i in trial if i in decisions}).apply_to_schedule(sch, remove_postproc=True, decision_provider=_refit(sch))
+        except (RuntimeError, ValueError, IndexError, TypeError):  # TVM raises InternalError (a RuntimeError) or ScheduleError
+            dead.extend(inst.outputs)
+            continue
+        kept.append(inst)
+    return Trace(kept, {i: decisions[i] for i in kept if i in decisions})
+
+
+def adapt(record, mod: tvm.IRModule, postprocs) -> "tvm.s_tir.Schedule | None":
+    """The record's trace replayed on `mod` with refitted tiles and postprocessed; for a source of
+    the same main computation (`core`) whose trace does not apply whole, the part that does
+    (`carry`). None if nothing valid results."""
+    trace = record.trace
+    for attempt in range(2):
+        sch = tvm.s_tir.Schedule(mod, debug_mask="all")
+        try:
+            trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=_refit(sch))
+            sch.enter_postproc()
+            return sch if all(p.apply(sch) for p in postprocs) else None
+        except (RuntimeError, ValueError, IndexError) as err:
+            logger.debug("trace does not transfer: %s", str(err).splitlines()[0] if str(err) else err)
+        if attempt or core(mod) is None or core(record.workload.mod) != core(mod):
             return None
-    except (RuntimeError, ValueError, IndexError) as err:
-        logger.debug("trace does not transfer: %s", str(err).splitlines()[0] if str(err) else err)
-        return None
-    return sch
+        trace = carry(record.trace, mod)
+    return None
 
 
-def seed_candidates(mod: tvm.IRModule, database, postprocs, limit: int, space: list | None = None, seed: int = 0) -> list:
+def seed_candidates(mod: tvm.IRModule, database, postprocs, limit: int, space: list | None = None, seed: int = 1) -> list:
     """Up to `limit` distinct MeasureCandidates for `mod` from similar tasks' best records. With
     the task's design space (`space`, its sketches) and at least one transferred candidate, the
     batch is filled up to `limit` with random samples of it, as MetaSchedule samples its first
-    population: a full batch keeps the job's trial count on whole batches."""
+    population: a full batch keeps the job's trial count on whole batches. `seed` >= 1 (TVM's
+    schedule seeds start at 1)."""
     args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
     seen, out = set(), []
 

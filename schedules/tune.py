@@ -11,6 +11,9 @@ where the gains are:
 - a second workload whose kernels an earlier job (of any workload) already tuned to their share
   measures nothing for them, and a kernel an earlier job stopped early (no gain; `stopped_at` in
   the task index) is not tuned again;
+- a kernel whose main computation another job measured on a kernel with other fused element-wise
+  blocks has those trials credited toward its share, less the one batch it owes to measure that
+  kernel's best traces carried to it (`shares.py`, `transfer.py`);
 - a job with nothing to measure starts nothing: no build workers, no cost model load or save, no
   events file, and the rule-based time only of kernels that have none yet.
 The evolutionary search starts from the cached records of each task.
@@ -93,6 +96,10 @@ def _best_us(database: CacheDatabase, task: Task) -> float:
     records = database.records_for(task.mod)
     times = [sum(float(s) for s in r.run_secs) / len(r.run_secs) for r in records if r.run_secs]
     return min(times) * 1e6 if times else float("inf")
+
+
+def _finite(us: float) -> float | None:
+    return us if us < float("inf") else None
 
 
 def index_tasks(tasks: list[Task], target, folder: Path, workload: str) -> dict[str, dict]:
@@ -187,11 +194,13 @@ def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig,
     all_tasks = tasks
     index = task_index.load(log_dir) if tasks else {}
     ranked = select(tasks)
+    borrowed = transfer.same_core_trials(database, ranked) if config.transfer else {}
     job = shares.plan([t.weight * t.flops for t in ranked], [cached[t.key] for t in ranked], config.trials, config.trials_per_iter, sum(cached.values()),
-                      [retired(t, index, cached) for t in ranked])
+                      [retired(t, index, cached) for t in ranked], [borrowed.get(t.key, 0) for t in ranked])
     result.shares = {t.name: s for t, s in zip(ranked, job.shares) if s}
     short = [ranked[i] for i in job.short]
     needs = {ranked[i].key: job.needs[i] for i in job.short}
+    credit = {t.key: c for t, c in zip(ranked, job.credit) if c}
     remaining = job.budget
     tuning = remaining > 0 and bool(short)
     if tuning:
@@ -215,7 +224,8 @@ def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig,
             runner.start()
     if tuning:
         holding = sum(1 for s in job.shares if s) - len(short)
-        logger.info("%d trials for the %d kernels short of their share of the %d-trial budget; %d hold theirs already or were stopped early", remaining, len(tasks), config.trials, holding)
+        logger.info("%d trials for the %d kernels short of their share of the %d-trial budget; %d hold theirs already or were stopped early%s", remaining, len(tasks), config.trials, holding,
+                    f"; {sum(credit.values())} trials of the same main computations credited" if credit else "")
         events = EventLog(log_dir)
         mark = time.perf_counter()
         inner, warm = cost_model.load(log_dir) if config.persist_cost_model else (cost_model.new_model(), False)
@@ -229,6 +239,7 @@ def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig,
             warm_model=warm,
             model_samples=inner.data_size,
             tasks=[{"name": t.name, "key": t.key, "weight": t.weight, "flops": t.flops, "cached": cached[t.key], "share": result.shares.get(t.name, 0), "need": needs[t.key],
+                    "credit": credit.get(t.key, 0), "cached_best_us": _finite(_best_us(database, t)) if cached[t.key] else None,
                     "rule_us": index.get(t.key, {}).get("rule_us")} for t in tasks],
         )
         setup_s = time.perf_counter() - start

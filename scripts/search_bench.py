@@ -22,7 +22,10 @@ time it needs to reach the cold job's final estimated model time, warm against c
 (`--warm-only` runs part 2 alone). Each job's wall time is the `api.tune` call (task extraction,
 tuning, the bucket check after it); `tune_wall_s` and `profile` are the tuning part. The final
 estimated times are taken over the kernels the cold job tuned, from the cache's best after each
-job (so a warm job that measures nothing still has one). `--out` keeps both caches
+job (so a warm job that measures nothing still has one); along a job, a kernel counts at its
+cached best from the job's start. Two ratios, warm over cold, both printed and in `ratios`: the
+whole job (`api.tune` wall), and the time to reach the cold job's final estimate (each from its
+call; the cold job reaches it at the batch that found it). `--out` keeps both caches
 (`<out>/part2/cold`, `<out>/part2/warm`) with their events and task index.
 
     python scripts/search_bench.py --workload mlp --config hidden=128,ffn=256,max_seq=64 \\
@@ -207,7 +210,8 @@ def run_job(args, name: str, cache: Path) -> dict:
 def job_curve(files: list[Path], job: dict) -> list[tuple[float, float]]:
     """(seconds since the job's call, estimated kernel time per model call) after each batch. A
     kernel the job does not measure counts at its cached best from the start; one it measures
-    counts from its first batch on (its cached best before that is not known here: conservative)."""
+    counts from the start at the cached best the job found (`cached_best_us` in the events' start
+    line), or from its first batch on when it had no record."""
     curve = []
     for path in files:
         lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
@@ -215,6 +219,7 @@ def job_curve(files: list[Path], job: dict) -> list[tuple[float, float]]:
         weights = {t["name"]: t["weight"] for t in start["tasks"]}
         measured = {e["task"] for e in lines if e["ev"] == "batch"}
         best = {n: job["tasks"][n] for n in weights if n not in measured and n in job["tasks"]}
+        best.update({t["name"]: t["cached_best_us"] for t in start["tasks"] if t.get("cached_best_us") is not None})
         curve.append((start["t"] - job["epoch"], model_time(best, weights)))
         for e in lines:
             if e["ev"] == "batch":
@@ -249,10 +254,13 @@ def part_two(args) -> dict:
     reach_cold, reach_warm = time_to_reach(cold["curve"], goal), time_to_reach(warm["curve"], goal)
     if reach_warm is None and reached <= goal * (1 + 1e-9):
         reach_warm = warm["wall_s"]  # no batch: it held the cold job's final time when it ended
+    reach_ratio = reach_warm / reach_cold if reach_warm is not None and reach_cold else None
     return {"cold": cold, "first": first, "warm": warm, "ratio": warm["wall_s"] / cold["wall_s"],
+            "ratios": {"whole_job_warm_over_cold": warm["wall_s"] / cold["wall_s"], "reach_cold_final_warm_over_cold": reach_ratio,
+                       "tuning_only_warm_over_cold": warm["tune_wall_s"] / cold["tune_wall_s"]},
             "cold_final_estimated_us": goal, "warm_final_estimated_us": reached,
             "cold_reached_own_final_s": reach_cold, "warm_reached_cold_final_s": reach_warm,
-            "reach_ratio": reach_warm / reach_cold if reach_warm is not None and reach_cold else None,
+            "reach_ratio": reach_ratio,
             "best_us_cold_vs_warm": {n: [cold["tasks"][n], warm["tasks"][n]] for n in shared}}
 
 
@@ -287,6 +295,11 @@ def main() -> int:
         print(f"part 2: {args.second} cold, then {args.first} and {args.second} in one cache ...", flush=True)
         report["warm"] = part_two(args)
         print(json.dumps(report["warm"], indent=2))
+        r, w = report["warm"]["ratios"], report["warm"]
+        print(f"part 2, warm {args.second} after {args.first} over cold {args.second}: whole job {w['warm']['wall_s']:.1f} / {w['cold']['wall_s']:.1f} s = "
+              f"{r['whole_job_warm_over_cold']:.2f}; time to reach the cold job's final estimate ({w['cold_final_estimated_us']:.1f} us) "
+              f"{w['warm_reached_cold_final_s'] or float('nan'):.1f} / {w['cold_reached_own_final_s'] or float('nan'):.1f} s = {r['reach_cold_final_warm_over_cold'] or float('nan'):.2f}; "
+              f"trials {w['warm']['trials_run']} / {w['cold']['trials_run']}", flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -65,3 +65,24 @@ def test_give_back_spreads_freed_trials_by_batches():
     assert shares.give_back(16, [2.0, 1.0], 8) == [8, 8]
     assert shares.give_back(8, [2.0, 1.0], 8) == [8, 0]
     assert shares.give_back(8, [], 8) == []
+
+
+def test_trials_of_the_same_main_computation_count_toward_the_share():
+    # mlp after llama-block at 40 trials: the SwiGLU kernel holds 16 of its 24; the down projection
+    # (share 16) has no record, and llama-block measured 8 on its twin with the residual add fused
+    job = shares.plan([8.4, 4.2], [16, 0], 40, 8, cached_total=16, borrowed=[0, 8])
+    assert job.shares == [24, 16] and job.credit == [0, 8]
+    assert job.needs == [8, 8] and job.budget == 16
+    without = shares.plan([8.4, 4.2], [16, 0], 40, 8, cached_total=16)
+    assert without.needs == [8, 16] and without.budget == 24  # the rule before: its whole share
+    # run again after that job: the down projection holds 8 of its own and 8 credited
+    again = shares.plan([8.4, 4.2], [24, 8], 40, 8, cached_total=32, borrowed=[0, 8])
+    assert again.needs == [0, 0] and again.budget == 0
+
+
+def test_a_kernel_without_records_owes_its_carried_batch_whatever_it_borrows():
+    job = shares.plan([8.4, 4.2], [24, 0], 40, 8, cached_total=24, borrowed=[0, 64])
+    assert job.credit == [0, 8] and job.needs == [0, 8] and job.budget == 8
+    small = shares.plan([1.0], [0], 5, 8, cached_total=0, borrowed=[40])  # a share under one batch: all of it
+    assert small.needs == [5] and small.credit == [0]
+    assert shares.plan([1.0], [0], 16, 8, cached_total=0, borrowed=[8], retired=[True]).needs == [0]

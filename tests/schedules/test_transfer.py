@@ -1,4 +1,5 @@
-"""Transfer: the best records of a similar task, refitted to a new shape, give valid candidates."""
+"""Transfer: the best records of a similar task, refitted to a new shape or carried across fused
+element-wise blocks, give valid candidates."""
 
 from __future__ import annotations
 
@@ -8,16 +9,20 @@ import pytest
 from relaxtune.schedules import transfer
 
 
-def _matmul(n: int, relu: bool = False):
+def _matmul(n: int, relu: bool = False, add: bool = False, depth: int = 64):
+    """(n, depth) x (depth, 32), optionally with a fused relu or residual add (a block "T_add")."""
     import tvm
     from tvm import te, topi
 
-    a = te.placeholder((n, 64), name="a")
-    b = te.placeholder((64, 32), name="b")
-    k = te.reduce_axis((0, 64), name="k")
+    a = te.placeholder((n, depth), name="a")
+    b = te.placeholder((depth, 32), name="b")
+    k = te.reduce_axis((0, depth), name="k")
     c = te.compute((n, 32), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="matmul")
-    out = topi.nn.relu(c) if relu else c
-    func = te.create_prim_func([a, b, out]).with_attr("global_symbol", "main").with_attr("tirx.noalias", True)
+    out, extra = (topi.nn.relu(c) if relu else c), []
+    if add:
+        r = te.placeholder((n, 32), name="r")
+        out, extra = te.compute((n, 32), lambda i, j: out[i, j] + r[i, j], name="T_add"), [r]
+    func = te.create_prim_func([a, b, *extra, out]).with_attr("global_symbol", "main").with_attr("tirx.noalias", True)
     return tvm.IRModule({"main": func})
 
 
@@ -72,11 +77,64 @@ def test_transferred_candidates_build_and_compute_the_kernel(rows, database, tar
         np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-4)
 
 
-def test_nothing_transfers_to_another_kernel_family(database, target):
-    mod = _matmul(16, relu=True)  # one more block: another signature
+def test_nothing_transfers_to_another_main_computation(database, target):
+    mod = _matmul(16, add=True, depth=32)  # another block structure and another reduction length
     assert transfer.signature(mod) != transfer.signature(_matmul(16))
+    assert transfer.core(mod) != transfer.core(_matmul(16)) and transfer.core(_matmul(24)) != transfer.core(_matmul(16))
     assert transfer.similar_records(mod, database) == []
     assert transfer.seed_candidates(mod, database, _context(mod, target).space_generator.postprocs, limit=4) == []
+
+
+def _records(source, target, seeds: int = 3):
+    """A database holding design-space samples of `source` with made-up times."""
+    from tvm.s_tir import meta_schedule as ms
+
+    db = ms.database.MemoryDatabase()
+    workload = db.commit_workload(source)
+    args = ms.arg_info.ArgInfo.from_prim_func(source["main"])
+    for seed in range(seeds):
+        context = ms.TuneContext(mod=source, target=target.target, space_generator="post-order-apply", search_strategy="evolutionary", task_name="s", rand_state=seed + 1)
+        for i, sch in enumerate(context.space_generator.generate_design_space(source)):
+            db.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, [1e-5 / (seed + i + 1)], target.target, args))
+    return db
+
+
+@pytest.mark.parametrize("source, dest", [("add", "plain"), ("plain", "add"), ("relu", "add")])
+def test_traces_carry_across_fused_epilogues_and_compute_the_kernel(source, dest, target):
+    """A matmul's traces carried to the same matmul with another fused element-wise epilogue: the
+    main block keeps its tiling, instructions on absent blocks are dropped, and the kernel built
+    from each candidate computes its own function."""
+    import tvm
+
+    kinds = {"plain": {}, "add": {"add": True}, "relu": {"relu": True}}
+    src, mod = _matmul(16, **kinds[source]), _matmul(16, **kinds[dest])
+    assert transfer.signature(src) != transfer.signature(mod) and transfer.core(src) == transfer.core(mod)
+    db = _records(src, target)
+    candidates = transfer.seed_candidates(mod, db, _context(mod, target).space_generator.postprocs, limit=4)
+    assert len(candidates) >= 2
+    tile = lambda trace: [list(trace.decisions[i]) for i in trace.insts if i.kind.name == "SamplePerfectTile"]  # noqa: E731
+    sources = [tile(r.trace) for r in transfer.similar_records(mod, db)]
+    rng = np.random.default_rng(0)
+    a, b, r = (rng.standard_normal(s).astype("float32") for s in [(16, 64), (64, 32), (16, 32)])
+    want = {"plain": a @ b, "add": a @ b + r}[dest]
+    for candidate in candidates:
+        assert tile(candidate.sch.trace) in sources  # the main block's tiling, as the search sampled it
+        lib = tvm.tirx.build(candidate.sch.mod, target=target.target)
+        out = tvm.runtime.tensor(np.zeros((16, 32), "float32"))
+        lib["main"](*[tvm.runtime.tensor(x) for x in ([a, b, r] if dest == "add" else [a, b])], out)
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_carry_drops_what_names_an_absent_block(target):
+    from tvm.s_tir import meta_schedule as ms
+
+    fused = _matmul(16, add=True)
+    context = ms.TuneContext(mod=fused, target=target.target, space_generator="post-order-apply", search_strategy="evolutionary", task_name="s", rand_state=1)
+    for sketch in context.space_generator.generate_design_space(fused):
+        carried = transfer.carry(sketch.trace, _matmul(16))
+        names = [i.kind.name for i in carried.insts]
+        assert "GetConsumers" not in names and names.count("SamplePerfectTile") == 3
+        assert len(carried.insts) < len(sketch.trace.insts)
 
 
 def test_same_task_is_not_its_own_source(database):
@@ -97,7 +155,7 @@ def test_transfer_batch_is_filled_from_the_design_space(database, target):
     assert len(filled) == 8 > len(alone) >= 1
     assert [str(c.sch.trace) for c in filled[: len(alone)]] == [str(c.sch.trace) for c in alone]  # transferred first
     assert len({str(c.sch.trace) for c in filled}) == 8
-    other = _matmul(16, relu=True)  # nothing transfers: no batch at all, not a random one
+    other = _matmul(16, add=True, depth=32)  # nothing transfers: no batch at all, not a random one
     other_context = _context(other, target)
     assert transfer.seed_candidates(other, database, other_context.space_generator.postprocs, 8, other_context.space_generator.generate_design_space(other)) == []
 

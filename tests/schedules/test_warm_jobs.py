@@ -68,3 +68,41 @@ def test_larger_budget_tops_up_only_the_kernels_short_of_their_share(kernels, ta
     ranked = tune_module.select([a, b, c])
     assert more.trials_run == 4 and counts[ranked[0].name] == 8
     assert sorted(counts.values()) == [4, 4, 8]
+
+
+def _matmul_task(add: bool):
+    """A 16x64x32 matmul kernel, with or without a fused residual add, as a task."""
+    import tvm
+    import tvm_ffi
+    from tvm import te
+
+    from relaxtune.schedules.tasks import Task
+
+    a, b = te.placeholder((16, 64), name="a"), te.placeholder((64, 32), name="b")
+    k = te.reduce_axis((0, 64), name="k")
+    out = te.compute((16, 32), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="matmul")
+    args = [a, b]
+    if add:
+        r = te.placeholder((16, 32), name="r")
+        out, args = te.compute((16, 32), lambda i, j: out[i, j] + r[i, j], name="T_add"), [a, b, r]
+    mod = tvm.IRModule({"main": te.create_prim_func([*args, out]).with_attr("global_symbol", "main").with_attr("tirx.noalias", True)})
+    name = "fused_matmul_add@n16" if add else "matmul@n16"
+    return Task(name=name, mod=mod, key=str(tvm_ffi.structural_hash(mod)), flops=2.0 * 16 * 64 * 32, bucket={}, weight=1.0)
+
+
+def test_another_jobs_trials_of_the_same_main_computation_are_credited(target, tmp_path):
+    """A plain matmul after a job that tuned the same matmul with a residual add fused: it owes one
+    batch (its carried traces), not its whole share, and that batch holds the fused kernel's tiling."""
+    fused, plain = _matmul_task(add=True), _matmul_task(add=False)
+    folder = cache.folder_for(tmp_path, target)
+    database = CacheDatabase(folder, writable=True)
+    config = TuneConfig(trials=8, **{**SMALL, "transfer": True})
+    first = tune_module.tune([fused], target.target, database, config, folder, progress=False, workload="first")
+    assert first.trials_run == 8
+    second = tune_module.tune([plain], target.target, database, config, folder, progress=False, workload="second")
+    assert second.trials_run == 4 and second.shares == {plain.name: 8}  # 4 of fused's 8 credited
+    tiles = lambda trace: [list(trace.decisions[i]) for i in trace.insts if i.kind.name == "SamplePerfectTile"]  # noqa: E731
+    fused_tiles = [tiles(r.trace) for r in database.records_for(fused.mod)]
+    assert any(tiles(r.trace) in fused_tiles for r in database.records_for(plain.mod))
+    again = tune_module.tune([plain], target.target, database, config, folder, progress=False, workload="second")
+    assert again.trials_run == 0
