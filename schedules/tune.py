@@ -194,9 +194,13 @@ def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig,
     all_tasks = tasks
     index = task_index.load(log_dir) if tasks else {}
     ranked = select(tasks)
-    borrowed = transfer.same_core_trials(database, ranked) if config.transfer else {}
-    job = shares.plan([t.weight * t.flops for t in ranked], [cached[t.key] for t in ranked], config.trials, config.trials_per_iter, sum(cached.values()),
-                      [retired(t, index, cached) for t in ranked], [borrowed.get(t.key, 0) for t in ranked])
+    def planned(borrowed: dict[str, int]) -> shares.Plan:
+        return shares.plan([t.weight * t.flops for t in ranked], [cached[t.key] for t in ranked], config.trials, config.trials_per_iter, sum(cached.values()),
+                           [retired(t, index, cached) for t in ranked], [borrowed.get(t.key, 0) for t in ranked])
+
+    job = planned({})
+    if config.transfer and job.budget > 0:  # credit from other jobs' kernels: scanned only where something is owed
+        job = planned(transfer.same_core_trials(database, ranked))
     result.shares = {t.name: s for t, s in zip(ranked, job.shares) if s}
     short = [ranked[i] for i in job.short]
     needs = {ranked[i].key: job.needs[i] for i in job.short}
