@@ -194,6 +194,7 @@ def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig,
     all_tasks = tasks
     index = task_index.load(log_dir) if tasks else {}
     ranked = select(tasks)
+
     def planned(borrowed: dict[str, int]) -> shares.Plan:
         return shares.plan([t.weight * t.flops for t in ranked], [cached[t.key] for t in ranked], config.trials, config.trials_per_iter, sum(cached.values()),
                            [retired(t, index, cached) for t in ranked], [borrowed.get(t.key, 0) for t in ranked])
