@@ -126,6 +126,13 @@ class DeferredRunner(ms.runner.PyRunner):
     def run(self, runner_inputs):
         return self.get().run(runner_inputs)
 
+    def shutdown(self) -> None:
+        """End the runner's worker once made (waits for the making)."""
+        if self._thread is not None:
+            self._thread.join()
+            if self._runner is not None and hasattr(self._runner, "shutdown"):
+                self._runner.shutdown()
+
 
 def make_builder(config: TuneConfig) -> PersistentBuilder:
     """Call `shutdown()` on it when the job ends (the workers are started on the first batch)."""

@@ -263,6 +263,8 @@ def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig,
         finally:
             bar.close()
             builder.shutdown()
+            if isinstance(runner, DeferredRunner):
+                runner.shutdown()
             if config.persist_cost_model:
                 cost_model.save(inner, log_dir)
             result.profile = {**_profile(time.perf_counter() - start, setup_s, transfer_s, builder, model), **phases,

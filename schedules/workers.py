@@ -82,6 +82,10 @@ class LocalRunner(ms.runner.PyRunner):
         self.pool = Pool(max_workers=1, timeout=timeout_sec, stderr=subprocess.DEVNULL if logging.root.level > logging.DEBUG else subprocess.STDOUT)
         self.pool.submit(get_global_func_with_default_on_worker, None, None).result()  # MetaSchedule's sanity check: started, its modules imported
 
+    def shutdown(self) -> None:
+        """End the worker process and wait for it (so its CPU time is its parent's children's)."""
+        self.pool.shutdown(wait=True)
+
     def run(self, runner_inputs):
         results = []
         for runner_input in runner_inputs:

@@ -25,7 +25,10 @@ estimated times are taken over the kernels the cold job tuned, from the cache's 
 job (so a warm job that measures nothing still has one); along a job, a kernel counts at its
 cached best from the job's start. Two ratios, warm over cold, both printed and in `ratios`: the
 whole job (`api.tune` wall), and the time to reach the cold job's final estimate (each from its
-call; the cold job reaches it at the batch that found it). `--out` keeps both caches
+call; the cold job reaches it at the batch that found it). Every job and run also reports the CPU
+time the machine spent on other work meanwhile (`machine`: /proc/stat's busy time less the job's
+own processes'), with a warning above 5% of the machine: such a run's timings are disturbed.
+`--out` keeps both caches
 (`<out>/part2/cold`, `<out>/part2/warm`) with their events and task index.
 
     python scripts/search_bench.py --workload mlp --config hidden=128,ffn=256,max_seq=64 \\
@@ -72,6 +75,26 @@ def model_time(best: dict[str, float], weights: dict[str, float]) -> float:
     if any(name not in best for name in weights):
         return float("inf")
     return sum(weights[n] * best[n] for n in weights)
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """(the machine's busy CPU seconds since boot, from /proc/stat: user, nice, system, irq,
+    softirq; this process's waited-for children's CPU seconds)."""
+    import resource
+
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    busy = (values[0] + values[1] + values[2] + values[5] + values[6]) / os.sysconf("SC_CLK_TCK")
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return busy, children.ru_utime + children.ru_stime
+
+
+def foreign_cpu(before: tuple[float, float], wall_s: float) -> dict:
+    """CPU the machine spent outside the job (a child of this process, its workers waited for)
+    while it ran: other users' work that disturbs its timings. Quiet enough under 5% of the box."""
+    busy, mine = (b - a for a, b in zip(before, cpu_seconds()))
+    other = max(0.0, busy - mine)
+    share = other / (wall_s * (os.cpu_count() or 1)) if wall_s > 0 else 0.0
+    return {"other_cpu_s": round(other, 2), "other_cpu_share": round(share, 3), "quiet": share < 0.05}
 
 
 def time_to_reach(curve: list[tuple[float, float]], goal: float) -> float | None:
@@ -201,8 +224,10 @@ def run_job(args, name: str, cache: Path) -> dict:
         "'weights':{x.name:x.weight for x in r.tasks if x.trials}}))"
     )
     before = set(Path(cache).glob("*/events/*.jsonl"))
+    cpu, start = cpu_seconds(), time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, check=True)
     out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["machine"] = foreign_cpu(cpu, time.perf_counter() - start)
     out["curve"] = job_curve(sorted(set(Path(cache).glob("*/events/*.jsonl")) - before), out)
     return out
 
@@ -300,6 +325,10 @@ def main() -> int:
               f"{r['whole_job_warm_over_cold']:.2f}; time to reach the cold job's final estimate ({w['cold_final_estimated_us']:.1f} us) "
               f"{w['warm_reached_cold_final_s'] or float('nan'):.1f} / {w['cold_reached_own_final_s'] or float('nan'):.1f} s = {r['reach_cold_final_warm_over_cold'] or float('nan'):.2f}; "
               f"trials {w['warm']['trials_run']} / {w['cold']['trials_run']}", flush=True)
+        noisy = {k: w[k]["machine"]["other_cpu_share"] for k in ("cold", "first", "warm") if not w[k]["machine"]["quiet"]}
+        if noisy:
+            shares_text = ", ".join(f"{k} {v:.0%}" for k, v in noisy.items())
+            print(f"WARNING: other work used part of the machine during jobs ({shares_text}): their timings are disturbed", flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
@@ -312,9 +341,12 @@ def part_one(args, report: dict) -> None:
         out.mkdir(parents=True, exist_ok=True)
         base = [sys.executable, __file__, "--workload", args.workload, "--config", args.config, "--trials", str(args.trials), "--per-iter", str(args.per_iter), "--out", str(out)]
         base += [x for s in args.shape for x in ("--shape", s)]
+        machine = {}
         for mode in ("stock", "relaxtune"):
             print(f"running {mode} ...", flush=True)
+            cpu, start = cpu_seconds(), time.perf_counter()
             subprocess.run([*base, "--mode", mode], check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            machine[mode] = foreign_cpu(cpu, time.perf_counter() - start)
         stock = json.loads((out / "stock.json").read_text())
         ours = json.loads((out / "relaxtune.json").read_text())
         curve, our_trials = relaxtune_curve(Path(ours["folder"]), ours["weights"], ours["epoch"])
@@ -331,9 +363,12 @@ def part_one(args, report: dict) -> None:
         "stock_reached_own_final_s": reach_stock, "relaxtune_reached_stock_final_s": reach_ours,
         "relaxtune_time_fraction_of_stock_wall": (reach_ours / stock["wall_s"]) if reach_ours is not None else None,
         "measured_us": measured,
-        "relaxtune_profile": ours["profile"], "relaxtune_ranking": ours["ranking"],
+        "relaxtune_profile": ours["profile"], "relaxtune_ranking": ours["ranking"], "machine": machine,
     }
     print("stock: tune_relax with the fast build function (Fix A); without it every build times out (notes §4.1)")
+    for mode, seen in machine.items():
+        if not seen["quiet"]:
+            print(f"WARNING: other work used {seen['other_cpu_share']:.0%} of the machine during the {mode} run: its timings are disturbed", flush=True)
     print(json.dumps(report["cold"], indent=2))
 
 
