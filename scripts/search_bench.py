@@ -233,15 +233,18 @@ def run_job(args, name: str, cache: Path) -> dict:
 
 
 def job_curve(files: list[Path], job: dict) -> list[tuple[float, float]]:
-    """(seconds since the job's call, estimated kernel time per model call) after each batch. A
-    kernel the job does not measure counts at its cached best from the start; one it measures
+    """(seconds since the job's call, estimated kernel time per model call) after each batch, over
+    every kernel with records after the job. A kernel the job does not measure (it held its share,
+    or an earlier job stopped it) counts at its cached best from the start; one it measures
     counts from the start at the cached best the job found (`cached_best_us` in the events' start
     line), or from its first batch on when it had no record."""
     curve = []
     for path in files:
         lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
         start = next(e for e in lines if e["ev"] == "start")
-        weights = {t["name"]: t["weight"] for t in start["tasks"]}
+        # every kernel with records after the job (one it did not tune at its cached best, which
+        # the job did not change), and those it tuned
+        weights = {**job["weights"], **{t["name"]: t["weight"] for t in start["tasks"]}}
         measured = {e["task"] for e in lines if e["ev"] == "batch"}
         best = {n: job["tasks"][n] for n in weights if n not in measured and n in job["tasks"]}
         best.update({t["name"]: t["cached_best_us"] for t in start["tasks"] if t.get("cached_best_us") is not None})
