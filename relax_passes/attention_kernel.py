@@ -7,9 +7,10 @@ and ``O (b, n, heads, d)``, with grouped-query heads (query head ``h`` reads key
 Queries are taken ``query_tile`` rows at a time and keys ``key_tile`` at a time, with an online
 softmax over the key tiles (running max and sum per row; the partial output is rescaled when the
 max grows). The keys are transposed once per call (block ``k_transpose``, before the query tiles)
-into a float32 scratch of one contiguous ``(d, key_tile)`` tile per key tile, zeros past ``m``.
+into a float32 scratch of one contiguous ``(d, key_tile)`` tile per key tile, zeros past ``m``
+(loops (batch, kv head, key tile, key, d): each key's row is read along ``d``).
 Each query tile is one block (``query_tile``) whose scratch lives inside it: its query rows (zeros
-past ``n``), one key tile of values, and the running state. Inside a key tile the rows are taken
+past ``n``) and the running state; values are read in place. Inside a key tile the rows are taken
 ``ROW_GROUP`` at a time (block ``row_group``), whose scores, probabilities and P·V sums (``head_dim``
 in parts, block ``pv_part``) are small arrays of its own: under 1 KiB each, so TVM puts them on the
 stack and LLVM keeps them in registers, as the schedule accumulates each key vector / value vector
@@ -21,8 +22,11 @@ against a longer key sequence, the decode step, that query sees every key). A ke
 diagonal of the whole query tile is skipped (the ``key_tile`` block's predicate); inside a tile
 the mask is applied to the values, so the inner blocks have no predicates (affine bindings, which
 ``decompose_reduction`` and ``vectorize`` require).
-Rows past ``n`` and keys past ``m`` are never loaded: their q rows, keys and values are zeros, so a
-row group that straddles ``n`` computes finite values for its extra rows, which are never written.
+Rows past ``n`` and keys past ``m`` are never loaded: their q rows and keys are zeros, so a row
+group that straddles ``n`` computes finite values for its extra rows, which are never written; P·V
+reads the value row ``min(key, m - 1)``, which a key past ``m`` multiplies by its probability 0.
+Only row groups below ``n`` load their q rows and initialise their state (``q_tile``, ``row_init``,
+``acc_zero`` have a row group loop and its predicate): a decode step touches 1 group, not 8.
 
 With ``key_mask`` the kernel takes a fifth input, the model's ``(b, m)`` padding mask (nonzero:
 the key may be attended), and a key is visible when it is causal *and* unmasked; no ``n x m``
@@ -40,13 +44,13 @@ model computed them: each from a ``(b, seq, total heads, d)`` tensor (the merged
 output, viewed as heads) at a head offset, not from sliced copies; with ``rope`` q and k are also
 rotated, rotate-half form ``x·cos + rot(x)·sin``, ``rot(x)[i] = -x[i + d/2]`` for ``i < d/2`` else
 ``x[i - d/2]``, from ``(rows >= n, d)`` cos and sin tables (inputs after v; position ``i`` reads row ``i``): q as its tile is loaded
-(``q_tile``, loops (row, half, i)), k once per call as ``k_transpose`` transposes it (loops
-(batch, head, key tile, half, i, key); rotating it per query tile instead cost 17% at n = 512).
+(``q_tile``, loops (row group, row, half, i)), k once per call as ``k_transpose`` transposes it (loops
+(batch, head, key tile, key, half, i); rotating it per query tile instead cost 17% at n = 512).
 The signature is then ``(q, k, v, cos, sin, [mask], out)``.
 
 Blocks (``BLOCKS``; schedules look them up by name): ``k_transpose``, then in ``query_tile``:
-``q_tile``, ``row_init``, ``acc_zero``, then per key tile (``key_tile``) ``v_tile`` (shared by the
-tile's rows), and per row group (``row_group``; loops (row, ...)) ``score`` (Q·Kᵀ), ``tile_max``,
+``q_tile``, ``row_init``, ``acc_zero``, then per key tile (``key_tile``) and
+row group (``row_group``; loops (row, ...)) ``score`` (Q·Kᵀ), ``tile_max``,
 ``rescale`` (``exp(old max - new max)``, max updated), ``prob``, ``tile_sum``, and per part of
 ``head_dim`` (``pv_part``) ``acc`` (P·V into the group's sums, which start from the rescaled partial
 output) and ``acc_store`` (the sums back into the partial output), and after the last key tile
@@ -77,7 +81,7 @@ ARGS_ATTR = "relaxtune.attention_args"  # function attribute: the arguments that
 KEY_MASK_ATTR = "relaxtune.key_mask"  # function attribute: the key_mask variant (absent without a mask)
 BLOCKS_UNIFORM = ("v_sum",)  # only in the key_mask="uniform" variant
 ROPE_ATTR = "relaxtune.rope"  # function attribute: q and k rotated on load (Operands.rope)
-BLOCKS = ("k_transpose", "query_tile", "q_tile", "row_init", "acc_zero", "key_tile", "v_tile", "row_group", "score", "tile_max", "rescale", "prob",
+BLOCKS = ("k_transpose", "query_tile", "q_tile", "row_init", "acc_zero", "key_tile", "row_group", "score", "tile_max", "rescale", "prob",
           "tile_sum", "pv_part", "acc", "acc_store", "output")
 CAUSAL_MASKS = (None, "TopLeft", "BottomRight")
 # key-padding mask variants, by what a query row with no visible key gives: None: no mask input;
@@ -153,9 +157,9 @@ def attention_kernel(heads: int, kv_heads: int, head_dim: int, dtype: str, causa
             reads += [table_cos[0:n, 0:head_dim], table_sin[0:n, 0:head_dim]]
         return reads + ([] if key_mask is None else [mask[vb, 0:m]])
 
-    def group_reads(q_t, k_trans, v_t, run_max, run_sum, out_acc, mask, vb, vh, vt, vg, m):
+    def group_reads(q_t, k_trans, v, run_max, run_sum, out_acc, mask, vb, vh, vt, vg, m):
         rows = slice(vg * rg, vg * rg + rg)
-        reads = [q_t[rows, 0:head_dim], k_trans[vb, vh // group, vt, 0:head_dim, 0:kt], v_t[0:kt, 0:head_dim],
+        reads = [q_t[rows, 0:head_dim], k_trans[vb, vh // group, vt, 0:head_dim, 0:kt], v[vb, 0:m, _plus(vh // group, ops.v_offset), 0:head_dim],
                  run_max[rows], run_sum[rows], out_acc[rows, 0:head_dim]]
         return reads + ([] if key_mask is None else [mask[vb, 0:m]])
 
@@ -163,9 +167,9 @@ def attention_kernel(heads: int, kv_heads: int, head_dim: int, dtype: str, causa
         rows = slice(vg * rg, vg * rg + rg)
         return [new_max[rows], alpha[rows], run_max[rows], run_sum[rows], out_acc[rows, 0:head_dim]]
 
-    def part_reads(prob, v_t, out_acc, alpha, vg, vp):
+    def part_reads(prob, v, out_acc, alpha, vb, vh, vg, vp, m):
         rows, cols = slice(vg * rg, vg * rg + rg), slice(vp * dp, vp * dp + dp)
-        return [prob[0:rg, 0:kt], v_t[0:kt, cols], out_acc[rows, cols], alpha[rows]]
+        return [prob[0:rg, 0:kt], v[vb, 0:m, _plus(vh // group, ops.v_offset), cols], out_acc[rows, cols], alpha[rows]]
 
     def part_writes(out_acc, vg, vp):
         return [out_acc[vg * rg:vg * rg + rg, vp * dp:vp * dp + dp]]
@@ -211,16 +215,16 @@ def attention_kernel(heads: int, kv_heads: int, head_dim: int, dtype: str, causa
         # tile a whole key row apart alias in L1), keys past m zeros
         k_trans = T.alloc_buffer((b, k_heads, (m + kt - 1) // kt, dim, kt), acc)
         if ops.rope:
-            for i0, h, t, side, i, jj in T.grid(b, k_heads, (m + kt - 1) // kt, 2, half, kt):
+            for i0, h, t, jj, side, i in T.grid(b, k_heads, (m + kt - 1) // kt, kt, 2, half):
                 with T.sblock("k_transpose"):
-                    vb, vh, vt, vs, vi, vj = T.axis.remap("SSSSSS", [i0, h, t, side, i, jj])
+                    vb, vh, vt, vj, vs, vi = T.axis.remap("SSSSSS", [i0, h, t, jj, side, i])
                     k_trans[vb, vh, vt, vs * half + vi, vj] = T.if_then_else(
                         vt * kt + vj < m, rotated(k, table_cos, table_sin, vb, T.min(vt * kt + vj, m - 1), _plus(vh, ops.k_offset), vs, vi), T.float32(0)
                     )
         else:
-            for i0, h, t, dd, jj in T.grid(b, k_heads, (m + kt - 1) // kt, head_dim, kt):
+            for i0, h, t, jj, dd in T.grid(b, k_heads, (m + kt - 1) // kt, kt, head_dim):
                 with T.sblock("k_transpose"):
-                    vb, vh, vt, vd, vj = T.axis.remap("SSSSS", [i0, h, t, dd, jj])
+                    vb, vh, vt, vj, vd = T.axis.remap("SSSSS", [i0, h, t, jj, dd])
                     k_trans[vb, vh, vt, vd, vj] = T.if_then_else(
                         vt * kt + vj < m, T.Cast(acc, k[vb, T.min(vt * kt + vj, m - 1), _plus(vh, ops.k_offset), vd]), T.float32(0)
                     )
@@ -235,7 +239,6 @@ def attention_kernel(heads: int, kv_heads: int, head_dim: int, dtype: str, causa
                 alpha = T.alloc_buffer((qt,), acc)
                 run_sum = T.alloc_buffer((qt,), acc)
                 out_acc = T.alloc_buffer((qt, head_dim), acc)
-                v_t = T.alloc_buffer((kt, head_dim), acc)
                 if key_mask == "uniform":
                     v_sum = T.alloc_buffer((1, head_dim), acc)
                     for jj, dd in T.grid(m, head_dim):
@@ -245,41 +248,39 @@ def attention_kernel(heads: int, kv_heads: int, head_dim: int, dtype: str, causa
                                 v_sum[0, vd] = T.float32(0)
                             v_sum[0, vd] = v_sum[0, vd] + T.Cast(acc, v[vb, vj, _plus(vh // group, ops.v_offset), vd])
                 if ops.rope:
-                    for ii, side, dd in T.grid(qt, 2, half):
+                    for g, r, side, dd in T.grid(qt // rg, rg, 2, half):
                         with T.sblock("q_tile"):
-                            vi, vs, vd = T.axis.remap("SSS", [ii, side, dd])
-                            q_t[vi, vs * half + vd] = T.if_then_else(
-                                vq * qt + vi < n, rotated(q, table_cos, table_sin, vb, T.min(vq * qt + vi, n - 1), _plus(vh, ops.q_offset), vs, vd), T.float32(0)
+                            vg, vr, vs, vd = T.axis.remap("SSSS", [g, r, side, dd])
+                            T.where(vq * qt + g * rg < n)
+                            q_t[vg * rg + vr, vs * half + vd] = T.if_then_else(
+                                vq * qt + vg * rg + vr < n, rotated(q, table_cos, table_sin, vb, T.min(vq * qt + vg * rg + vr, n - 1), _plus(vh, ops.q_offset), vs, vd), T.float32(0)
                             )
                 else:
-                    for ii, dd in T.grid(qt, head_dim):
+                    for g, r, dd in T.grid(qt // rg, rg, head_dim):
                         with T.sblock("q_tile"):
-                            vi, vd = T.axis.remap("SS", [ii, dd])
-                            q_t[vi, vd] = T.if_then_else(vq * qt + vi < n, T.Cast(acc, q[vb, T.min(vq * qt + vi, n - 1), _plus(vh, ops.q_offset), vd]), T.float32(0))
-                for ii in range(qt):
+                            vg, vr, vd = T.axis.remap("SSS", [g, r, dd])
+                            T.where(vq * qt + g * rg < n)
+                            q_t[vg * rg + vr, vd] = T.if_then_else(vq * qt + vg * rg + vr < n, T.Cast(acc, q[vb, T.min(vq * qt + vg * rg + vr, n - 1), _plus(vh, ops.q_offset), vd]), T.float32(0))
+                for g, r in T.grid(qt // rg, rg):
                     with T.sblock("row_init"):
-                        vi = T.axis.remap("S", [ii])
-                        run_max[vi] = T.float32(_LOWEST)
-                        run_sum[vi] = T.float32(0)
-                for ii, dd in T.grid(qt, head_dim):
+                        vg, vr = T.axis.remap("SS", [g, r])
+                        T.where(vq * qt + g * rg < n)
+                        run_max[vg * rg + vr] = T.float32(_LOWEST)
+                        run_sum[vg * rg + vr] = T.float32(0)
+                for g, r, dd in T.grid(qt // rg, rg, head_dim):
                     with T.sblock("acc_zero"):
-                        vi, vd = T.axis.remap("SS", [ii, dd])
-                        out_acc[vi, vd] = T.float32(0)
+                        vg, vr, vd = T.axis.remap("SSS", [g, r, dd])
+                        T.where(vq * qt + g * rg < n)
+                        out_acc[vg * rg + vr, vd] = T.float32(0)
                 for t in range((m + kt - 1) // kt):
                     with T.sblock("key_tile"):
                         vt = T.axis.opaque((m + kt - 1) // kt, t)
                         T.where(causal(T.min(vq * qt + qt - 1, n - 1), t * kt, n, m))  # else: past the diagonal
-                        for jj, dd in T.grid(kt, head_dim):
-                            with T.sblock("v_tile"):
-                                vj, vd = T.axis.remap("SS", [jj, dd])
-                                v_t[vj, vd] = T.if_then_else(
-                                    vt * kt + vj < m, T.Cast(acc, v[vb, T.min(vt * kt + vj, m - 1), _plus(vh // group, ops.v_offset), vd]), T.float32(0)
-                                )
                         for g in range(qt // rg):
                             with T.sblock("row_group"):  # groups past n (in the last query tile) do no work
                                 vg = T.axis.opaque(qt // rg, g)
                                 T.where(vq * qt + g * rg < n)
-                                T.reads(group_reads(q_t, k_trans, v_t, run_max, run_sum, out_acc, mask, vb, vh, vt, vg, m))
+                                T.reads(group_reads(q_t, k_trans, v, run_max, run_sum, out_acc, mask, vb, vh, vt, vg, m))
                                 T.writes(group_writes(new_max, alpha, run_max, run_sum, out_acc, vg))
                                 # the group's scores and probabilities: stack arrays (the schedule keeps the scores in registers)
                                 score = T.alloc_buffer((rg, kt), acc)
@@ -320,7 +321,7 @@ def attention_kernel(heads: int, kv_heads: int, head_dim: int, dtype: str, causa
                                 for part in range(head_dim // dp):
                                     with T.sblock("pv_part"):  # head_dim in parts: rg x dp sums under 1 KiB
                                         vp = T.axis.opaque(head_dim // dp, part)
-                                        T.reads(part_reads(prob, v_t, out_acc, alpha, vg, vp))
+                                        T.reads(part_reads(prob, v, out_acc, alpha, vb, vh, vg, vp, m))
                                         T.writes(part_writes(out_acc, vg, vp))
                                         pv = T.alloc_buffer((rg, dp), acc)
                                         for ri, jj, dd in T.grid(rg, kt, dp):
@@ -328,7 +329,7 @@ def attention_kernel(heads: int, kv_heads: int, head_dim: int, dtype: str, causa
                                                 vr, vj, vd = T.axis.remap("SRS", [ri, jj, dd])
                                                 with T.init():
                                                     pv[vr, vd] = out_acc[vg * rg + vr, vp * dp + vd] * alpha[vg * rg + vr]
-                                                pv[vr, vd] = pv[vr, vd] + prob[vr, vj] * v_t[vj, vp * dp + vd]
+                                                pv[vr, vd] = pv[vr, vd] + prob[vr, vj] * T.Cast(acc, v[vb, T.min(vt * kt + vj, m - 1), _plus(vh // group, ops.v_offset), vp * dp + vd])
                                         for ri, dd in T.grid(rg, dp):
                                             with T.sblock("acc_store"):
                                                 vr, vd = T.axis.remap("SS", [ri, dd])

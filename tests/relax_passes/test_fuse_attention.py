@@ -179,12 +179,13 @@ KERNEL_VARIANTS = {  # name: attention_kernel keyword arguments (llama-block sha
 @pytest.mark.parametrize("variant", sorted(KERNEL_VARIANTS))
 def test_cpu_rule_register_blocks_every_variant(variant):
     """The rule schedules each variant itself (on a changed kernel it logs a warning and returns None,
-    leaving a slow fallback): one parallel loop, the row groups' loops unrolled."""
+    leaving a slow fallback): two parallel loops (the keys' transpose, then the query tiles), the row
+    groups' loops unrolled."""
     kernel = attention_kernel(4, 2, 64, "float32", "TopLeft", **KERNEL_VARIANTS[variant])
     sch = Attention().apply(kernel, tvm.target.Target(TARGET), False)
     assert sch is not None
     script = sch.mod["main"].script()
-    assert script.count("T.parallel") == 1 and "T.unroll" in script and 'T.sblock("score_update")' in script
+    assert script.count("T.parallel") == 2 and "T.unroll" in script and 'T.sblock("score_update")' in script
 
 
 def assert_no_n_by_n_tensor(workload, key_mask: bool = False):
