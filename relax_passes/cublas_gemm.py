@@ -38,28 +38,39 @@ FUNCTION = "relaxtune_cublas_gemm"
 DTYPES = ("float16", "bfloat16")
 
 
+def weight_gemm(call: relax.Call, params, min_x_ndim: int = 2) -> tuple[relax.Expr, relax.Var] | None:
+    """`(x, w)` when `call` is `R.matmul(x, w)` with `w` a 2-D weight among `params` (the bucket
+    function's parameters), `x` of at least `min_x_ndim` dimensions, fp16 or bf16 in and out;
+    else None. The weight GEMMs that relaxtune's CUDA library rewrites may take (also gemv_cuda.py)."""
+    if call.op != tvm.ir.Op.get("relax.matmul") or len(call.args) != 2:
+        return None
+    x, w = call.args
+    if not (isinstance(w, relax.Var) and w in params):
+        return None
+    xt, wt = x.ty, w.ty
+    if not (isinstance(xt, relax.TensorType) and isinstance(wt, relax.TensorType) and wt.ndim == 2 and xt.ndim >= min_x_ndim and wt.shape is not None):
+        return None
+    out_dtype = str(call.attrs.out_dtype) if call.attrs.out_dtype else ""
+    if xt.dtype not in DTYPES or wt.dtype != xt.dtype or out_dtype not in ("", "void", xt.dtype):
+        return None
+    return x, w
+
+
 @mutator
 class _Rewriter(PyExprMutator):
     def __init__(self, mod, params, min_width: int = 0):
         super().__init__(mod)
         self.params, self.min_width = params, min_width
         self.count = 0
-        self.matmul = tvm.ir.Op.get("relax.matmul")
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
-        if call.op != self.matmul or len(call.args) != 2:
+        matched = weight_gemm(call, self.params)
+        if matched is None:
             return call
-        x, w = call.args
-        if not (isinstance(w, relax.Var) and w in self.params):
-            return call
+        x, w = matched
         xt, wt = x.ty, w.ty
-        if not (isinstance(xt, relax.TensorType) and isinstance(wt, relax.TensorType) and wt.ndim == 2 and xt.ndim >= 2):
-            return call
         if max(int(d) for d in wt.shape.values) < self.min_width:  # a narrow decode GEMV keeps its TIR kernel
-            return call
-        out_dtype = str(call.attrs.out_dtype) if call.attrs.out_dtype else ""
-        if xt.dtype not in DTYPES or wt.dtype != xt.dtype or out_dtype not in ("", "void", xt.dtype):
             return call
         out = relax.TensorType(list(xt.shape.values[:-1]) + [wt.shape.values[1]], xt.dtype)
         self.count += 1

@@ -38,12 +38,12 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..cuda_gemv import ADD_FUNCTION, FUNCTION, VECTOR, supports
 from .bucket_dispatch import BUCKET_ATTR
+from .cublas_gemm import weight_gemm
 from .cublas_gemm_add import _Matches
 from .cublas_gemm_add import _Rewriter as _AddRewriter
 
 logger = logging.getLogger(__name__)
 
-DTYPES = ("float16", "bfloat16")
 # buckets up to 2 rows, GEMVs up to 16384 outputs (None: any): where the H200 measured the kernel faster (above)
 MAX_ROWS = 2
 MAX_COLS = 16384
@@ -58,23 +58,16 @@ class _Rewriter(PyExprMutator):
     def __init__(self, mod, params, max_cols: int | None):
         super().__init__(mod)
         self.params, self.max_cols, self.count = params, max_cols, 0
-        self.matmul = tvm.ir.Op.get("relax.matmul")
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
-        if call.op != self.matmul or len(call.args) != 2:
+        matched = weight_gemm(call, self.params, min_x_ndim=1)
+        if matched is None:
             return call
-        x, w = call.args
-        if not (isinstance(w, relax.Var) and w in self.params):
-            return call
-        xt, wt = x.ty, w.ty
-        if not (isinstance(xt, relax.TensorType) and isinstance(wt, relax.TensorType) and wt.ndim == 2 and xt.ndim >= 1 and wt.shape is not None):
-            return call
-        k, n = (_static(d) for d in wt.shape.values)
+        x, w = matched
+        xt = x.ty
+        k, n = (_static(d) for d in w.ty.shape.values)
         if k is None or n is None or n % VECTOR or k % VECTOR or (self.max_cols is not None and n > self.max_cols):
-            return call
-        out_dtype = str(call.attrs.out_dtype) if call.attrs.out_dtype else ""
-        if xt.dtype not in DTYPES or wt.dtype != xt.dtype or out_dtype not in ("", "void", xt.dtype):
             return call
         self.count += 1
         return relax.call_dps_packed(FUNCTION, [x, w], relax.TensorType(list(xt.shape.values[:-1]) + [n], xt.dtype))

@@ -251,3 +251,10 @@ class CacheDatabase(ms.database.PyDatabase):
         if not self._mem.has_workload(mod):
             return []
         return list(self._mem.get_top_k(self._mem.commit_workload(mod), 1 << 20))
+
+    def records_per_workload(self) -> list[tuple[Workload, int]]:
+        """Every workload with records and how many it has (failed builds and runs included)."""
+        counts: dict[int, list] = {}  # records of one workload share its object
+        for record in self.get_all_tuning_records():
+            counts.setdefault(hash(record.workload), [record.workload, 0])[1] += 1
+        return [(workload, count) for workload, count in counts.values()]

@@ -74,12 +74,8 @@ def same_core_trials(database, tasks) -> dict[str, int]:
     computation (`core`; kernels of this job, the task itself included, do not count). Every
     record counts, as `tune.trial_counts` counts them."""
     keys = {t.key for t in tasks}
-    per_workload: dict[int, list] = {}  # records of one workload share its object
-    for record in database.get_all_tuning_records():
-        entry = per_workload.setdefault(hash(record.workload), [record.workload, 0])
-        entry[1] += 1
     by_core: dict[tuple, int] = {}
-    for workload, count in per_workload.values():
+    for workload, count in database.records_per_workload():
         if str(tvm_ffi.structural_hash(workload.mod)) not in keys:
             main = core(workload.mod)
             if main is not None:

@@ -81,12 +81,8 @@ def trial_counts(database: CacheDatabase, tasks: list[Task]) -> dict[str, int]:
     measures nothing)."""
     from .tasks import workload_key
 
-    per_workload: dict[int, list] = {}  # records of one workload share its object
-    for record in database.get_all_tuning_records():
-        entry = per_workload.setdefault(hash(record.workload), [record.workload, 0])
-        entry[1] += 1
     by_key: dict[str, int] = {}
-    for workload, count in per_workload.values():
+    for workload, count in database.records_per_workload():
         key = workload_key(workload.mod)
         by_key[key] = by_key.get(key, 0) + count
     return {t.key: by_key.get(t.key, 0) for t in tasks}
