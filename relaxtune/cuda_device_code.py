@@ -19,6 +19,7 @@ data string (u64 length + bytes) — the data comes last, so the table is kept b
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -58,6 +59,42 @@ def find_nvcc() -> str:
     raise UserError("compiling for --target cuda needs nvcc (the CUDA toolkit): not on PATH, CUDA_HOME or /usr/local/cuda")
 
 
+def arch_number(arch: str) -> int:
+    """The compute capability of "sm_90" or "sm_90a": 90."""
+    return int(arch.removeprefix("sm_").rstrip("a"))
+
+
+def run_nvcc(cmd: list[str], what: str = "") -> None:
+    """Run an nvcc command; a failure raises with the command and the end of nvcc's errors."""
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"nvcc failed{' on ' + what if what else ''} ({' '.join(cmd)}):\n{done.stderr[-4000:]}")
+
+
+def embedded_fatbin_object(name: str, stem: str, arch: str, kernel_source: str, host_source: str, make_fatbin, cache_dir: Path | None, what: str) -> Path:
+    """The host object of one of relaxtune's CUDA externs (flash attention, GEMV): `host_source` with
+    the fatbin `make_fatbin(arch, folder)` writes embedded as the hidden symbol
+    `relaxtune_<name>_fatbin`. Cached as <cache>/relaxtune/<name>_<arch>_<digest>/<stem>.o, the
+    digest taken over both sources, the arch and the tvm_ffi headers it compiles against."""
+    import tvm_ffi.libinfo
+
+    from .cuda_cublas import compile_host_object
+
+    include = tvm_ffi.libinfo.find_include_path()
+    digest = hashlib.sha1((kernel_source + host_source + arch + include).encode()).hexdigest()[:12]
+    folder = Path(cache_dir or os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "relaxtune" / f"{name}_{arch}_{digest}"
+    obj = folder / f"{stem}.o"
+    if obj.exists():
+        return obj
+    fatbin = make_fatbin(arch, folder)
+    symbol = f"relaxtune_{name}_fatbin"
+    embed = (
+        f'asm(".section .rodata\\n.balign 16\\n.globl {symbol}\\n.hidden {symbol}\\n'
+        f'{symbol}:\\n.incbin \\"{fatbin}\\"\\n.byte 0\\n.previous\\n");\n'
+    )
+    return compile_host_object(host_source + embed, folder / f"{stem}_host.cc", obj, f"{what} (fatbin {fatbin.stat().st_size} bytes)")
+
+
 def compile_fatbin(source: str, arch: str, workdir: Path) -> bytes:
     """nvcc `source` into a fatbin holding SASS for `arch` (e.g. sm_90) and that arch's PTX."""
     number = arch.removeprefix("sm_")
@@ -67,9 +104,7 @@ def compile_fatbin(source: str, arch: str, workdir: Path) -> bytes:
     gencode = f"-gencode=arch=compute_{number},code=[sm_{number},compute_{number}]"
     cmd = [find_nvcc(), "--fatbin", gencode, *NVCC_FLAGS, "-o", str(out), str(src)]
     start = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{done.stderr[-4000:]}")
+    run_nvcc(cmd)
     logger.info("nvcc %s: %d chars of CUDA C -> %d-byte fatbin in %.1fs", arch, len(source), out.stat().st_size, time.perf_counter() - start)
     return out.read_bytes()
 

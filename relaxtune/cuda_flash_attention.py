@@ -27,11 +27,10 @@ only (no nvcc, NVRTC or cudart). `artifact.export` links the object into CUDA ar
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
-import subprocess
 from pathlib import Path
+
+from .cuda_device_code import arch_number, embedded_fatbin_object, find_nvcc, run_nvcc
 
 logger = logging.getLogger(__name__)
 
@@ -295,23 +294,17 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_flash_attention_config, RopeConfig);
 NVCC_FLAGS = ("-O3", "--use_fast_math", "-std=c++17")
 
 
-def _arch_number(arch: str) -> int:
-    return int(arch.removeprefix("sm_").rstrip("a"))
-
-
 def supports(arch: str) -> bool:
     """Whether the kernel runs on `arch` (e.g. "sm_90")."""
     try:
-        return _arch_number(arch) >= MIN_ARCH
+        return arch_number(arch) >= MIN_ARCH
     except ValueError:
         return False
 
 
 def compile_fatbin(arch: str, workdir: Path) -> Path:
     """nvcc the kernel into a fatbin with SASS for `arch` and its PTX (for newer GPUs)."""
-    from .cuda_device_code import find_nvcc
-
-    number = _arch_number(arch)
+    number = arch_number(arch)
     workdir.mkdir(parents=True, exist_ok=True)
     src, out = workdir / "flash_attention.cu", workdir / "flash_attention.fatbin"
     src.write_text(KERNEL_SOURCE)
@@ -319,32 +312,12 @@ def compile_fatbin(arch: str, workdir: Path) -> Path:
     # (newer GPUs JIT it; the wgmma kernels trap there and the host never picks them)
     sass = f"{number}a" if number == 90 else str(number)
     gencode = [f"-gencode=arch=compute_{sass},code=sm_{sass}", f"-gencode=arch=compute_{number},code=compute_{number}"]
-    cmd = [find_nvcc(), "--fatbin", *gencode, *NVCC_FLAGS, "-o", str(out), str(src)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"nvcc failed on the flash attention kernel ({' '.join(cmd)}):\n{done.stderr[-4000:]}")
+    run_nvcc([find_nvcc(), "--fatbin", *gencode, *NVCC_FLAGS, "-o", str(out), str(src)], "the flash attention kernel")
     return out
 
 
 def object_file(arch: str, cache_dir: Path | None = None) -> Path:
     """The host object with the fatbin for `arch` embedded (cached by sources, arch and headers)."""
-    import tvm_ffi.libinfo
-
-    include = tvm_ffi.libinfo.find_include_path()
-    digest = hashlib.sha1((KERNEL_SOURCE + HOST_SOURCE + arch + include).encode()).hexdigest()[:12]
-    folder = Path(cache_dir or os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "relaxtune" / f"flash_{arch}_{digest}"
-    obj = folder / "flash_attention.o"
-    if obj.exists():
-        return obj
     if not supports(arch):
         raise ValueError(f"the flash attention kernel needs sm_{MIN_ARCH} or newer, not {arch}")
-    fatbin = compile_fatbin(arch, folder)
-    src = folder / "flash_attention_host.cc"
-    embed = (
-        f'asm(".section .rodata\\n.balign 16\\n.globl relaxtune_flash_fatbin\\n.hidden relaxtune_flash_fatbin\\n'
-        f'relaxtune_flash_fatbin:\\n.incbin \\"{fatbin}\\"\\n.byte 0\\n.previous\\n");\n'
-    )
-    from .cuda_cublas import compile_host_object
-
-    compile_host_object(HOST_SOURCE + embed, src, obj, f"the flash attention host object (fatbin {fatbin.stat().st_size} bytes)")
-    return obj
+    return embedded_fatbin_object("flash", "flash_attention", arch, KERNEL_SOURCE, HOST_SOURCE, compile_fatbin, cache_dir, "the flash attention host object")

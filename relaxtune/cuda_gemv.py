@@ -28,11 +28,10 @@ into CUDA artifacts, as for the flash attention kernel (cuda_flash_attention.py)
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
-import subprocess
 from pathlib import Path
+
+from .cuda_device_code import arch_number, embedded_fatbin_object, find_nvcc, run_nvcc
 
 logger = logging.getLogger(__name__)
 
@@ -235,23 +234,17 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_config, GemvConfig);
 NVCC_FLAGS = ("-O3", "-std=c++17")
 
 
-def _arch_number(arch: str) -> int:
-    return int(arch.removeprefix("sm_").rstrip("a"))
-
-
 def supports(arch: str) -> bool:
     """Whether the kernel runs on `arch` (e.g. "sm_90"); the cluster split needs compute capability 9.0+ at run time."""
     try:
-        return _arch_number(arch) >= MIN_ARCH
+        return arch_number(arch) >= MIN_ARCH
     except ValueError:
         return False
 
 
 def nvcc_command(arch: str, src: Path, out: Path, kind: str = "--fatbin", extra: tuple = ()) -> list[str]:
     """nvcc for `arch`: SASS for it and its PTX (newer GPUs JIT that)."""
-    from .cuda_device_code import find_nvcc
-
-    number = _arch_number(arch)
+    number = arch_number(arch)
     return [find_nvcc(), kind, f"-gencode=arch=compute_{number},code=[sm_{number},compute_{number}]", *NVCC_FLAGS, *extra, "-o", str(out), str(src)]
 
 
@@ -259,30 +252,12 @@ def compile_fatbin(arch: str, workdir: Path) -> Path:
     workdir.mkdir(parents=True, exist_ok=True)
     src, out = workdir / "gemv.cu", workdir / "gemv.fatbin"
     src.write_text(KERNEL_SOURCE)
-    cmd = nvcc_command(arch, src, out)
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"nvcc failed on the gemv kernel ({' '.join(cmd)}):\n{done.stderr[-4000:]}")
+    run_nvcc(nvcc_command(arch, src, out), "the gemv kernel")
     return out
 
 
 def object_file(arch: str, cache_dir: Path | None = None) -> Path:
     """The host object with the fatbin for `arch` embedded (cached by sources, arch and headers)."""
-    import tvm_ffi.libinfo
-
     if not supports(arch):
         raise ValueError(f"the gemv kernel needs sm_{MIN_ARCH} or newer, not {arch}")
-    include = tvm_ffi.libinfo.find_include_path()
-    digest = hashlib.sha1((KERNEL_SOURCE + HOST_SOURCE + arch + include).encode()).hexdigest()[:12]
-    folder = Path(cache_dir or os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "relaxtune" / f"gemv_{arch}_{digest}"
-    obj = folder / "gemv.o"
-    if obj.exists():
-        return obj
-    fatbin = compile_fatbin(arch, folder)
-    embed = (
-        f'asm(".section .rodata\\n.balign 16\\n.globl relaxtune_gemv_fatbin\\n.hidden relaxtune_gemv_fatbin\\n'
-        f'relaxtune_gemv_fatbin:\\n.incbin \\"{fatbin}\\"\\n.byte 0\\n.previous\\n");\n'
-    )
-    from .cuda_cublas import compile_host_object
-
-    return compile_host_object(HOST_SOURCE + embed, folder / "gemv_host.cc", obj, f"the gemv host object (fatbin {fatbin.stat().st_size} bytes)")
+    return embedded_fatbin_object("gemv", "gemv", arch, KERNEL_SOURCE, HOST_SOURCE, compile_fatbin, cache_dir, "the gemv host object")

@@ -7,6 +7,7 @@ cross-compiled fp16 llama-block artifact that calls it; its numbers come from th
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -22,7 +23,7 @@ from relaxtune import cuda_flash_attention as cfa
 from relaxtune.relax_passes.flash_attention_cuda import RewriteAttentionToFlash
 from relaxtune.relax_passes.pipeline import flash_passes
 
-needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None and not cfa.os.path.exists("/usr/local/cuda/bin/nvcc"), reason="no CUDA toolkit")
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None and not os.path.exists("/usr/local/cuda/bin/nvcc"), reason="no CUDA toolkit")
 
 
 @I.ir_module
@@ -194,7 +195,7 @@ def test_nvcc_compiles_every_kernel_for_sm90(tmp_path):
     names = {name.replace("##DT##", dt) for name in re.findall(r"RELAXTUNE_FLASH\((relaxtune_flash_[#\w]+),", cfa.KERNEL_SOURCE) for dt in ("f16", "bf16")}
     assert len(names) == 16  # {f16, bf16} x {d64, d128} x {64, 128 query rows per block} x {1, 2 stages}
     cuobjdump = shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump"
-    if cfa.os.path.exists(cuobjdump):
+    if os.path.exists(cuobjdump):
         listing = subprocess.run([cuobjdump, "--list-elf", "--list-ptx", str(fatbin)], capture_output=True, text=True).stdout
         assert "sm_90" in listing
         symbols = subprocess.run([cuobjdump, "--dump-elf-symbols", str(fatbin)], capture_output=True, text=True).stdout
