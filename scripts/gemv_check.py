@@ -63,6 +63,43 @@ def _timed(fn, copies: int = 1, iters: int = 100) -> float:
     return sorted(best)[1]
 
 
+def _graph_timed(fn, copies: int = 1, iters: int = 100) -> float:
+    """us per call of `iters` calls fn(i % copies) captured in one CUDA graph (TVM's launches on the
+    capturing stream through tvm_ffi.use_torch_stream): the GPU's time per call with no host launch
+    cost, as in the graph-captured block; the median of 5 replays."""
+    import torch
+    import tvm_ffi
+
+    for i in range(copies):
+        fn(i)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with tvm_ffi.use_torch_stream(torch.cuda.graph(graph)):
+        for i in range(iters):
+            fn(i % copies)
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(5):
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / iters)
+    return sorted(times)[2]
+
+
+def _copy_us(nbytes: int) -> float:
+    """us per torch copy of an `nbytes` tensor (moving 2 * nbytes), graph-timed over > 200 MB of buffers."""
+    import torch
+
+    pairs = max(2, -(-200_000_000 // nbytes))
+    src = [torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(1) for _ in range(pairs)]
+    dst = [torch.empty_like(s) for s in src]
+    return _graph_timed(lambda i: dst[i].copy_(src[i]), pairs)
+
+
 def check_and_time(folder: Path, results: dict, copy_gbs: float | None = None) -> dict:
     import torch
     import tvm
@@ -99,20 +136,25 @@ def check_and_time(folder: Path, results: dict, copy_gbs: float | None = None) -
         copies = -(-200_000_000 // (2 * k * n))  # > 200 MB of weights in turn: none is still in L2
         ws = [torch.randn(k, n, device="cuda", dtype=torch.float16) for _ in range(copies)]
         wt = [T(w) for w in ws]
+        copy_here = _copy_us(2 * k * n)  # context: a torch copy of one weight's size (moves twice its bytes)
+        print(f"{what}: torch copy of {2 * k * n / 1e6:.1f} MB: {copy_here:.2f} us, {4 * k * n / copy_here / 1e3:.0f} GB/s (read + write)", flush=True)
         for rows in TIMED_ROWS:
             x, y, res = (torch.randn(1, rows, c, device="cuda", dtype=torch.float16) for c in (k, n, n))
             xt, yt, rt = T(x), T(y), T(res)
             moved = 2 * (k * n + rows * (k + n))
-            row = {"shape": what, "K": k, "N": n, "rows": rows, "weight_copies": copies}
+            row = {"shape": what, "K": k, "N": n, "rows": rows, "weight_copies": copies, "copy_same_size_us": round(copy_here, 2)}
             row["relaxtune_us"] = round(_timed(lambda i: gemv(xt, wt[i], yt), copies), 2)
             row["relaxtune_add_us"] = round(_timed(lambda i: gemv_add(xt, wt[i], rt, yt), copies), 2)
             for splits in (1, 2, 4, 8):
                 row[f"split{splits}_us"] = round(_timed(lambda i: config(xt, wt[i], splits, yt), copies), 2)
+            row["relaxtune_graph_us"] = round(_graph_timed(lambda i: gemv(xt, wt[i], yt), copies), 2)
+            row["relaxtune_add_graph_us"] = round(_graph_timed(lambda i: gemv_add(xt, wt[i], rt, yt), copies), 2)
             row["cublas_us"] = round(_timed(lambda i: torch.matmul(x, ws[i], out=y), copies), 2)
+            row["cublas_graph_us"] = round(_graph_timed(lambda i: torch.matmul(x, ws[i], out=y), copies), 2)
             row["cublas_add_us"] = round(_timed(lambda i: torch.addmm(res.view(rows, n), x.view(rows, k), ws[i], out=y.view(rows, n)), copies), 2)
             row["relaxtune_warm_l2_us"] = round(_timed(lambda i: gemv(xt, wt[0], yt)), 2)  # one weight, re-read: L2-resident below 50 MB
             row["cublas_warm_l2_us"] = round(_timed(lambda i: torch.matmul(x, ws[0], out=y)), 2)
-            for key in ("relaxtune", "cublas"):
+            for key in ("relaxtune", "cublas", "relaxtune_graph", "cublas_graph"):
                 row[f"{key}_GBps"] = round(moved / row[f"{key}_us"] / 1e3, 1)
                 if copy_gbs:
                     row[f"{key}_pct_copy"] = round(100 * row[f"{key}_GBps"] / copy_gbs, 1)
@@ -129,12 +171,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=("build", "run"))
     parser.add_argument("--art", type=Path, default=ROOT / ".device" / "gpu")
+    parser.add_argument("--out", type=Path, default=Path("build/gemv_check"), help="run: where gpu_job's copy section saves")
     args = parser.parse_args()
     if args.mode == "build":
         print(build(args.art))
     else:
-        results: dict = {}
-        check_and_time(args.art / "gemv", results)
+        import gpu_job
+
+        gpu_job.OUT_DIR.append(args.out)
+        args.out.mkdir(parents=True, exist_ok=True)
+        results: dict = {"copy_GBps": gpu_job.copy_bandwidth()}  # the reference: gpu_job's 1 GiB torch copy
+        check_and_time(args.art / "gemv", results, results["copy_GBps"])
         print(json.dumps(results, indent=1))
 
 
