@@ -66,7 +66,7 @@ struct LaunchConfig {  // CUlaunchConfig
   LaunchAttribute* attrs;
   unsigned num_attrs;
 };
-constexpr int kClusterDimension = 4;  // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+constexpr int kClusterDimension = 4, kProgrammaticSerialization = 6;  // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, _PROGRAMMATIC_STREAM_SERIALIZATION
 struct Driver {
   CUresult (*init)(unsigned) = nullptr;
   CUresult (*ctx_get_current)(Ptr*) = nullptr;
@@ -164,6 +164,17 @@ int64_t ForcedSplits() {
   return splits == 1 || splits == 2 || splits == 4 || splits == 8 ? splits : 0;
 }
 
+// RELAXTUNE_GEMV_PDL=1: launch as a programmatic dependent of the previous kernel (compute capability 9.0+)
+bool ProgrammaticLaunch() {
+  const char* value = std::getenv("RELAXTUNE_GEMV_PDL");
+  return value != nullptr && value[0] == '1';
+}
+// RELAXTUNE_GEMV_WIDE=0: never the 512-thread kernel (for measurements)
+bool WideAllowed() {
+  const char* value = std::getenv("RELAXTUNE_GEMV_WIDE");
+  return value == nullptr || value[0] != '0';
+}
+
 // y = x @ w (+ r); splits: blocks per cluster that share a column tile's K range (0: the default)
 void Launch(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const tvm::ffi::TensorView* r, const tvm::ffi::TensorView& y,
             int64_t splits) {
@@ -201,23 +212,33 @@ void Launch(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const 
   TVM_FFI_ICHECK(splits == 1 || info.major >= 9) << "gemv: splitting K over a cluster needs compute capability 9.0+";
   int k_per_split = static_cast<int>((k + 8 * splits - 1) / (8 * splits) * 8);  // a multiple of 8: chunks never straddle blocks
   const char* type = dt.code == kDLBfloat ? "bf16" : "f16";
+  // a grid that fits the SMs in one wave takes the 512-thread kernel (one block per SM, 16 loads in flight per thread)
+  bool wide = info.major >= 9 && tiles * splits <= static_cast<unsigned>(info.sms) && WideAllowed();
+  bool pdl = info.major >= 9 && ProgrammaticLaunch();
   void* stream = TVMFFIEnvGetStream(dev.device_type, dev.device_id);
   for (int64_t r0 = 0; r0 < m; r0 += kMaxRows) {  // up to 8 rows share one pass over the weights
     int rows = static_cast<int>(std::min<int64_t>(kMaxRows, m - r0));
     int tile = rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8;
-    Ptr fn = Kernel(d, dev.device_id, std::string("relaxtune_gemv_") + type + "_m" + std::to_string(tile));
+    bool wide_here = wide && tile <= 2;
+    Ptr fn = Kernel(d, dev.device_id, std::string("relaxtune_gemv_") + type + "_m" + std::to_string(tile) + (wide_here ? "_wide" : ""));
     Params p{Data(x) + r0 * k * 2, Data(w), r != nullptr ? Data(*r) + r0 * n * 2 : nullptr, Data(y) + r0 * n * 2,
              rows, static_cast<int>(k), static_cast<int>(n), k_per_split};
     void* args[] = {&p};
-    if (splits == 1) {
-      Check(d, d->launch(fn, tiles, 1, 1, 256, 1, 1, 0, stream, args, nullptr), "cuLaunchKernel");
+    unsigned threads = wide_here ? 512 : 256;
+    if (splits == 1 && !pdl) {
+      Check(d, d->launch(fn, tiles, 1, 1, threads, 1, 1, 0, stream, args, nullptr), "cuLaunchKernel");
       continue;
     }
-    LaunchAttribute attr{};
-    attr.id = kClusterDimension;
-    attr.value.cluster.x = 1, attr.value.cluster.y = static_cast<unsigned>(splits), attr.value.cluster.z = 1;
-    LaunchConfig config{tiles, static_cast<unsigned>(splits), 1, 256, 1, 1, 0, stream, &attr, 1};
-    Check(d, d->launch_ex(&config, fn, args, nullptr), "cuLaunchKernelEx (cluster)");
+    LaunchAttribute attrs[2]{};
+    unsigned count = 0;
+    if (splits > 1) {
+      attrs[count].id = kClusterDimension;
+      attrs[count].value.cluster.x = 1, attrs[count].value.cluster.y = static_cast<unsigned>(splits), attrs[count].value.cluster.z = 1;
+      ++count;
+    }
+    if (pdl) attrs[count].id = kProgrammaticSerialization, attrs[count].value.cluster.x = 1, ++count;  // the union's first int: allowed = 1
+    LaunchConfig config{tiles, static_cast<unsigned>(splits), 1, threads, 1, 1, 0, stream, attrs, count};
+    Check(d, d->launch_ex(&config, fn, args, nullptr), "cuLaunchKernelEx (cluster / programmatic)");
   }
 }
 

@@ -16,7 +16,9 @@ must move (weights, x, y, residual) against the copy bandwidth.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -90,6 +92,20 @@ def _graph_timed(fn, copies: int = 1, iters: int = 100) -> float:
     return sorted(times)[2]
 
 
+@contextlib.contextmanager
+def _env(name: str, value: str):
+    """os.environ[name] = value inside the block (cuda_gemv.py reads its RELAXTUNE_GEMV_* settings per launch)."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
 def _copy_us(nbytes: int) -> float:
     """us per torch copy of an `nbytes` tensor (moving 2 * nbytes), graph-timed over > 200 MB of buffers."""
     import torch
@@ -110,7 +126,7 @@ def check_and_time(folder: Path, results: dict, copy_gbs: float | None = None) -
     T = tvm_ffi.from_dlpack
     report: dict = {"checks": [], "timing": []}
     torch.manual_seed(0)
-    for rows, k, n, dtype, residual in CASES:
+    for rows, k, n, dtype, residual, pdl in [(*case, False) for case in CASES] + [(*case, True) for case in CASES if case[0] <= 2]:
         dt = getattr(torch, dtype)
         x, w = torch.randn(1, rows, k, device="cuda", dtype=dt), torch.randn(k, n, device="cuda", dtype=dt) / k ** 0.5
         r = torch.randn(1, rows, n, device="cuda", dtype=dt)
@@ -118,15 +134,16 @@ def check_and_time(folder: Path, results: dict, copy_gbs: float | None = None) -
         torch_err = ((x @ w + (r if residual else 0)).float() - ref).abs().max().item()
         for splits in ((0,) if residual else (0, 1, 2, 4, 8)):
             y = torch.full((1, rows, n), float("nan"), device="cuda", dtype=dt)
-            if residual:
-                gemv_add(T(x), T(w), T(r), T(y))
-            elif splits == 0:
-                gemv(T(x), T(w), T(y))
-            else:
-                config(T(x), T(w), splits, T(y))
+            with _env("RELAXTUNE_GEMV_PDL", "1" if pdl else "0"):
+                if residual:
+                    gemv_add(T(x), T(w), T(r), T(y))
+                elif splits == 0:
+                    gemv(T(x), T(w), T(y))
+                else:
+                    config(T(x), T(w), splits, T(y))
             torch.cuda.synchronize()
             err = (y.float() - ref).abs().max().item()
-            row = {"rows": rows, "K": k, "N": n, "dtype": dtype, "residual": residual, "splits": splits, "max_abs_err": err, "torch_err": torch_err}
+            row = {"rows": rows, "K": k, "N": n, "dtype": dtype, "residual": residual, "splits": splits, "pdl": pdl, "max_abs_err": err, "torch_err": torch_err}
             row["ok"] = bool(err == err and err <= max(2 * torch_err, 4e-3 if dtype == "float16" else 3e-2))
             report["checks"].append(row)
             if not row["ok"]:
@@ -148,6 +165,11 @@ def check_and_time(folder: Path, results: dict, copy_gbs: float | None = None) -
             for splits in (1, 2, 4, 8):
                 row[f"split{splits}_us"] = round(_timed(lambda i: config(xt, wt[i], splits, yt), copies), 2)
             row["relaxtune_graph_us"] = round(_graph_timed(lambda i: gemv(xt, wt[i], yt), copies), 2)
+            with _env("RELAXTUNE_GEMV_PDL", "1"):  # programmatic dependent launch (read per launch)
+                row["relaxtune_pdl_us"] = round(_timed(lambda i: gemv(xt, wt[i], yt), copies), 2)
+                row["relaxtune_pdl_graph_us"] = round(_graph_timed(lambda i: gemv(xt, wt[i], yt), copies), 2)
+            with _env("RELAXTUNE_GEMV_WIDE", "0"):  # the 256-thread kernel only
+                row["relaxtune_nowide_us"] = round(_timed(lambda i: gemv(xt, wt[i], yt), copies), 2)
             row["relaxtune_add_graph_us"] = round(_graph_timed(lambda i: gemv_add(xt, wt[i], rt, yt), copies), 2)
             row["cublas_us"] = round(_timed(lambda i: torch.matmul(x, ws[i], out=y), copies), 2)
             row["cublas_graph_us"] = round(_graph_timed(lambda i: torch.matmul(x, ws[i], out=y), copies), 2)

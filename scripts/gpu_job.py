@@ -452,33 +452,37 @@ def latency(model: Llama7B):
     return rows
 
 
-GEMV_SPLITS = (0, 1, 2, 4, 8)  # RELAXTUNE_GEMV_SPLITS: 0 = the kernel's default
+# the GEMV kernel's launch settings timed in the block (cuda_gemv.py reads them per launch): the default,
+# programmatic dependent launch, the 256-thread kernel only (the s14 kernel's shape), forced splits of K
+GEMV_SETTINGS = {"default": {}, "pdl": {"RELAXTUNE_GEMV_PDL": "1"}, "no-wide": {"RELAXTUNE_GEMV_WIDE": "0"},
+                 "splits1": {"RELAXTUNE_GEMV_SPLITS": "1"}, "splits4": {"RELAXTUNE_GEMV_SPLITS": "4"}}
 
 
-@section("llama-7B fp16 block at n = 1: the GEMV kernel's split of K")
+@section("llama-7B fp16 block at n = 1: the GEMV kernel's launch settings")
 def gemv_splits(model: Llama7B, rounds: int = 3):
-    """The graph variants with the GEMV kernel at n = 1, once per forced split (a VM each: its graph is
-    captured on the first call, with the split of that moment), interleaved with the variant without it."""
+    """The graph variants with the GEMV kernel at n = 1, once per setting in GEMV_SETTINGS (a VM each: its
+    graph is captured on the first call, with the setting of that moment), interleaved with the variant without it."""
     names = [v for v in ("llama7b-rf-cublas-flash-graph", "llama7b-rf-cublas-flash-gemv4k-graph", "llama7b-rf-cublas-flash-gemv12k-graph",
                          "llama7b-rf-cublas-flash-gemvall-graph")
              if (model.art / f"{v}.so").exists()]
     base = "llama7b-rf-cublas-flash-nogemv-graph"
-    configs = [(base, 0)] if (model.art / f"{base}.so").exists() else []
-    configs += [(name, s) for name in names for s in GEMV_SPLITS]
+    configs = [(base, "default")] if (model.art / f"{base}.so").exists() else []
+    configs += [(name, setting) for name in names for setting in GEMV_SETTINGS]
     vms = {}
-    for name, splits in configs:
-        os.environ["RELAXTUNE_GEMV_SPLITS"] = str(splits)
+    for name, setting in configs:
+        os.environ.update(GEMV_SETTINGS[setting])
         vm, params, dev = model.vm(name)
         x = model.tvm_args(1, dev)
-        out = vm["main"](x, *params).numpy()  # captures the graph with this split
-        vms[(name, splits)] = (vm, params, dev, x, rel_err(out, model.ref[1].float().cpu().numpy()))
-    os.environ.pop("RELAXTUNE_GEMV_SPLITS", None)
+        out = vm["main"](x, *params).numpy()  # captures the graph with this setting
+        vms[(name, setting)] = (vm, params, dev, x, rel_err(out, model.ref[1].float().cpu().numpy()))
+        for key in GEMV_SETTINGS[setting]:
+            os.environ.pop(key, None)
     times: dict = {key: [] for key in vms}
     for _ in range(rounds):
         for key, (vm, params, dev, x, _err) in vms.items():
             main = vm["main"]
             times[key].append(time_ms(lambda: main(x, *params), dev.sync, min_seconds=0.3))
-    table = [{"artifact": n, "splits": s, "ms": round(statistics.median(t), 4), "rounds": [round(v, 4) for v in t], "rel_err_vs_torch": round(vms[(n, s)][4], 5)}
+    table = [{"artifact": n, "setting": s, "ms": round(statistics.median(t), 4), "rounds": [round(v, 4) for v in t], "rel_err_vs_torch": round(vms[(n, s)][4], 5)}
              for (n, s), t in times.items()]
     for row in table:
         log(row)
@@ -613,12 +617,17 @@ def markdown(results: dict) -> str:
         lines += [f"| {a} | {n} | {t['calls']} | {t['us']:.1f} | {t['attention_us']:.1f} |" for (a, n), t in totals.items()]
     if results.get("gemv_splits_n1"):
         lines += ["", "n = 1, interleaved (RELAXTUNE_GEMV_SPLITS: 0 = default)", "", "| artifact | splits | ms | rel err |", "|---|---|---|---|"]
-        lines += [f"| {r['artifact']} | {r['splits']} | {r['ms']:.4f} | {r['rel_err_vs_torch']} |" for r in results["gemv_splits_n1"]]
+        lines += [f"| {r['artifact']} | {r['setting']} | {r['ms']:.4f} | {r['rel_err_vs_torch']} |" for r in results["gemv_splits_n1"]]
     gk = results.get("gemv_kernel", {}).get("timing", [])
     if gk:
-        lines += ["", "GEMV kernel alone (weights from memory; us)", "", "| shape | rows | default | split 1 | 2 | 4 | 8 | cuBLAS | % copy | cuBLAS % copy | warm-L2 default | warm-L2 cuBLAS |", "|---" * 12 + "|"]
-        lines += [f"| {r['shape']} | {r['rows']} | {r['relaxtune_us']} | {r['split1_us']} | {r['split2_us']} | {r['split4_us']} | {r['split8_us']} | {r['cublas_us']} | "
-                  f"{r.get('relaxtune_pct_copy', '')} | {r.get('cublas_pct_copy', '')} | {r['relaxtune_warm_l2_us']} | {r['cublas_warm_l2_us']} |" for r in gk]
+        lines += ["", "GEMV kernel alone (weights from memory; us; graph = 100 calls in one CUDA graph; pdl = RELAXTUNE_GEMV_PDL=1; "
+                  "no-wide = RELAXTUNE_GEMV_WIDE=0)", "",
+                  "| shape | rows | default | graph | pdl | pdl graph | no-wide | split 1 | 2 | 4 | 8 | cuBLAS | cuBLAS graph | % copy | graph % copy | "
+                  "cuBLAS % copy | warm-L2 default | torch copy, same size |", "|---" * 18 + "|"]
+        lines += [f"| {r['shape']} | {r['rows']} | {r['relaxtune_us']} | {r.get('relaxtune_graph_us', '')} | {r.get('relaxtune_pdl_us', '')} | "
+                  f"{r.get('relaxtune_pdl_graph_us', '')} | {r.get('relaxtune_nowide_us', '')} | {r['split1_us']} | {r['split2_us']} | {r['split4_us']} | "
+                  f"{r['split8_us']} | {r['cublas_us']} | {r.get('cublas_graph_us', '')} | {r.get('relaxtune_pct_copy', '')} | "
+                  f"{r.get('relaxtune_graph_pct_copy', '')} | {r.get('cublas_pct_copy', '')} | {r['relaxtune_warm_l2_us']} | {r.get('copy_same_size_us', '')} |" for r in gk]
     if results.get("errors"):
         lines += ["", "failed sections: " + ", ".join(results["errors"])]
     return "\n".join(lines) + "\n"

@@ -155,10 +155,33 @@ def test_kernel_assembles_without_spills(tmp_path, arch):
     done = subprocess.run(nvcc_command(arch, src, tmp_path / "gemv.fatbin", extra=("-Xptxas", "-v")), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     kernels = re.findall(r"Compiling entry function '(\w+)'", done.stderr)
-    assert len(kernels) == 8, kernels  # fp16 and bf16, 1 / 2 / 4 / 8 rows
+    # fp16 and bf16: 1 / 2 / 4 / 8 rows (256 threads), and 1 / 2 rows with 512 threads (one block per SM)
+    expected = {f"relaxtune_gemv_{t}_m{m}" for t in ("f16", "bf16") for m in (1, 2, 4, 8)} | {f"relaxtune_gemv_{t}_m{m}_wide" for t in ("f16", "bf16") for m in (1, 2)}
+    assert sorted(kernels) == sorted(expected), kernels
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", done.stderr)
-    assert len(spills) == 8 and all(s == ("0", "0") for s in spills), done.stderr[-3000:]
+    assert len(spills) == len(expected) and all(s == ("0", "0") for s in spills), done.stderr[-3000:]
+    # the launch bounds hold: <= 128 registers (2 blocks of 256 threads, or 1 of 512, per SM)
+    registers = [int(r) for r in re.findall(r"Used (\d+) registers", done.stderr)]
+    assert len(registers) == len(expected) and max(registers) <= 128, registers
     assert "0 bytes stack frame" in done.stderr and not re.search(r"[1-9]\d* bytes stack frame", done.stderr)
+
+
+@needs_nvcc
+def test_wide_kernels_keep_sixteen_weight_loads_in_flight_and_wait_for_the_previous_kernel(tmp_path):
+    from relaxtune.cuda_gemv import KERNEL_SOURCE, nvcc_command
+
+    src = tmp_path / "gemv.cu"
+    src.write_text(KERNEL_SOURCE)
+    done = subprocess.run(nvcc_command("sm_90", src, tmp_path / "gemv.ptx", kind="--ptx"), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ptx = (tmp_path / "gemv.ptx").read_text()
+    bodies = dict(re.findall(r"\.entry (\w+)\((.*?)\n}", ptx, re.S))
+    for name in ("relaxtune_gemv_f16_m1_wide", "relaxtune_gemv_bf16_m2_wide"):
+        # the first batch (2 chunks x 8 rows of 16-byte weight vectors) before the loop, the next inside it
+        assert bodies[name].count("ld.global.nc.L1::no_allocate.v4.u32") == 32, name
+        assert bodies[name].count("griddepcontrol.wait") == 1, name
+    assert bodies["relaxtune_gemv_f16_m1"].count("ld.global.nc.L1::no_allocate.v4.u32") == 16  # 8 before the loop, 8 in it
+    assert all(body.count("griddepcontrol.wait") == 1 for body in bodies.values())
 
 
 @needs_nvcc
