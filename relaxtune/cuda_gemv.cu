@@ -2,25 +2,25 @@
 // fp16 or bf16 in and out, fp32 accumulation (host side and the measurements: cuda_gemv.py).
 //
 // A block owns 64 output columns (kCols) of one K range: 8 column threads each load 16 bytes (8
-// columns) of a weight row, so a warp reads 32 / 8 whole 128-byte row segments per load, and each
-// of the block's TY K lanes takes U consecutive rows (x: one U-element vector load per row of x),
-// then the block moves on by TY U rows. Two loops (B):
-// - B = 0 (256 threads, 2 blocks per SM): each thread issues the next chunk's U weight loads
-//   before it multiplies the current chunk (grids larger than the SM count: qkv's 192 tiles);
-// - B > 0 (512 threads, 1 block per SM, for grids that fit the SMs in one wave: o_proj and down,
-//   64 tiles x 2 K splits): each thread issues B chunks (B U 16-byte loads, 128 KB per SM in flight)
-//   before it multiplies them; measured 6% faster than B = 0 for down on an H200 (notes s15/gemv).
-// Up to M rows of x share one pass over the weights (M = 1, 2, 4, 8). The K lanes reduce through
-// warp shuffles and shared memory.
+// columns) of a weight row, so a warp reads 4 whole 128-byte row segments per load, and each of
+// the block's TY K lanes takes U consecutive rows (x: one U-element vector load per row of x),
+// then the block moves on by TY U rows. Each thread issues the next chunk's U weight loads
+// (unrolled) before it multiplies the current chunk with up to M rows of x (M = 1, 2, 4, 8: the
+// rows share one pass over the weights). The K lanes reduce through warp shuffles and shared memory.
+// Two block sizes: 256 threads (TY = 32, 2 blocks per SM) for grids larger than the SM count
+// (qkv's 192 tiles), 512 (TY = 64, one block per SM, twice the loads in flight per SM) for grids
+// that fit the SMs in one wave (o_proj and down: 64 tiles x 2 K splits; H200: 7% faster for
+// o_proj and down than 256 threads, notes s15/gemv).
 // With N = 4096 there are only 64 column tiles for 132 SMs, so the K range is split over the
-// blocks of a thread-block cluster (1, splits, 1) (compute capability 9.0): each block reduces
-// its partial sums into its own shared memory, and after a cluster barrier every block sums one
-// slice of the tile's outputs over the cluster's shared memory (DSMEM) and writes it, with the
-// residual added in fp32. No global workspace, no atomics, nothing zeroed: a CUDA graph
-// captures the launch as it is. splits = 1 is a plain launch (any sm_80+ GPU).
-// Launched as a programmatic dependent (the host's RELAXTUNE_GEMV_PDL), a block issues its first
+// blocks of a thread-block cluster (1, splits, 1) (compute capability 9.0): every block but the
+// leader writes its partial sums into the leader's shared memory (DSMEM), and after one cluster
+// barrier the leader adds them, adds the residual in fp32 and writes the tile (the first phase of
+// the barrier, "every block has started", is arrived at when the kernel starts). No global
+// workspace, no atomics, nothing zeroed: a CUDA graph captures the launch as it is. splits = 1 is
+// a plain launch (any sm_80+ GPU).
+// Launched as a programmatic dependent (cuda_gemv.py does on 9.0+), a block issues its first
 // weight loads and only then waits for the previous kernel (griddepcontrol.wait) before it reads
-// x or writes y; otherwise the wait returns at once.
+// x or the residual or writes y; launched plainly, the wait returns at once.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
@@ -38,7 +38,7 @@ struct GemvParams {  // must match cuda_gemv.py's host code
   int k_per_split;  // weight rows per block of a cluster (the last may have fewer)
 };
 
-constexpr int kTX = 8, kCols = kTX * 8;
+constexpr int kTX = 8, kCols = kTX * 8, kMaxSplits = 8;  // kMaxSplits: cuda_gemv.py's
 
 __device__ __forceinline__ void wait_for_previous_kernel() {  // programmatic dependent launch; a no-op otherwise
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -125,11 +125,17 @@ __device__ __forceinline__ void multiply_chunk(const GemvParams& p, int k, const
   }
 }
 
-template <typename T, int M, int TY, int U, int B>
+template <typename T, int M, int TY, int U>
 __device__ __forceinline__ void gemv_body(const GemvParams& p) {
   constexpr int kThreads = kTX * TY, kWarps = kThreads / 32;
-  __shared__ float part[kWarps][M * kCols];  // per warp: the sums of its 4 K lanes
-  __shared__ float total[M * kCols];         // the block's sums (read by the whole cluster)
+  __shared__ float part[kWarps][M * kCols];           // per warp: the sums of its 4 K lanes
+  __shared__ float total[M * kCols];                  // the block's sums
+  __shared__ float gathered[kMaxSplits][M * kCols];   // the cluster leader's: the other blocks' sums
+  const int splits = gridDim.y;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // phase 1 of the cluster barrier: arrive now, wait before writing to the leader's shared memory
+  if (splits > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
   const int tx = threadIdx.x % kTX, ty = threadIdx.x / kTX, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int col = blockIdx.x * kCols + tx * 8;
   // the host makes K and k_per_split multiples of 8: a chunk of U rows is wholly inside [k0, k1) or outside
@@ -143,33 +149,16 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[r][j] = 0.0f;
   constexpr int kStep = TY * U;  // each K lane takes U consecutive rows, then the block moves on
-  if constexpr (B == 0) {
-    int kc = k0 + ty * U;
-    uint4 cur[U];
-    load_weights<U>(cur, w, row_bytes, kc, col_ok && kc < k1);
-    wait_for_previous_kernel();
-    for (; kc < k1; kc += kStep) {
-      uint4 next[U];  // the next chunk's loads are in flight while this one is multiplied
-      load_weights<U>(next, w, row_bytes, kc + kStep, col_ok && kc + kStep < k1);
-      multiply_chunk<T, M, U>(p, kc, cur, acc);
+  int kc = k0 + ty * U;
+  uint4 cur[U];
+  load_weights<U>(cur, w, row_bytes, kc, col_ok && kc < k1);
+  wait_for_previous_kernel();  // x, the residual and y only after the previous kernel
+  for (; kc < k1; kc += kStep) {
+    uint4 next[U];  // the next chunk's loads are in flight while this one is multiplied
+    load_weights<U>(next, w, row_bytes, kc + kStep, col_ok && kc + kStep < k1);
+    multiply_chunk<T, M, U>(p, kc, cur, acc);
 #pragma unroll
-      for (int u = 0; u < U; ++u) cur[u] = next[u];
-    }
-  } else {
-    uint4 wv[B][U];  // B chunks' loads issued before the first is used
-    auto load_batch = [&](int kb) {
-#pragma unroll
-      for (int b = 0; b < B; ++b) load_weights<U>(wv[b], w, row_bytes, kb + b * kStep, col_ok && kb + b * kStep < k1);
-    };
-    int kb = k0 + ty * U;
-    load_batch(kb);
-    wait_for_previous_kernel();
-    for (; kb < k1; kb += B * kStep) {
-#pragma unroll
-      for (int b = 0; b < B; ++b)
-        if (kb + b * kStep < k1) multiply_chunk<T, M, U>(p, kb + b * kStep, wv[b], acc);
-      load_batch(kb + B * kStep);
-    }
+    for (int u = 0; u < U; ++u) cur[u] = next[u];
   }
   // the 4 K lanes of a warp (lanes tx, tx + 8, tx + 16, tx + 24), then the warps
 #pragma unroll
@@ -188,55 +177,47 @@ __device__ __forceinline__ void gemv_body(const GemvParams& p) {
     for (int q = 0; q < kWarps; ++q) s += part[q][i];
     total[i] = s;
   }
-  int begin = 0, end = M * kCols, splits = gridDim.y;
+  __syncthreads();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cg::cluster_group cluster = cg::this_cluster();
-  if (splits > 1) {  // this block writes slice `rank` of the tile, summed over the cluster's blocks
-    cluster.sync();
-    const int rank = static_cast<int>(cluster.block_rank()), slice = (M * kCols + splits - 1) / splits;
-    begin = rank * slice, end = min(M * kCols, begin + slice);
+  if (splits > 1) {  // every block but the leader (rank 0) puts its sums into the leader's shared memory
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every block of the cluster has started
+    cg::cluster_group cluster = cg::this_cluster();
+    const int rank = static_cast<int>(cluster.block_rank());
+    if (rank > 0) {
+      float* leader = cluster.map_shared_rank(&gathered[0][0], 0);
+      for (int i = threadIdx.x; i < M * kCols; i += kThreads) leader[rank * M * kCols + i] = total[i];
+    }
+    cluster.sync();  // phase 2: the sums are in; nobody reads another block's shared memory after it
+    if (rank > 0) return;
   }
-#else
-  splits = 1;
 #endif
-  if (splits == 1) __syncthreads();
   const T* res = static_cast<const T*>(p.res);
   T* y = static_cast<T*>(p.y);
-  for (int i = begin + threadIdx.x; i < end; i += kThreads) {
+  for (int i = threadIdx.x; i < M * kCols; i += kThreads) {
     const int r = i / kCols, c = blockIdx.x * kCols + i % kCols;
     if (r >= p.rows || c >= p.n) continue;
-    float s = 0.0f;
-    if (splits == 1) {
-      s = total[i];
-    } else {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      for (int q = 0; q < splits; ++q) s += *cluster.map_shared_rank(&total[i], q);
-#endif
-    }
+    float s = total[i];
+    for (int q = 1; q < splits; ++q) s += gathered[q][i];
     const size_t at = static_cast<size_t>(r) * p.n + c;
     if (res != nullptr) s += to_float(res[at]);
     y[at] = from_float<T>(s);
   }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (splits > 1) cluster.sync();  // no block leaves while another still reads its shared memory
-#endif
 }
 
-// TY K lanes (256 or 512 threads); U rows per chunk (fewer with more rows); B chunks per batch (0:
-// the double-buffered loop); MINB blocks per SM the registers must allow
-#define RELAXTUNE_GEMV(NAME, T, M, TY, U, B, MINB) \
-  extern "C" __global__ void __launch_bounds__(kTX * TY, MINB) NAME(GemvParams p) { gemv_body<T, M, TY, U, B>(p); }
+// TY K lanes (256 or 512 threads), U rows per chunk (fewer with more rows: registers), MINB blocks per SM
+#define RELAXTUNE_GEMV(NAME, T, M, TY, U, MINB) \
+  extern "C" __global__ void __launch_bounds__(kTX * TY, MINB) NAME(GemvParams p) { gemv_body<T, M, TY, U>(p); }
 
-RELAXTUNE_GEMV(relaxtune_gemv_f16_m1, __half, 1, 32, 8, 0, 2)
-RELAXTUNE_GEMV(relaxtune_gemv_f16_m2, __half, 2, 32, 8, 0, 2)
-RELAXTUNE_GEMV(relaxtune_gemv_f16_m4, __half, 4, 32, 4, 0, 2)
-RELAXTUNE_GEMV(relaxtune_gemv_f16_m8, __half, 8, 32, 2, 0, 2)
-RELAXTUNE_GEMV(relaxtune_gemv_bf16_m1, __nv_bfloat16, 1, 32, 8, 0, 2)
-RELAXTUNE_GEMV(relaxtune_gemv_bf16_m2, __nv_bfloat16, 2, 32, 8, 0, 2)
-RELAXTUNE_GEMV(relaxtune_gemv_bf16_m4, __nv_bfloat16, 4, 32, 4, 0, 2)
-RELAXTUNE_GEMV(relaxtune_gemv_bf16_m8, __nv_bfloat16, 8, 32, 2, 0, 2)
-// one block per SM (grids up to the SM count), 16 loads in flight per thread
-RELAXTUNE_GEMV(relaxtune_gemv_f16_m1_wide, __half, 1, 64, 8, 2, 1)
-RELAXTUNE_GEMV(relaxtune_gemv_f16_m2_wide, __half, 2, 64, 8, 2, 1)
-RELAXTUNE_GEMV(relaxtune_gemv_bf16_m1_wide, __nv_bfloat16, 1, 64, 8, 2, 1)
-RELAXTUNE_GEMV(relaxtune_gemv_bf16_m2_wide, __nv_bfloat16, 2, 64, 8, 2, 1)
+RELAXTUNE_GEMV(relaxtune_gemv_f16_m1, __half, 1, 32, 8, 2)
+RELAXTUNE_GEMV(relaxtune_gemv_f16_m2, __half, 2, 32, 8, 2)
+RELAXTUNE_GEMV(relaxtune_gemv_f16_m4, __half, 4, 32, 4, 2)
+RELAXTUNE_GEMV(relaxtune_gemv_f16_m8, __half, 8, 32, 2, 2)
+RELAXTUNE_GEMV(relaxtune_gemv_bf16_m1, __nv_bfloat16, 1, 32, 8, 2)
+RELAXTUNE_GEMV(relaxtune_gemv_bf16_m2, __nv_bfloat16, 2, 32, 8, 2)
+RELAXTUNE_GEMV(relaxtune_gemv_bf16_m4, __nv_bfloat16, 4, 32, 4, 2)
+RELAXTUNE_GEMV(relaxtune_gemv_bf16_m8, __nv_bfloat16, 8, 32, 2, 2)
+// grids up to the SM count: one block of 512 threads per SM, twice the loads in flight per SM
+RELAXTUNE_GEMV(relaxtune_gemv_f16_m1_wide, __half, 1, 64, 8, 1)
+RELAXTUNE_GEMV(relaxtune_gemv_f16_m2_wide, __half, 2, 64, 8, 1)
+RELAXTUNE_GEMV(relaxtune_gemv_bf16_m1_wide, __nv_bfloat16, 1, 64, 8, 1)
+RELAXTUNE_GEMV(relaxtune_gemv_bf16_m2_wide, __nv_bfloat16, 2, 64, 8, 1)

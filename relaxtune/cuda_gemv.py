@@ -164,10 +164,11 @@ int64_t ForcedSplits() {
   return splits == 1 || splits == 2 || splits == 4 || splits == 8 ? splits : 0;
 }
 
-// RELAXTUNE_GEMV_PDL=1: launch as a programmatic dependent of the previous kernel (compute capability 9.0+)
+// on compute capability 9.0+ the kernel is launched as a programmatic dependent of the previous one
+// (its first weight loads overlap that kernel's end); RELAXTUNE_GEMV_PDL=0: a plain launch (for measurements)
 bool ProgrammaticLaunch() {
   const char* value = std::getenv("RELAXTUNE_GEMV_PDL");
-  return value != nullptr && value[0] == '1';
+  return value == nullptr || value[0] != '0';
 }
 // RELAXTUNE_GEMV_WIDE=0: never the 512-thread kernel (for measurements)
 bool WideAllowed() {

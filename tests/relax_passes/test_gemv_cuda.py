@@ -167,21 +167,24 @@ def test_kernel_assembles_without_spills(tmp_path, arch):
 
 
 @needs_nvcc
-def test_wide_kernels_keep_sixteen_weight_loads_in_flight_and_wait_for_the_previous_kernel(tmp_path):
+def test_kernels_wait_for_the_previous_kernel_and_reduce_the_split_with_one_cluster_barrier(tmp_path):
     from relaxtune.cuda_gemv import KERNEL_SOURCE, nvcc_command
 
     src = tmp_path / "gemv.cu"
     src.write_text(KERNEL_SOURCE)
     done = subprocess.run(nvcc_command("sm_90", src, tmp_path / "gemv.ptx", kind="--ptx"), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
-    ptx = (tmp_path / "gemv.ptx").read_text()
-    bodies = dict(re.findall(r"\.entry (\w+)\((.*?)\n}", ptx, re.S))
-    for name in ("relaxtune_gemv_f16_m1_wide", "relaxtune_gemv_bf16_m2_wide"):
-        # the first batch (2 chunks x 8 rows of 16-byte weight vectors) before the loop, the next inside it
-        assert bodies[name].count("ld.global.nc.L1::no_allocate.v4.u32") == 32, name
-        assert bodies[name].count("griddepcontrol.wait") == 1, name
-    assert bodies["relaxtune_gemv_f16_m1"].count("ld.global.nc.L1::no_allocate.v4.u32") == 16  # 8 before the loop, 8 in it
-    assert all(body.count("griddepcontrol.wait") == 1 for body in bodies.values())
+    bodies = dict(re.findall(r"\.entry (\w+)\((.*?)\n}", (tmp_path / "gemv.ptx").read_text(), re.S))
+    assert len(bodies) == 12, sorted(bodies)
+    for name, body in bodies.items():
+        assert f".maxntid {512 if name.endswith('_wide') else 256}, 1, 1" in body, name
+        assert body.count("griddepcontrol.wait") == 1, name  # programmatic dependent launch: once, after the first weight loads
+        assert body.index("griddepcontrol.wait") > body.index("ld.global.nc.L1::no_allocate.v4.u32"), name
+        # the "every block has started" phase arrived at early, then one full barrier (was two cluster.sync)
+        assert body.count("barrier.cluster.arrive.relaxed.aligned") == 1 and body.count("barrier.cluster.wait.aligned") == 1, name
+        assert len(re.findall(r"barrier\.cluster\.arrive;", body)) == 1 and len(re.findall(r"barrier\.cluster\.wait;", body)) == 1, name
+    for name in ("relaxtune_gemv_f16_m1_wide", "relaxtune_gemv_bf16_m1"):  # 8 rows of 16-byte weight vectors before the loop, 8 in it
+        assert bodies[name].count("ld.global.nc.L1::no_allocate.v4.u32") == 16, name
 
 
 @needs_nvcc
