@@ -13,15 +13,15 @@ kernel's epilogue, the add kernel and its read of the product are gone. Matched 
 types, never by names (the add matcher is RewriteResidualAddToCublas's).
 
 Why: cuBLAS reads the 4096-output weights of the Llama-7B block (o_proj 4096 x 4096, down 11008 x
-4096) at 48% / 75% of the H200's copy bandwidth at n = 1 (scripts/gpu_job.py): with weights in
+4096) at 53% / 76% of the H200's copy bandwidth at n = 1 (scripts/gemv_check.py): with weights in
 the (K, N) layout, 4096 outputs give it too little parallelism. Measured on an H200 (fp16, weights
-read from memory, scripts/gemv_check.py; copy bandwidth 4269 GB/s), 1 row: qkv 4096 x 12288
-26.2 us (90% of copy) vs cuBLAS 28.8 (82%), o_proj 12.6 (62%) vs 14.9 (53%), down 26.7 (79%) vs
-28.2 (75%), gate/up 4096 x 22016 50.0 (85%) vs 45.7 (93%): cuBLAS keeps GEMVs wider than
-`max_cols` = 16384. 2 rows: 26.8 / 13.9 / 29.1 vs 29.2 / 14.6 / 28.2 (the add kernel gone pays for
-down); from 4 rows cuBLAS wins every shape (the kernel's FMAs and x loads per weight byte grow with
-the rows), so `max_rows` = 2. The 7B block at n = 1 with CUDA graphs, interleaved: 0.1302 ms with
-qkv, o_proj and down here, 0.1319 with gate/up too, 0.1363 with all on cuBLAS.
+read from memory, eager launches, scripts/gemv_check.py; copy bandwidth 4269 GB/s; notes
+s15/gemv), 1 row: qkv 4096 x 12288 25.3 us (93% of copy) vs cuBLAS 28.8 (82%), o_proj 10.4 (75%)
+vs 14.9 (53%), down 23.2 (91%) vs 28.0 (76%), gate/up 4096 x 22016 48.7 (87%) vs 46.2 (92%):
+cuBLAS keeps GEMVs wider than `max_cols` = 16384. 2 rows: 26.1 / 10.9 / 23.4 vs 28.8 / 15.3 / 28.4;
+from 4 rows cuBLAS wins every shape (the kernel's FMAs and x loads per weight byte grow with the
+rows), so `max_rows` = 2. The 7B block at n = 1 with CUDA graphs, interleaved: 0.1274 ms with qkv,
+o_proj and down here, 0.1396 with all on cuBLAS.
 
 Run after BucketDispatch (reads `relaxtune.bucket`) and before RewriteGemmToCublas, which then
 takes the weight GEMMs left (larger buckets, shapes this kernel does not take); `gemv_passes`

@@ -9,19 +9,28 @@
 Emitted by `RewriteGemvToCuda` (relax_passes/gemv_cuda.py) in the small (decode) buckets.
 
 The kernel (cuda_gemv.cu) gives each block 64 output columns: 8 threads x 16-byte vectors per
-weight row, 32 K lanes per block each taking 8 consecutive rows (x: one vector load per row), the
-next 8 rows' loads in flight while the current ones are multiplied, up to 8 rows of x sharing one
-pass over the weights (more rows: one launch per 8). cuBLAS reaches 48% of the copy bandwidth at N = 4096 outputs on an H200: 64
-column tiles are too few for 132 SMs. Here, on compute capability 9.0+, the K range of a tile is
-split over the blocks of a thread-block cluster, which add their partial sums through distributed
-shared memory (no workspace, nothing zeroed, no atomics): the default split is the smallest power
-of two up to 8 that gives a block to 7/8 of the SMs while every block keeps >= 256 weight rows
-(H200, fp16, 1 row, the 7B block's four GEMVs: the fastest split gave 1 to 2.6 blocks per SM; in
-the graph-captured block at n = 1 the default measured 0.1319 ms, splits 1 / 2 / 4 / 8 forced
-0.1317 / 0.1365 / 0.1429 / 0.1555);
-RELAXTUNE_GEMV_SPLITS=1|2|4|8 in the environment replaces it (read at each launch; for measurements).
-Launched with `cuLaunchKernelEx` (cluster dimension attribute) on TVM's current stream, no
-allocation and no sync, so CUDA graphs capture it; libcuda is opened with `dlopen`.
+weight row, 32 or 64 K lanes per block each taking 8 consecutive rows (x: one vector load per row),
+the next 8 rows' loads in flight while the current ones are multiplied, up to 8 rows of x sharing
+one pass over the weights (more rows: one launch per 8). cuBLAS reaches 48% of the copy bandwidth
+at N = 4096 outputs on an H200: 64 column tiles are too few for 132 SMs. Here, on compute
+capability 9.0+, the K range of a tile is split over the blocks of a thread-block cluster, whose
+partial sums go to the leader block's shared memory (DSMEM; no workspace, nothing zeroed, no
+atomics): the default split is the smallest power of two up to 8 that gives a block to 7/8 of the
+SMs while every block keeps >= 256 weight rows. A grid that then fits the SMs in one wave (tiles x
+splits <= SMs: o_proj and down, 64 x 2) takes the 512-thread kernel (one block per SM, twice the
+loads in flight per SM), 1 and 2 rows; others the 256-thread one (two blocks per SM).
+On 9.0+ the launch is a programmatic dependent one (cuLaunchKernelEx attribute): the kernel's
+blocks may start as the previous kernel's blocks exit and issue their first weight loads, then
+wait (griddepcontrol.wait) before they read x or the residual or write y. So the weight must not
+be written by the kernel launched just before (RewriteGemvToCuda passes function parameters only).
+H200, fp16, 1 row, weights from memory (scripts/gemv_check.py, eager launches; notes s15/gemv):
+qkv 25.3 us, o_proj 10.4, down 23.2 (93% / 75% / 91% of the 4269 GB/s copy bandwidth); graph-
+captured block at n = 1: 0.1274 ms (0.1396 with every GEMV on cuBLAS; with the 256-thread kernel
+only 0.1267, with a plain launch 0.1274, splits 1 / 4 forced 0.1269 / 0.1324).
+RELAXTUNE_GEMV_SPLITS=1|2|4|8 replaces the default split, RELAXTUNE_GEMV_WIDE=0 keeps the
+256-thread kernel, RELAXTUNE_GEMV_PDL=0 launches plainly (read at each launch; for measurements).
+Launched with `cuLaunchKernelEx` (cluster dimension, programmatic serialization) on TVM's current
+stream, no allocation and no sync, so CUDA graphs capture it; libcuda is opened with `dlopen`.
 `object_file(arch)` embeds the fatbin in a host object (`.incbin`) that `artifact.export` links
 into CUDA artifacts, as for the flash attention kernel (cuda_flash_attention.py).
 """
