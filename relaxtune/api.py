@@ -24,6 +24,30 @@ def bucket_plan(workload: Workload, job: JobConfig):
     return plan_buckets(bounds, job.buckets.edges, job.buckets.single)
 
 
+def tuned_buckets(workload: Workload, target: ResolvedTarget, job: JobConfig):
+    """The bucket tops the cache's job for this workload (same config) was tuned at, as a
+    `BucketConfig` (dimensions it split into several buckets; the others keep the default plan),
+    or None: then the default plan. Compiling at the tuned buckets applies each record at its own
+    tuning point and the bucket check's verdicts (keyed by the bucket's function) to their buckets;
+    at other buckets records are borrowed from the nearest tuning point and no verdict applies."""
+    from .config import BucketConfig
+    from .schedules import cache
+
+    entry = cache.read_manifest(cache.folder_for(job.cache_dir, target)).get("workloads", {}).get(workload.name, {})
+    if entry.get("config") != workload.config:
+        return None
+    # per dimension: [lo, hi, tune_at] per bucket, or (manifests of 2026-11-30) the tops only
+    tops = {dim: tuple(b[1] if isinstance(b, list) else b for b in buckets) for dim, buckets in entry.get("buckets", {}).items() if len(buckets) > 1}
+    if not tops:
+        return None
+    chosen = BucketConfig(edges=tops)
+    try:
+        bucket_plan(workload, job.with_(buckets=chosen))
+    except UserError:  # the workload's bounds changed since: the default plan
+        return None
+    return chosen
+
+
 def _open_cache(target: ResolvedTarget, job: JobConfig, writable: bool):
     from .schedules import cache, intrin
     from .schedules.database import CacheDatabase
@@ -66,7 +90,8 @@ def tune(workload: Workload, target: ResolvedTarget, job: JobConfig, progress: b
         folder,
         target,
         workload.name,
-        {"config": workload.config, "trials_budget": job.tune.trials, "tasks": [t.name for t in tasks]},
+        {"config": workload.config, "trials_budget": job.tune.trials, "tasks": [t.name for t in tasks],
+         "buckets": {dim: [[b.lo, b.hi, b.tune_at] for b in plan] for dim, plan in bucket_plan(workload, job).items()}},  # as the artifact manifest has them
     )
     return result
 
@@ -83,6 +108,7 @@ def cache_fingerprint(folder: Path) -> str:
     digest = hashlib.sha256()
     for name in ("database_workload.json", "database_tuning_record.json"):
         path = folder / name
+        path = path if path.exists() else path.with_name(name + ".xz")  # packed (schedules/database.py)
         if path.exists():
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]

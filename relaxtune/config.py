@@ -31,6 +31,7 @@ class TuneConfig:
     check_buckets: bool = True  # after the search, time each bucket's block with and without records (bucket_check.py)
     rpc_tracker: str = ""  # "HOST:PORT" of a TVM RPC tracker: measure there instead of locally
     device_key: str = ""  # the key the tracker's servers registered under (with rpc_tracker)
+    time_limit_s: float = 0.0  # stop the search this many seconds after the job starts (0: no limit); records kept
 
     def __post_init__(self) -> None:
         if self.trials < 0:
@@ -39,6 +40,8 @@ class TuneConfig:
             raise UserError(f"trials per batch {self.trials_per_iter} must be at least 1")
         if self.population < self.trials_per_iter:
             raise UserError(f"--trials-per-iter {self.trials_per_iter} is larger than the search population {self.population}: give 1-{self.population}")
+        if self.time_limit_s < 0:
+            raise UserError(f"--time-limit {self.time_limit_s} is negative: give 0 (no limit) or a number of seconds")
         if self.early_stop_batches < 0:
             raise UserError(f"early stop after {self.early_stop_batches} batches: give 0 (never) or more")
         if self.rpc_tracker:

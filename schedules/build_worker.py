@@ -3,6 +3,12 @@
 Importing `tvm.s_tir.meta_schedule` costs ~14 s here (it pulls in the tensor-intrinsic registry),
 so a worker that unpickles anything from a module importing it pays that before its first build.
 These functions import only TVM's compiler; `builder.PersistentBuilder` ships them to its workers.
+
+CUDA candidates are compiled to device code here, in the build workers (nvcc, the flags and
+fatbin `relaxtune compile` uses: `cuda_device_code.FatbinPacker`): TVM's codegen leaves CUDA C
+source in the module, which the runner's one process would otherwise JIT-compile (NVRTC, ~1 s a
+kernel on the H200 host) one candidate after another; here the compiles run on every core at once
+and the runner only loads the binary. Without nvcc the source is left for the runner as before.
 """
 
 from __future__ import annotations
@@ -26,8 +32,30 @@ def build_and_export(job) -> str:
     spreads that over the build workers."""
     mod, target = job
     artifact = os.path.join(tempfile.mkdtemp(), "tvm_tmp_mod.so")
-    build_without_intrin_import(mod, target, None).export_library(artifact)
+    built = build_without_intrin_import(mod, target, None)
+    packer = _cuda_packer(target)
+    if packer is not None:
+        try:
+            built.export_library(artifact, fpack_imports=packer)
+            return artifact
+        except RuntimeError:  # nvcc failed: the source goes to the runner, whose compile reports why
+            pass
+    built.export_library(artifact)
     return artifact
+
+
+def _cuda_packer(target):
+    """The nvcc packer for a CUDA target where nvcc is found, else None (the runner compiles)."""
+    if target.kind.name != "cuda":
+        return None
+    from ..cuda_device_code import FatbinPacker, find_nvcc
+    from ..errors import UserError
+
+    try:
+        find_nvcc()
+    except UserError:
+        return None
+    return FatbinPacker(str(target.attrs["arch"]))
 
 
 def warm_up() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..errors import UserError
 from . import task_index
 from .cache import MANIFEST, read_manifest
-from .database import RECORDS, WORKLOADS, CacheDatabase, folder_lock, record_json
+from .database import RECORDS, WORKLOADS, CacheDatabase, folder_lock, packed, record_json
 from .tasks import workload_key
 
 logger = logging.getLogger(__name__)
@@ -127,8 +127,10 @@ def prune(cache_dir: Path, keep: int = 1) -> tuple[int, int]:
                 fresh.commit_tuning_record(record)
             for name in (WORKLOADS, RECORDS):
                 (tmp / name).touch()
-                if (folder / name).exists():
-                    shutil.copyfile(folder / name, folder / (name + ".bak"))
+                for kept in (folder / name, packed(folder / name)):
+                    if kept.exists():
+                        shutil.copyfile(kept, kept.with_name(kept.name + ".bak"))
                 os.replace(tmp / name, folder / name)
+                packed(folder / name).unlink(missing_ok=True)  # the plain file holds what is kept
             shutil.rmtree(tmp)
     return before, after

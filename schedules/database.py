@@ -11,7 +11,11 @@ them. What this class adds:
   keeps every record committed before the interrupt; a half-written last line is closed with a
   newline before anything new is appended;
 - several jobs may write one folder at once: each append holds the folder's lock for that line,
-  and a workload another job already wrote is reused, never written twice.
+  and a workload another job already wrote is reused, never written twice;
+- a folder may hold the two files packed (`NAME.xz`, `xz -9`: the workload file is base64 of
+  indented IR JSON and packs ~28x, 270 KB to 9.5 KB for the committed cuda cache, whose files
+  travel with every GPU-machine call): read as they are, and unpacked in place (`NAME`, the
+  `.xz` removed) by the first job that opens the folder to write.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import fcntl
 from contextlib import contextmanager
 import json
 import logging
+import lzma
 import os
 from pathlib import Path
 
@@ -73,12 +78,22 @@ def folder_lock(folder: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def packed(path: Path) -> Path:
+    """Where the packed form of a cache file is kept (`NAME.xz`)."""
+    return path.with_name(path.name + ".xz")
+
+
 def read_lines(path: Path) -> list[tuple[int, object | None, str]]:
-    """(line number, parsed JSON or None when damaged, raw text) for every non-empty line."""
+    """(line number, parsed JSON or None when damaged, raw text) for every non-empty line of
+    `path`, or of its packed form where only that exists."""
     if not path.exists():
-        return []
+        if not packed(path).exists():
+            return []
+        opened = lzma.open(packed(path), "rt", encoding="utf-8", errors="replace")
+    else:
+        opened = open(path, encoding="utf-8", errors="replace")
     out = []
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with opened as f:
         for number, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
@@ -118,6 +133,7 @@ class CacheDatabase(ms.database.PyDatabase):
             self.folder.mkdir(parents=True, exist_ok=True)
             with self._locked():
                 for name in (WORKLOADS, RECORDS):
+                    self._unpack(self.folder / name)
                     self._close_partial_line(self.folder / name)
         self._load()
 
@@ -160,6 +176,21 @@ class CacheDatabase(ms.database.PyDatabase):
     # -- writing: several jobs may append to one folder at once --------------------------------
     def _locked(self):
         return folder_lock(self.folder)
+
+    @staticmethod
+    def _unpack(path: Path) -> None:
+        """A packed file becomes the plain one it was (appends go there); the plain one, where
+        both exist, is the newer: the packed one is left alone."""
+        if path.exists() or not packed(path).exists():
+            return
+        tmp = path.with_name(path.name + ".unpacking")
+        with lzma.open(packed(path), "rb") as src, open(tmp, "wb") as dst:
+            dst.write(src.read())
+            dst.flush()
+            os.fsync(dst.fileno())
+        os.replace(tmp, path)
+        packed(path).unlink()
+        logger.info("%s unpacked to %s (a job writes the folder)", packed(path), path.name)
 
     @staticmethod
     def _close_partial_line(path: Path) -> None:

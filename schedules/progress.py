@@ -7,7 +7,10 @@ measured batch:
   each candidate's time or error, and the cost model's held-out scores of the batch, which
   `relaxtune report tuning` turns into curves; the cache itself is never rewritten;
 - stops a task whose best time has not improved by `min_gain` for `patience` batches in a row
-  (`TaskScheduler.terminate_task`): the gradient scheduler then gives its trials to the others.
+  (`TaskScheduler.terminate_task`): the gradient scheduler then gives its trials to the others;
+- past the job's `deadline` (`TuneConfig.time_limit_s`), stops every task it safely can: the one
+  just measured and those with nothing in flight (a task in flight stops at its own callback), so
+  the search ends within about one batch of the limit and the job goes on to its bucket check.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class ProgressBar(ms.measure_callback.PyMeasureCallback):
         cost_model=None,
         patience: int = 0,
         min_gain: float = 0.01,
+        deadline: float = 0.0,
     ):
         super().__init__()
         self.names = names
@@ -79,6 +83,8 @@ class ProgressBar(ms.measure_callback.PyMeasureCallback):
         self.min_gain = min_gain
         self.stale = [0] * len(names)
         self.stopped: list[str] = []
+        self.deadline = deadline  # time.perf_counter() value after which the search stops (0: none)
+        self.timed_out = False
         self._held_out_seen = 0
         self.total = total
         self.bar = tqdm(total=total, unit="trial", desc="tuning", disable=disable, dynamic_ncols=True)
@@ -112,6 +118,7 @@ class ProgressBar(ms.measure_callback.PyMeasureCallback):
                 self._held_out_seen = len(held_out)
             self.events.write("batch", task=self.names[task_id], us=times, errors=errors, best_us=best if best < float("inf") else None, scores=scores)
         self._early_stop(task_scheduler, task_id, before)
+        self._stop_at_deadline(task_scheduler, task_id)
         gflops = self.flops[task_id] / best / 1e3 if best < float("inf") else 0.0
         self.bar.set_postfix_str(f"{self.names[task_id]}: {best:.0f} us, {gflops:.1f} GFLOP/s, failed {self.failed}")
         self.bar.update(count)
@@ -131,6 +138,21 @@ class ProgressBar(ms.measure_callback.PyMeasureCallback):
             if self.events is not None:
                 self.events.write("stop", task=name, best_us=best if best < float("inf") else None)
             task_scheduler.terminate_task(task_id)
+
+    def _stop_at_deadline(self, task_scheduler, task_id: int) -> None:
+        if not self.deadline or task_scheduler is None or time.perf_counter() < self.deadline:
+            return
+        if self._budget_sent(task_scheduler, task_id):
+            return  # the scheduler's final drain ends every task itself
+        if not self.timed_out:
+            logger.info("time limit reached after %d trials: the search stops", sum(self.trials))
+            if self.events is not None:
+                self.events.write("time_limit", trials=sum(self.trials))
+        self.timed_out = True
+        for i, task in enumerate(task_scheduler.tasks_):
+            in_flight = i != task_id and getattr(task, "runner_futures", None) is not None
+            if not task.is_terminated and not in_flight:
+                task_scheduler.terminate_task(i)
 
     def _budget_sent(self, task_scheduler, task_id: int) -> bool:
         """Whether every trial of the budget is measured or in flight. Then MetaSchedule sends no more

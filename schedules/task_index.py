@@ -8,7 +8,10 @@ same key adds to or updates the earlier one):
      "bucket": {"n": [65, 128, 128]}, "flops": 1.6e7, "rule_us": 42.0}
 
 `rule_us` is the measured time of the rule-based schedule of the same static kernel: a record
-is applied only where it beats it.
+is applied only where it beats it. On a CPU it is measured here, one kernel after another, before
+the job's build workers start (`measure_rules`). On a GPU the rule schedules go through the job's
+builder and runner like candidates (`measure_rules_batch`): built on every core at once, device
+code included, and timed by the runner with the evaluator settings the records are measured with.
 """
 
 from __future__ import annotations
@@ -40,15 +43,47 @@ def append(folder: Path, entries: list[dict]) -> None:
     append_lines(folder, INDEX, entries)
 
 
-def measure_rules(mod, target, runs: int = 3) -> float:
-    """Median microseconds of the rule-based schedule of a static kernel module (`main`)."""
+def rule_scheduled(mod, target):
+    """The static kernel module scheduled by the rules (a copy: dlight schedules in place)."""
     import tvm
 
     from ..relax_passes.pipeline import rule_schedules
 
-    copy = tvm.ir.load_json(tvm.ir.save_json(mod))  # dlight schedules the module it is given in place
+    copy = tvm.ir.load_json(tvm.ir.save_json(mod))
     with target:
-        scheduled = rule_schedules(target)(copy)
+        return rule_schedules(target)(copy)
+
+
+def measure_rules_batch(mods: list, target, builder, runner) -> list[float | None]:
+    """Microseconds of each module's rule-based schedule, built by `builder` (all at once) and
+    timed by `runner`; None where the build or the run failed (logged)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    scheduled = [rule_scheduled(m, target) for m in mods]
+    builds = builder.build([ms.builder.BuilderInput(s, target) for s in scheduled])
+    inputs, built = [], []
+    for i, (s, b) in enumerate(zip(scheduled, builds)):
+        if b.error_msg:
+            logger.warning("rule schedule %d of %d does not build: %s", i + 1, len(mods), b.error_msg.strip().splitlines()[-1][:200])
+            continue
+        device = "cuda" if target.kind.name == "cuda" else "cpu"
+        inputs.append(ms.runner.RunnerInput(b.artifact_path, device, ms.arg_info.ArgInfo.from_prim_func(s["main"])))
+        built.append(i)
+    times: list[float | None] = [None] * len(mods)
+    for i, future in zip(built, runner.run(inputs) if inputs else []):
+        result = future.result()
+        if result.error_msg or not result.run_secs:
+            logger.warning("rule schedule %d of %d does not run: %s", i + 1, len(mods), (result.error_msg or "no time").strip().splitlines()[-1][:200])
+            continue
+        times[i] = sum(float(x) for x in result.run_secs) / len(result.run_secs) * 1e6
+    return times
+
+
+def measure_rules(mod, target, runs: int = 3) -> float:
+    """Median microseconds of the rule-based schedule of a static kernel module (`main`)."""
+    import tvm
+
+    scheduled = rule_scheduled(mod, target)
     lib = tvm.compile(scheduled, target=target)
     dev = tvm.cuda(0) if target.kind.name == "cuda" else tvm.cpu(0)
     rng = np.random.default_rng(0)

@@ -98,16 +98,22 @@ def _finite(us: float) -> float | None:
     return us if us < float("inf") else None
 
 
-def index_tasks(tasks: list[Task], target, folder: Path, workload: str) -> dict[str, dict]:
-    """The task index of the cache, with every task of this job in it (rule time measured once)."""
+def index_tasks(tasks: list[Task], target, folder: Path, workload: str, builder=None, runner=None) -> dict[str, dict]:
+    """The task index of the cache, with every task of this job in it (rule time measured once):
+    one after another here, or with `builder` and `runner` all at once (GPU targets)."""
     index = task_index.load(folder)
+    todo = [t for t in tasks if "rule_us" not in index.get(t.key, {})]
+    if builder is not None and todo:
+        times = task_index.measure_rules_batch([t.mod for t in todo], target, builder, runner)
+    else:
+        times = [task_index.measure_rules(t.mod, target) for t in todo]
     new = []
-    for t in tasks:
-        if "rule_us" not in index.get(t.key, {}):
-            entry = {"key": t.key, "kernel": t.name.split("@")[0], "workload": workload, "bucket": t.bucket, "flops": t.flops}
-            entry["rule_us"] = task_index.measure_rules(t.mod, target)
-            new.append(entry)
-            index.setdefault(t.key, {}).update(entry)
+    for t, us in zip(todo, times):
+        entry = {"key": t.key, "kernel": t.name.split("@")[0], "workload": workload, "bucket": t.bucket, "flops": t.flops}
+        if us is not None:  # a rule schedule that failed is measured again by the next job
+            entry["rule_us"] = us
+        new.append(entry)
+        index.setdefault(t.key, {}).update(entry)
     task_index.append(folder, new)
     return index
 
@@ -163,6 +169,8 @@ def _seed_from_similar(tasks, contexts, cached, needs, budget, config, builder, 
     """Measure transferred candidates for each task without records; returns trials spent."""
     spent = 0
     for i, (task, context) in enumerate(zip(tasks, contexts)):
+        if _past(bar.deadline):
+            break
         room = min(config.trials_per_iter, budget - spent, needs[task.key])
         if cached[task.key] or room <= 0:
             continue
@@ -208,21 +216,21 @@ def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig,
         log_dir.mkdir(parents=True, exist_ok=True)
     tasks, contexts = _contexts(short, needs, target, config, log_dir) if tuning else ([], [])
     remaining = min(remaining, sum(needs[t.key] for t in tasks))
-    # the rule-based time of every kernel that has or gets records (a record must beat it to be
-    # used), measured before the build workers start: their start-up on the same cores made the
-    # rules read up to 3-4x slow (llama-block's SwiGLU kernel: 3672 us against 959 us)
-    chosen, mark = {t.key for t in tasks}, time.perf_counter()
-    index = index_tasks([t for t in all_tasks if cached[t.key] or t.key in chosen], target, log_dir, workload)
-    rules_s = time.perf_counter() - mark
     tuning = tuning and remaining > 0  # not when every short kernel was skipped (no design space)
-    if tuning:
-        builder = make_builder(config)
-        builder.start()
-        # the local runner's worker starts in the background too (`DeferredRunner`); a remote one
-        # is checked now, so that a tracker without servers is reported before any search
-        runner = make_runner(config) if config.rpc_tracker else DeferredRunner(lambda: make_runner(config))
-        if isinstance(runner, DeferredRunner):
-            runner.start()
+    # the rule-based time of every kernel that has or gets records (a record must beat it to be
+    # used). On a CPU it is measured before the build workers start: their start-up on the same
+    # cores made the rules read up to 3-4x slow (llama-block's SwiGLU kernel: 3672 us against
+    # 959 us). On a GPU the job's builder and runner measure them, all built at once
+    # (`task_index.measure_rules_batch`): one at a time took ~1 s a kernel there (NVRTC).
+    on_gpu = target.kind.name == "cuda" and not config.rpc_tracker
+    builder = runner = None
+    if tuning and on_gpu:
+        builder, runner = _start_workers(config)
+    chosen, mark = {t.key for t in tasks}, time.perf_counter()
+    index = index_tasks([t for t in all_tasks if cached[t.key] or t.key in chosen], target, log_dir, workload, builder, runner)
+    rules_s = time.perf_counter() - mark
+    if tuning and builder is None:
+        builder, runner = _start_workers(config)
     if tuning:
         holding = sum(1 for s in job.shares if s) - len(short)
         logger.info("%d trials for the %d kernels short of their share of the %d-trial budget; %d hold theirs already or were stopped early%s", remaining, len(tasks), config.trials, holding,
@@ -232,7 +240,8 @@ def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig,
         inner, warm = cost_model.load(log_dir) if config.persist_cost_model else (cost_model.new_model(), False)
         load_s = time.perf_counter() - mark
         model = cost_model.RankedModel(inner)
-        bar = ProgressBar(remaining, [t.name for t in tasks], [t.flops for t in tasks], disable=not progress, events=events, cost_model=model, patience=config.early_stop_batches)
+        bar = ProgressBar(remaining, [t.name for t in tasks], [t.flops for t in tasks], disable=not progress, events=events, cost_model=model, patience=config.early_stop_batches,
+                          deadline=start + config.time_limit_s if config.time_limit_s else 0.0)
         events.write(
             "start",
             workload=workload,
@@ -251,7 +260,7 @@ def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig,
                 remaining -= _seed_from_similar(tasks, contexts, cached, needs, remaining, config, builder, runner, database, model, bar)
                 # adapting traces and measuring them; their builds and the model update count there
                 transfer_s = time.perf_counter() - mark[0] - (builder.stats["seconds"] - mark[1]) - (model.seconds["update"] - mark[2])
-            if remaining > 0:
+            if remaining > 0 and not _past(bar.deadline):
                 profiler = ms.Profiler() if ms.Profiler.current() is None else contextlib.nullcontext()
                 with profiler:
                     _tune_tasks(contexts, tasks, log_dir, remaining, config, builder, runner, database, model, bar)
@@ -281,6 +290,23 @@ def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig,
         for t in all_tasks
     ]
     return result
+
+
+def _past(deadline: float) -> bool:
+    """Whether the job's time limit (a `time.perf_counter()` value; 0: none) has passed."""
+    return bool(deadline) and time.perf_counter() >= deadline
+
+
+def _start_workers(config: TuneConfig):
+    """(builder, runner), their workers starting in the background."""
+    builder = make_builder(config)
+    builder.start()
+    # the local runner's worker starts in the background too (`DeferredRunner`); a remote one
+    # is checked now, so that a tracker without servers is reported before any search
+    runner = make_runner(config) if config.rpc_tracker else DeferredRunner(lambda: make_runner(config))
+    if isinstance(runner, DeferredRunner):
+        runner.start()
+    return builder, runner
 
 
 def _tune_tasks(contexts, tasks, log_dir, remaining, config, builder, runner, database, model, bar) -> None:

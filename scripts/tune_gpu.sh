@@ -1,22 +1,21 @@
 #!/usr/bin/env bash
-# Tune a workload for cuda on the GPU machine in one run of at most MINUTES (default 9), then list
-# the cache. Records are appended and flushed one by one, so the time limit (SIGINT) keeps them all.
+# The GPU machine's tuning job: every workload in one process (scripts/tune_gpu.py) within MINUTES
+# (default 5, bucket checks included), then the cache listed. Records are appended and flushed one
+# by one, so even the backstop kill (one minute past MINUTES) keeps them all.
 #
-#   S=$(bash .device/install.sh) && export PYTHONPATH=$S:$PWD && \
-#     bash scripts/tune_gpu.sh $OUT/tuning_logs [WORKLOAD] [TRIALS] [CONFIG] [BUCKETS]
+#   S=$(bash .device/install.sh) && export PYTHONPATH=$S:$PWD && bash scripts/tune_gpu.sh $OUT/tuning_logs [tune_gpu.py options]
 #
-# Defaults: llama-block, fp16 at Llama-7B sizes, 256 trials, buckets n=1,16,128,2048, FUSION=stock
-# (compile with the same --fusion to apply the records). CONFIG or BUCKETS "default": the
-# workload's own sizes / the default power-of-two buckets; DTYPE=float32 for the default workloads.
-# The job tunes the kernels the build keeps: fp16/bf16 weight GEMMs call cuBLAS and attention is the
-# flash kernel unless CUBLAS=0 / FLASH=0 (then compile with --no-cublas / --no-flash-attention too).
+# Defaults (tune_gpu.py --help): the default workloads (llama-block, gpt2-block, mlp at their
+# default fp32 configs) at buckets n=1,16,128,1024, at most 256 trials each (fewer where the time
+# share is short) in batches of 16 (one per core), relaxtune fusion, cuBLAS and
+# flash attention as `relaxtune compile` uses them (fp32 has neither). The fp16 Llama-7B-sized
+# block keeps no contraction of its own with cuBLAS and the flash kernel on; its TIR kernels:
+#   bash scripts/tune_gpu.sh DIR --workloads llama-block --dtype float16 --no-cublas --no-flash-attention \
+#     --config hidden=4096,heads=32,kv_heads=32,ffn=11008,max_seq=2048,max_batch=1 --buckets n=1,16,128,2048
 set -uo pipefail
-cache=${1:?usage: tune_gpu.sh CACHE_DIR [WORKLOAD] [TRIALS] [CONFIG] [BUCKETS]}
-workload=${2:-llama-block}
-trials=${3:-256}
-config=${4:-hidden=4096,heads=32,kv_heads=32,ffn=11008,max_seq=2048,max_batch=1}
-buckets=${5:-n=1,16,128,2048}
-minutes=${MINUTES:-9}
+cache=${1:?usage: tune_gpu.sh CACHE_DIR [tune_gpu.py options]}
+shift
+minutes=${MINUTES:-5}
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$cache" && cache=$(cd "$cache" && pwd)
 # the package as `pip install -e .` lays it out (relaxtune.relax_passes, relaxtune.schedules), for this
@@ -29,12 +28,9 @@ ln -s "$root/schedules" "$site/relaxtune/schedules"
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 cd "$site"
 start=$(date +%s)
-timeout --signal=INT --kill-after=30 $((minutes * 60)) \
-  python3 -m relaxtune tune "$workload" --target cuda \
-  $([[ $config == default ]] || echo --config "$config") $([[ $buckets == default ]] || echo --buckets "$buckets") \
-  --dtype "${DTYPE:-float16}" --fusion "${FUSION:-stock}" --trials "$trials" --cache "$cache" --no-progress \
-  $([[ ${CUBLAS:-1} == 0 ]] && echo --no-cublas) $([[ ${FLASH:-1} == 0 ]] && echo --no-flash-attention)
+timeout --signal=INT --kill-after=20 $(( minutes * 60 + 60 )) \
+  python3 "$root/scripts/tune_gpu.py" --cache "$cache" --minutes "$minutes" "$@"
 rc=$?
-echo "tune: exit $rc after $(( $(date +%s) - start )) s (124/130: stopped at the ${minutes}-minute limit, records kept)"
+echo "tune_gpu: exit $rc after $(( $(date +%s) - start )) s (124/130: stopped by the backstop, records kept)"
 python3 -m relaxtune cache ls --cache "$cache"
 [[ $rc == 0 || $rc == 124 || $rc == 130 ]]

@@ -21,7 +21,7 @@ def add_target(parser: argparse.ArgumentParser) -> None:
 
 def add_cache(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache", type=Path, default=Path("tuning_logs"), help="tuning cache folder (default tuning_logs/)")
-    parser.add_argument("--buckets", action="append", default=None, metavar="DIM=T1,T2,...", help="shape bucket tops for a dimension")
+    parser.add_argument("--buckets", action="append", default=None, metavar="DIM=T1,T2,...", help="shape bucket tops for a dimension (compile: by default the tops the cache's job for this workload used)")
 
 
 def add_shape(parser: argparse.ArgumentParser, many: bool) -> None:

@@ -28,6 +28,11 @@ def run(args) -> int:
     job = common.job_config(args, use_cache=not args.no_cache)
     workload = common.load_workload(args)
     print(f"target: {target.json}")
+    if args.buckets is None and job.compile.use_cache:
+        tuned = api.tuned_buckets(workload, target, job)
+        if tuned is not None:
+            job = job.with_(buckets=tuned)
+            print("buckets: " + " ".join(f"{dim}={','.join(map(str, tops))}" for dim, tops in tuned.edges.items()) + " as the cache was tuned (--buckets to choose others)")
     result = api.compile(workload, target, job, args.output)
     counts = ", ".join(f"{v} {k}" for k, v in sorted(result.schedules.items())) or "no kernel tuned"
     print(f"wrote {result.path} in {result.seconds:.1f} s (0 trials: compile never tunes); kernel calls: {counts}")

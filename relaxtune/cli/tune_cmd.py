@@ -17,6 +17,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--rpc", metavar="HOST:PORT", default=TuneConfig.rpc_tracker, help="measure on the servers of this TVM RPC tracker (builds stay local)")
     parser.add_argument("--device-key", metavar="KEY", default=TuneConfig.device_key, help="with --rpc: the key the servers registered under")
     parser.add_argument("--early-stop", type=int, default=TuneConfig.early_stop_batches, metavar="BATCHES", help=f"stop a kernel after this many batches without 1%% gain, 0: never (default {TuneConfig.early_stop_batches})")
+    parser.add_argument("--time-limit", type=float, default=TuneConfig.time_limit_s, metavar="SECONDS",
+                        help="stop the search this many seconds after the job starts, records kept (default: none)")
     parser.add_argument("--no-transfer", action="store_true", help="do not seed new kernels from similar cached kernels' records")
     parser.add_argument("--no-bucket-check", action="store_true", help="do not time each bucket's block with and without its records after the search")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -27,7 +29,7 @@ def run(args) -> int:
     from .. import api, targets
 
     target = targets.resolve(args.target)
-    tune = TuneConfig(trials=args.trials, trials_per_iter=args.trials_per_iter, rpc_tracker=args.rpc, device_key=args.device_key, early_stop_batches=args.early_stop, transfer=not args.no_transfer,
+    tune = TuneConfig(trials=args.trials, trials_per_iter=args.trials_per_iter, rpc_tracker=args.rpc, device_key=args.device_key, early_stop_batches=args.early_stop, transfer=not args.no_transfer, time_limit_s=args.time_limit,
                       check_buckets=not args.no_bucket_check)
     job = common.job_config(args, tune)
     if tune.rpc_tracker:  # fail before the slow part when the tracker or its servers are missing

@@ -31,6 +31,7 @@ def _error_line(capsys, argv):
         (["tune", "mlp", "--config", "hidden=big"], ["hidden", "big"]),
         (["tune", "mlp", "--dtype", "int8"], ["int8", "float32"]),
         (["tune", "mlp", "--trials", "-1"], ["-1"]),
+        (["tune", "mlp", "--time-limit", "-5"], ["--time-limit -5", "seconds"]),
         (["tune", "mlp", "--buckets", "n=abc"], ["n=abc", "NAME=TOP1"]),
         (["compile", "mlp", "-o", "x.txt"], ["x.txt", ".so"]),
         (["run", "missing/none.so"], ["missing/none.so", "does not exist"]),

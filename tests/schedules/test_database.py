@@ -47,6 +47,27 @@ def test_records_persist_and_reopen(tmp_path):
     assert len(ms.database.JSONDatabase(work_dir=str(tmp_path)).get_all_tuning_records()) == 3
 
 
+def test_packed_files_are_read_and_unpacked_by_a_writer(tmp_path):
+    import lzma
+
+    db = CacheDatabase(tmp_path, writable=True)
+    for secs in (3e-6, 1e-6):
+        db.commit_tuning_record(_record(db, secs))
+    for name in (WORKLOADS, RECORDS):  # as `xz -9 NAME` leaves them
+        (tmp_path / (name + ".xz")).write_bytes(lzma.compress((tmp_path / name).read_bytes()))
+        (tmp_path / name).unlink()
+    packed = CacheDatabase(tmp_path)
+    assert len(packed.get_all_tuning_records()) == 2 and packed.problems == []
+    assert float(packed.records_for(tvm.IRModule({"main": add_one}))[0].run_secs[0]) == pytest.approx(1e-6)
+    assert not (tmp_path / WORKLOADS).exists()  # reading leaves the folder as it is
+    writer = CacheDatabase(tmp_path, writable=True)
+    writer.commit_tuning_record(_record(writer, 5e-7))
+    assert sorted(p.name for p in tmp_path.iterdir() if "json" in p.name) == sorted([WORKLOADS, RECORDS])
+    again = CacheDatabase(tmp_path)
+    assert len(again.get_all_tuning_records()) == 3 and again.problems == []
+    assert (tmp_path / WORKLOADS).read_text().count("\n") == 1  # the workload line reused, not written twice
+
+
 def test_damaged_and_half_written_lines_are_reported_and_skipped(tmp_path):
     db = CacheDatabase(tmp_path, writable=True)
     db.commit_tuning_record(_record(db, 1e-6))

@@ -1,0 +1,73 @@
+"""The committed cuda cache (tuning_logs/, tuned on the H200 by scripts/tune_gpu.sh) loads and its
+records apply to the default workloads' kernels, on this CPU-only machine (no GPU, no nvcc run).
+
+Fails when the folder is missing (e.g. the cuda target's attributes changed its folder name), a
+file is damaged, the manifest names another target or TVM version, or the records no longer match
+the kernels `relaxtune compile W --target cuda` builds (fusion or task extraction changed: re-tune).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_WORKLOADS = ("llama-block", "gpt2-block", "mlp")
+TUNED_AT = (1, 16, 128, 1024)  # scripts/tune_gpu.py's bucket tops for n (the manifest's first entries hold tops only)
+
+
+@pytest.fixture(scope="module")
+def cuda_cache():
+    from relaxtune import targets
+    from relaxtune.schedules import cache
+    from relaxtune.schedules.database import CacheDatabase
+
+    target = targets.resolve("cuda")
+    folder = cache.folder_for(ROOT / "tuning_logs", target)
+    assert folder.is_dir(), f"no committed cuda cache at {folder}: run scripts/tune_gpu.sh on the GPU machine and commit its folder"
+    manifest = cache.check_compatible(folder, target)  # raises for another target or TVM version
+    assert manifest.get("target") == target.config and manifest.get("tvm_version")
+    database = CacheDatabase(folder)
+    assert database.problems == [], database.problems
+    return target, folder, manifest, database
+
+
+def _fused(name: str, manifest: dict, target):
+    """The workload fused as `relaxtune compile --target cuda` fuses it, at the buckets it was tuned at."""
+    from relaxtune import workloads
+    from relaxtune.api import bucket_plan
+    from relaxtune.config import BucketConfig, JobConfig
+    from relaxtune.relax_passes.bucket_dispatch import Bucket
+    from relaxtune.relax_passes.pipeline import fuse
+
+    workload = workloads.load(name)
+    job = JobConfig(buckets=BucketConfig({"n": TUNED_AT}))
+    plan = bucket_plan(workload, job)
+    tuned = manifest["workloads"][name].get("buckets", {})
+    if all(isinstance(b, list) for buckets in tuned.values() for b in buckets):  # [lo, hi, tune_at] per bucket
+        plan = {dim: [Bucket(*b) for b in buckets] for dim, buckets in tuned.items()}
+    assert [b.hi for b in plan["n"]] == list(TUNED_AT), plan
+    return fuse(workload.mod, target.target, plan, job.compile.fusion, job.compile.cublas, job.compile.flash_attention)
+
+
+@pytest.mark.parametrize("name", DEFAULT_WORKLOADS)
+def test_records_apply_to_the_default_workload(cuda_cache, name):
+    from relaxtune.schedules import task_index
+    from relaxtune.schedules.apply import ApplyTunedSchedules
+    from relaxtune.schedules.tasks import extract_tasks
+
+    target, folder, manifest, database = cuda_cache
+    assert name in manifest.get("workloads", {}), f"{name} was never tuned into {folder}"
+    mod = _fused(name, manifest, target)
+    tasks = extract_tasks(mod)
+    measured = [t for t in tasks if any(r.run_secs for r in database.records_for(t.mod))]
+    assert measured, f"no measured record of {name}'s {len(tasks)} kernels in {folder}: the kernels changed since it was tuned"
+    index = task_index.load(folder)
+    assert all("rule_us" in index.get(t.key, {}) for t in measured)  # the bar a record must beat, measured there
+    report = Counter()
+    with target.target:
+        ApplyTunedSchedules(database, report, index, check=False)(mod)
+    assert sum(v for k, v in report.items() if k.startswith("tuned")) >= 1, dict(report)
+    assert report["record does not replay: rules"] == 0, dict(report)
