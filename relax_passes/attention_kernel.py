@@ -81,6 +81,7 @@ ARGS_ATTR = "relaxtune.attention_args"  # function attribute: the arguments that
 KEY_MASK_ATTR = "relaxtune.key_mask"  # function attribute: the key_mask variant (absent without a mask)
 BLOCKS_UNIFORM = ("v_sum",)  # only in the key_mask="uniform" variant
 ROPE_ATTR = "relaxtune.rope"  # function attribute: q and k rotated on load (Operands.rope)
+BOUNDS_ATTR = "relaxtune.attention_bounds"  # function attribute: [n, m] upper bounds at its call site (SmallAttentionTiles)
 BLOCKS = ("k_transpose", "query_tile", "q_tile", "row_init", "acc_zero", "key_tile", "row_group", "score", "tile_max", "rescale", "prob",
           "tile_sum", "pv_part", "acc", "acc_store", "output")
 CAUSAL_MASKS = (None, "TopLeft", "BottomRight")
@@ -103,6 +104,29 @@ class Operands:
     k_offset: int = 0
     v_offset: int = 0
     rope: bool = False
+
+
+_OPERAND_FIELDS = ("q_heads", "k_heads", "v_heads", "q_offset", "k_offset", "v_offset", "rope")
+
+
+def retiled(kernel: tirx.PrimFunc, query_tile: int, key_tile: int) -> tirx.PrimFunc:
+    """`kernel` (built by `attention_kernel`, its arguments in ``ARGS_ATTR``) built again with other tiles,
+    keeping every other attribute of it."""
+    if ARGS_ATTR not in (kernel.attrs or {}):
+        raise ValueError(f"kernel {kernel.attrs.get('global_symbol', '?') if kernel.attrs else '?'} has no {ARGS_ATTR}: not built by attention_kernel")
+    args = {key: getattr(value, "value", value) for key, value in kernel.attrs[ARGS_ATTR].items()}
+    operands = args.get("operands", None)
+    if operands is not None:
+        operands = Operands(*(bool(x) if f == "rope" else int(x) for f, x in zip(_OPERAND_FIELDS, operands)))
+    causal = None if args["causal_mask"] == "none" else str(args["causal_mask"])
+    key_mask = args.get("key_mask", None)
+    new = attention_kernel(int(args["heads"]), int(args["kv_heads"]), int(args["head_dim"]), str(args["dtype"]), causal,
+                           float(args["scale"]), query_tile, key_tile, None if key_mask is None else str(key_mask),
+                           str(args.get("mask_dtype", "int64")), operands)
+    for key, value in kernel.attrs.items():
+        if key != ARGS_ATTR:
+            new = new.with_attr(key, value)
+    return new
 
 
 def _plus(base, offset: int):
@@ -352,7 +376,8 @@ def attention_kernel(heads: int, kv_heads: int, head_dim: int, dtype: str, causa
     kernel = tirx.PrimFunc(params, fused_attention.body, fused_attention.ret_type, fused_attention.attrs)
     kernel = kernel.with_attr(ARGS_ATTR, {"heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "dtype": dtype, "scale": scale,
                                           "causal_mask": causal_mask or "none", "query_tile": qt, "key_tile": kt,
-                                          **({} if key_mask is None else {"key_mask": key_mask, "mask_dtype": mask_dtype})})
+                                          **({} if key_mask is None else {"key_mask": key_mask, "mask_dtype": mask_dtype}),
+                                          **({} if operands is None else {"operands": [getattr(ops, f) for f in _OPERAND_FIELDS]})})
     if ops.rope:
         kernel = kernel.with_attr(ROPE_ATTR, True)
     return kernel if key_mask is None else kernel.with_attr(KEY_MASK_ATTR, key_mask)

@@ -16,6 +16,7 @@ from .lift_position_tables import LiftPositionTables
 from .fuse_swiglu import FuseSwiGLU
 from .merge_projections import MergeProjections
 from .slice_after_reshape import SliceAfterReshape
+from .small_attention_tiles import SmallAttentionTiles
 from .split_to_slices import SplitToSlices
 
 
@@ -42,6 +43,7 @@ def fusion_passes(
         *fused_attention,  # attention as one online-softmax kernel: no n x n scores in memory
         *([] if attention else [DecomposeAttention()]),  # attention calls left: matmul / masked softmax / matmul kernels
         BucketDispatch(plan),  # one function per shape bucket; main checks bounds and dispatches
+        *([SmallAttentionTiles()] if ours else []),  # a bucket of short sequences: attention tiles of their size
         *([*attention, DecomposeAttention()] if attention else []),  # gpu: the fused flash kernel per bucket, the rest split
         *(extern or []),  # gpu with cublas=True: library calls per bucket (RewriteGemvToCuda, RewriteGemmToCublas, RewriteBatchedGemmToCublas)
         relax.backend.DispatchSampling(),  # ops that need a library form before legalization

@@ -15,7 +15,8 @@ key's row read along ``head_dim`` (vectorized). Measured against one thread vect
 tile (masked gathers, the other core idle: a third of the kernel at n = 128), interleaved,
 gpt2/llama-block shapes: 0.41-0.69x at n = 1, 0.68-0.70x at n = 128, 0.87x at n = 512 (the second
 parallel launch costs less than the gathers even at n = 1). The (batch, head, query tile) loops are
-fused into one parallel loop, so each thread keeps one query tile's scratch in its own cache. Inside a key tile, each row
+fused into one parallel loop, so each thread keeps one query tile's scratch in its own cache (both loops stay serial
+when the call site bounds n x m to ``SERIAL_WORK``: see ``SmallAttentionTiles``). Inside a key tile, each row
 group's blocks (``_ROW_BLOCKED``) are register-blocked: the reduction loop moved outside the
 unrolled row loop, so each vector of the key tile (score, vectorized along the key tile) or of the
 value tile (P·V, along ``head_dim``) feeds every row of the group, whose sums stay in registers;
@@ -53,6 +54,10 @@ _PLAN = {
 # moved outside the row loop and the rows unrolled, so each key / value vector (or score column)
 # feeds every row of the group, and the rows' sums stay in registers
 _ROW_BLOCKED = ("score", "tile_max", "tile_sum", "acc")
+# a kernel whose call site bounds n x m to this (kernel.BOUNDS_ATTR, SmallAttentionTiles) runs on one thread: its two
+# parallel launches cost more than its work (gpt2-block's kernel, n = m <= 8: 1.25-2.75 us serial vs 2.6-3.5 us
+# with both launches; n = 16: 7.2 us serial vs 4.9 us parallel)
+SERIAL_WORK = 64
 
 
 def _row_blocked(sch: s_tir.Schedule, block, vec: int) -> None:
@@ -80,13 +85,16 @@ def schedule(sch: s_tir.Schedule, target: Target) -> None:
     vec = U.lanes(target, "float32")
     # keys transposed (rotated) once per call, a parallel loop of its own over (batch, kv head, key tile), each key's
     # row read along head_dim (vectorized; stores strided by the key tile)
+    bounds = sch.mod["main"].attrs.get(kernel.BOUNDS_ATTR, None)
+    serial = bounds is not None and min(int(b) for b in bounds) > 0 and int(bounds[0]) * int(bounds[1]) <= SERIAL_WORK
+    parallel = (lambda loop: None) if serial else sch.parallel
     transpose_loops = sch.get_loops(blocks.pop("k_transpose"))  # batch, kv head, key tile, key, [side, i | d]
-    sch.parallel(sch.fuse(*transpose_loops[:3]))
+    parallel(sch.fuse(*transpose_loops[:3]))
     U.vectorize_inner(sch, transpose_loops[-1], vec, max_vec=4 * vec)
     for opaque in ("row_group", "pv_part"):  # blocks that only hold a row group's arrays: nothing to schedule
         blocks.pop(opaque)
     outer = sch.get_loops(blocks.pop("query_tile"))  # batch, head, query tile
-    sch.parallel(sch.fuse(*outer))
+    parallel(sch.fuse(*outer))
     for name in _ROW_BLOCKED:
         _row_blocked(sch, blocks[name], vec)
     for name, (vector, reduction) in _PLAN.items():
