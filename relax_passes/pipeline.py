@@ -12,6 +12,7 @@ from .canonicalize_onnx_attention import CanonicalizeOnnxAttention
 from .decompose_attention import DecomposeAttention
 from .fuse_attention import FuseAttention
 from .fuse_attention_prologue import FuseAttentionPrologue
+from .fuse_norm_gemv import FuseNormIntoGemv
 from .lift_position_tables import LiftPositionTables
 from .fuse_swiglu import FuseSwiGLU
 from .merge_projections import MergeProjections
@@ -43,7 +44,7 @@ def fusion_passes(
         *fused_attention,  # attention as one online-softmax kernel: no n x n scores in memory
         *([] if attention else [DecomposeAttention()]),  # attention calls left: matmul / masked softmax / matmul kernels
         BucketDispatch(plan),  # one function per shape bucket; main checks bounds and dispatches
-        *([SmallAttentionTiles()] if ours else []),  # a bucket of short sequences: attention tiles of their size
+        *([SmallAttentionTiles(), FuseNormIntoGemv()] if ours else []),  # short-sequence buckets: attention tiles of their size, LayerNorm + GEMV one kernel
         *([*attention, DecomposeAttention()] if attention else []),  # gpu: the fused flash kernel per bucket, the rest split
         *(extern or []),  # gpu with cublas=True: library calls per bucket (RewriteGemvToCuda, RewriteGemmToCublas, RewriteBatchedGemmToCublas)
         relax.backend.DispatchSampling(),  # ops that need a library form before legalization

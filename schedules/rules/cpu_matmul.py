@@ -242,13 +242,14 @@ class Matmul(CPUScheduleRule):
             self._schedule(sch, main, target, rows=1)
         return sch.mod["main"]
 
-    def _schedule(self, sch: s_tir.Schedule, main, target: Target, rows: int | None = None) -> None:
+    def _schedule(self, sch: s_tir.Schedule, main, target: Target, rows: int | None = None, a_at_root: bool = False) -> None:
+        """``a_at_root``: A is computed before the matmul at root (`cpu_norm_gemv`), read there in place."""
         kinds, ai, bi = detect(sch.get(main))
         stmt = sch.get(main)
         j_vars = [iv.var for iv, k in zip(stmt.iter_vars, kinds) if k == _J]
         b_contig = stmt.reads[bi].region[-1].min.same_as(j_vars[-1])
         root_allocs = list(sch.mod["main"].body.block.alloc_buffers)
-        a_prologue = any(stmt.reads[ai].source.same_as(buf) for buf in root_allocs)
+        a_prologue = not a_at_root and any(stmt.reads[ai].source.same_as(buf) for buf in root_allocs)
 
         # Step 1. Normalize to C[S, I, J] += A[S, I, K] * B[S, K, J].
         normalize(sch, main, b_order=(_S, _K, _J))
@@ -291,7 +292,10 @@ class Matmul(CPUScheduleRule):
         sch.parallel(outer)
 
         # Step 4. Operands: A panel per tile; B packed per column panel or read in place.
-        for prod, at in ((a_prod[0], a_at), (b_prod[0], outer if pack_b else None)):
+        for prod, at in ((a_prod[0], None if a_at_root else a_at), (b_prod[0], outer if pack_b else None)):
+            if a_at_root and prod.same_as(a_prod[0]):
+                sch.compute_inline(prod)  # the reindex copy only: A's producers stay at root
+                continue
             U.inline_producers(sch, prod)
             if at is None:
                 sch.compute_inline(prod)

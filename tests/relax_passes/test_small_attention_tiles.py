@@ -108,7 +108,8 @@ def test_small_tile_kernels_match_numpy(tile, bound):
 
 @pytest.mark.parametrize("name", ["llama-block", "gpt2-block"])
 def test_blocks_match_torch_in_small_buckets(name):
-    """Whole blocks (rules only, default buckets) at n = 1 and in the 3..4, 5..8, 9..16 buckets and at the bound."""
+    """Whole blocks (rules only, default buckets) at n = 1 and in the 3..4, 5..8, 9..16 buckets and at the bound
+    (with FuseNormIntoGemv's LayerNorm + GEMV kernels at n <= 4 in gpt2-block)."""
     from relaxtune import api, targets
     from relaxtune.artifact import prepare_params
     from relaxtune.config import CompileConfig, JobConfig
@@ -120,7 +121,7 @@ def test_blocks_match_torch_in_small_buckets(name):
     ex = api.build(workload, targets.resolve("cpu"), JobConfig(compile=CompileConfig(use_cache=False, fusion="relaxtune")))[0]
     vm = relax.VirtualMachine(ex, tvm.cpu())
     weights = prepare_params(vm, [tvm.runtime.tensor(v) for v in params.values()])
-    for b, n in ((2, 1), (2, 3), (1, 7), (2, 12), (1, 64)):
+    for b, n in ((1, 1), (4, 1), (2, 3), (4, 4), (1, 7), (2, 12), (1, 64)):
         inputs = workload.random_inputs({"b": b, "n": n}, seed=n)
         out = vm["main"](*[tvm.runtime.tensor(inputs[t.name]) for t in workload.inputs], *weights).numpy()
         ref = workload.reference(inputs, params)
