@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 
 import tvm
-from tvm import relax, tirx
+from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .fusion_utils import is_op, plain_matmul, use_counts
@@ -39,7 +39,7 @@ BINARY = ("relax.add", "relax.multiply", "relax.subtract")
 UNARY = ("relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu", "relax.sigmoid", "relax.tanh")
 
 
-def _last_axis_norm(call, var2val) -> bool:
+def _last_axis_norm(call) -> bool:
     if not is_op(call, "relax.nn.layer_norm") or not isinstance(call.args[0].ty, relax.TensorType):
         return False
     ndim = call.args[0].ty.ndim
@@ -86,7 +86,7 @@ def find_chains(func: relax.Function, bounds: dict[str, int]) -> list[_Chain]:
             users.setdefault(free, []).append(var)
     chains = []
     for var, value in var2val.items():
-        if not _last_axis_norm(value, var2val) or uses[var] != 1 or len(users.get(var, [])) != 1:
+        if not _last_axis_norm(value) or uses[var] != 1 or len(users.get(var, [])) != 1:
             continue
         rows = _rows(value.args[0], bounds)
         if rows is None or rows > MAX_ROWS:

@@ -1,6 +1,7 @@
 """SmallAttentionTiles: short-sequence buckets call an attention kernel with tiles of their bounds
-(structure: Before/Expected, where it must not fire, the serial schedule), and the kernel and whole
-blocks against references at n = 1, in the small buckets (3, 7, 12) and at the bound."""
+(structure: Before/Expected, where it must not fire, the serial schedule), and the retiled kernels
+against numpy at n = 1, bound - 1 and the bound (the whole blocks in these buckets:
+test_fuse_attention_prologue.test_blocks_match_torch)."""
 
 from __future__ import annotations
 
@@ -104,25 +105,3 @@ def test_small_tile_kernels_match_numpy(tile, bound):
         p = np.exp(s - s.max(-1, keepdims=True))
         expected = np.einsum("bhij,bjhd->bihd", p / p.sum(-1, keepdims=True), v)
         np.testing.assert_allclose(out.numpy(), expected, rtol=2e-5, atol=2e-5, err_msg=f"tile {tile} b={batch} n={n}")
-
-
-@pytest.mark.parametrize("name", ["llama-block", "gpt2-block"])
-def test_blocks_match_torch_in_small_buckets(name):
-    """Whole blocks (rules only, default buckets) at n = 1 and in the 3..4, 5..8, 9..16 buckets and at the bound
-    (with FuseNormIntoGemv's LayerNorm + GEMV kernels at n <= 4 in gpt2-block)."""
-    from relaxtune import api, targets
-    from relaxtune.artifact import prepare_params
-    from relaxtune.config import CompileConfig, JobConfig
-    from relaxtune.workloads import load
-
-    config = {"hidden": "64", "heads": "4", "ffn": "128", "max_seq": "64", **({"kv_heads": "2"} if name == "llama-block" else {})}
-    workload = load(name, config)
-    params = {k: v * 10 if v.ndim == 2 else v for k, v in workload.params.items()}  # sharp attention
-    ex = api.build(workload, targets.resolve("cpu"), JobConfig(compile=CompileConfig(use_cache=False, fusion="relaxtune")))[0]
-    vm = relax.VirtualMachine(ex, tvm.cpu())
-    weights = prepare_params(vm, [tvm.runtime.tensor(v) for v in params.values()])
-    for b, n in ((1, 1), (4, 1), (2, 3), (4, 4), (1, 7), (2, 12), (1, 64)):
-        inputs = workload.random_inputs({"b": b, "n": n}, seed=n)
-        out = vm["main"](*[tvm.runtime.tensor(inputs[t.name]) for t in workload.inputs], *weights).numpy()
-        ref = workload.reference(inputs, params)
-        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max(), err_msg=f"{name} b={b} n={n}")
