@@ -5,7 +5,8 @@ survive in the compiled block (schedules/verdicts.py says why, with the figure).
 builds the workload twice — every bucket with its records, and rules only — and times each
 bucket's call side by side, interleaved, at two points inside the bucket (its tuning point and
 the geometric middle of its ranges), on the machine that measured the records. A bucket keeps its
-records only where they are faster by `MARGIN`; the verdicts go to the cache
+records only where their outputs match the rules' (`TOLERANCE`; the only correctness check a cuda
+schedule gets, since the host cannot run it) and they are faster by `MARGIN`; the verdicts go to the cache
 (`<cache>/<target>/buckets.jsonl`) and `relaxtune compile` follows them.
 
 Run by `api.tune` after the search (`TuneConfig.check_buckets`) on a local CPU target, or on a
@@ -29,6 +30,20 @@ logger = logging.getLogger(__name__)
 MARGIN = 0.03  # records must be this much faster than the rules, over the bucket's two values
 ROUNDS = 5  # interleaved samples per variant and value
 SAMPLE_S = 0.02  # seconds of calls per sample
+TOLERANCE = {"float32": 1e-3, "float16": 3e-2, "bfloat16": 3e-2}  # max |records - rules| / max |rules|
+
+
+def mismatch(got: list, want: list) -> float:
+    """The largest error of `got` relative to each output's magnitude in `want`; inf where NaN/inf or shapes differ."""
+    import numpy as np
+
+    worst = 0.0
+    for a, b in zip(got, want, strict=True):
+        a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+        if a.shape != b.shape or not np.isfinite(a).all():
+            return math.inf
+        worst = max(worst, float(np.abs(a - b).max(initial=0.0)) / max(float(np.abs(b).max(initial=0.0)), 1e-30))
+    return worst
 
 
 def _device(target: ResolvedTarget):
@@ -59,16 +74,24 @@ class _Runner:
         self.vm, self.device, self.workload = relax.VirtualMachine(executable, device), device, workload
         self.params = prepare_params(self.vm, [tvm.runtime.tensor(v, device) for v in workload.params.values()])
 
-    def caller(self, inputs: dict):
+    def _args(self, inputs: dict) -> list:
         import tvm
 
-        args = [tvm.runtime.tensor(inputs[t.name], self.device) for t in self.workload.inputs] + self.params
+        return [tvm.runtime.tensor(inputs[t.name], self.device) for t in self.workload.inputs] + self.params
+
+    def caller(self, inputs: dict):
+        args = self._args(inputs)
 
         def call():
             self.vm["main"](*args)
             self.device.sync()
 
         return call
+
+    def outputs(self, inputs: dict) -> list:
+        """The call's outputs as numpy arrays (one, or each field of a tuple)."""
+        result = self.vm["main"](*self._args(inputs))
+        return [item.numpy() for item in (result if hasattr(result, "__len__") and not hasattr(result, "numpy") else [result])]
 
 
 def check_buckets(workload: Workload, target: ResolvedTarget, job: JobConfig) -> list[dict]:
@@ -80,7 +103,7 @@ def check_buckets(workload: Workload, target: ResolvedTarget, job: JobConfig) ->
     if device is None:
         logger.info("no %s device here: buckets not checked (their records are applied as tuned)", target.target.kind.name)
         return []
-    every = store.Verdicts()  # no verdicts: every bucket gets its records, and says its signature
+    every = store.Verdicts(apply_all=True)  # every bucket gets its records, and says its signature
     records, _, folder = api.build(workload, target, job, verdicts=every)
     if not every.seen or folder is None:
         return []
@@ -89,14 +112,21 @@ def check_buckets(workload: Workload, target: ResolvedTarget, job: JobConfig) ->
     entries = []
     for name, (sig, bucket) in sorted(every.seen.items()):
         points = _points(bucket)
-        records_ms = rules_ms = 0.0
+        records_ms = rules_ms = error = 0.0
         for point in points:
             inputs = workload.random_inputs(point)
+            got, want = with_records.outputs(inputs), with_rules.outputs(inputs)
+            allowed = max(TOLERANCE.get(str(w.dtype), TOLERANCE["float16"]) for w in want)
+            error = max(error, mismatch(got, want) / allowed)  # in units of what the dtype allows
             ms = interleaved({"records": with_records.caller(inputs), "rules": with_rules.caller(inputs)}, ROUNDS, SAMPLE_S)
             records_ms, rules_ms = records_ms + ms["records"], rules_ms + ms["rules"]
-        verdict = "records" if records_ms < (1 - MARGIN) * rules_ms else "rules"
+        wrong = error > 1
+        if wrong:
+            logger.warning("%s: its records' outputs differ from its rules' by %.3g x the allowed %s: rules", name, error, TOLERANCE)
+        verdict = "records" if records_ms < (1 - MARGIN) * rules_ms and not wrong else "rules"
         entries.append({"signature": sig, "bucket": name, "workload": workload.name, "verdict": verdict,
-                        "records_ms": round(records_ms, 4), "rules_ms": round(rules_ms, 4), "at": points})
+                        "records_ms": round(records_ms, 4), "rules_ms": round(rules_ms, 4), "at": points,
+                        "error": round(error, 4) if math.isfinite(error) else "inf"})  # / TOLERANCE
         logger.info("%s: records %.3f ms, rules %.3f ms at %s: %s", name, records_ms, rules_ms, points, verdict)
     store.append(folder, entries)
     return entries

@@ -64,6 +64,7 @@ class Verdicts:
 
     entries: dict[str, dict] = field(default_factory=dict)
     seen: dict[str, tuple[str, dict]] = field(default_factory=dict)  # bucket function -> (signature, bucket)
+    apply_all: bool = False  # the check's "records" build: every bucket's records, checked or not
 
     @staticmethod
     def from_folder(folder: Path | None) -> "Verdicts":
@@ -73,3 +74,9 @@ class Verdicts:
         sig = signature(items)
         self.seen[bucket_function] = (sig, bucket)
         return self.entries.get(sig, {}).get("verdict") == "rules"
+
+    def records_checked(self, bucket_function: str) -> bool:
+        """Did a bucket check on the device run this bucket's records (the set `rules_win` just saw)
+        and keep them? What a target the host cannot check a schedule on (cuda) requires."""
+        sig = self.seen[bucket_function][0]
+        return self.apply_all or self.entries.get(sig, {}).get("verdict") == "records"

@@ -9,7 +9,7 @@ import pytest
 
 from relaxtune import api
 from relaxtune.artifact import prepare_params
-from relaxtune.bucket_check import _points
+from relaxtune.bucket_check import _points, mismatch
 from relaxtune.config import BucketConfig, JobConfig, TuneConfig
 from relaxtune.schedules import cache, verdicts
 
@@ -34,6 +34,16 @@ def test_points_are_the_tuning_point_and_the_middle():
     assert _points({"n": [1, 1, 1]}) == [{"n": 1}]
 
 
+def test_mismatch_is_relative_and_refuses_nan_and_shape_changes():
+    want = [np.array([[1.0, -4.0], [2.0, 0.5]], dtype="float32")]
+    assert mismatch([want[0].copy()], want) == 0.0
+    assert mismatch([want[0] + np.float32(0.002)], want) == pytest.approx(0.0005, rel=1e-3)  # 0.002 / max |want| = 4
+    assert mismatch([np.where(want[0] > 1, np.nan, want[0])], want) == float("inf")
+    assert mismatch([want[0][:1]], want) == float("inf")
+    with pytest.raises(ValueError):  # a different number of outputs
+        mismatch([want[0], want[0]], want)
+
+
 def test_every_bucket_with_applied_records_gets_a_measured_verdict(checked, target):
     job, result, entries = checked
     assert result.trials_run == 16
@@ -43,6 +53,8 @@ def test_every_bucket_with_applied_records_gets_a_measured_verdict(checked, targ
     for entry in entries:
         assert entry["verdict"] in verdicts.VERDICTS and entry["records_ms"] > 0 and entry["rules_ms"] > 0
         assert entry["verdict"] == ("records" if entry["records_ms"] < (1 - 0.03) * entry["rules_ms"] else "rules")
+        assert 0 <= entry["error"] <= 1  # the records' outputs matched the rules' (in units of TOLERANCE)
+
         assert stored[entry["signature"]]["bucket"] == entry["bucket"]
 
 
@@ -86,3 +98,13 @@ def test_cli_tune_prints_and_writes_the_verdicts(checked, tiny_mlp, target, tmp_
     assert all(b["verdict"] in verdicts.VERDICTS for b in data["buckets"])  # none where every record lost to its rules
     printed = capsys.readouterr().out
     assert printed.count("(side by side)") == len(data["buckets"])
+
+
+def test_records_with_other_outputs_than_the_rules_lose(checked, tiny_mlp, target, monkeypatch):
+    """The only correctness check a cuda schedule gets: outputs off by more than the dtype allows -> rules."""
+    from relaxtune import bucket_check
+
+    job, _, _ = checked
+    monkeypatch.setattr(bucket_check, "mismatch", lambda got, want: float("inf"))
+    entries = bucket_check.check_buckets(tiny_mlp, target, job)
+    assert entries and all(e["verdict"] == "rules" and e["error"] == "inf" for e in entries), entries
