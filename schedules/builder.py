@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 import time
+from pathlib import Path
 
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
@@ -152,3 +154,23 @@ def make_runner(config: TuneConfig):
     from .workers import LocalRunner
 
     return LocalRunner(timeout_sec=config.run_timeout_s, evaluator_config=evaluator)
+
+
+def build_and_run(items: list, target, builder, runner) -> tuple[list, list]:
+    """Build `items` ((module, args info) pairs) in one batch and run the ones that built; returns
+    (builder results, runner results), a failed build's runner result carrying the build's error.
+    The built artifacts are removed once run."""
+    device = "cuda" if "gpu" in target.keys else "cpu"  # a device name: tvm.device("llvm") is an error
+    builds = builder.build([ms.builder.BuilderInput(mod, target) for mod, _ in items])
+    inputs, where = [], []
+    for i, ((_, args_info), b) in enumerate(zip(items, builds)):
+        if b.error_msg is None:
+            inputs.append(ms.runner.RunnerInput(b.artifact_path, device, args_info))
+            where.append(i)
+    runs = [ms.runner.RunnerResult(None, b.error_msg) for b in builds]
+    for i, future in zip(where, runner.run(inputs) if inputs else []):
+        runs[i] = future.result()
+    for b in builds:
+        if b.artifact_path:
+            shutil.rmtree(Path(b.artifact_path).parent, ignore_errors=True)
+    return builds, runs

@@ -59,23 +59,18 @@ def measure_rules_batch(mods: list, target, builder, runner) -> list[float | Non
     timed by `runner`; None where the build or the run failed (logged)."""
     from tvm.s_tir import meta_schedule as ms
 
+    from .builder import build_and_run
+
     scheduled = [rule_scheduled(m, target) for m in mods]
-    builds = builder.build([ms.builder.BuilderInput(s, target) for s in scheduled])
-    inputs, built = [], []
-    for i, (s, b) in enumerate(zip(scheduled, builds)):
+    builds, runs = build_and_run([(s, ms.arg_info.ArgInfo.from_prim_func(s["main"])) for s in scheduled], target, builder, runner)
+    times: list[float | None] = [None] * len(mods)
+    for i, (b, result) in enumerate(zip(builds, runs)):
         if b.error_msg:
             logger.warning("rule schedule %d of %d does not build: %s", i + 1, len(mods), b.error_msg.strip().splitlines()[-1][:200])
-            continue
-        device = "cuda" if target.kind.name == "cuda" else "cpu"
-        inputs.append(ms.runner.RunnerInput(b.artifact_path, device, ms.arg_info.ArgInfo.from_prim_func(s["main"])))
-        built.append(i)
-    times: list[float | None] = [None] * len(mods)
-    for i, future in zip(built, runner.run(inputs) if inputs else []):
-        result = future.result()
-        if result.error_msg or not result.run_secs:
+        elif result.error_msg or not result.run_secs:
             logger.warning("rule schedule %d of %d does not run: %s", i + 1, len(mods), (result.error_msg or "no time").strip().splitlines()[-1][:200])
-            continue
-        times[i] = sum(float(x) for x in result.run_secs) / len(result.run_secs) * 1e6
+        else:
+            times[i] = sum(float(x) for x in result.run_secs) / len(result.run_secs) * 1e6
     return times
 
 

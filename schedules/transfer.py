@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import logging
 import math
-import shutil
-from pathlib import Path
 
 import tvm
 import tvm_ffi
@@ -36,6 +34,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from tvm.s_tir.schedule import Trace
 
+from .builder import build_and_run
 from .replay import fresh_schedule
 
 logger = logging.getLogger(__name__)
@@ -245,21 +244,9 @@ def measure(candidates: list, context, builder, runner, database) -> tuple[list,
     """Build and run the candidates, commit each as a record of the context's task (failures with
     MetaSchedule's failure time, as its own callback does); returns (builder, runner) results."""
     target = context.target
-    device = "cuda" if "gpu" in target.keys else "cpu"  # a device name: tvm.device("llvm") is an error
-    builds = builder.build([ms.builder.BuilderInput(c.sch.mod, target) for c in candidates])
-    inputs, where = [], []
-    for i, (c, b) in enumerate(zip(candidates, builds)):
-        if b.error_msg is None:
-            inputs.append(ms.runner.RunnerInput(b.artifact_path, device, c.args_info))
-            where.append(i)
-    futures = runner.run(inputs) if inputs else []
-    runs = [ms.runner.RunnerResult(None, b.error_msg) for b in builds]
-    for i, future in zip(where, futures):
-        runs[i] = future.result()
+    builds, runs = build_and_run([(c.sch.mod, c.args_info) for c in candidates], target, builder, runner)
     workload = database.commit_workload(context.mod)
-    for c, b, r in zip(candidates, builds, runs):
+    for c, r in zip(candidates, runs):
         secs = [float(s) for s in r.run_secs] if r.run_secs and not r.error_msg else [1e10]
         database.commit_tuning_record(ms.database.TuningRecord(c.sch.trace, workload, secs, target, c.args_info))
-        if b.artifact_path:
-            shutil.rmtree(Path(b.artifact_path).parent, ignore_errors=True)
     return builds, runs
