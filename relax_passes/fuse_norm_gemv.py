@@ -29,8 +29,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .fusion_utils import is_op, plain_matmul, use_counts
-from .small_attention_tiles import upper_bound
+from .fusion_utils import is_op, plain_matmul, upper_bound, upper_bounds, use_counts
 
 logger = logging.getLogger(__name__)
 
@@ -158,9 +157,7 @@ class FuseNormIntoGemv:
         for gv, func in mod.functions_items():
             if not isinstance(func, relax.Function) or (func.attrs and func.attrs.get("Primitive", False)):
                 continue
-            limits = (func.attrs or {}).get("tir_var_upper_bound", None) or {}
-            bounds = {str(k): int(getattr(v, "value", v)) for k, v in limits.items()}
-            chains = find_chains(func, bounds)
+            chains = find_chains(func, upper_bounds(func))
             if chains:
                 grouper.ends = [(chain.calls[-1], chain) for chain in chains]
                 grouper.builder_.update_func(gv, grouper.visit_expr(func))

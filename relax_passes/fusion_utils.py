@@ -1,4 +1,5 @@
 """Helpers shared by relaxtune's Relax passes (not a pass): running a mutator over every function,
+the upper bounds of a (bucket) function's symbolic variables,
 which expressions are weights, how often each variable is used, and how to re-emit a weight
 expression at another place.
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 
 import tvm
-from tvm import relax
+from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprVisitor, visitor
 
 # PrimFunc attribute listing the original operators of a kernel a relaxtune pass wrote whole
@@ -141,3 +142,18 @@ def plain_matmul(expr: relax.Expr) -> bool:
         return False
     out_dtype = expr.attrs.out_dtype
     return (out_dtype is None or str(out_dtype) in ("", "void", str(x.ty.dtype))) and x.ty.dtype == w.ty.dtype and x.ty.ndim >= 1
+
+
+def upper_bounds(func: relax.Function) -> dict[str, int]:
+    """The function's ``tir_var_upper_bound`` (a bucket function's bounds after BucketDispatch) by variable name."""
+    limits = (func.attrs or {}).get("tir_var_upper_bound", None) or {}
+    return {str(k): int(getattr(v, "value", v)) for k, v in limits.items()}
+
+
+def upper_bound(dim, bounds: dict[str, int]) -> int | None:
+    """The largest value of the shape dimension `dim`: a constant, or a variable named in `bounds`; else None."""
+    if isinstance(dim, tirx.IntImm):
+        return int(dim.value)
+    if isinstance(dim, tirx.Var) and dim.name in bounds:
+        return bounds[dim.name]
+    return None

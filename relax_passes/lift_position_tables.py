@@ -36,7 +36,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .fusion_utils import is_op, rewrite_functions
+from .fusion_utils import is_op, rewrite_functions, upper_bounds
 
 logger = logging.getLogger(__name__)
 
@@ -187,8 +187,7 @@ class _Lifter(PyExprMutator):
         self.expressions = 0  # of them, Relax expressions (imported models), not call_tir
 
     def visit_function_(self, func):
-        bounds = (func.attrs or {}).get("tir_var_upper_bound", None) if func.attrs is not None else None
-        self.bounds = {str(k): int(v) for k, v in bounds.items()} if bounds else {}
+        self.bounds = upper_bounds(func)
         self.rows = _RowLocal(func, self.bounds)
         self.root_values = {self.rows.values[var]: (var, found) for var, found in self.rows.roots.items()}
         self.at_bound = {}  # row-local var -> its value computed at the bound (emitted once)

@@ -28,18 +28,9 @@ from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .attention_kernel import ATTR, BOUNDS_ATTR, KIND, QUERY_TILE, KEY_TILE, ROW_GROUP, retiled
-from .fusion_utils import is_op
+from .fusion_utils import is_op, upper_bound, upper_bounds
 
 logger = logging.getLogger(__name__)
-
-
-def upper_bound(dim, bounds: dict[str, int]) -> int | None:
-    """The largest value of the shape dimension `dim`: a constant, or a variable named in `bounds`; else None."""
-    if isinstance(dim, tirx.IntImm):
-        return int(dim.value)
-    if isinstance(dim, tirx.Var) and dim.name in bounds:
-        return bounds[dim.name]
-    return None
 
 
 def tile(bound: int | None, default: int) -> int:
@@ -88,8 +79,7 @@ class SmallAttentionTiles:
         retiler = _Retiler(mod)
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function):
-                limits = (func.attrs or {}).get("tir_var_upper_bound", None) or {}
-                retiler.bounds = {str(k): int(getattr(v, "value", v)) for k, v in limits.items()}
+                retiler.bounds = upper_bounds(func)
                 retiler.builder_.update_func(gv, retiler.visit_expr(func))
         if not retiler.copies:
             return mod
