@@ -105,10 +105,12 @@ class CompileResult:
 
 
 def cache_fingerprint(folder: Path) -> str:
+    from .schedules.database import RECORDS, WORKLOADS, packed
+
     digest = hashlib.sha256()
-    for name in ("database_workload.json", "database_tuning_record.json"):
+    for name in (WORKLOADS, RECORDS):
         path = folder / name
-        path = path if path.exists() else path.with_name(name + ".xz")  # packed (schedules/database.py)
+        path = path if path.exists() else packed(path)
         if path.exists():
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]

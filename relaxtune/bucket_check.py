@@ -89,9 +89,9 @@ class _Runner:
         return call
 
     def outputs(self, inputs: dict) -> list:
-        """The call's outputs as numpy arrays (one, or each field of a tuple)."""
-        result = self.vm["main"](*self._args(inputs))
-        return [item.numpy() for item in (result if hasattr(result, "__len__") and not hasattr(result, "numpy") else [result])]
+        """The call's output as a numpy array, in a list (`mismatch` compares lists); a workload's
+        `main` returns one tensor (as `artifact.Artifact.__call__` and `bench` read it)."""
+        return [self.vm["main"](*self._args(inputs)).numpy()]
 
 
 def check_buckets(workload: Workload, target: ResolvedTarget, job: JobConfig) -> list[dict]:

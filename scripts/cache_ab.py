@@ -78,7 +78,7 @@ def run(art: Path, out: Path, names: list[str]) -> None:
             for kind, a in arts.items():
                 got = a(data).astype("float64")
                 errors[kind] = float(np.max(np.abs(got - expected)) / max(1.0, float(np.max(np.abs(expected)))))
-            calls = {kind: _caller(a, data) for kind, a in arts.items()}
+            calls = {kind: a.caller(data) for kind, a in arts.items()}
             ms = interleaved(calls, ROUNDS)
             ok = ok and all(e <= TOLERANCE for e in errors.values())
             entry["shapes"][n] = {"tuned_ms": ms["tuned"], "rules_ms": ms["rules"], "ratio": ms["tuned"] / ms["rules"], "errors": errors}
@@ -91,16 +91,6 @@ def run(art: Path, out: Path, names: list[str]) -> None:
     (out / "cache_ab.md").write_text(f"runtime only: {report['runtime_only']}; every output within {TOLERANCE:g} of torch: {ok}\n\n" + "\n".join(rows) + "\n")
     if not ok:
         raise SystemExit("an output differs from the torch reference")
-
-
-def _caller(artifact, inputs):
-    args = artifact._args(inputs)
-
-    def call():
-        artifact.vm["main"](*args)
-        artifact.device.sync()
-
-    return call
 
 
 def main() -> None:

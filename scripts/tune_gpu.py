@@ -61,7 +61,7 @@ def tune_all(names: list[str], cache: Path, minutes: float, buckets: str, trials
     report: dict = {"workloads": {}, "buckets": buckets, "trials": trials, "minutes": minutes}
     mark = time.perf_counter()
     from relaxtune import api, targets, workloads
-    from relaxtune.config import BucketConfig, CompileConfig, JobConfig, TuneConfig
+    from relaxtune.config import TuneConfig
     from relaxtune.schedules import intrin
 
     target = targets.resolve(target_spec)
@@ -76,8 +76,7 @@ def tune_all(names: list[str], cache: Path, minutes: float, buckets: str, trials
         budget = _budget(trials, limit, batch_s, per_batch)
         workload = workloads.load(name, workloads.parse_config(config), dtype)
         tune = TuneConfig(trials=budget, trials_per_iter=per_batch, time_limit_s=limit, build_timeout_s=BUILD_TIMEOUT_S)
-        job = JobConfig(cache_dir=cache, tune=tune, buckets=BucketConfig.parse([buckets] if buckets else None),
-                        compile=CompileConfig(**(compile_flags or {})))
+        job = _job(cache, buckets, compile_flags).with_(tune=tune)
         mark = time.perf_counter()
         logger.info("%s: search limit %.0f s (%.0f s left in all), budget %d trials (%.1f s a batch of %d)", name, limit, deadline - mark, budget, batch_s, per_batch)
         try:
@@ -110,7 +109,7 @@ def tune_all(names: list[str], cache: Path, minutes: float, buckets: str, trials
         report["workloads"][name] = entry
         logger.info("%s: %d trials (%d failed) in %.0f s, %d were cached; %d of %d kernels have records; extraction + bucket check %.0f s: %s",
                     name, result.trials_run, result.failed, wall, result.trials_cached, entry["with_records"], entry["tasks"], entry["extract_and_check_s"],
-                    ", ".join(f"{b['bucket']} {b['verdict']} ({b['records_ms']:.3f} vs {b['rules_ms']:.3f} ms)" for b in result.buckets) or "none")
+                    _verdicts(result.buckets))
         logger.info("%s: where the time went: %s", name, result.profile)
     _recheck(report, names, cache, buckets, config, dtype, target, compile_flags, deadline)
     report["wall_s"] = round(time.perf_counter() - start, 2)
@@ -124,7 +123,6 @@ def _recheck(report: dict, names: list[str], cache: Path, buckets: str, config: 
     (`schedules/verdicts.py`), so `relaxtune compile` would apply the new records unchecked."""
     from relaxtune import workloads
     from relaxtune.bucket_check import check_buckets
-    from relaxtune.config import BucketConfig, CompileConfig, JobConfig
 
     for name in names[:-1]:
         entry = report["workloads"].get(name, {})
@@ -132,10 +130,20 @@ def _recheck(report: dict, names: list[str], cache: Path, buckets: str, config: 
             continue
         mark = time.perf_counter()
         workload = workloads.load(name, workloads.parse_config(config), dtype)
-        job = JobConfig(cache_dir=cache, buckets=BucketConfig.parse([buckets] if buckets else None), compile=CompileConfig(**(compile_flags or {})))
-        entry["recheck"] = check_buckets(workload, target, job)
+        entry["recheck"] = check_buckets(workload, target, _job(cache, buckets, compile_flags))
         logger.info("%s: buckets checked again with every workload's records in %.0f s: %s", name, time.perf_counter() - mark,
-                    ", ".join(f"{b['bucket']} {b['verdict']} ({b['records_ms']:.3f} vs {b['rules_ms']:.3f} ms)" for b in entry["recheck"]) or "none")
+                    _verdicts(entry["recheck"]))
+
+
+def _job(cache: Path, buckets: str, compile_flags: dict | None):
+    """The job every workload is tuned, and its buckets checked, with: the cache, the bucket tops, the build flags."""
+    from relaxtune.config import BucketConfig, CompileConfig, JobConfig
+
+    return JobConfig(cache_dir=cache, buckets=BucketConfig.parse([buckets] if buckets else None), compile=CompileConfig(**(compile_flags or {})))
+
+
+def _verdicts(entries: list[dict]) -> str:
+    return ", ".join(f"{b['bucket']} {b['verdict']} ({b['records_ms']:.3f} vs {b['rules_ms']:.3f} ms)" for b in entries) or "none"
 
 
 def main() -> None:
