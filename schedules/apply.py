@@ -31,7 +31,7 @@ from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from . import padding, replay, validate
-from .verdicts import Verdicts
+from .verdicts import Verdicts, function_digest, legacy_digest
 from .tasks import bucket_functions, bucket_of, call_sites, normalize, specialise, tune_point, workload_key
 
 logger = logging.getLogger(__name__)
@@ -117,7 +117,8 @@ class ApplyTunedSchedules:
                 plan, applied = self._plan_bucket(mod, gv, {d: sorted(v) for d, v in values.items()}, rewriter.builder_)
             finally:
                 bucket_report, self.report = self.report, outer
-            if plan and self.verdicts.rules_win(gv.name_hint, bucket_of(func), applied):
+            legacy = [(legacy_digest(func), 0.0)] + applied[1:]
+            if plan and self.verdicts.rules_win(gv.name_hint, bucket_of(func), applied, legacy):
                 logger.info("%s: its records measured slower than its rules in the compiled block: rules", gv.name_hint)
                 self.report.update({k: v for k, v in bucket_report.items() if not k.startswith("tuned")})
                 self.report["bucket faster with rules: rules"] += len(plan)
@@ -142,7 +143,7 @@ class ApplyTunedSchedules:
         own = tune_point(func)
         points = [own] + _alternatives(own, values)
         specialised = {}  # tuning point index -> [(name, static kernel)] per call site
-        plan, applied = [], [(str(tvm_ffi.structural_hash(func, map_free_vars=True)), 0.0)]
+        plan, applied = [], [(function_digest(mod, func), 0.0)]
         for site, call in enumerate(call_sites(func)):
             found = None
             for i, point in enumerate(points):

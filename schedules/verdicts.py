@@ -15,6 +15,12 @@ side, and appends one line per bucket:
 (kernel keys and the records' measured times), so a verdict holds for exactly that block and set: after more tuning changes a
 bucket's records, the bucket gets its records again until it is checked again. Append-only, a
 later line for the same signature wins; a damaged line is reported and skipped.
+
+The function enters by `function_digest`: its structure with every kernel it calls named by the
+kernel's own structure, so a compiler change that only renumbers kernels (a new pass fusing one
+group first turned gpt2's `fused_matmul2_add3_gelu_tanh` into `fused_matmul5_add5_gelu_tanh2`)
+keeps the verdicts, while a changed kernel or graph does not. Lines written before (the hash of the
+function with its kernels' names, `legacy_digest`) are still found when nothing was renamed.
 """
 
 from __future__ import annotations
@@ -23,6 +29,11 @@ import hashlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .database import append_lines, read_lines
 
@@ -36,6 +47,33 @@ def signature(items: list[tuple[str, float]]) -> str:
     """Digest of (key, us) items: the bucket function's hash, and (kernel key, record time in us) per record."""
     text = "|".join(f"{key}:{us:.4f}" for key, us in sorted(items))
     return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+@mutator
+class _NamedByContent(PyExprMutator):
+    """Each GlobalVar a function refers to becomes one named by the structure of what it names."""
+
+    def __init__(self, mod: tvm.IRModule):
+        super().__init__(mod)
+        self.mod = mod
+
+    def visit_global_var_(self, gv):
+        callee = self.mod[gv]
+        if callee.attrs is not None and "global_symbol" in callee.attrs:
+            callee = callee.without_attr("global_symbol")
+        named = tvm.ir.GlobalVar(f"k{tvm_ffi.structural_hash(callee, map_free_vars=True)}")
+        relax.expr._update_type(named, gv.ty)
+        return named
+
+
+def function_digest(mod: tvm.IRModule, func: relax.Function) -> str:
+    """The bucket function's structure, its kernels named by their structure (not their names)."""
+    return str(tvm_ffi.structural_hash(_NamedByContent(mod).visit_expr(func), map_free_vars=True))
+
+
+def legacy_digest(func: relax.Function) -> str:
+    """The digest verdict lines written before function_digest used: kernel names included."""
+    return str(tvm_ffi.structural_hash(func, map_free_vars=True))
 
 
 def load(folder: Path | None) -> dict[str, dict]:
@@ -70,9 +108,13 @@ class Verdicts:
     def from_folder(folder: Path | None) -> "Verdicts":
         return Verdicts(load(folder))
 
-    def rules_win(self, bucket_function: str, bucket: dict, items: list[tuple[str, float]]) -> bool:
+    def rules_win(self, bucket_function: str, bucket: dict, items: list[tuple[str, float]], legacy: list[tuple[str, float]] | None = None) -> bool:
+        """`items`: the signature items; `legacy`: the same under the old function digest, whose
+        verdict counts where none was written for `items` (a check then writes one for `items`)."""
         sig = signature(items)
         self.seen[bucket_function] = (sig, bucket)
+        if sig not in self.entries and legacy is not None and signature(legacy) in self.entries:
+            self.entries[sig] = self.entries[signature(legacy)]
         return self.entries.get(sig, {}).get("verdict") == "rules"
 
     def records_checked(self, bucket_function: str) -> bool:
