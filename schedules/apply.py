@@ -26,7 +26,6 @@ import math
 from collections import Counter
 
 import tvm
-import tvm_ffi
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
