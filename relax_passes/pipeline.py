@@ -130,13 +130,16 @@ def pipeline(
 ) -> tvm.transform.Pass:
     """The full pipeline for `target`: fusion, tuned schedules, rules, memory planning, lowering."""
     from ..schedules.apply import ApplyTunedSchedules
+    from ..schedules.validate import check_target
 
     tuned = []
     if database is not None:
+        checked_on = check_target(target)
         tuned = [
-            # records that beat the rules, padded where exact, checked once on the host; a bucket
-            # whose records lost to its rules in the compiled block (schedules/verdicts.py) keeps its rules
-            ApplyTunedSchedules(database, report, index, check="gpu" not in target.keys, verdicts=verdicts),
+            # records that beat the rules, padded where exact, each checked once where its target runs
+            # here (the host; a GPU only on a machine that has one); a bucket whose records lost to its
+            # rules in the compiled block (schedules/verdicts.py) keeps its rules
+            ApplyTunedSchedules(database, report, index, check=checked_on is not None, verdicts=verdicts, check_target=checked_on),
             relax.transform.LegalizeOps(),  # the pad/slice ops it inserted
             relax.transform.AnnotateTIROpPattern(),
         ]

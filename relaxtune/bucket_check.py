@@ -94,8 +94,10 @@ class _Runner:
         return [self.vm["main"](*self._args(inputs)).numpy()]
 
 
-def check_buckets(workload: Workload, target: ResolvedTarget, job: JobConfig) -> list[dict]:
-    """Time every bucket that has records, with and without them; append and return the verdicts."""
+def check_buckets(workload: Workload, target: ResolvedTarget, job: JobConfig, only_unchecked: bool = False) -> list[dict]:
+    """Time every bucket that has records, with and without them; append and return the verdicts.
+    `only_unchecked`: nothing (one build) unless a bucket's record set has no verdict yet (a tuning
+    job that ran no trial, over a cache whose verdicts predate the compiler that builds it now)."""
     from . import api
     from .schedules import verdicts as store
 
@@ -103,9 +105,14 @@ def check_buckets(workload: Workload, target: ResolvedTarget, job: JobConfig) ->
     if device is None:
         logger.info("no %s device here: buckets not checked (their records are applied as tuned)", target.target.kind.name)
         return []
-    every = store.Verdicts(apply_all=True)  # every bucket gets its records, and says its signature
-    records, _, folder = api.build(workload, target, job, verdicts=every)
+    from .schedules.cache import folder_for
+
+    every = store.Verdicts(store.load(folder_for(job.cache_dir, target)), apply_all=True)
+    records, _, folder = api.build(workload, target, job, verdicts=every)  # every bucket's records; `seen`: their signatures
     if not every.seen or folder is None:
+        return []
+    if only_unchecked and all(sig in every.entries for sig, _ in every.seen.values()):
+        logger.info("every bucket's records have a verdict: not checked again")
         return []
     rules, _, _ = api.build(workload, target, job.with_(compile=replace(job.compile, use_cache=False)))
     with_records, with_rules = _Runner(records, device, workload), _Runner(rules, device, workload)

@@ -96,11 +96,13 @@ class ApplyTunedSchedules:
     applies without a guard; everything else is left to the rules.
     """
 
-    def __init__(self, database, report: Counter | None = None, index: dict[str, dict] | None = None, check: bool = True, verdicts=None):
+    def __init__(self, database, report: Counter | None = None, index: dict[str, dict] | None = None, check: bool = True, verdicts=None,
+                 check_target=None):
         self.database = database
         self.report = report if report is not None else Counter()
         self.index = index or {}
-        self.check = check  # run each re-applied schedule once against the naive kernel (host targets)
+        self.check = check  # run each re-applied schedule once against the naive kernel
+        self.check_target = check_target  # where (validate.check_target): None is the host
         self.verdicts = verdicts if verdicts is not None else Verdicts()
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -164,7 +166,7 @@ class ApplyTunedSchedules:
         return plan, applied
 
     def _checked(self, name, reference, scheduled, bounds) -> bool:
-        if not self.check or validate.same_results(reference, scheduled, bounds):
+        if not self.check or validate.same_results(reference, scheduled, bounds, self.check_target):
             return True
         logger.warning("the schedule re-applied to %s gives wrong results at symbolic shapes; using its rules", name)
         self.report["wrong on symbolic shapes: rules"] += 1

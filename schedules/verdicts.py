@@ -97,8 +97,9 @@ def append(folder: Path, entries: list[dict]) -> None:
 class Verdicts:
     """What ApplyTunedSchedules consults per bucket; it records each bucket's signature in `seen`.
 
-    `entries` empty (the default) applies every bucket's records: that is how the check builds
-    its "records" variant."""
+    `entries` empty (the default) applies every bucket's records; so does `apply_all`, whatever
+    `entries` say: that is how the check builds its "records" variant (and learns which of the
+    signatures it sees have a verdict)."""
 
     entries: dict[str, dict] = field(default_factory=dict)
     seen: dict[str, tuple[str, dict]] = field(default_factory=dict)  # bucket function -> (signature, bucket)
@@ -115,7 +116,7 @@ class Verdicts:
         self.seen[bucket_function] = (sig, bucket)
         if sig not in self.entries and legacy is not None and signature(legacy) in self.entries:
             self.entries[sig] = self.entries[signature(legacy)]
-        return self.entries.get(sig, {}).get("verdict") == "rules"
+        return not self.apply_all and self.entries.get(sig, {}).get("verdict") == "rules"
 
     def records_checked(self, bucket_function: str) -> bool:
         """Did a bucket check on the device run this bucket's records (the set `rules_win` just saw)

@@ -108,3 +108,22 @@ def test_records_with_other_outputs_than_the_rules_lose(checked, tiny_mlp, targe
     monkeypatch.setattr(bucket_check, "mismatch", lambda got, want: float("inf"))
     entries = bucket_check.check_buckets(tiny_mlp, target, job)
     assert entries and all(e["verdict"] == "rules" and e["error"] == "inf" for e in entries), entries
+
+
+def test_a_job_without_new_trials_checks_only_buckets_without_a_verdict(checked, tiny_mlp, target, tmp_path):
+    """Verdicts name the bucket's kernels: a cache checked with another compiler gets checked, even when no trial runs."""
+    import dataclasses
+    import shutil
+
+    from relaxtune.bucket_check import check_buckets
+
+    job, _, _ = checked
+    folder = cache.folder_for(job.cache_dir, target)
+    lines = (folder / verdicts.FILE).read_text()
+    assert check_buckets(tiny_mlp, target, job, only_unchecked=True) == []  # every bucket has its verdict: one build, no timing
+    assert (folder / verdicts.FILE).read_text() == lines
+    shutil.copytree(job.cache_dir, tmp_path / "c")
+    (cache.folder_for(tmp_path / "c", target) / verdicts.FILE).unlink()  # as if checked under other kernel names
+    again = api.tune(tiny_mlp, target, dataclasses.replace(job, cache_dir=tmp_path / "c"), progress=False)
+    assert again.trials_run == 0 and again.buckets  # no trial, yet checked: the records' buckets had no verdict
+    assert set(verdicts.load(cache.folder_for(tmp_path / "c", target))) == {e["signature"] for e in again.buckets}
