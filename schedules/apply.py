@@ -166,6 +166,11 @@ class ApplyTunedSchedules:
         return plan, applied
 
     def _checked(self, name, reference, scheduled, bounds) -> bool:
+        if not replay.threads_agree(scheduled):  # a GPU kernel launches one extent per thread index: wrong anywhere
+            logger.warning("the schedule re-applied to %s binds a thread index at two extents (%s); using its rules", name,
+                           {tag: sorted(e) for tag, e in replay.thread_extents(scheduled).items() if len(e) > 1})
+            self.report["thread index bound at two extents: rules"] += 1
+            return False
         if not self.check or validate.same_results(reference, scheduled, bounds, self.check_target):
             return True
         logger.warning("the schedule re-applied to %s gives wrong results at symbolic shapes; using its rules", name)

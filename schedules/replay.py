@@ -87,6 +87,28 @@ def has_guard(func: tirx.PrimFunc) -> bool:
     return "T.where(" in func.script()
 
 
+def thread_extents(func: tirx.PrimFunc) -> dict[str, set[str]]:
+    """Thread tag (threadIdx.x, blockIdx.x, ...) → the extents of the loops bound to it. A GPU
+    kernel launches with one extent per tag, so a tag bound at two extents is a broken schedule: a
+    record re-applied with a smaller row tile bound 32 threads to its rows while its cooperative
+    shared-memory fetches kept the 128 of the trace (the H200 ran it 5e4 x off the fp32 tolerance)."""
+    import tvm_ffi
+
+    found: dict[str, set[str]] = {}
+
+    def visit(loop):
+        if loop.thread_binding is not None:
+            found.setdefault(str(loop.thread_binding.thread_tag), set()).add(str(loop.extent))
+
+    tvm_ffi.structural_walk(func.body, ((tirx.For,), visit), order="pre")
+    return found
+
+
+def threads_agree(func: tirx.PrimFunc) -> bool:
+    """Whether every thread tag of a kernel is bound at one extent (see `thread_extents`)."""
+    return all(len(extents) == 1 for extents in thread_extents(func).values())
+
+
 def _static_iters(func: tirx.PrimFunc) -> dict[str, list[bool]]:
     """Block name → per block iter, whether its extent is a constant."""
     import tvm_ffi

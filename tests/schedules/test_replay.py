@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from tvm import relax
+from tvm import relax, te, tirx
 from tvm.s_tir.schedule import Trace
 from tvm.script import tirx as T
 
@@ -83,3 +83,25 @@ def test_fresh_schedule_leaves_the_kernel_untouched():
     replay.apply_trace(dynamic, replay.generalize(_tuned_trace(_matmul(T.int64(16)))))
     replay.apply_trace(dynamic, replay.generalize(_tuned_trace(_matmul(T.int64(16)))))
     assert dynamic.script() == before
+
+
+def _bound(second: int) -> tirx.PrimFunc:
+    """Two blocks in one kernel, each row loop on blockIdx.x and column loop on threadIdx.x (64, then `second`)."""
+    from tvm import s_tir
+
+    x = te.placeholder((4, 64), "float32", name="x")
+    y = te.compute((4, 64), lambda i, j: x[i, j] * 2.0, name="y")
+    z = te.compute((4, 64), lambda i, j: y[i, j] + 1.0, name="z")
+    sch = s_tir.Schedule(te.create_prim_func([x, z]))
+    for block, threads in (("y", 64), ("z", second)):
+        i, j = sch.get_loops(sch.get_sblock(block))
+        _, inner = sch.split(j, [None, threads])
+        sch.bind(i, "blockIdx.x")
+        sch.bind(inner, "threadIdx.x")
+    return sch.mod["main"]
+
+
+def test_a_thread_index_bound_at_two_extents_is_caught_without_a_gpu():
+    assert replay.threads_agree(_bound(64)) and replay.thread_extents(_bound(64))["threadIdx.x"] == {"64"}
+    assert not replay.threads_agree(_bound(16))  # what a smaller row tile left in a record's cooperative fetch
+    assert replay.thread_extents(_bound(16))["threadIdx.x"] == {"64", "16"}

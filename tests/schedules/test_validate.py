@@ -47,3 +47,4 @@ def test_same_results_tells_a_schedule_from_another_computation():
     assert validate.same_results(reference, _split(reference), bounds)
     assert validate.same_results(reference, _split(reference), bounds, validate.check_target(targets.resolve("cpu").target))
     assert not validate.same_results(reference, _split(_kernel(1.5)), bounds)  # off by 0.5 everywhere
+
