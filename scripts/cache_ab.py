@@ -1,6 +1,6 @@
 """Tuned vs rules-only builds of the default workloads, cross-compiled here, run on the GPU machine.
 
-    python scripts/cache_ab.py build --art DIR [--cache tuning_logs] [--workloads mlp,...]   # here (nvcc)
+    python scripts/cache_ab.py build --art DIR [--cache tuning_logs] [--workloads mlp,...] [--shapes 1,4,16]   # here (nvcc)
     python3 scripts/cache_ab.py run --art DIR --out OUT                                   # GPU machine
 
 `build` compiles each workload twice for cuda as `relaxtune compile W --target cuda` does (default
@@ -31,7 +31,7 @@ ROUNDS = 7
 TOLERANCE = 1e-3  # relative max error, float32 (what `relaxtune run` accepts)
 
 
-def build(art: Path, cache: Path, names: list[str]) -> None:
+def build(art: Path, cache: Path, names: list[str], shapes: tuple[int, ...] = SHAPES, cuda_graphs: bool = True) -> None:
     import numpy as np
 
     from relaxtune import api, targets, workloads
@@ -43,11 +43,11 @@ def build(art: Path, cache: Path, names: list[str]) -> None:
         workload = workloads.load(name, {}, None)
         tuned = api.tuned_buckets(workload, target, JobConfig(cache_dir=cache))  # as `relaxtune compile` picks them
         for suffix, use_cache in (("", True), ("-rules", False)):
-            job = JobConfig(cache_dir=cache, compile=CompileConfig(use_cache=use_cache))
+            job = JobConfig(cache_dir=cache, compile=CompileConfig(use_cache=use_cache, cuda_graphs=cuda_graphs))
             job = job.with_(buckets=tuned) if tuned is not None else job
             result = api.compile(workload, target, job, art / f"{name}{suffix}.so")
             logger.info("%s%s: %.0f s; kernel calls: %s", name, suffix, result.seconds, dict(result.schedules))
-        for n in SHAPES:
+        for n in shapes:
             inputs = workload.random_inputs({"n": n, "b": 1})
             expected = workload.reference(inputs, workload.params)
             np.savez(art / f"{name}-n{n}.npz", expected=expected, **inputs)
@@ -71,7 +71,7 @@ def run(art: Path, out: Path, names: list[str]) -> None:
     for name in names:
         arts = {"tuned": Artifact.load(art / f"{name}.so"), "rules": Artifact.load(art / f"{name}-rules.so")}
         entry = {"schedules": arts["tuned"].manifest["schedules"], "shapes": {}}
-        for n in SHAPES:
+        for n in sorted(int(p.name[len(name) + 2:-4]) for p in art.glob(f"{name}-n*.npz")):  # the shapes build wrote
             data = dict(np.load(art / f"{name}-n{n}.npz"))
             expected = data.pop("expected")
             errors = {}
@@ -100,11 +100,17 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path("tuning_logs"), help="build: the tuning cache (default tuning_logs/)")
     parser.add_argument("--out", type=Path, default=Path("."), help="run: where cache_ab.json / .md go")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--shapes", default=",".join(map(str, SHAPES)), help="build: the values of n to check and time (run: those built)")
+    parser.add_argument("--no-cuda-graphs", action="store_true", help="build: without CUDA graphs in the small buckets")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
     names = [n for n in args.workloads.split(",") if n]
     if args.step == "build":
-        build(args.art, args.cache, names)
+        try:
+            shapes = tuple(int(v) for v in args.shapes.split(",") if v.strip())
+        except ValueError:
+            raise SystemExit(f"--shapes {args.shapes!r}: expected comma-separated positive integers (e.g. 1,4,16)") from None
+        build(args.art, args.cache, names, shapes, cuda_graphs=not args.no_cuda_graphs)
     else:
         if os.environ.get("TVM_USE_RUNTIME_LIB") != "1":
             logger.warning("TVM_USE_RUNTIME_LIB=1 is not set: the compiler library may be loaded")

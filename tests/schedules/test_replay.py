@@ -105,3 +105,38 @@ def test_a_thread_index_bound_at_two_extents_is_caught_without_a_gpu():
     assert replay.threads_agree(_bound(64)) and replay.thread_extents(_bound(64))["threadIdx.x"] == {"64"}
     assert not replay.threads_agree(_bound(16))  # what a smaller row tile left in a record's cooperative fetch
     assert replay.thread_extents(_bound(16))["threadIdx.x"] == {"64", "16"}
+
+
+def test_padded_call_zero_fills_in_one_kernel_and_is_right_at_multiples_and_between():
+    """The caller side of padding: rows grown to the multiple by one copy kernel (no zero-row concat:
+    on the H200 that made gpt2-block's padded records 100% off at exactly n = 16), the output sliced back."""
+    n = tvm.tirx.Var("n", "int64")
+    kernel = _matmul(n)
+    x_ty = relax.TensorType((n, 64), "float32")
+    w_ty = relax.TensorType((64, 32), "float32")
+    out_ty = relax.TensorType((n, 32), "float32")
+    pads = {"n": (n, 8)}
+    bb = relax.BlockBuilder()
+    x, w = relax.Var("x", x_ty), relax.Var("w", w_ty)
+    with bb.function("main", [x, w]):
+        gv = bb.add_func(padding.padded_kernel(kernel, [x_ty, w_ty], out_ty, pads), "matmul_padded")
+        y = padding.emit_padded_call(bb, gv, [x, w], out_ty, pads)
+        bb.emit_func_output(y)
+    mod = bb.get()
+    ops = [c.op.name for c in _calls(mod["main"]) if isinstance(c.op, tvm.ir.Op)]
+    assert "relax.concat" not in ops and "relax.zeros" not in ops
+    assert sum(1 for gv in mod.get_global_vars() if gv.name_hint.startswith("zero_filled")) == 1
+    ex = tvm.compile(mod, target="llvm")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    rng = np.random.default_rng(0)
+    wv = rng.standard_normal((64, 32)).astype("float32")
+    for rows in (1, 5, 8, 13, 16):
+        xv = rng.standard_normal((rows, 64)).astype("float32")
+        got = vm["main"](tvm.runtime.tensor(xv), tvm.runtime.tensor(wv)).numpy()
+        np.testing.assert_allclose(got, xv @ wv, rtol=1e-4, atol=1e-4)
+
+
+def _calls(func):
+    found = []
+    relax.analysis.post_order_visit(func, lambda e: found.append(e) if isinstance(e, relax.Call) else None)
+    return found
