@@ -71,6 +71,16 @@ def run_nvcc(cmd: list[str], what: str = "") -> None:
         raise RuntimeError(f"nvcc failed{' on ' + what if what else ''} ({' '.join(cmd)}):\n{done.stderr[-4000:]}")
 
 
+EXTERN_HOST = Path(__file__).with_name("cuda_extern_host.h").read_text()
+
+
+def extern_host_source(name: str, own: str) -> str:
+    """One extern's host source: the host side every extern shares (cuda_extern_host.h: the driver by
+    dlopen, errors naming `name`, the fatbin's module per device, kernels and device attributes looked
+    up once), then its own code `own`."""
+    return f'#define RELAXTUNE_EXTERN "{name}"\n' + EXTERN_HOST + own
+
+
 def embedded_fatbin_object(name: str, stem: str, arch: str, kernel_source: str, host_source: str, make_fatbin, cache_dir: Path | None, what: str) -> Path:
     """The host object of one of relaxtune's CUDA externs (flash attention, GEMV): `host_source` with
     the fatbin `make_fatbin(arch, folder)` writes embedded as the hidden symbol

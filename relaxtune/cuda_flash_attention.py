@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from .cuda_device_code import arch_number, embedded_fatbin_object, find_nvcc, run_nvcc
+from .cuda_device_code import arch_number, embedded_fatbin_object, extern_host_source, find_nvcc, run_nvcc
 
 logger = logging.getLogger(__name__)
 
@@ -44,41 +44,16 @@ KERNEL_SOURCE = "".join(
     Path(__file__).with_name(name).read_text() for name in ("cuda_flash_attention.cu", "cuda_flash_attention_sm90.cu", "cuda_flash_attention_sm90_ws.cu")
 )
 
-HOST_SOURCE = r"""
-#include <dlfcn.h>
-#include <tvm/ffi/container/tensor.h>
-#include <tvm/ffi/extra/c_env_api.h>
-#include <tvm/ffi/function.h>
-
+HOST_SOURCE = extern_host_source("relaxtune flash attention", r"""
 #include <tvm/ffi/container/shape.h>
 
 #include <algorithm>
 #include <climits>
 #include <cmath>
-#include <mutex>
-#include <string>
-#include <unordered_map>
 
 extern "C" const char relaxtune_flash_fatbin[];  // the nvcc fatbin, linked in by .incbin below
 
 namespace {
-using CUresult = int;
-using CUdevice = int;
-using Ptr = void*;
-struct Driver {
-  CUresult (*init)(unsigned) = nullptr;
-  CUresult (*ctx_get_current)(Ptr*) = nullptr;
-  CUresult (*ctx_set_current)(Ptr) = nullptr;
-  CUresult (*device_get)(CUdevice*, int) = nullptr;
-  CUresult (*primary_retain)(Ptr*, CUdevice) = nullptr;
-  CUresult (*module_load_data)(Ptr*, const void*) = nullptr;
-  CUresult (*module_get_function)(Ptr*, Ptr, const char*) = nullptr;
-  CUresult (*func_set_attribute)(Ptr, int, int) = nullptr;
-  CUresult (*launch)(Ptr, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, Ptr, void**, void**) = nullptr;
-  CUresult (*error_string)(CUresult, const char**) = nullptr;
-  CUresult (*device_attribute)(int*, int, CUdevice) = nullptr;
-};
-
 struct Params {  // must match cuda_flash_attention.cu
   const void *q, *k, *v, *cos, *sin;
   void* o;
@@ -89,7 +64,6 @@ struct Params {  // must match cuda_flash_attention.cu
   float scale_log2;
 };
 
-constexpr int kMaxDynamicSharedBytes = 8;  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 constexpr int kBlockN = 64;
 // the default configuration, measured on an H200 (scripts/flash_check.py, 7B shapes): 64 query rows per block
 // were as fast as 128 or faster at n = 128, 512 and 2048 (11.2 / 25.6 / 224 us against 16.2 / 31.8 / 223 us),
@@ -106,77 +80,10 @@ constexpr int kSm90BlockN = 64;
 constexpr int kSm90 = 90;  // block_m value that asks for that kernel
 
 
-Driver* LoadDriver() {
-  static Driver d;
-  static std::once_flag once;
-  static std::string error;
-  std::call_once(once, [] {
-    void* so = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
-    if (so == nullptr) { error = "cannot dlopen libcuda.so.1 (no NVIDIA driver?)"; return; }
-    auto sym = [so](auto& fn, const char* name) { fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(so, name)); return fn != nullptr; };
-    bool ok = sym(d.init, "cuInit") && sym(d.ctx_get_current, "cuCtxGetCurrent") && sym(d.ctx_set_current, "cuCtxSetCurrent") &&
-              sym(d.device_get, "cuDeviceGet") && sym(d.primary_retain, "cuDevicePrimaryCtxRetain") &&
-              sym(d.module_load_data, "cuModuleLoadData") && sym(d.module_get_function, "cuModuleGetFunction") &&
-              sym(d.func_set_attribute, "cuFuncSetAttribute") && sym(d.launch, "cuLaunchKernel") && sym(d.error_string, "cuGetErrorString") &&
-              sym(d.device_attribute, "cuDeviceGetAttribute");
-    if (!ok || d.init(0) != 0) { error = "libcuda.so.1 lacks a driver entry point, or cuInit failed"; d.launch = nullptr; }
-  });
-  TVM_FFI_ICHECK(d.launch != nullptr) << "relaxtune flash attention: " << error;
-  return &d;
-}
-
-void Check(Driver* d, CUresult status, const char* what) {
-  if (status == 0) return;
-  const char* text = nullptr;
-  d->error_string(status, &text);
-  TVM_FFI_THROW(RuntimeError) << "relaxtune flash attention: " << what << " failed: " << (text ? text : "?") << " (" << status << ")";
-}
-
-// the kernel for (dtype, d, block_m) on `device`: the module is loaded once per device, in its
-// current (else primary) context, and each kernel's shared-memory limit raised once
-Ptr Kernel(Driver* d, int device, const std::string& name, int smem) {
-  static std::mutex mu;
-  static std::unordered_map<int, Ptr> modules;
-  static std::unordered_map<std::string, Ptr> kernels;
-  std::lock_guard<std::mutex> lock(mu);
-  std::string key = std::to_string(device) + "/" + name;
-  auto found = kernels.find(key);
-  if (found != kernels.end()) return found->second;
-  Ptr& module = modules[device];
-  if (module == nullptr) {
-    Ptr ctx = nullptr;
-    Check(d, d->ctx_get_current(&ctx), "cuCtxGetCurrent");
-    if (ctx == nullptr) {
-      CUdevice dev;
-      Check(d, d->device_get(&dev, device), "cuDeviceGet");
-      Check(d, d->primary_retain(&ctx, dev), "cuDevicePrimaryCtxRetain");
-      Check(d, d->ctx_set_current(ctx), "cuCtxSetCurrent");
-    }
-    Check(d, d->module_load_data(&module, relaxtune_flash_fatbin), "cuModuleLoadData (is the GPU older than the artifact's arch?)");
-  }
-  Ptr fn = nullptr;
-  Check(d, d->module_get_function(&fn, module, name.c_str()), "cuModuleGetFunction");
-  Check(d, d->func_set_attribute(fn, kMaxDynamicSharedBytes, smem), "cuFuncSetAttribute(max dynamic shared memory)");
-  kernels[key] = fn;
-  return fn;
-}
-
 // whether `device` is compute capability 9.0 (the fatbin's sm_90a code runs there), cached per device
 bool IsSm90(Driver* d, int device) {
-  static std::mutex mu;
-  static std::unordered_map<int, bool> known;
-  std::lock_guard<std::mutex> lock(mu);
-  auto found = known.find(device);
-  if (found != known.end()) return found->second;
-  CUdevice dev;
-  int major = 0, minor = 0;
-  Check(d, d->device_get(&dev, device), "cuDeviceGet");
-  Check(d, d->device_attribute(&major, 75, dev), "cuDeviceGetAttribute(compute capability major)");
-  Check(d, d->device_attribute(&minor, 76, dev), "cuDeviceGetAttribute(compute capability minor)");
-  return known[device] = major == 9 && minor == 0;
+  return Attribute(d, device, kComputeMajor) == 9 && Attribute(d, device, kComputeMinor) == 0;
 }
-
-char* Data(const tvm::ffi::TensorView& t) { return static_cast<char*>(t.data_ptr()) + t.byte_offset(); }
 
 // o (b, n, heads, d) = attention of heads q_head0.. of q, kv heads k_head0.. of k and v_head0.. of v
 // (each (b, rows, heads of the tensor, d), compact); cos/sin: (>= n, d) tables to rotate q with, or null
@@ -239,20 +146,20 @@ void Launch(const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& k, const 
   if (ws) {  // 384 threads: two consumer warpgroups, one producer warpgroup; Q, three K/V stages, six mbarriers
     int smem = static_cast<int>((block_m + 6 * block_n) * dim * 2 + 1024 + 64);
     std::string name = std::string("relaxtune_flash_ws_") + type + "_d" + std::to_string(dim) + "_n" + std::to_string(block_n) + (pingpong ? "_pp" : "");
-    Ptr fn = Kernel(d, dev.device_id, name, smem);
+    Ptr fn = Kernel(d, relaxtune_flash_fatbin, dev.device_id, name, smem);
     Check(d, d->launch(fn, static_cast<unsigned>(heads), blocks, static_cast<unsigned>(b), 384, 1, 1, smem, stream, args, nullptr), "cuLaunchKernel");
     return;
   }
   if (sm90) {  // 256 threads; grid (heads, query blocks, batch): every head's longest causal blocks start first
     int smem = static_cast<int>((block_m + 4 * block_n) * dim * 2 + 1024);  // Q, two K and two V buffers, 1024-byte alignment
     std::string name = std::string("relaxtune_flash_sm90_") + type + "_d" + std::to_string(dim) + "_n" + std::to_string(block_n);
-    Ptr fn = Kernel(d, dev.device_id, name, smem);
+    Ptr fn = Kernel(d, relaxtune_flash_fatbin, dev.device_id, name, smem);
     Check(d, d->launch(fn, static_cast<unsigned>(heads), blocks, static_cast<unsigned>(b), 256, 1, 1, smem, stream, args, nullptr), "cuLaunchKernel");
     return;
   }
   int smem = static_cast<int>((block_m + 2 * stages * kBlockN) * dim * 2);
   std::string name = std::string("relaxtune_flash_") + type + "_d" + std::to_string(dim) + "_m" + std::to_string(block_m) + (stages == 1 ? "_s1" : "");
-  Ptr fn = Kernel(d, dev.device_id, name, smem);
+  Ptr fn = Kernel(d, relaxtune_flash_fatbin, dev.device_id, name, smem);
   Check(d, d->launch(fn, blocks, static_cast<unsigned>(heads), static_cast<unsigned>(b), 128, 1, 1, smem, stream, args, nullptr), "cuLaunchKernel");
 }
 
@@ -289,7 +196,7 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_flash_attention, Plain);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_flash_attention_in_place, InPlace);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_flash_attention_rope, Rope);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_flash_attention_config, RopeConfig);
-"""
+""")
 
 NVCC_FLAGS = ("-O3", "--use_fast_math", "-std=c++17")
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from .cuda_device_code import arch_number, embedded_fatbin_object, find_nvcc, run_nvcc
+from .cuda_device_code import arch_number, embedded_fatbin_object, extern_host_source, find_nvcc, run_nvcc
 
 logger = logging.getLogger(__name__)
 
@@ -51,120 +51,19 @@ MIN_ARCH = 80
 VECTOR = 8  # columns per 16-byte load: N must be a multiple of it
 KERNEL_SOURCE = Path(__file__).with_name("cuda_gemv.cu").read_text()
 
-HOST_SOURCE = r"""
-#include <dlfcn.h>
-#include <tvm/ffi/container/tensor.h>
-#include <tvm/ffi/extra/c_env_api.h>
-#include <tvm/ffi/function.h>
-
+HOST_SOURCE = extern_host_source("relaxtune gemv", r"""
 #include <algorithm>
 #include <cstdlib>
-#include <mutex>
-#include <string>
-#include <unordered_map>
 
 extern "C" const char relaxtune_gemv_fatbin[];  // the nvcc fatbin, linked in by .incbin below
 
 namespace {
-using CUresult = int;
-using Ptr = void*;
-struct LaunchAttribute { int id; char pad[4]; union { char raw[64]; struct { unsigned x, y, z; } cluster; } value; };  // CUlaunchAttribute
-struct LaunchConfig {  // CUlaunchConfig
-  unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes;
-  Ptr stream;
-  LaunchAttribute* attrs;
-  unsigned num_attrs;
-};
-constexpr int kClusterDimension = 4, kProgrammaticSerialization = 6;  // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, _PROGRAMMATIC_STREAM_SERIALIZATION
-struct Driver {
-  CUresult (*init)(unsigned) = nullptr;
-  CUresult (*ctx_get_current)(Ptr*) = nullptr;
-  CUresult (*ctx_set_current)(Ptr) = nullptr;
-  CUresult (*device_get)(int*, int) = nullptr;
-  CUresult (*primary_retain)(Ptr*, int) = nullptr;
-  CUresult (*module_load_data)(Ptr*, const void*) = nullptr;
-  CUresult (*module_get_function)(Ptr*, Ptr, const char*) = nullptr;
-  CUresult (*launch)(Ptr, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, Ptr, void**, void**) = nullptr;
-  CUresult (*launch_ex)(const LaunchConfig*, Ptr, void**, void**) = nullptr;
-  CUresult (*error_string)(CUresult, const char**) = nullptr;
-  CUresult (*device_attribute)(int*, int, int) = nullptr;
-};
-
 struct Params {  // must match cuda_gemv.cu
   const void *x, *w, *res;
   void* y;
   int rows, k, n, k_per_split;
 };
 constexpr int kCols = 64, kMaxRows = 8, kMaxSplits = 8, kMinRowsPerSplit = 256;
-
-Driver* LoadDriver() {
-  static Driver d;
-  static std::once_flag once;
-  static std::string error;
-  std::call_once(once, [] {
-    void* so = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
-    if (so == nullptr) { error = "cannot dlopen libcuda.so.1 (no NVIDIA driver?)"; return; }
-    auto sym = [so](auto& fn, const char* name) { fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(so, name)); return fn != nullptr; };
-    bool ok = sym(d.init, "cuInit") && sym(d.ctx_get_current, "cuCtxGetCurrent") && sym(d.ctx_set_current, "cuCtxSetCurrent") &&
-              sym(d.device_get, "cuDeviceGet") && sym(d.primary_retain, "cuDevicePrimaryCtxRetain") &&
-              sym(d.module_load_data, "cuModuleLoadData") && sym(d.module_get_function, "cuModuleGetFunction") &&
-              sym(d.launch, "cuLaunchKernel") && sym(d.launch_ex, "cuLaunchKernelEx") && sym(d.error_string, "cuGetErrorString") &&
-              sym(d.device_attribute, "cuDeviceGetAttribute");
-    if (!ok || d.init(0) != 0) { error = "libcuda.so.1 lacks a driver entry point, or cuInit failed"; d.launch = nullptr; }
-  });
-  TVM_FFI_ICHECK(d.launch != nullptr) << "relaxtune gemv: " << error;
-  return &d;
-}
-
-void Check(Driver* d, CUresult status, const char* what) {
-  if (status == 0) return;
-  const char* text = nullptr;
-  d->error_string(status, &text);
-  TVM_FFI_THROW(RuntimeError) << "relaxtune gemv: " << what << " failed: " << (text ? text : "?") << " (" << status << ")";
-}
-
-// the kernel `name` on `device` (module loaded once per device, in its current, else primary, context)
-Ptr Kernel(Driver* d, int device, const std::string& name) {
-  static std::mutex mu;
-  static std::unordered_map<int, Ptr> modules;
-  static std::unordered_map<std::string, Ptr> kernels;
-  std::lock_guard<std::mutex> lock(mu);
-  std::string key = std::to_string(device) + "/" + name;
-  auto found = kernels.find(key);
-  if (found != kernels.end()) return found->second;
-  Ptr& module = modules[device];
-  if (module == nullptr) {
-    Ptr ctx = nullptr;
-    Check(d, d->ctx_get_current(&ctx), "cuCtxGetCurrent");
-    if (ctx == nullptr) {
-      int dev;
-      Check(d, d->device_get(&dev, device), "cuDeviceGet");
-      Check(d, d->primary_retain(&ctx, dev), "cuDevicePrimaryCtxRetain");
-      Check(d, d->ctx_set_current(ctx), "cuCtxSetCurrent");
-    }
-    Check(d, d->module_load_data(&module, relaxtune_gemv_fatbin), "cuModuleLoadData (is the GPU older than the artifact's arch?)");
-  }
-  Ptr fn = nullptr;
-  Check(d, d->module_get_function(&fn, module, name.c_str()), "cuModuleGetFunction");
-  return kernels[key] = fn;
-}
-
-struct DeviceInfo { int major = 0, sms = 0; };
-DeviceInfo Info(Driver* d, int device) {
-  static std::mutex mu;
-  static std::unordered_map<int, DeviceInfo> known;
-  std::lock_guard<std::mutex> lock(mu);
-  auto found = known.find(device);
-  if (found != known.end()) return found->second;
-  int dev;
-  DeviceInfo info;
-  Check(d, d->device_get(&dev, device), "cuDeviceGet");
-  Check(d, d->device_attribute(&info.major, 75, dev), "cuDeviceGetAttribute(compute capability major)");
-  Check(d, d->device_attribute(&info.sms, 16, dev), "cuDeviceGetAttribute(multiprocessor count)");
-  return known[device] = info;
-}
-
-char* Data(const tvm::ffi::TensorView& t) { return static_cast<char*>(t.data_ptr()) + t.byte_offset(); }
 
 // RELAXTUNE_GEMV_SPLITS=1|2|4|8 replaces the default split of K (scripts/gpu_job.py measures each in the block); read per launch
 int64_t ForcedSplits() {
@@ -210,27 +109,27 @@ void Launch(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const 
   if (m == 0 || n == 0) return;
   Driver* d = LoadDriver();
   DLDevice dev = y.device();
-  DeviceInfo info = Info(d, dev.device_id);
+  const int major = Attribute(d, dev.device_id, kComputeMajor), sms = Attribute(d, dev.device_id, kMultiprocessors);
   unsigned tiles = static_cast<unsigned>((n + kCols - 1) / kCols);
   if (splits == 0) splits = ForcedSplits();
   if (splits == 0) {  // clusters (compute capability 9.0+) until 7/8 of the SMs have a block
     splits = 1;
-    while (info.major >= 9 && splits < kMaxSplits && 8 * tiles * splits < static_cast<unsigned>(7 * info.sms) &&
+    while (major >= 9 && splits < kMaxSplits && 8 * tiles * splits < static_cast<unsigned>(7 * sms) &&
            k / (2 * splits) >= kMinRowsPerSplit)
       splits *= 2;
   }
-  TVM_FFI_ICHECK(splits == 1 || info.major >= 9) << "gemv: splitting K over a cluster needs compute capability 9.0+";
+  TVM_FFI_ICHECK(splits == 1 || major >= 9) << "gemv: splitting K over a cluster needs compute capability 9.0+";
   int k_per_split = static_cast<int>((k + 8 * splits - 1) / (8 * splits) * 8);  // a multiple of 8: chunks never straddle blocks
   const char* type = dt.code == kDLBfloat ? "bf16" : "f16";
   // a grid that fits the SMs in one wave takes the 512-thread kernel (one block per SM, 16 loads in flight per thread)
-  bool wide = info.major >= 9 && tiles * splits <= static_cast<unsigned>(info.sms) && WideAllowed();
-  bool pdl = info.major >= 9 && ProgrammaticLaunch();
+  bool wide = major >= 9 && tiles * splits <= static_cast<unsigned>(sms) && WideAllowed();
+  bool pdl = major >= 9 && ProgrammaticLaunch();
   void* stream = TVMFFIEnvGetStream(dev.device_type, dev.device_id);
   for (int64_t r0 = 0; r0 < m; r0 += kMaxRows) {  // up to 8 rows share one pass over the weights
     int rows = static_cast<int>(std::min<int64_t>(kMaxRows, m - r0));
     int tile = rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8;
     bool wide_here = wide && tile <= 2;
-    Ptr fn = Kernel(d, dev.device_id, std::string("relaxtune_gemv_") + type + "_m" + std::to_string(tile) + (wide_here ? "_wide" : ""));
+    Ptr fn = Kernel(d, relaxtune_gemv_fatbin, dev.device_id, std::string("relaxtune_gemv_") + type + "_m" + std::to_string(tile) + (wide_here ? "_wide" : ""));
     Params p{Data(x) + r0 * k * 2, Data(w), r != nullptr ? Data(*r) + r0 * n * 2 : nullptr, Data(y) + r0 * n * 2,
              rows, static_cast<int>(k), static_cast<int>(n), k_per_split};
     void* args[] = {&p};
@@ -247,6 +146,7 @@ void Launch(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const 
       ++count;
     }
     if (pdl) attrs[count].id = kProgrammaticSerialization, attrs[count].value.cluster.x = 1, ++count;  // the union's first int: allowed = 1
+    TVM_FFI_ICHECK(d->launch_ex != nullptr) << "gemv: a cluster or programmatic launch needs cuLaunchKernelEx (a CUDA 12+ driver)";
     LaunchConfig config{tiles, static_cast<unsigned>(splits), 1, threads, 1, 1, 0, stream, attrs, count};
     Check(d, d->launch_ex(&config, fn, args, nullptr), "cuLaunchKernelEx (cluster / programmatic)");
   }
@@ -260,7 +160,7 @@ void GemvConfig(tvm::ffi::TensorView x, tvm::ffi::TensorView w, int64_t splits, 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv, Gemv);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_add, GemvAdd);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_config, GemvConfig);
-"""
+""")
 
 NVCC_FLAGS = ("-O3", "-std=c++17")
 
