@@ -31,6 +31,25 @@ def paths(so_path: Path) -> tuple[Path, Path]:
     return stem.with_name(stem.name + ".params.npz"), stem.with_name(stem.name + ".json")
 
 
+def check_path(so_path: Path) -> Path:
+    """NAME.check.npz: inputs at one small shape and the workload's reference output for them."""
+    stem = so_path.with_suffix("")
+    return stem.with_name(stem.name + ".check.npz")
+
+
+def write_check(workload, so_path: Path) -> dict | None:
+    """Store the reference check `relaxtune run NAME.so` (no --shape) compares against, so a host with
+    the TVM runtime only (which cannot rebuild the workload) still checks the output: each dimension
+    at 3 within its bounds (not a tile multiple; batch and length alike), seed 0."""
+    if workload.reference is None:
+        return None
+    dims = {d.name: min(d.upper, max(d.lower, 3)) for d in workload.dims.values()}
+    inputs = workload.random_inputs(dims)
+    expected = np.asarray(workload.reference(inputs, workload.params))
+    np.savez(check_path(so_path), expected=expected, **inputs)
+    return {"dims": dims}
+
+
 def export(executable, workload, target, so_path: Path, plan, cache_fingerprint, schedules) -> dict:
     import tvm
 
@@ -56,6 +75,7 @@ def export(executable, workload, target, so_path: Path, plan, cache_fingerprint,
         executable.export_library(str(so_path))
     params_path, manifest_path = paths(so_path)
     np.savez(params_path, **workload.params)
+    check = write_check(workload, so_path)
     manifest = {
         "format": FORMAT,
         "workload": workload.name,
@@ -73,6 +93,7 @@ def export(executable, workload, target, so_path: Path, plan, cache_fingerprint,
         "tvm_version": tvm.__version__,
         "cache_fingerprint": cache_fingerprint,
         "schedules": schedules,
+        "check": check,  # the stored reference check (NAME.check.npz): its shape, or None
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
@@ -127,6 +148,47 @@ def prepare_params(vm, params: list) -> list:
     return list(transform(params))
 
 
+def check_dims(manifest: dict, values: dict[str, int]) -> None:
+    for dim, value in values.items():
+        bounds = manifest["dims"].get(dim)
+        if bounds is None:
+            raise UserError(f"unknown dimension {dim!r}: the artifact's dimensions are {sorted(manifest['dims'])}")
+        if not bounds["lower"] <= value <= bounds["upper"]:
+            raise UserError(f"shape {dim}={value} is outside the compiled bounds: {dim} must be in [{bounds['lower']}, {bounds['upper']}]")
+
+
+def random_inputs(manifest: dict, dims: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs for the manifest's signature at `dims` (token ids within the vocabulary, masks of ones)."""
+    check_dims(manifest, dims)
+    missing = sorted(set(manifest["dims"]) - set(dims))
+    if missing:
+        raise UserError(f"no value given for dimension {missing[0]!r} (use --shape {missing[0]}=N)")
+    from .tensor_spec import TensorSpec, fill
+
+    rng = np.random.default_rng(seed)
+    out = {}
+    for spec in manifest["inputs"]:
+        tensor = TensorSpec(spec["name"], tuple(spec["shape"]), spec["dtype"], spec.get("fill", "normal"), spec.get("high", 0))
+        out[spec["name"]] = fill(tensor, tensor.concrete(dims), rng)
+    return out
+
+
+def read_manifest(so_path: str | Path) -> dict:
+    """An artifact's manifest (NAME.json), checked to be whole and of this format; its files must exist."""
+    so_path = Path(so_path)
+    params_path, manifest_path = paths(so_path)
+    for path in (so_path, params_path, manifest_path):
+        if not path.exists():
+            raise UserError(f"artifact file {path} does not exist (an artifact is NAME.so, NAME.params.npz and NAME.json)")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except json.JSONDecodeError as err:
+        raise UserError(f"artifact manifest {manifest_path} is damaged: {err.msg} at line {err.lineno}") from None
+    if manifest.get("format") != FORMAT:
+        raise UserError(f"artifact manifest {manifest_path} has format {manifest.get('format')!r}; this relaxtune reads format {FORMAT}")
+    return manifest
+
+
 @dataclass
 class Artifact:
     """A loaded artifact: call it with named numpy inputs."""
@@ -140,16 +202,8 @@ class Artifact:
     @staticmethod
     def load(so_path: str | Path) -> "Artifact":
         so_path = Path(so_path)
-        params_path, manifest_path = paths(so_path)
-        for path in (so_path, params_path, manifest_path):
-            if not path.exists():
-                raise UserError(f"artifact file {path} does not exist (an artifact is NAME.so, NAME.params.npz and NAME.json)")
-        try:
-            manifest = json.loads(manifest_path.read_text())
-        except json.JSONDecodeError as err:
-            raise UserError(f"artifact manifest {manifest_path} is damaged: {err.msg} at line {err.lineno}") from None
-        if manifest.get("format") != FORMAT:
-            raise UserError(f"artifact manifest {manifest_path} has format {manifest.get('format')!r}; this relaxtune reads format {FORMAT}")
+        params_path, _ = paths(so_path)
+        manifest = read_manifest(so_path)
         import tvm
         from tvm.runtime.vm import VirtualMachine
 
@@ -188,26 +242,10 @@ class Artifact:
         return values
 
     def check_dims(self, values: dict[str, int]) -> None:
-        for dim, value in values.items():
-            bounds = self.manifest["dims"].get(dim)
-            if bounds is None:
-                raise UserError(f"unknown dimension {dim!r}: the artifact's dimensions are {sorted(self.manifest['dims'])}")
-            if not bounds["lower"] <= value <= bounds["upper"]:
-                raise UserError(f"shape {dim}={value} is outside the compiled bounds: {dim} must be in [{bounds['lower']}, {bounds['upper']}]")
+        check_dims(self.manifest, values)
 
     def random_inputs(self, dims: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
-        self.check_dims(dims)
-        missing = sorted(set(self.manifest["dims"]) - set(dims))
-        if missing:
-            raise UserError(f"no value given for dimension {missing[0]!r} (use --shape {missing[0]}=N)")
-        from .workloads.base import TensorSpec, fill
-
-        rng = np.random.default_rng(seed)
-        out = {}
-        for spec in self.manifest["inputs"]:  # fill: token ids within the vocabulary, masks of ones
-            tensor = TensorSpec(spec["name"], tuple(spec["shape"]), spec["dtype"], spec.get("fill", "normal"), spec.get("high", 0))
-            out[spec["name"]] = fill(tensor, tensor.concrete(dims), rng)
-        return out
+        return random_inputs(self.manifest, dims, seed)
 
     def _args(self, inputs: dict[str, np.ndarray]) -> list:
         import tvm

@@ -81,3 +81,24 @@ def test_manifest_describes_the_artifact(artifact):
     assert manifest["dims"] == {"b": {"lower": 1, "upper": 2}, "n": {"lower": 1, "upper": 64}}
     assert manifest["target"]["kind"] == "llvm" and manifest["tvm_version"]
     assert len(manifest["params"]) == 3
+
+
+def test_run_without_a_shape_checks_against_the_reference_stored_at_compile_time(capsys, artifact, tmp_path, monkeypatch):
+    """A host with the TVM runtime only cannot rebuild the workload; the artifact brings its own check."""
+    import shutil
+
+    from relaxtune.artifact import check_path
+    from relaxtune.cli import run_cmd
+
+    stored = dict(np.load(check_path(artifact)))
+    assert set(stored) == {"x", "expected"} and stored["x"].shape[:2] == (2, 3)  # b = 3 clipped to max_batch 2, n = 3
+    assert json.loads(artifact.with_suffix(".json").read_text())["check"] == {"dims": {"b": 2, "n": 3}}
+    monkeypatch.setattr(run_cmd, "reference", lambda *a: pytest.fail("the stored check needs no reference built here"))
+    assert main(["run", str(artifact), "--repeat", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "vs the reference stored at compile time" in out and "(ok)" in out, out
+    wrong = tmp_path / "wrong.so"
+    for src in artifact.parent.glob(artifact.stem + ".*"):
+        shutil.copy(src, tmp_path / src.name.replace(artifact.stem, "wrong", 1))
+    np.savez(check_path(wrong), x=stored["x"], expected=stored["expected"] + 1.0)  # a stored output that is not the model's
+    assert main(["run", str(wrong), "--repeat", "2"]) == 1 and "MISMATCH" in capsys.readouterr().out
