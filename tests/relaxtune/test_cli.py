@@ -102,3 +102,17 @@ def test_run_without_a_shape_checks_against_the_reference_stored_at_compile_time
         shutil.copy(src, tmp_path / src.name.replace(artifact.stem, "wrong", 1))
     np.savez(check_path(wrong), x=stored["x"], expected=stored["expected"] + 1.0)  # a stored output that is not the model's
     assert main(["run", str(wrong), "--repeat", "2"]) == 1 and "MISMATCH" in capsys.readouterr().out
+
+
+def test_a_reference_that_fails_at_compile_time_leaves_no_check_and_compile_succeeds(tmp_path, caplog):
+    import dataclasses
+
+    from relaxtune import workloads
+    from relaxtune.artifact import check_path, write_check
+
+    def broken(inputs, params):
+        raise ImportError("no onnxruntime here")
+
+    workload = dataclasses.replace(workloads.load("mlp", {"hidden": "64", "ffn": "128", "max_seq": "64", "max_batch": "2"}), reference=broken)
+    assert write_check(workload, tmp_path / "m.so") is None and not check_path(tmp_path / "m.so").exists()
+    assert "no stored reference check for m.so" in caplog.text and "onnxruntime" in caplog.text
