@@ -134,12 +134,11 @@ def pipeline(
 
     tuned = []
     if database is not None:
-        checked_on = check_target(target)
         tuned = [
             # records that beat the rules, padded where exact, each checked once where its target runs
             # here (the host; a GPU only on a machine that has one); a bucket whose records lost to its
             # rules in the compiled block (schedules/verdicts.py) keeps its rules
-            ApplyTunedSchedules(database, report, index, check=checked_on is not None, verdicts=verdicts, check_target=checked_on),
+            ApplyTunedSchedules(database, report, index, check=check_target(target), verdicts=verdicts),
             relax.transform.LegalizeOps(),  # the pad/slice ops it inserted
             relax.transform.AnnotateTIROpPattern(),
         ]

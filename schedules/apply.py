@@ -12,7 +12,7 @@ applied to the symbolic kernel in the first of these forms that leaves no guard 
 
 A bucket whose records, as a set, measured slower in the compiled block than its rules
 (`verdicts.py`, checked after tuning by `relaxtune.bucket_check`) keeps its rules throughout. On a
-target the host cannot run a schedule on (`check=False`: cuda), a bucket's records apply only where
+target this machine cannot run a schedule on (`check` None: cuda without a GPU), a bucket's records apply only where
 that check ran them on the device, matched the rules' outputs and kept them (a "records" verdict).
 
 Kernels without a record are left for the rules; LegalizeOps must run again afterwards for the
@@ -96,13 +96,11 @@ class ApplyTunedSchedules:
     applies without a guard; everything else is left to the rules.
     """
 
-    def __init__(self, database, report: Counter | None = None, index: dict[str, dict] | None = None, check: bool = True, verdicts=None,
-                 check_target=None):
+    def __init__(self, database, report: Counter | None = None, index: dict[str, dict] | None = None, check=None, verdicts=None):
         self.database = database
         self.report = report if report is not None else Counter()
         self.index = index or {}
-        self.check = check  # run each re-applied schedule once against the naive kernel
-        self.check_target = check_target  # where (validate.check_target): None is the host
+        self.check = check  # where each re-applied schedule runs once against the naive kernel (validate.check_target); None: nowhere
         self.verdicts = verdicts if verdicts is not None else Verdicts()
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -118,13 +116,12 @@ class ApplyTunedSchedules:
                 plan, applied = self._plan_bucket(mod, gv, {d: sorted(v) for d, v in values.items()}, rewriter.builder_)
             finally:
                 bucket_report, self.report = self.report, outer
-            legacy = [(legacy_digest(func), 0.0)] + applied[1:]
-            if plan and self.verdicts.rules_win(gv.name_hint, bucket_of(func), applied, legacy):
+            if plan and self.verdicts.rules_win(gv.name_hint, bucket_of(func), applied, [(legacy_digest(func), 0.0)] + applied[1:]):
                 logger.info("%s: its records measured slower than its rules in the compiled block: rules", gv.name_hint)
                 self.report.update({k: v for k, v in bucket_report.items() if not k.startswith("tuned")})
                 self.report["bucket faster with rules: rules"] += len(plan)
                 continue
-            if plan and not self.check and not self.verdicts.records_checked(gv.name_hint):
+            if plan and self.check is None and not self.verdicts.records_checked(gv.name_hint):
                 # measured on the H200: unchecked llama-block records gave wrong outputs (max error
                 # 0.07 at n=4, NaN at 512) while the host check cannot run a cuda schedule
                 logger.info("%s: its records were never run on the device by a bucket check: rules", gv.name_hint)
@@ -171,7 +168,7 @@ class ApplyTunedSchedules:
                            {tag: sorted(e) for tag, e in replay.thread_extents(scheduled).items() if len(e) > 1})
             self.report["thread index bound at two extents: rules"] += 1
             return False
-        if not self.check or validate.same_results(reference, scheduled, bounds, self.check_target):
+        if self.check is None or validate.same_results(reference, scheduled, bounds, self.check):
             return True
         logger.warning("the schedule re-applied to %s gives wrong results at symbolic shapes; using its rules", name)
         self.report["wrong on symbolic shapes: rules"] += 1

@@ -71,7 +71,7 @@ def test_records_apply_to_the_default_workload(cuda_cache, name):
     assert all("rule_us" in index.get(t.key, {}) for t in measured)  # the bar a record must beat, measured there
     report = Counter()
     with target.target:  # every bucket's records, as the bucket check's "records" build applies them
-        ApplyTunedSchedules(database, report, index, check=False, verdicts=Verdicts(apply_all=True))(mod)
+        ApplyTunedSchedules(database, report, index, check=None, verdicts=Verdicts(apply_all=True))(mod)
     assert sum(v for k, v in report.items() if k.startswith("tuned")) >= 1, dict(report)
     assert report["record does not replay: rules"] == 0, dict(report)
 
@@ -92,7 +92,7 @@ def test_only_records_checked_on_the_device_apply(cuda_cache, name):
     target, folder, manifest, database = cuda_cache
     mod, report, verdicts = _fused(name, manifest, target), Counter(), Verdicts.from_folder(folder)
     with target.target:
-        out = ApplyTunedSchedules(database, report, task_index.load(folder), check=False, verdicts=verdicts)(mod)
+        out = ApplyTunedSchedules(database, report, task_index.load(folder), check=None, verdicts=verdicts)(mod)
     scheduled = re.compile(r"_(tuned|direct|padded|guarded)\d*$")  # ApplyTunedSchedules' names for the kernels it adds
     tuned_buckets = {gv.name_hint for gv in bucket_functions(out)
                      if any(scheduled.search(c.args[0].name_hint) for c in call_sites(out[gv]))}
