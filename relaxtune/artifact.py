@@ -30,16 +30,19 @@ logger = logging.getLogger(__name__)
 FORMAT = 1
 
 
+def _beside(so_path: Path, suffix: str) -> Path:
+    stem = Path(so_path).with_suffix("")
+    return stem.with_name(stem.name + suffix)
+
+
 def paths(so_path: Path) -> tuple[Path, Path]:
     """The params and manifest files that go with a `.so`."""
-    stem = so_path.with_suffix("")
-    return stem.with_name(stem.name + ".params.npz"), stem.with_name(stem.name + ".json")
+    return _beside(so_path, ".params.npz"), _beside(so_path, ".json")
 
 
 def check_path(so_path: Path) -> Path:
     """NAME.check.npz: inputs at one small shape and the workload's reference output for them."""
-    stem = so_path.with_suffix("")
-    return stem.with_name(stem.name + ".check.npz")
+    return _beside(so_path, ".check.npz")
 
 
 def write_check(workload, so_path: Path) -> dict | None:

@@ -41,7 +41,7 @@ def reference(manifest: dict, inputs: dict, params: dict):
 
 
 def run(args) -> int:
-    from ..artifact import Artifact, check_path, random_inputs, read_manifest
+    from ..artifact import Artifact, check_path, paths, random_inputs, read_manifest
     from ..errors import UserError
 
     manifest = read_manifest(args.artifact)
@@ -60,7 +60,7 @@ def run(args) -> int:
         # the reference before the artifact: rebuilding the workload imports tvm.relax, which registers the
         # VM's relax.run.assert_op itself, where loading first had registered relaxtune's runtime-only one
         # (measured: "Global Function relax.run.assert_op is already registered" with TVM_USE_RUNTIME_LIB=1)
-        params = dict(np.load(str(args.artifact.with_suffix("")) + ".params.npz"))
+        params = dict(np.load(paths(args.artifact)[0]))
         ref, why = reference(manifest, inputs, params)
         against = "reference"
     art = Artifact.load(args.artifact)
