@@ -120,7 +120,8 @@ def _recheck(report: dict, names: list[str], cache: Path, buckets: str, config: 
     """Check the buckets of every workload but the last again, while time is left: a later
     workload's records of a shared kernel (mlp's matmuls are llama-block's) change the record set
     of the earlier one's buckets, and a verdict holds only for the records it timed
-    (`schedules/verdicts.py`), so `relaxtune compile` would apply the new records unchecked."""
+    (`schedules/verdicts.py`), so `relaxtune compile` would apply the new records unchecked. A
+    workload whose record sets all still have a verdict costs one build and is not timed again."""
     from relaxtune import workloads
     from relaxtune.bucket_check import check_buckets
 
@@ -130,7 +131,7 @@ def _recheck(report: dict, names: list[str], cache: Path, buckets: str, config: 
             continue
         mark = time.perf_counter()
         workload = workloads.load(name, workloads.parse_config(config), dtype)
-        entry["recheck"] = check_buckets(workload, target, _job(cache, buckets, compile_flags))
+        entry["recheck"] = check_buckets(workload, target, _job(cache, buckets, compile_flags), only_unchecked=True)
         logger.info("%s: buckets checked again with every workload's records in %.0f s: %s", name, time.perf_counter() - mark,
                     _verdicts(entry["recheck"]))
 
