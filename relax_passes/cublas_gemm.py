@@ -3,7 +3,8 @@
 `R.matmul(x, w)` with `x (..., K)` and a 2-D weight `w (K, N)` that is a parameter of the bucket
 function (the transposed weights LiftTransformParams produced), fp16 or bf16 in and out, becomes
 `R.call_dps_packed("relaxtune_cublas_gemm", (x, w), out)` — the external kernel of
-`relaxtune/cuda_cublas.py`, linked into the artifact. In bucket functions whose lower bound of
+`relaxtune/cuda_cublas.py`, linked into the artifact; `R.matmul(x, permute_dims(w))` with an
+(N, K) weight parameter (keep_weights_nk.py) becomes "relaxtune_cublas_gemm_nk" on `w` itself. In bucket functions whose lower bound of
 the rows dimension is at least `min_rows`, every such GEMM; in smaller (decode) buckets only those
 whose weight has a side >= `decode_wide` (None: none). Measured on an H200 (scripts/gpu_job.py):
 dlight's tensor-core matmul reaches 5-12% of cuBLAS at n = 128 and 2048; at n = 1, timed alone,
@@ -35,17 +36,34 @@ from .cublas_batched_gemm import RewriteBatchedGemmToCublas
 logger = logging.getLogger(__name__)
 
 FUNCTION = "relaxtune_cublas_gemm"
+NK_FUNCTION = "relaxtune_cublas_gemm_nk"  # the weight kept (N, K): keep_weights_nk.py
 DTYPES = ("float16", "bfloat16")
 
 
-def weight_gemm(call: relax.Call, params, min_x_ndim: int = 2) -> tuple[relax.Expr, relax.Var] | None:
-    """`(x, w)` when `call` is `R.matmul(x, w)` with `w` a 2-D weight among `params` (the bucket
-    function's parameters), `x` of at least `min_x_ndim` dimensions, fp16 or bf16 in and out;
-    else None. The weight GEMMs that relaxtune's CUDA library rewrites may take (also gemv_cuda.py)."""
+def _untransposed(w, params, lookup) -> relax.Var | None:
+    """The (N, K) parameter `w` is bound to the transpose of (`lookup`: the mutator's lookup_binding), else None."""
+    value = lookup(w) if lookup is not None and isinstance(w, relax.Var) else None
+    if not (isinstance(value, relax.Call) and value.op == tvm.ir.Op.get("relax.permute_dims")):
+        return None
+    source, axes = value.args[0], value.attrs.axes
+    if not (isinstance(source, relax.Var) and source in params and isinstance(source.ty, relax.TensorType) and source.ty.ndim == 2):
+        return None
+    return source if axes is None or [int(a) for a in axes] == [1, 0] else None
+
+
+def weight_gemm(call: relax.Call, params, min_x_ndim: int = 2, lookup=None) -> tuple[relax.Expr, relax.Var, bool] | None:
+    """`(x, w, nk)` when `call` is `R.matmul(x, w)` with `w` a 2-D weight among `params` (the bucket
+    function's parameters; nk False), or `R.matmul(x, permute_dims(w))` with `w` an (N, K) one
+    (nk True; `lookup` resolves the transpose's variable: keep_weights_nk.py keeps weights so), `x`
+    of at least `min_x_ndim` dimensions, fp16 or bf16 in and out; else None. The weight GEMMs that
+    relaxtune's CUDA library rewrites may take (also gemv_cuda.py)."""
     if call.op != tvm.ir.Op.get("relax.matmul") or len(call.args) != 2:
         return None
     x, w = call.args
-    if not (isinstance(w, relax.Var) and w in params):
+    nk = _untransposed(w, params, lookup)
+    if nk is not None:
+        w = nk
+    elif not (isinstance(w, relax.Var) and w in params):
         return None
     xt, wt = x.ty, w.ty
     if not (isinstance(xt, relax.TensorType) and isinstance(wt, relax.TensorType) and wt.ndim == 2 and xt.ndim >= min_x_ndim and wt.shape is not None):
@@ -53,7 +71,13 @@ def weight_gemm(call: relax.Call, params, min_x_ndim: int = 2) -> tuple[relax.Ex
     out_dtype = str(call.attrs.out_dtype) if call.attrs.out_dtype else ""
     if xt.dtype not in DTYPES or wt.dtype != xt.dtype or out_dtype not in ("", "void", xt.dtype):
         return None
-    return x, w
+    return x, w, nk is not None
+
+
+def kn_shape(w: relax.Var, nk: bool) -> tuple:
+    """The weight's (K, N) dimensions, whichever way it is stored."""
+    k, n = w.ty.shape.values
+    return (n, k) if nk else (k, n)
 
 
 @mutator
@@ -65,16 +89,16 @@ class _Rewriter(PyExprMutator):
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
-        matched = weight_gemm(call, self.params)
+        matched = weight_gemm(call, self.params, lookup=self.lookup_binding)
         if matched is None:
             return call
-        x, w = matched
+        x, w, nk = matched
         xt, wt = x.ty, w.ty
         if max(int(d) for d in wt.shape.values) < self.min_width:  # a narrow decode GEMV keeps its TIR kernel
             return call
-        out = relax.TensorType(list(xt.shape.values[:-1]) + [wt.shape.values[1]], xt.dtype)
+        out = relax.TensorType(list(xt.shape.values[:-1]) + [kn_shape(w, nk)[1]], xt.dtype)
         self.count += 1
-        return relax.call_dps_packed(FUNCTION, [x, w], out)
+        return relax.call_dps_packed(NK_FUNCTION if nk else FUNCTION, [x, w], out)
 
 
 @tvm.transform.module_pass(opt_level=0, name="RewriteGemmToCublas")
@@ -98,7 +122,7 @@ class RewriteGemmToCublas:
             rewriter = _Rewriter(mod, set(func.params), min_width=self.decode_wide if small else 0)
             new = rewriter.visit_expr(func)
             if rewriter.count:
-                updates[gvar] = new
+                updates[gvar] = relax.analysis.remove_all_unused(new)  # the (N, K) weights' transposes it read through
                 logger.info("%s: %d GEMM(s) -> cuBLAS", gvar.name_hint, rewriter.count)
         if not updates:
             return mod
@@ -113,13 +137,15 @@ def cublas_passes(options: bool | dict = True) -> list:
     arguments (min_rows, decode_wide) plus "batched": False, True (default) or
     RewriteBatchedGemmToCublas's arguments (min_rows) for attention's batched GEMMs, and
     "residual": False, True (default) or RewriteResidualAddToCublas's arguments (min_rows) for
-    residual adds as the GEMM's epilogue; "gemv" is gemv_cuda.gemv_passes's (decode buckets)."""
+    residual adds as the GEMM's epilogue; "gemv" is gemv_cuda.gemv_passes's (decode buckets),
+    "weights_nk" keep_weights_nk.weights_nk_passes's (the weights' layout)."""
     from .cublas_gemm_add import RewriteResidualAddToCublas
 
     if not options:
         return []
     gemm = dict(options) if isinstance(options, dict) else {}
     gemm.pop("gemv", None)  # the decode buckets' GEMV kernel: gemv_cuda.gemv_passes reads it
+    gemm.pop("weights_nk", None)  # keep_weights_nk.weights_nk_passes reads it
     batched, residual = gemm.pop("batched", True), gemm.pop("residual", True)
     passes = [RewriteGemmToCublas(**gemm)]
     if residual:

@@ -2,7 +2,8 @@
 
 In bucket functions whose rows dimension starts at >= `min_rows`, a binding
 `y = R.add(g, r)` (or `R.add(r, g)`) where `g = R.call_dps_packed("relaxtune_cublas_gemm", (x, w))`
-(RewriteGemmToCublas's call) is used by nothing but that add, and `r` has g's shape and dtype (no
+(RewriteGemmToCublas's call; "relaxtune_cublas_gemm_nk" for a weight kept (N, K), whose add
+becomes "relaxtune_cublas_gemm_add_nk") is used by nothing but that add, and `r` has g's shape and dtype (no
 broadcast), becomes `y = R.call_dps_packed("relaxtune_cublas_gemm_add", (x, w, r))`:
 `cublasLtMatmul` with C = r and beta = 1 writing a separate D (relaxtune/cuda_cublas.py), so the
 add kernel and its read of g are gone. Matched by operators and types, never by names; a GEMM
@@ -28,16 +29,18 @@ logger = logging.getLogger(__name__)
 
 GEMM = "relaxtune_cublas_gemm"
 FUNCTION = "relaxtune_cublas_gemm_add"
+# each GEMM call and the call that takes its residual add (the weight (K, N), or (N, K): keep_weights_nk.py)
+EPILOGUES = {GEMM: FUNCTION, "relaxtune_cublas_gemm_nk": "relaxtune_cublas_gemm_add_nk"}
 
 
-def _gemm_args(value, name: str = GEMM) -> tuple | None:
-    """(x, w) of `call_dps_packed(name, (x, w))` (default: "relaxtune_cublas_gemm"), else None."""
+def _gemm_args(value, names) -> tuple | None:
+    """(x, w, name) of `call_dps_packed(name, (x, w))` for a name among `names`, else None."""
     if not (isinstance(value, relax.Call) and value.op == tvm.ir.Op.get("relax.call_dps_packed")):
         return None
     func, args = value.args[0], value.args[1]
-    if not (isinstance(func, relax.ExternFunc) and func.global_symbol == name and isinstance(args, relax.Tuple) and len(args.fields) == 2):
+    if not (isinstance(func, relax.ExternFunc) and func.global_symbol in names and isinstance(args, relax.Tuple) and len(args.fields) == 2):
         return None
-    return tuple(args.fields)
+    return (*args.fields, str(func.global_symbol))
 
 
 def _same_tensor_type(a, b) -> bool:
@@ -52,11 +55,12 @@ def _same_tensor_type(a, b) -> bool:
 
 @visitor
 class _Matches(PyExprVisitor):
-    """The GEMM bindings (calls of `gemm`) used once, by an add of a same-typed tensor: {add var: (gemm var, x, w, r)}."""
+    """The GEMM bindings (calls named in `epilogues`) used once, by an add of a same-typed tensor:
+    {add var: (gemm var, x, w, r, the add's call name: epilogues[the GEMM's])}."""
 
-    def __init__(self, gemm: str = GEMM):
+    def __init__(self, epilogues: dict[str, str] = EPILOGUES):
         super().__init__()
-        self.gemm = gemm
+        self.epilogues = epilogues
         self.uses: Counter = Counter()
         self.gemms: dict = {}
         self.adds: list = []
@@ -71,7 +75,7 @@ class _Matches(PyExprVisitor):
     def visit_var_binding_(self, binding):
         super().visit_var_binding_(binding)
         value = binding.value
-        args = _gemm_args(value, self.gemm)
+        args = _gemm_args(value, self.epilogues)
         if args is not None:
             self.gemms[binding.var] = args
         elif isinstance(value, relax.Call) and value.op == self.add and len(value.args) == 2:
@@ -82,16 +86,17 @@ class _Matches(PyExprVisitor):
         for var, a, b in self.adds:
             for g, r in ((a, b), (b, a)):
                 if g in self.gemms and self.uses[g] == 1 and _same_tensor_type(g, r) and _same_tensor_type(g, var):
-                    found[var] = (g, *self.gemms[g], r)
+                    x, w, name = self.gemms[g]
+                    found[var] = (g, x, w, r, self.epilogues[name])
                     break
         return found
 
 
 @mutator
 class _Rewriter(PyExprMutator):
-    def __init__(self, mod, found: dict, function: str = FUNCTION):
+    def __init__(self, mod, found: dict):
         super().__init__(mod)
-        self.found, self.function = found, function
+        self.found = found
         self.dropped = {g for g, *_ in found.values()}
 
     def visit_var_binding_(self, binding):
@@ -99,8 +104,8 @@ class _Rewriter(PyExprMutator):
             return
         if binding.var not in self.found:
             return super().visit_var_binding_(binding)
-        _g, x, w, r = self.found[binding.var]
-        call = relax.call_dps_packed(self.function, [self.visit_expr(x), self.visit_expr(w), self.visit_expr(r)], binding.var.ty)
+        _g, x, w, r, function = self.found[binding.var]
+        call = relax.call_dps_packed(function, [self.visit_expr(x), self.visit_expr(w), self.visit_expr(r)], binding.var.ty)
         bb = self.builder_
         if bb.current_block_is_dataflow() and not isinstance(binding.var, relax.DataflowVar):
             new = bb.emit_output(call, binding.var.name)  # a dataflow block's output stays one

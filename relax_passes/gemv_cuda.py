@@ -23,6 +23,11 @@ from 4 rows cuBLAS wins every shape (the kernel's FMAs and x loads per weight by
 rows), so `max_rows` = 2. The 7B block at n = 1 with CUDA graphs, interleaved: 0.1274 ms with qkv,
 o_proj and down here, 0.1396 with all on cuBLAS.
 
+A weight kept as (N, K) (keep_weights_nk.py), read as `R.matmul(x, permute_dims(w))`, takes the
+(N, K) kernel, "relaxtune_gemv_nk" / "relaxtune_gemv_nk_add", at up to `max_cols_nk` outputs (any
+N; K a multiple of 8): warps read whole weight rows (cuda_gemv.py; o_proj 9.68 us in a graph on an
+H200, 81% of the copy bandwidth, against 10.43 for the (K, N) kernel).
+
 Run after BucketDispatch (reads `relaxtune.bucket`) and before RewriteGemmToCublas, which then
 takes the weight GEMMs left (larger buckets, shapes this kernel does not take); `gemv_passes`
 turns the pipeline's `cublas` option ("gemv": False, True or this pass's arguments) into it.
@@ -36,17 +41,20 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from ..cuda_gemv import ADD_FUNCTION, FUNCTION, VECTOR, supports
+from ..cuda_gemv import ADD_FUNCTION, FUNCTION, NK_ADD_FUNCTION, NK_FUNCTION, VECTOR, supports
 from .bucket_dispatch import BUCKET_ATTR
-from .cublas_gemm import weight_gemm
+from .cublas_gemm import kn_shape, weight_gemm
 from .cublas_gemm_add import _Matches
 from .cublas_gemm_add import _Rewriter as _AddRewriter
+
+EPILOGUES = {FUNCTION: ADD_FUNCTION, NK_FUNCTION: NK_ADD_FUNCTION}  # each GEMV and the call that takes its residual add
 
 logger = logging.getLogger(__name__)
 
 # buckets up to 2 rows, GEMVs up to 16384 outputs (None: any): where the H200 measured the kernel faster (above)
 MAX_ROWS = 2
 MAX_COLS = 16384
+MAX_COLS_NK = None  # the (N, K) kernel: every width (gate/up 4096 x 22016: 42.2 us against cuBLAS's 46, notes s16/gemv)
 
 
 def _static(value) -> int | None:
@@ -55,30 +63,34 @@ def _static(value) -> int | None:
 
 @mutator
 class _Rewriter(PyExprMutator):
-    def __init__(self, mod, params, max_cols: int | None):
+    def __init__(self, mod, params, max_cols: int | None, max_cols_nk: int | None):
         super().__init__(mod)
-        self.params, self.max_cols, self.count = params, max_cols, 0
+        self.params, self.max_cols, self.max_cols_nk, self.count = params, max_cols, max_cols_nk, 0
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
-        matched = weight_gemm(call, self.params, min_x_ndim=1)
+        matched = weight_gemm(call, self.params, min_x_ndim=1, lookup=self.lookup_binding)
         if matched is None:
             return call
-        x, w = matched
+        x, w, nk = matched
         xt = x.ty
-        k, n = (_static(d) for d in w.ty.shape.values)
-        if k is None or n is None or n % VECTOR or k % VECTOR or (self.max_cols is not None and n > self.max_cols):
+        k, n = (_static(d) for d in kn_shape(w, nk))
+        if k is None or n is None or k % VECTOR or (not nk and n % VECTOR):
+            return call
+        limit = self.max_cols_nk if nk else self.max_cols
+        if limit is not None and n > limit:
             return call
         self.count += 1
-        return relax.call_dps_packed(FUNCTION, [x, w], relax.TensorType(list(xt.shape.values[:-1]) + [n], xt.dtype))
+        return relax.call_dps_packed(NK_FUNCTION if nk else FUNCTION, [x, w], relax.TensorType(list(xt.shape.values[:-1]) + [n], xt.dtype))
 
 
 @tvm.transform.module_pass(opt_level=0, name="RewriteGemvToCuda")
 class RewriteGemvToCuda:
     """Weight GEMVs (N <= `max_cols` outputs) of bucket functions whose `dim` ends at <= `max_rows` call relaxtune's GEMV kernel (see above)."""
 
-    def __init__(self, dim: str = "n", max_rows: int = MAX_ROWS, residual: bool = True, max_cols: int | None = MAX_COLS):
-        self.dim, self.max_rows, self.residual, self.max_cols = dim, max_rows, residual, max_cols
+    def __init__(self, dim: str = "n", max_rows: int = MAX_ROWS, residual: bool = True, max_cols: int | None = MAX_COLS,
+                 max_cols_nk: int | None = MAX_COLS_NK):
+        self.dim, self.max_rows, self.residual, self.max_cols, self.max_cols_nk = dim, max_rows, residual, max_cols, max_cols_nk
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         updates = {}
@@ -88,17 +100,17 @@ class RewriteGemvToCuda:
             bucket = func.attrs[BUCKET_ATTR]
             if self.dim not in bucket or int(bucket[self.dim][1]) > self.max_rows:
                 continue
-            rewriter = _Rewriter(mod, set(func.params), self.max_cols)
-            new = rewriter.visit_expr(func)
+            rewriter = _Rewriter(mod, set(func.params), self.max_cols, self.max_cols_nk)
+            new = relax.analysis.remove_all_unused(rewriter.visit_expr(func))  # the (N, K) weights' transposes it read through
             if not rewriter.count:
                 continue
             fused = 0
             if self.residual:
-                matches = _Matches(FUNCTION)
+                matches = _Matches(EPILOGUES)
                 matches.visit_expr(new)
                 found = matches.matches()
                 if found:
-                    new, fused = _AddRewriter(mod, found, ADD_FUNCTION).visit_expr(new), len(found)
+                    new, fused = _AddRewriter(mod, found).visit_expr(new), len(found)
             updates[gvar] = new
             logger.info("%s: %d GEMV(s) -> relaxtune_gemv (%d with the residual add)", gvar.name_hint, rewriter.count, fused)
         if not updates:

@@ -23,13 +23,15 @@ from .split_to_slices import SplitToSlices
 
 def fusion_passes(
     plan: dict[str, list[Bucket]], fusion: str | None = None, extern: list | None = None, gpu: bool = False, attention: list | None = None,
+    lifted: list | None = None,
 ) -> list:
     """Model → fused kernels with symbolic shapes, one copy per shape bucket (what tuning sees).
 
     relaxtune's fused kernels (SwiGLU, attention) have CPU schedules only: a GPU target gets
     MergeProjections, the stock fusion (and cuBLAS through `extern`) until they have GPU ones.
     `attention` (gpu: RewriteAttentionToFlash) runs per bucket, before DecomposeAttention, which
-    then moves after BucketDispatch and splits only the attention calls it left."""
+    then moves after BucketDispatch and splits only the attention calls it left. `lifted` runs right
+    after LiftTransformParams (cuda: KeepWeightsNK, the weights' layout the library calls read)."""
     from ..config import CompileConfig
 
     ours = (fusion or CompileConfig().fusion) == "relaxtune" and not gpu
@@ -41,12 +43,13 @@ def fusion_passes(
     return [
         *relaxtune_fusion,  # CompileConfig.fusion; before the lift, so their weight packing runs at load
         relax.transform.LiftTransformParams(),  # weight-only work (transposes) runs once, at load
+        *(lifted or []),  # cuda with cublas=True: weights only GEMMs read stay (N, K) (KeepWeightsNK)
         *fused_attention,  # attention as one online-softmax kernel: no n x n scores in memory
         *([] if attention else [DecomposeAttention()]),  # attention calls left: matmul / masked softmax / matmul kernels
         BucketDispatch(plan),  # one function per shape bucket; main checks bounds and dispatches
         *([SmallAttentionTiles(), FuseNormIntoGemv()] if ours else []),  # short-sequence buckets: attention tiles of their size, LayerNorm + GEMV one kernel
         *([*attention, DecomposeAttention()] if attention else []),  # gpu: the fused flash kernel per bucket, the rest split
-        *(extern or []),  # gpu with cublas=True: library calls per bucket (RewriteGemvToCuda, RewriteGemmToCublas, RewriteBatchedGemmToCublas)
+        *(extern or []),  # gpu with cublas=True: library calls per bucket (RewriteGemvToCuda, RewriteGemmToCublas, RewriteBatchedGemmToCublas, FuseTransposeMatmul)
         relax.backend.DispatchSampling(),  # ops that need a library form before legalization
         relax.backend.DispatchSortScan(),
         relax.transform.LegalizeOps(),  # every op becomes a TIR kernel, shapes stay symbolic
@@ -169,10 +172,14 @@ def target_fusion_passes(target, plan: dict[str, list[Bucket]], fusion: str | No
     extraction both run these, so tuning sees exactly the kernels the build keeps."""
     from .cublas_gemm import cublas_passes
     from .gemv_cuda import gemv_passes
+    from .keep_weights_nk import weights_nk_passes
 
+    library = bool(cublas) and "gpu" in target.keys
+    # weights the library calls read as (N, K) (cublas "weights_nk"); what they leave, one NT matmul kernel each
+    keep_nk, fuse_nt = weights_nk_passes(target, cublas) if library else ([], [])
     # the decode buckets' weight GEMVs on relaxtune's kernel first (cublas "gemv"), cuBLAS takes the rest
-    extern = [*gemv_passes(target, cublas), *cublas_passes(cublas)] if cublas and "gpu" in target.keys else []
-    return fusion_passes(plan, fusion, extern, gpu="gpu" in target.keys, attention=flash_passes(target, flash))
+    extern = [*gemv_passes(target, cublas), *cublas_passes(cublas), *fuse_nt] if library else []
+    return fusion_passes(plan, fusion, extern, gpu="gpu" in target.keys, attention=flash_passes(target, flash), lifted=keep_nk)
 
 
 def fuse(mod: tvm.IRModule, target, plan: dict[str, list[Bucket]], fusion: str | None = None, cublas: bool | dict = False, flash: bool | dict = False) -> tvm.IRModule:

@@ -2,6 +2,9 @@
 
 - `relaxtune_cublas_gemm(x, w, y)`: `y[..., N] = x[..., K] @ w[K, N]` (row-major) by `cublasGemmEx`;
   emitted by `RewriteGemmToCublas` (relax_passes/cublas_gemm.py) for weight GEMMs.
+- `relaxtune_cublas_gemm_nk(x, w, y)` / `relaxtune_cublas_gemm_add_nk(x, w, r, y)`: the same for a
+  weight kept as (N, K) (relax_passes/keep_weights_nk.py), `y = x @ w^T (+ r)`: cuBLAS reads w with
+  a transpose flag (PyTorch Linear's "TN" GEMM), no copy.
 - `relaxtune_cublas_gemm_add(x, w, r, y)`: `y = x @ w + r` (r shaped like y) by `cublasLtMatmul` with
   C = r, beta = 1 and D = y: the residual add is the GEMM's epilogue (no add kernel, r read once
   there); the algorithm is cuBLASLt's heuristic first pick, cached per shape, with up to 32 MiB of
@@ -35,6 +38,8 @@ logger = logging.getLogger(__name__)
 
 FUNCTION = "relaxtune_cublas_gemm"
 GEMM_ADD_FUNCTION = "relaxtune_cublas_gemm_add"
+NK_FUNCTION = "relaxtune_cublas_gemm_nk"  # the weight as (N, K): y = x @ w^T
+GEMM_ADD_NK_FUNCTION = "relaxtune_cublas_gemm_add_nk"
 BATCHED_FUNCTION = "relaxtune_cublas_batched_gemm"
 
 SOURCE = r"""
@@ -101,18 +106,24 @@ int CublasType(const tvm::ffi::TensorView& t) {
 
 char* Data(const tvm::ffi::TensorView& t) { return static_cast<char*>(t.data_ptr()) + t.byte_offset(); }
 
-void Gemm(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView y) {
-  TVM_FFI_ICHECK_EQ(w.ndim(), 2) << "weight must be (K, N)";
-  int64_t k = w.size(0), n = w.size(1), m = 1;
+// the weight's K and N: w is (K, N), or (N, K) when `nk` (read with a transpose flag)
+void WeightShape(const tvm::ffi::TensorView& w, bool nk, int64_t* k, int64_t* n) {
+  TVM_FFI_ICHECK_EQ(w.ndim(), 2) << "weight must be " << (nk ? "(N, K)" : "(K, N)");
+  *k = w.size(nk ? 1 : 0), *n = w.size(nk ? 0 : 1);
+}
+void GemmLayout(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView y, bool nk) {
+  int64_t k, n, m = 1;
+  WeightShape(w, nk, &k, &n);
   TVM_FFI_ICHECK_EQ(x.size(x.ndim() - 1), k) << "x's last dimension must be K";
   for (int i = 0; i + 1 < x.ndim(); ++i) m *= x.size(i);
   TVM_FFI_ICHECK_EQ(y.size(y.ndim() - 1), n);
   int type = CublasType(x);
   Cublas* lib = Load(x.device());
   float alpha = 1.0f, beta = 0.0f;
-  // row-major Y (m x n) = X (m x k) W (k x n)  <=>  column-major Y^T = W^T X^T
-  int status = lib->gemm(lib->handle, kOpN, kOpN, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha,
-                         Data(w), type, static_cast<int>(n), Data(x), type, static_cast<int>(k), &beta,
+  // row-major Y (m x n) = X (m x k) W (k x n)  <=>  column-major Y^T = W^T X^T; W (n x k) row-major is
+  // column-major W^T with ld = k, read transposed (the "TN" GEMM of PyTorch's Linear)
+  int status = lib->gemm(lib->handle, nk ? kOpT : kOpN, kOpN, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha,
+                         Data(w), type, static_cast<int>(nk ? k : n), Data(x), type, static_cast<int>(k), &beta,
                          Data(y), type, static_cast<int>(n), kCompute32F, kGemmDefault);
   TVM_FFI_ICHECK_EQ(status, 0) << "cublasGemmEx failed for m=" << m << " n=" << n << " k=" << k;
 }
@@ -120,11 +131,12 @@ void Gemm(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView y
 // cuBLASLt (dlopen'ed like cuBLAS) and the driver's stream-ordered allocator for its workspace
 struct LtAlgo { uint64_t data[8]; };                                       // cublasLtMatmulAlgo_t
 struct LtHeuristic { LtAlgo algo; size_t workspace; int state; float waves; int reserved[4]; };  // cublasLtMatmulHeuristicResult_t
-constexpr int kR32F = 0, kPrefMaxWorkspace = 1;
+constexpr int kR32F = 0, kPrefMaxWorkspace = 1, kDescTransA = 3;  // CUBLASLT_MATMUL_DESC_TRANSA
 constexpr size_t kLtWorkspace = size_t(32) << 20;
 struct Lt {
   Handle handle = nullptr;
   int (*desc_create)(Handle*, int, int) = nullptr;
+  int (*desc_set)(Handle, int, const void*, size_t) = nullptr;
   int (*layout_create)(Handle*, int, uint64_t, uint64_t, int64_t) = nullptr;
   int (*pref_create)(Handle*) = nullptr;
   int (*pref_set)(Handle, int, const void*, size_t) = nullptr;
@@ -149,7 +161,7 @@ Lt* LoadLt() {
     if (so == nullptr || cuda == nullptr) { error = "cannot dlopen libcublasLt.so.13/.12 or libcuda.so.1"; return; }
     auto sym = [](void* from, auto& fn, const char* name) { fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(from, name)); return fn != nullptr; };
     int (*create)(Handle*) = nullptr;
-    bool ok = sym(so, create, "cublasLtCreate") && sym(so, lib.desc_create, "cublasLtMatmulDescCreate") &&
+    bool ok = sym(so, create, "cublasLtCreate") && sym(so, lib.desc_create, "cublasLtMatmulDescCreate") && sym(so, lib.desc_set, "cublasLtMatmulDescSetAttribute") &&
               sym(so, lib.layout_create, "cublasLtMatrixLayoutCreate") && sym(so, lib.pref_create, "cublasLtMatmulPreferenceCreate") &&
               sym(so, lib.pref_set, "cublasLtMatmulPreferenceSetAttribute") && sym(so, lib.pref_destroy, "cublasLtMatmulPreferenceDestroy") &&
               sym(so, lib.heuristic, "cublasLtMatmulAlgoGetHeuristic") && sym(so, lib.matmul, "cublasLtMatmul") &&
@@ -166,13 +178,15 @@ struct LtPlan {
   LtHeuristic best{};
 };
 
-const LtPlan& Plan(Lt* lt, int64_t m, int64_t n, int64_t k, int type) {
+const LtPlan& Plan(Lt* lt, int64_t m, int64_t n, int64_t k, int type, bool nk) {
   static std::mutex mu;
   static std::map<std::vector<int64_t>, LtPlan> plans;
   std::lock_guard<std::mutex> lock(mu);
-  LtPlan& plan = plans[{m, n, k, type}];
+  LtPlan& plan = plans[{m, n, k, type, nk}];
   if (plan.desc != nullptr) return plan;
-  bool ok = lt->desc_create(&plan.desc, kCompute32F, kR32F) == 0 && lt->layout_create(&plan.w, type, n, k, n) == 0 &&
+  const int trans_w = nk ? kOpT : kOpN;  // W (n x k) row-major: column-major (k x n), ld = k, transposed
+  bool ok = lt->desc_create(&plan.desc, kCompute32F, kR32F) == 0 && lt->desc_set(plan.desc, kDescTransA, &trans_w, sizeof(trans_w)) == 0 &&
+            (nk ? lt->layout_create(&plan.w, type, k, n, k) : lt->layout_create(&plan.w, type, n, k, n)) == 0 &&
             lt->layout_create(&plan.x, type, k, m, k) == 0 && lt->layout_create(&plan.y, type, n, m, n) == 0;
   Handle pref = nullptr;
   int found = 0;
@@ -184,9 +198,9 @@ const LtPlan& Plan(Lt* lt, int64_t m, int64_t n, int64_t k, int type) {
   return plan;
 }
 
-void GemmAdd(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView r, tvm::ffi::TensorView y) {
-  TVM_FFI_ICHECK_EQ(w.ndim(), 2) << "weight must be (K, N)";
-  int64_t k = w.size(0), n = w.size(1), m = 1;
+void GemmAddLayout(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView r, tvm::ffi::TensorView y, bool nk) {
+  int64_t k, n, m = 1;
+  WeightShape(w, nk, &k, &n);
   TVM_FFI_ICHECK_EQ(x.size(x.ndim() - 1), k) << "x's last dimension must be K";
   for (int i = 0; i + 1 < x.ndim(); ++i) m *= x.size(i);
   TVM_FFI_ICHECK(y.size(y.ndim() - 1) == n && y.numel() == m * n && r.numel() == m * n && r.IsContiguous() && y.IsContiguous())
@@ -194,7 +208,7 @@ void GemmAdd(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorVie
   int type = CublasType(x);
   TVM_FFI_ICHECK(CublasType(w) == type && CublasType(r) == type && CublasType(y) == type) << "gemm_add: mixed dtypes";
   Lt* lt = LoadLt();
-  const LtPlan& plan = Plan(lt, m, n, k, type);
+  const LtPlan& plan = Plan(lt, m, n, k, type, nk);
   void* stream = TVMFFIEnvGetStream(y.device().device_type, y.device().device_id);
   uint64_t workspace = 0;
   if (plan.best.workspace > 0) TVM_FFI_ICHECK_EQ(lt->alloc_async(&workspace, plan.best.workspace, stream), 0) << "cuMemAllocAsync failed";
@@ -297,8 +311,14 @@ void BatchedGemm(tvm::ffi::TensorView a, tvm::ffi::TensorView b, tvm::ffi::Shape
 }
 }  // namespace
 
+void Gemm(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView y) { GemmLayout(x, w, y, false); }
+void GemmNk(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView y) { GemmLayout(x, w, y, true); }
+void GemmAdd(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView r, tvm::ffi::TensorView y) { GemmAddLayout(x, w, r, y, false); }
+void GemmAddNk(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView r, tvm::ffi::TensorView y) { GemmAddLayout(x, w, r, y, true); }
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_cublas_gemm, Gemm);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_cublas_gemm_nk, GemmNk);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_cublas_gemm_add, GemmAdd);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_cublas_gemm_add_nk, GemmAddNk);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_cublas_batched_gemm, BatchedGemm);
 """
 

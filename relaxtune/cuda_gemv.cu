@@ -1,5 +1,5 @@
-// relaxtune's decode GEMV: y[r, :] = x[r, :] @ W (+ res[r, :]) for a few rows r, W (K, N) row-major,
-// fp16 or bf16 in and out, fp32 accumulation (host side and the measurements: cuda_gemv.py).
+// relaxtune's decode GEMVs: y[r, :] = x[r, :] @ W (+ res[r, :]) for a few rows r, W (K, N) row-major, or W^T for
+// W (N, K) (the "nk" kernels at the end), fp16 or bf16 in and out, fp32 accumulation (host side and the measurements: cuda_gemv.py).
 //
 // A block owns 64 output columns (kCols) of one K range: 8 column threads each load 16 bytes (8
 // columns) of a weight row, so a warp reads 4 whole 128-byte row segments per load, and each of
@@ -221,3 +221,102 @@ RELAXTUNE_GEMV(relaxtune_gemv_f16_m1_wide, __half, 1, 64, 8, 1)
 RELAXTUNE_GEMV(relaxtune_gemv_f16_m2_wide, __half, 2, 64, 8, 1)
 RELAXTUNE_GEMV(relaxtune_gemv_bf16_m1_wide, __nv_bfloat16, 1, 64, 8, 1)
 RELAXTUNE_GEMV(relaxtune_gemv_bf16_m2_wide, __nv_bfloat16, 2, 64, 8, 1)
+
+// ---- the (N, K) layout: y[r, :] = x[r, :] @ W^T (+ res[r, :]), W (N, K) row-major (PyTorch Linear's)
+// A warp owns R consecutive output features (rows of W), a block of 16 warps 16 R of them. Lane l
+// reads the 16-byte vectors l, l + 32, l + 64, ... of each of its rows: a warp reads 512
+// contiguous bytes per load, C such loads per row per chunk, and the next chunk's R x C loads are
+// in flight while the current chunk is multiplied. The K reduction is a warp shuffle: no shared
+// memory, no cluster, one wave of 128 blocks for 4096 outputs. fp16 sums the 8 products of a
+// 16-byte vector in fp16 (one HMUL2, three HFMA2) and adds that to an fp32 accumulator: the
+// fp32-FMA form measured 10.1 us for o_proj on an H200 against 9.7 (notes s16/gemv); bf16, whose
+// 8-bit mantissa would lose too much there, multiplies in fp32.
+__device__ __forceinline__ float dot8(const uint4& a, const uint4& b, __half) {
+  const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+  __half2 h = __hmul2(*reinterpret_cast<const __half2*>(&av[0]), *reinterpret_cast<const __half2*>(&bv[0]));
+#pragma unroll
+  for (int j = 1; j < 4; ++j) h = __hfma2(*reinterpret_cast<const __half2*>(&av[j]), *reinterpret_cast<const __half2*>(&bv[j]), h);
+  const float2 f = __half22float2(h);
+  return f.x + f.y;
+}
+
+__device__ __forceinline__ float dot8(const uint4& a, const uint4& b, __nv_bfloat16) {
+  const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 fa = to_float2(av[j], __nv_bfloat16()), fb = to_float2(bv[j], __nv_bfloat16());
+    s = fmaf(fa.x, fb.x, fmaf(fa.y, fb.y, s));
+  }
+  return s;
+}
+
+template <typename T, int M, int R, int C>
+__device__ __forceinline__ void gemv_nk_body(const GemvParams& p) {
+  const int lane = threadIdx.x % 32, row0 = (blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * R;
+  const int vectors = p.k / 8, chunks = (vectors + 32 * C - 1) / (32 * C);  // the host makes K a multiple of 8
+  const uint4* w = static_cast<const uint4*>(p.w);
+  const uint4* x = static_cast<const uint4*>(p.x);
+  auto load = [&](uint4 (&buf)[R][C], int chunk) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int u = 0; u < C; ++u) {
+        const int v = (chunk * C + u) * 32 + lane;
+        buf[r][u] = row0 + r < p.n && v < vectors ? load_stream(w + static_cast<size_t>(row0 + r) * vectors + v) : make_uint4(0, 0, 0, 0);
+      }
+  };
+  float acc[M][R];
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[m][r] = 0.0f;
+  uint4 cur[R][C];
+  load(cur, 0);
+  wait_for_previous_kernel();  // x, the residual and y only after the previous kernel
+  for (int chunk = 0; chunk < chunks; ++chunk) {
+    uint4 next[R][C];
+    load(next, chunk + 1);  // zeros past the last chunk
+#pragma unroll
+    for (int u = 0; u < C; ++u) {
+      // past K both the weights and x are zeros: no branch around the products (a `continue` here
+      // kept the x loads from issuing together: o_proj 11.9 us against 9.6 on an H200, notes s17)
+      const int v = (chunk * C + u) * 32 + lane;
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const uint4 xv = v < vectors && m < p.rows ? __ldg(x + static_cast<size_t>(m) * vectors + v) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[m][r] += dot8(xv, cur[r][u], T());
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int u = 0; u < C; ++u) cur[r][u] = next[r][u];
+  }
+  const T* res = static_cast<const T*>(p.res);
+  T* y = static_cast<T*>(p.y);
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float s = acc[m][r];
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (lane == 0 && m < p.rows && row0 + r < p.n) {
+        const size_t at = static_cast<size_t>(m) * p.n + row0 + r;
+        y[at] = from_float<T>(res != nullptr ? s + to_float(res[at]) : s);
+      }
+    }
+}
+
+// 512 threads: 16 warps x R = 2 features, C = 4 vectors per row per chunk (cuda_gemv.py's kNkFeatures)
+#define RELAXTUNE_GEMV_NK(NAME, T, M) \
+  extern "C" __global__ void __launch_bounds__(512, 1) NAME(GemvParams p) { gemv_nk_body<T, M, 2, 4>(p); }
+
+RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_f16_m1, __half, 1)
+RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_f16_m2, __half, 2)
+RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_f16_m4, __half, 4)
+RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_bf16_m1, __nv_bfloat16, 1)
+RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_bf16_m2, __nv_bfloat16, 2)
+RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_bf16_m4, __nv_bfloat16, 4)

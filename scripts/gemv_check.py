@@ -6,11 +6,12 @@
 `build` links the kernel's host object (fatbin for sm_90 inside) into a small shared library;
 `run` loads it with the TVM runtime and calls it on torch tensors (DLPack): checks against fp32
 torch (fp16 and bf16, 1 to 16 rows, ragged K and N, with and without the residual, every split;
-rows 1 and 2 also with plain launches)
+rows 1 and 2 also with plain launches; the same for the (N, K) kernel, relaxtune_gemv_nk / _add)
 next to torch's own fp16/bf16 matmul error; then times the Llama-7B block's four weight shapes at
 1 to 8 rows: the default launch (eager, and 100 calls in one CUDA graph), a plain launch instead of
 the programmatic dependent one, the 256-thread kernel only, each split of K, and torch.matmul
-(cuBLAS) on the same operands,
+(cuBLAS) on the same operands; the (N, K) kernel (eager, graph, with the residual, plain launch) and
+cuBLAS on that layout (x @ w^T, torch's Linear),
 cycling through > 200 MB of weight copies (each call reads its weights from memory, as in the
 block; one re-read weight of 32 MB stays in the H200's 50 MB L2), as GB/s of the bytes each call
 must move (weights, x, y, residual) against the copy bandwidth.
@@ -126,19 +127,26 @@ def check_and_time(folder: Path, results: dict, copy_gbs: float | None = None) -
 
     library = tvm.runtime.load_module(str(folder / LIBRARY))
     gemv, gemv_add, config = (library[n] for n in ("relaxtune_gemv", "relaxtune_gemv_add", "relaxtune_gemv_config"))
+    gemv_nk, gemv_nk_add = library["relaxtune_gemv_nk"], library["relaxtune_gemv_nk_add"]  # the weight as (N, K)
     T = tvm_ffi.from_dlpack
     report: dict = {"checks": [], "timing": []}
     torch.manual_seed(0)
-    for rows, k, n, dtype, residual, pdl in [(*case, True) for case in CASES] + [(*case, False) for case in CASES if case[0] <= 2]:
+    checked = [(*case, pdl, nk) for nk in (False, True) for pdl in (True, False) for case in CASES if pdl or case[0] <= 2]
+    for rows, k, n, dtype, residual, pdl, nk in checked:
         dt = getattr(torch, dtype)
         x, w = torch.randn(1, rows, k, device="cuda", dtype=dt), torch.randn(k, n, device="cuda", dtype=dt) / k ** 0.5
         r = torch.randn(1, rows, n, device="cuda", dtype=dt)
         ref = x.float() @ w.float() + (r.float() if residual else 0)
         torch_err = ((x @ w + (r if residual else 0)).float() - ref).abs().max().item()
-        for splits in ((0,) if residual else (0, 1, 2, 4, 8)):
+        w_nk = w.t().contiguous()
+        for splits in ((0,) if residual or nk else (0, 1, 2, 4, 8)):
             y = torch.full((1, rows, n), float("nan"), device="cuda", dtype=dt)
             with _env("RELAXTUNE_GEMV_PDL", "1" if pdl else "0"):
-                if residual:
+                if nk and residual:
+                    gemv_nk_add(T(x), T(w_nk), T(r), T(y))
+                elif nk:
+                    gemv_nk(T(x), T(w_nk), T(y))
+                elif residual:
                     gemv_add(T(x), T(w), T(r), T(y))
                 elif splits == 0:
                     gemv(T(x), T(w), T(y))
@@ -146,7 +154,7 @@ def check_and_time(folder: Path, results: dict, copy_gbs: float | None = None) -
                     config(T(x), T(w), splits, T(y))
             torch.cuda.synchronize()
             err = (y.float() - ref).abs().max().item()
-            row = {"rows": rows, "K": k, "N": n, "dtype": dtype, "residual": residual, "splits": splits, "pdl": pdl, "max_abs_err": err, "torch_err": torch_err}
+            row = {"rows": rows, "K": k, "N": n, "dtype": dtype, "residual": residual, "splits": splits, "pdl": pdl, "nk": nk, "max_abs_err": err, "torch_err": torch_err}
             row["ok"] = bool(err == err and err <= max(2 * torch_err, 4e-3 if dtype == "float16" else 3e-2))
             report["checks"].append(row)
             if not row["ok"]:
@@ -156,6 +164,8 @@ def check_and_time(folder: Path, results: dict, copy_gbs: float | None = None) -
         copies = -(-200_000_000 // (2 * k * n))  # > 200 MB of weights in turn: none is still in L2
         ws = [torch.randn(k, n, device="cuda", dtype=torch.float16) for _ in range(copies)]
         wt = [T(w) for w in ws]
+        ws_nk = [w.t().contiguous() for w in ws]  # the same weights as (N, K): PyTorch Linear's layout
+        wt_nk = [T(w) for w in ws_nk]
         copy_here = _copy_us(2 * k * n)  # context: a torch copy of one weight's size (moves twice its bytes)
         print(f"{what}: torch copy of {2 * k * n / 1e6:.1f} MB: {copy_here:.2f} us, {4 * k * n / copy_here / 1e3:.0f} GB/s (read + write)", flush=True)
         for rows in TIMED_ROWS:
@@ -174,12 +184,21 @@ def check_and_time(folder: Path, results: dict, copy_gbs: float | None = None) -
             with _env("RELAXTUNE_GEMV_WIDE", "0"):  # the 256-thread kernel only
                 row["relaxtune_nowide_us"] = round(_timed(lambda i: gemv(xt, wt[i], yt), copies), 2)
             row["relaxtune_add_graph_us"] = round(_graph_timed(lambda i: gemv_add(xt, wt[i], rt, yt), copies), 2)
+            # the (N, K) kernel, and cuBLAS on the same layout (torch's Linear: x @ w^T)
+            row["nk_us"] = round(_timed(lambda i: gemv_nk(xt, wt_nk[i], yt), copies), 2)
+            row["nk_graph_us"] = round(_graph_timed(lambda i: gemv_nk(xt, wt_nk[i], yt), copies), 2)
+            row["nk_add_us"] = round(_timed(lambda i: gemv_nk_add(xt, wt_nk[i], rt, yt), copies), 2)
+            row["nk_add_graph_us"] = round(_graph_timed(lambda i: gemv_nk_add(xt, wt_nk[i], rt, yt), copies), 2)
+            with _env("RELAXTUNE_GEMV_PDL", "0"):
+                row["nk_nopdl_us"] = round(_timed(lambda i: gemv_nk(xt, wt_nk[i], yt), copies), 2)
+            row["cublas_nk_us"] = round(_timed(lambda i: torch.matmul(x, ws_nk[i].t(), out=y), copies), 2)
+            row["cublas_nk_graph_us"] = round(_graph_timed(lambda i: torch.matmul(x, ws_nk[i].t(), out=y), copies), 2)
             row["cublas_us"] = round(_timed(lambda i: torch.matmul(x, ws[i], out=y), copies), 2)
             row["cublas_graph_us"] = round(_graph_timed(lambda i: torch.matmul(x, ws[i], out=y), copies), 2)
             row["cublas_add_us"] = round(_timed(lambda i: torch.addmm(res.view(rows, n), x.view(rows, k), ws[i], out=y.view(rows, n)), copies), 2)
             row["relaxtune_warm_l2_us"] = round(_timed(lambda i: gemv(xt, wt[0], yt)), 2)  # one weight, re-read: L2-resident below 50 MB
             row["cublas_warm_l2_us"] = round(_timed(lambda i: torch.matmul(x, ws[0], out=y)), 2)
-            for key in ("relaxtune", "cublas", "relaxtune_graph", "cublas_graph"):
+            for key in ("relaxtune", "cublas", "relaxtune_graph", "cublas_graph", "nk", "nk_graph", "cublas_nk", "cublas_nk_graph"):
                 row[f"{key}_GBps"] = round(moved / row[f"{key}_us"] / 1e3, 1)
                 if copy_gbs:
                     row[f"{key}_pct_copy"] = round(100 * row[f"{key}_GBps"] / copy_gbs, 1)

@@ -81,6 +81,9 @@ VARIANTS = {
     "llama7b-rf-cublas-flash-gemv4k-graph": ("relaxtune", True, {"gemv": {"max_cols": 4096}}),
     "llama7b-rf-cublas-flash-gemv12k-graph": ("relaxtune", True, {"gemv": {"max_cols": 12288}}),
     "llama7b-rf-cublas-flash-gemvall-graph": ("relaxtune", True, {"gemv": {"max_cols": None}}),
+    # weights as LiftTransformParams leaves them, (K, N), read by the (K, N) GEMV kernel and cuBLAS (the default before keep_weights_nk.py)
+    "llama7b-rf-cublas-flash-kn-graph": ("relaxtune", True, {"weights_nk": False}),
+    "llama7b-rf-cublas-flash-kn": ("relaxtune", False, {"weights_nk": False}),
     # the flash default before RowElementwise (dlight's Fallback for the element-wise kernels): see PREVIOUS_EW
     "llama7b-rf-cublas-flash-graph-prev": ("relaxtune", True, True),
     "llama7b-rf-cublas-flash-prev": ("relaxtune", False, True),
@@ -95,7 +98,8 @@ FLASH = {"llama-f16-flash": True, "llama7b-rf-cublas-flash-graph": True, "llama7
          "llama7b-rf-cublas-flash-mma-graph": {"block_m": 64}, "llama7b-rf-cublas-flash-sepadd-graph": True,
          "llama7b-rf-cublas-flash-nogemv-graph": True, "llama7b-rf-cublas-flash-nogemv": True,
          "llama7b-rf-cublas-flash-gemv4k-graph": True, "llama7b-rf-cublas-flash-gemv12k-graph": True, "llama7b-rf-cublas-flash-gemvall-graph": True,
-         "llama7b-rf-cublas-flash-graph-h8cprev": {"lift_tables": False}, "llama7b-rf-cublas-flash-h8cprev": {"lift_tables": False}}
+         "llama7b-rf-cublas-flash-graph-h8cprev": {"lift_tables": False}, "llama7b-rf-cublas-flash-h8cprev": {"lift_tables": False},
+         "llama7b-rf-cublas-flash-kn-graph": True, "llama7b-rf-cublas-flash-kn": True}
 # built with the GPU rules as they were before schedules/rules/gpu_row_softmax.py (for comparison)
 PREVIOUS_RULES = ("llama7b-sf-cublas-all-prev", "llama7b-sf-cublas-all-graph-prev")
 # built without schedules/rules/gpu_elementwise.py (dlight's Fallback for element-wise kernels)
@@ -104,7 +108,7 @@ PREVIOUS_EW = ("llama7b-rf-cublas-flash-graph-prev", "llama7b-rf-cublas-flash-pr
 PREVIOUS_H8C = ("llama7b-rf-cublas-flash-graph-h8cprev", "llama7b-rf-cublas-flash-h8cprev")
 # `run` profiles these per kernel when built (else the fastest variant without graphs at n=128)
 KERNEL_VARIANTS = ("llama7b-sf-cublas-all-prev", "llama7b-sf-cublas-all", "llama7b-rf-cublas-all", "llama7b-sf-cublas-nobmm", "llama7b-rf-cublas-flash-prev",
-                   "llama7b-rf-cublas-flash-h8cprev", "llama7b-rf-cublas-flash-nogemv", "llama7b-rf-cublas-flash")
+                   "llama7b-rf-cublas-flash-h8cprev", "llama7b-rf-cublas-flash-nogemv", "llama7b-rf-cublas-flash-kn", "llama7b-rf-cublas-flash")
 # what the lead's device run needs: `build --only` with this list (tiny check artifacts included)
 DEVICE_SET = (
     *TINY, *PREVIOUS_RULES, "llama7b-sf-cublas-all", "llama7b-sf-cublas-all-graph", "llama7b-rf-cublas-all", "llama7b-rf-cublas-all-graph",
@@ -462,12 +466,13 @@ GEMV_SETTINGS = {"default": {}, "no-pdl": {"RELAXTUNE_GEMV_PDL": "0"}, "no-wide"
 def gemv_splits(model: Llama7B, rounds: int = 3):
     """The graph variants with the GEMV kernel at n = 1, once per setting in GEMV_SETTINGS (a VM each: its
     graph is captured on the first call, with the setting of that moment), interleaved with the variant without it."""
-    names = [v for v in ("llama7b-rf-cublas-flash-graph", "llama7b-rf-cublas-flash-gemv4k-graph", "llama7b-rf-cublas-flash-gemv12k-graph",
+    names = [v for v in ("llama7b-rf-cublas-flash-kn-graph", "llama7b-rf-cublas-flash-gemv4k-graph", "llama7b-rf-cublas-flash-gemv12k-graph",
                          "llama7b-rf-cublas-flash-gemvall-graph")
              if (model.art / f"{v}.so").exists()]
-    base = "llama7b-rf-cublas-flash-nogemv-graph"
-    configs = [(base, "default")] if (model.art / f"{base}.so").exists() else []
+    configs = [(base, "default") for base in ("llama7b-rf-cublas-flash-nogemv-graph",) if (model.art / f"{base}.so").exists()]
     configs += [(name, setting) for name in names for setting in GEMV_SETTINGS]
+    if (model.art / "llama7b-rf-cublas-flash-graph.so").exists():  # the default: (N, K) weights, whose kernel has no split or width setting
+        configs += [("llama7b-rf-cublas-flash-graph", setting) for setting in ("default", "no-pdl")]
     vms = {}
     for name, setting in configs:
         os.environ.update(GEMV_SETTINGS[setting])
@@ -550,8 +555,9 @@ def kernels(model: Llama7B, name: str, copy_gbs: float | None):
             weight = shapes[1][1] if len(shapes) >= 3 else []
             a = shapes[0][1] if shapes else []
             # TIR GEMMs, relaxtune's cuBLAS calls (relaxtune_cublas_gemm / _gemm_add, the latter with its residual
-            # add) and its GEMV kernel (relaxtune_gemv / _gemv_add) against torch.matmul on the same shapes
-            gemm = "matmul" in kname or kname in ("relaxtune_cublas_gemm", "relaxtune_cublas_gemm_add", "relaxtune_gemv", "relaxtune_gemv_add")
+            # add) and its GEMV kernels (relaxtune_gemv / _gemv_add), each also for (N, K) weights (_nk), against
+            # torch.matmul on the same shapes and weight layout
+            gemm = "matmul" in kname or kname.startswith(("relaxtune_cublas_gemm", "relaxtune_gemv"))
             if gemm and len(weight) >= 2 and a and a[-1] in (weight[0], weight[-1]):
                 m, k = int(np.prod(a[:-1])), a[-1]
                 k_first = weight[0] == k
@@ -628,6 +634,12 @@ def markdown(results: dict) -> str:
                   f"{r.get('relaxtune_nopdl_graph_us', '')} | {r.get('relaxtune_nowide_us', '')} | {r['split1_us']} | {r['split2_us']} | {r['split4_us']} | "
                   f"{r['split8_us']} | {r['cublas_us']} | {r.get('cublas_graph_us', '')} | {r.get('relaxtune_pct_copy', '')} | "
                   f"{r.get('relaxtune_graph_pct_copy', '')} | {r.get('cublas_pct_copy', '')} | {r['relaxtune_warm_l2_us']} | {r.get('copy_same_size_us', '')} |" for r in gk]
+    if gk and "nk_us" in gk[0]:
+        lines += ["", "(N, K) GEMV kernel alone and cuBLAS on that layout (x @ w^T), us; % of the copy bandwidth", "",
+                  "| shape | rows | nk | nk graph | nk + residual | nk + residual graph | nk no-pdl | cuBLAS nk | cuBLAS nk graph | nk % copy | nk graph % copy | cuBLAS nk % copy |",
+                  "|---" * 12 + "|"]
+        lines += [f"| {r['shape']} | {r['rows']} | {r['nk_us']} | {r['nk_graph_us']} | {r['nk_add_us']} | {r['nk_add_graph_us']} | {r['nk_nopdl_us']} | "
+                  f"{r['cublas_nk_us']} | {r['cublas_nk_graph_us']} | {r.get('nk_pct_copy', '')} | {r.get('nk_graph_pct_copy', '')} | {r.get('cublas_nk_pct_copy', '')} |" for r in gk]
     if results.get("errors"):
         lines += ["", "failed sections: " + ", ".join(results["errors"])]
     return "\n".join(lines) + "\n"

@@ -197,6 +197,16 @@ case((4, 7, 5), (0, 2, 1), (4, 6, 7), (0, 2, 1), (0, 1, 2))  # both operands tra
 case((6, 4, 7), (1, 0, 2), (4, 7, 6), (0, 1, 2), (1, 0, 2))  # batch axis in the middle, for c too
 case((1, 1, h, d), (0, 2, 1, 3), (1, 5, h, d), (0, 2, 3, 1), (0, 1, 2, 3))  # one query row
 
+# the weight GEMMs: w (K, N), and (N, K) read with a transpose flag
+library = tvm_ffi.load_module(sys.argv[1])
+for rows, k, cols in ((1, 24, 40), (37, 16, 8)):
+    x, w = rng.standard_normal((1, rows, k)).astype("float16"), rng.standard_normal((k, cols)).astype("float16")
+    want = x.astype("float32") @ w.astype("float32")
+    for name, weight in (("relaxtune_cublas_gemm", w), ("relaxtune_cublas_gemm_nk", np.ascontiguousarray(w.T))):
+        y = tvm.runtime.empty((1, rows, cols), "float16")
+        library[name](tvm.runtime.tensor(x), tvm.runtime.tensor(weight), y)
+        assert np.abs(y.numpy() - want).max() / np.abs(want).max() < 3e-3, (name, rows, k, cols)
+
 # the rewritten module through the VM: axes as shapes, alpha as a float, the library function linked in
 vm = relax.VirtualMachine(tvm.runtime.load_module(sys.argv[2]), tvm.cpu())
 inputs = dict(np.load(sys.argv[3]))

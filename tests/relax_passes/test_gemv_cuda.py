@@ -2,7 +2,7 @@
 
 The rewrite is checked structurally and where it must not fire; the kernel is assembled by nvcc
 for sm_90 and sm_80 without spills, and its host object exports the three entry points. The
-numbers (against torch and cuBLAS) come from scripts/gemv_check.py and scripts/gpu_job.py.
+numbers (against torch and cuBLAS; the (N, K) kernels' too) come from scripts/gemv_check.py and scripts/gpu_job.py.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class Untouched:
         R.func_attr({"relaxtune.bucket": {"n": [1, 1, 1]}})
         with R.dataflow():
             y = R.matmul(x, w)  # fp32
-            t = R.permute_dims(v)  # a weight computed in the function, not a parameter
+            t = R.add(v, v)  # a weight computed in the function, not a parameter (nor the transpose of one)
             p = R.matmul(h, t)
             q = R.matmul(h, u)  # N = 60: not a multiple of the kernel's 8-column vectors
             R.output(y, p, q)
@@ -85,6 +85,49 @@ class Untouched:
 
 def test_decode_gemvs_become_kernel_calls_with_the_residual_as_epilogue():
     tvm.ir.assert_structural_equal(RewriteGemvToCuda()(Before), Expected)
+
+
+@I.ir_module
+class BeforeNK:  # the same bucket with its weights kept (N, K) by KeepWeightsNK (keep_weights_nk.py)
+    @R.function(private=True)
+    def main_n1(
+        x: R.Tensor((1, 1, 64), "float16"), a: R.Tensor((1, 1, 64), "float16"), wqkv: R.Tensor((192, 64), "float16"),
+        wo: R.Tensor((64, 64), "float16"), wd: R.Tensor((64, 32), "float16"), m: R.Tensor((1, 1, 32), "float16"),
+    ) -> R.Tensor((1, 1, 64), "float16"):
+        R.func_attr({"relaxtune.bucket": {"n": [1, 1, 1]}})
+        with R.dataflow():
+            qkv = R.matmul(x, R.permute_dims(wqkv))
+            o = R.matmul(a, R.permute_dims(wo))
+            h = R.add(x, o)
+            d = R.matmul(m, R.permute_dims(wd, [1, 0]))
+            y = R.add(d, h)
+            z = R.add(y, R.sum(qkv, axis=[2], keepdims=True))
+            R.output(z)
+        return z
+
+
+@I.ir_module
+class ExpectedNK:  # the (N, K) kernel on the weights themselves, the transposes gone
+    @R.function(private=True)
+    def main_n1(
+        x: R.Tensor((1, 1, 64), "float16"), a: R.Tensor((1, 1, 64), "float16"), wqkv: R.Tensor((192, 64), "float16"),
+        wo: R.Tensor((64, 64), "float16"), wd: R.Tensor((64, 32), "float16"), m: R.Tensor((1, 1, 32), "float16"),
+    ) -> R.Tensor((1, 1, 64), "float16"):
+        R.func_attr({"relaxtune.bucket": {"n": [1, 1, 1]}})
+        with R.dataflow():
+            qkv = R.call_dps_packed("relaxtune_gemv_nk", (x, wqkv), out_ty=R.Tensor((1, 1, 192), "float16"))
+            h = R.call_dps_packed("relaxtune_gemv_nk_add", (a, wo, x), out_ty=R.Tensor((1, 1, 64), "float16"))
+            y = R.call_dps_packed("relaxtune_gemv_nk_add", (m, wd, h), out_ty=R.Tensor((1, 1, 64), "float16"))
+            z = R.add(y, R.sum(qkv, axis=[2], keepdims=True))
+            R.output(z)
+        return z
+
+
+def test_gemvs_on_weights_kept_nk_take_the_nk_kernel():
+    tvm.ir.assert_structural_equal(RewriteGemvToCuda()(BeforeNK), ExpectedNK)
+    # the (K, N) kernel's width limit is not the (N, K) one's (None: every width)
+    assert "relaxtune_gemv_nk\"" in RewriteGemvToCuda(max_cols=64)(BeforeNK).script()
+    assert "R.permute_dims(wqkv" in RewriteGemvToCuda(max_cols_nk=64)(BeforeNK).script()
 
 
 def test_does_not_fire_on_large_buckets_fp32_computed_weights_or_odd_widths():
@@ -155,8 +198,10 @@ def test_kernel_assembles_without_spills(tmp_path, arch):
     done = subprocess.run(nvcc_command(arch, src, tmp_path / "gemv.fatbin", extra=("-Xptxas", "-v")), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     kernels = re.findall(r"Compiling entry function '(\w+)'", done.stderr)
-    # fp16 and bf16: 1 / 2 / 4 / 8 rows (256 threads), and 1 / 2 rows with 512 threads (one block per SM)
+    # fp16 and bf16: 1 / 2 / 4 / 8 rows (256 threads), and 1 / 2 rows with 512 threads (one block per SM);
+    # the (N, K) kernel for 1 / 2 / 4 rows
     expected = {f"relaxtune_gemv_{t}_m{m}" for t in ("f16", "bf16") for m in (1, 2, 4, 8)} | {f"relaxtune_gemv_{t}_m{m}_wide" for t in ("f16", "bf16") for m in (1, 2)}
+    expected |= {f"relaxtune_gemv_nk_{t}_m{m}" for t in ("f16", "bf16") for m in (1, 2, 4)}  # the (N, K) kernel: 512 threads
     assert sorted(kernels) == sorted(expected), kernels
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", done.stderr)
     assert len(spills) == len(expected) and all(s == ("0", "0") for s in spills), done.stderr[-3000:]
@@ -174,12 +219,22 @@ def test_kernels_wait_for_the_previous_kernel_and_reduce_the_split_with_one_clus
     src.write_text(KERNEL_SOURCE)
     done = subprocess.run(nvcc_command("sm_90", src, tmp_path / "gemv.ptx", kind="--ptx"), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
-    bodies = dict(re.findall(r"\.entry (\w+)\((.*?)\n}", (tmp_path / "gemv.ptx").read_text(), re.S))
-    assert len(bodies) == 12, sorted(bodies)
+    ptx = (tmp_path / "gemv.ptx").read_text()
+    bodies = dict(re.findall(r"\.entry (\w+)\((.*?)\n}", ptx, re.S))
+    whole = dict(re.findall(r"\.entry (\w+)\((.*?)(?=\.entry|\Z)", ptx, re.S))  # to the next kernel (inline asm has braces)
+    assert len(bodies) == 18 and len(whole) == 18, sorted(bodies)
     for name, body in bodies.items():
-        assert f".maxntid {512 if name.endswith('_wide') else 256}, 1, 1" in body, name
+        assert f".maxntid {512 if name.endswith('_wide') or '_nk_' in name else 256}, 1, 1" in body, name
         assert body.count("griddepcontrol.wait") == 1, name  # programmatic dependent launch: once, after the first weight loads
         assert body.index("griddepcontrol.wait") > body.index("ld.global.nc.L1::no_allocate.v4.u32"), name
+        if "_nk_" in name:  # no split of K, no shared memory: a warp's shuffles reduce each feature
+            body = whole[name]
+            assert "barrier.cluster" not in body and ".shared" not in body and "shfl.sync.bfly" in body, name
+            # 2 features x 4 vectors loaded before the wait; 8 more per chunk in the loop
+            assert body[:body.index("griddepcontrol.wait")].count("ld.global.nc.L1::no_allocate.v4.u32") == 8, name
+            if "_f16_" in name:  # the 8 products of a vector summed in fp16 (HFMA2), then added in fp32
+                assert "fma.rn.f16x2" in body, name
+            continue
         # the "every block has started" phase arrived at early, then one full barrier (was two cluster.sync)
         assert body.count("barrier.cluster.arrive.relaxed.aligned") == 1 and body.count("barrier.cluster.wait.aligned") == 1, name
         assert len(re.findall(r"barrier\.cluster\.arrive;", body)) == 1 and len(re.findall(r"barrier\.cluster\.wait;", body)) == 1, name
@@ -189,10 +244,10 @@ def test_kernels_wait_for_the_previous_kernel_and_reduce_the_split_with_one_clus
 
 @needs_nvcc
 def test_host_object_exports_the_entry_points(tmp_path):
-    from relaxtune.cuda_gemv import ADD_FUNCTION, CONFIG_FUNCTION, FUNCTION, object_file
+    from relaxtune.cuda_gemv import ADD_FUNCTION, CONFIG_FUNCTION, FUNCTION, NK_ADD_FUNCTION, NK_FUNCTION, object_file
 
     symbols = subprocess.run(["nm", "-g", "--defined-only", str(object_file("sm_90", tmp_path))], capture_output=True, text=True).stdout
-    for name in (FUNCTION, ADD_FUNCTION, CONFIG_FUNCTION):
+    for name in (FUNCTION, ADD_FUNCTION, CONFIG_FUNCTION, NK_FUNCTION, NK_ADD_FUNCTION):
         assert f"__tvm_ffi_{name}" in symbols, name
     with pytest.raises(ValueError, match="sm_80 or newer, not sm_75"):
         object_file("sm_75", tmp_path)
