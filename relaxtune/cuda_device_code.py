@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 
 SOURCE_FORMAT = b"cuda"
 BINARY_FORMAT = b"fatbin"
+# device code the CUDA runtime loads without a compiler; TVM's build-time callback (tvm.support.nvcc,
+# registered where a GPU and CUDA bindings are present) leaves one of these instead of source
+PREBUILT_FORMATS = (b"fatbin", b"cubin", b"ptx")
 FATBIN_MAGIC = struct.pack("<I", 0xBA55ED50)
 NVCC_FLAGS = (
     "-O3",
@@ -202,17 +205,8 @@ class FatbinPacker:
         tree, modules = parse_blob(blob)
         sources = cuda_sources(module)
         for index, (kind, payload) in enumerate(modules):
-            if kind != b"cuda":
-                continue
-            source = next((s for s in sources if payload.endswith(s)), None)
-            if source is None:
-                raise RuntimeError("packed CUDA module matches no CUDA module of the executable")
-            start = time.perf_counter()
-            fatbin = compile_fatbin(source.decode(), self.arch, workdir / f"cuda{index}")
-            modules[index] = (kind, with_binary(payload, source, fatbin))
-            self.compiled.append(
-                {"kernels": source.count(b"__global__"), "source_chars": len(source), "bytes": len(fatbin), "nvcc_s": round(time.perf_counter() - start, 2)}
-            )
+            if kind == b"cuda":
+                modules[index] = (kind, self.device_code(payload, sources, workdir / f"cuda{index}"))
         if not self.compiled:
             raise RuntimeError("the executable has no CUDA device module to compile")
         symbol = prefix + _ffi_api.ModuleImportsBlobName()
@@ -223,6 +217,23 @@ class FatbinPacker:
             f'\t.incbin "{blob_path}"\n\t.size {symbol}, . - {symbol}\n\t.section .note.GNU-stack,"",@progbits\n'
         )
         return str(asm_path)
+
+    def device_code(self, payload: bytes, sources: list[bytes], workdir: Path) -> bytes:
+        """One packed CUDA module's payload with nvcc device code for the arch in place of its source;
+        as it is when TVM compiled it at build time already (cubin, fatbin or ptx)."""
+        held = _Reader(payload).raw()
+        if held in PREBUILT_FORMATS:  # TVM's build-time callback (tvm.support.nvcc; a host with a GPU and CUDA bindings)
+            self.compiled.append({"prebuilt": held.decode(), "bytes": len(payload)})
+            return payload
+        source = next((s for s in sources if payload.endswith(s)), None)
+        if source is None:
+            raise RuntimeError(f"packed CUDA module ({held.decode(errors='replace')!r} format) matches no CUDA module of the executable")
+        start = time.perf_counter()
+        fatbin = compile_fatbin(source.decode(), self.arch, workdir)
+        self.compiled.append(
+            {"kernels": source.count(b"__global__"), "source_chars": len(source), "bytes": len(fatbin), "nvcc_s": round(time.perf_counter() - start, 2)}
+        )
+        return with_binary(payload, source, fatbin)
 
     def summary(self) -> dict:
         """What the manifest records: format, arch and the compiled modules."""

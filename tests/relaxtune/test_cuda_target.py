@@ -59,6 +59,19 @@ def test_blob_rewrite_keeps_tree_and_kernel_table():
         cdc.parse_blob(cdc.join_blob(tree, modules) + b"\x00")
 
 
+def test_device_code_built_by_tvm_at_build_time_is_kept(tmp_path):
+    # on a host with a GPU, TVM's build-time callback (tvm.support.nvcc, nvrtc) leaves a cubin, not source:
+    # the packer keeps it (the H200 build of 2026-12-01 failed with "matches no CUDA module")
+    table = struct.pack("<Q", 1) + b"\x05\x00\x00\x00\x00\x00\x00\x00k_one" + b"\x07" * 13
+    packer = cdc.FatbinPacker("sm_90")
+    for fmt in (b"cubin", b"ptx", b"fatbin"):
+        payload = _payload(fmt, table, b"\x7fELF device code")
+        assert packer.device_code(payload, [b"some source"], tmp_path) == payload
+    assert [m["prebuilt"] for m in packer.compiled] == ["cubin", "ptx", "fatbin"]
+    with pytest.raises(RuntimeError, match="'cuda' format.*matches no CUDA module"):
+        packer.device_code(_payload(b"cuda", table, b"one source"), [b"another source"], tmp_path)
+
+
 @needs_nvcc
 def test_tiny_workload_cross_compiles_to_a_fatbin(tmp_path):
     from relaxtune import api
