@@ -9,10 +9,11 @@
 - `relaxtune_gemv_nk(x, w, y)` and `relaxtune_gemv_nk_add(x, w, r, y)`: the same products for a
   weight kept as (N, K) (`y = x @ w^T`, PyTorch Linear's layout; relax_passes/keep_weights_nk.py):
   a warp reads whole weight rows and reduces with shuffles, 16 warps x 2 features per block, the
-  8 products of each 16-byte fp16 vector summed in fp16 (HFMA2), then in fp32. On an H200 (fp16,
-  1 row, notes s16/gemv) o_proj 4096 x 4096 took 9.68 us in a graph (81% of the copy bandwidth)
-  against 10.43 for the (K, N) kernel below, down 22.3 against 23.2, gate/up 42.2 against 48.3
-  (cuBLAS 46). Up to 4 rows of x per launch.
+  8 products of each 16-byte fp16 vector summed in fp16 (HFMA2), then in fp32. H200, fp16, 1 row,
+  weights from memory (scripts/gemv_check.py, 2026-12-01), in a graph / eager, % of the 4264 GB/s
+  copy: o_proj 4096 x 4096 9.74 / 9.85 us (80.8% / 79.9%; the (K, N) kernel below 10.35 / 10.52),
+  down 21.96 / 22.08 (96%; 22.84 / 23.02), gate/up 43.5 / 43.6 (97%; cuBLAS 45.6 / 47.1), qkv
+  26.0 / 26.2 (91%; 25.2 / 25.5). Up to 4 rows of x per launch (from 4 rows cuBLAS is faster).
 Emitted by `RewriteGemvToCuda` (relax_passes/gemv_cuda.py) in the small (decode) buckets.
 
 The (K, N) kernel (cuda_gemv.cu) gives each block 64 output columns: 8 threads x 16-byte vectors per
