@@ -220,11 +220,11 @@ def main() -> None:
     if args.mode == "build":
         print(build(args.art))
     else:
-        import gpu_job
+        import gpu_job_common
 
-        gpu_job.OUT_DIR.append(args.out)
+        gpu_job_common.OUT_DIR.append(args.out)
         args.out.mkdir(parents=True, exist_ok=True)
-        results: dict = {"copy_GBps": gpu_job.copy_bandwidth()}  # the reference: gpu_job's 1 GiB torch copy
+        results: dict = {"copy_GBps": gpu_job_common.copy_bandwidth()}  # the reference: gpu_job's 1 GiB torch copy
         check_and_time(args.art / "gemv", results, results["copy_GBps"])
         print(json.dumps(results, indent=1))
 

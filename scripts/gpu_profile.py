@@ -19,7 +19,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gpu_job  # noqa: E402
+import gpu_job_common as common  # noqa: E402
+from gpu_job_llama import Llama7B  # noqa: E402
 
 
 def trace(fn, sync, reps: int, tmp: Path) -> list[list[dict]]:
@@ -76,10 +77,10 @@ def main() -> None:
     import torch
 
     seqs = tuple(int(n) for n in args.n.split(","))
-    gpu_job.SEQS = seqs
+    common.SEQS = seqs
     args.out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp())
-    model = gpu_job.Llama7B(args.art, tmp)
+    model = Llama7B(args.art, tmp)
     results = {}
     for name in [s for s in args.names.split(",") if s]:
         vm, params, dev = model.vm(name)
@@ -87,16 +88,16 @@ def main() -> None:
         for n in seqs:
             x = model.tvm_args(n, dev)
             results[f"{name}@{n}"] = summary(trace(lambda: main_fn(x, *params), dev.sync, args.reps, tmp))
-            gpu_job.log(name, n, {k: v for k, v in results[f"{name}@{n}"].items() if k != "list"})
+            common.log(name, n, {k: v for k, v in results[f"{name}@{n}"].items() if k != "list"})
         del vm, params
     compiled = torch.compile(model.block, dynamic=False)
     with torch.no_grad():
         for n in seqs:
             results[f"torch.compile@{n}"] = summary(trace(lambda: compiled(model.x[n]), torch.cuda.synchronize, args.reps, tmp))
-            gpu_job.log("torch.compile", n, {k: v for k, v in results[f"torch.compile@{n}"].items() if k != "list"})
+            common.log("torch.compile", n, {k: v for k, v in results[f"torch.compile@{n}"].items() if k != "list"})
     (args.out / "profile.json").write_text(json.dumps(results, indent=1))
     (args.out / "profile.md").write_text(markdown(results))
-    gpu_job.log(markdown(results))
+    common.log(markdown(results))
 
 
 if __name__ == "__main__":
