@@ -223,7 +223,7 @@ RELAXTUNE_GEMV(relaxtune_gemv_bf16_m1_wide, __nv_bfloat16, 1, 64, 8, 1)
 RELAXTUNE_GEMV(relaxtune_gemv_bf16_m2_wide, __nv_bfloat16, 2, 64, 8, 1)
 
 // ---- the (N, K) layout: y[r, :] = x[r, :] @ W^T (+ res[r, :]), W (N, K) row-major (PyTorch Linear's)
-// A warp owns R consecutive output features (rows of W), a block of 16 warps 16 R of them. Lane l
+// A warp owns R consecutive output features (rows of W), a block of 16 (or 8) warps 16 R of them. Lane l
 // reads the 16-byte vectors l, l + 32, l + 64, ... of each of its rows: a warp reads 512
 // contiguous bytes per load, C such loads per row per chunk, and the next chunk's R x C loads are
 // in flight while the current chunk is multiplied. The K reduction is a warp shuffle: no shared
@@ -310,13 +310,21 @@ __device__ __forceinline__ void gemv_nk_body(const GemvParams& p) {
     }
 }
 
-// 512 threads: 16 warps x R = 2 features, C = 4 vectors per row per chunk (cuda_gemv.py's kNkFeatures)
-#define RELAXTUNE_GEMV_NK(NAME, T, M) \
-  extern "C" __global__ void __launch_bounds__(512, 1) NAME(GemvParams p) { gemv_nk_body<T, M, 2, 4>(p); }
+// R = 2 features per warp, C = 4 vectors per row per chunk; 512 threads (16 warps, one block per SM)
+// for grids that fit the SMs in one wave (o_proj, down: 128 blocks), 256 (8 warps, two blocks per
+// SM) for larger ones (H200: qkv 25.4 us against 26.0, notes s17); cuda_gemv.py picks
+#define RELAXTUNE_GEMV_NK(NAME, T, M, THREADS, MINB) \
+  extern "C" __global__ void __launch_bounds__(THREADS, MINB) NAME(GemvParams p) { gemv_nk_body<T, M, 2, 4>(p); }
 
-RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_f16_m1, __half, 1)
-RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_f16_m2, __half, 2)
-RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_f16_m4, __half, 4)
-RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_bf16_m1, __nv_bfloat16, 1)
-RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_bf16_m2, __nv_bfloat16, 2)
-RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_bf16_m4, __nv_bfloat16, 4)
+RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_f16_m1, __half, 1, 512, 1)
+RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_f16_m2, __half, 2, 512, 1)
+RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_f16_m4, __half, 4, 512, 1)
+RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_bf16_m1, __nv_bfloat16, 1, 512, 1)
+RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_bf16_m2, __nv_bfloat16, 2, 512, 1)
+RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_bf16_m4, __nv_bfloat16, 4, 512, 1)
+RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_f16_m1_narrow, __half, 1, 256, 2)
+RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_f16_m2_narrow, __half, 2, 256, 2)
+RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_f16_m4_narrow, __half, 4, 256, 2)
+RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_bf16_m1_narrow, __nv_bfloat16, 1, 256, 2)
+RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_bf16_m2_narrow, __nv_bfloat16, 2, 256, 2)
+RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_bf16_m4_narrow, __nv_bfloat16, 4, 256, 2)

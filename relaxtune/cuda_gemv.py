@@ -74,7 +74,7 @@ struct Params {  // must match cuda_gemv.cu
   int rows, k, n, k_per_split;
 };
 constexpr int kCols = 64, kMaxRows = 8, kMaxSplits = 8, kMinRowsPerSplit = 256;
-constexpr int kNkFeatures = 32, kNkMaxRows = 4;  // the nk kernel's features per block (16 warps x 2) and rows per launch
+constexpr int kNkFeatures = 32, kNkMaxRows = 4;  // the nk kernel's features per 512-thread block (16 warps x 2), rows per launch
 
 // RELAXTUNE_GEMV_SPLITS=1|2|4|8 replaces the default split of K (scripts/gpu_job.py measures each in the block); read per launch
 int64_t ForcedSplits() {
@@ -89,7 +89,7 @@ bool ProgrammaticLaunch() {
   const char* value = std::getenv("RELAXTUNE_GEMV_PDL");
   return value == nullptr || value[0] != '0';
 }
-// RELAXTUNE_GEMV_WIDE=0: never the 512-thread kernel (for measurements)
+// RELAXTUNE_GEMV_WIDE=0: never the 512-thread kernels (for measurements)
 bool WideAllowed() {
   const char* value = std::getenv("RELAXTUNE_GEMV_WIDE");
   return value == nullptr || value[0] != '0';
@@ -163,7 +163,7 @@ void Launch(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const 
   }
 }
 
-// y = x @ w^T (+ r) for w (N, K): warps of the 512-thread "nk" kernel own 2 features each, up to 4 rows of x per launch
+// y = x @ w^T (+ r) for w (N, K): warps of the "nk" kernel own 2 features each, up to 4 rows of x per launch
 void LaunchNk(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const tvm::ffi::TensorView* r, const tvm::ffi::TensorView& y) {
   TVM_FFI_ICHECK_EQ(w.ndim(), 2) << "gemv_nk: the weight must be (N, K)";
   int64_t n = w.size(0), k = w.size(1), m = 1;
@@ -186,24 +186,26 @@ void LaunchNk(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, cons
   Driver* d = LoadDriver();
   DLDevice dev = y.device();
   const bool pdl = Attribute(d, dev.device_id, kComputeMajor) >= 9 && ProgrammaticLaunch();
-  const unsigned blocks = static_cast<unsigned>((n + kNkFeatures - 1) / kNkFeatures);
+  // a grid of 512-thread blocks that fits the SMs in one wave keeps them; larger ones take 256-thread blocks, two per SM
+  const bool narrow = (n + kNkFeatures - 1) / kNkFeatures > Attribute(d, dev.device_id, kMultiprocessors) || !WideAllowed();
+  const unsigned threads = narrow ? 256 : 512, blocks = static_cast<unsigned>((n + threads / 16 - 1) / (threads / 16));
   const char* type = dt.code == kDLBfloat ? "bf16" : "f16";
   void* stream = TVMFFIEnvGetStream(dev.device_type, dev.device_id);
   for (int64_t r0 = 0; r0 < m; r0 += kNkMaxRows) {
     int rows = static_cast<int>(std::min<int64_t>(kNkMaxRows, m - r0));
     int tile = rows <= 1 ? 1 : rows <= 2 ? 2 : 4;
-    Ptr fn = Kernel(d, relaxtune_gemv_fatbin, dev.device_id, std::string("relaxtune_gemv_nk_") + type + "_m" + std::to_string(tile));
+    Ptr fn = Kernel(d, relaxtune_gemv_fatbin, dev.device_id, std::string("relaxtune_gemv_nk_") + type + "_m" + std::to_string(tile) + (narrow ? "_narrow" : ""));
     Params p{Data(x) + r0 * k * 2, Data(w), r != nullptr ? Data(*r) + r0 * n * 2 : nullptr, Data(y) + r0 * n * 2,
              rows, static_cast<int>(k), static_cast<int>(n), static_cast<int>(k)};
     void* args[] = {&p};
     if (!pdl) {
-      Check(d, d->launch(fn, blocks, 1, 1, 512, 1, 1, 0, stream, args, nullptr), "cuLaunchKernel");
+      Check(d, d->launch(fn, blocks, 1, 1, threads, 1, 1, 0, stream, args, nullptr), "cuLaunchKernel");
       continue;
     }
     TVM_FFI_ICHECK(d->launch_ex != nullptr) << "gemv_nk: a programmatic launch needs cuLaunchKernelEx (a CUDA 12+ driver)";
     LaunchAttribute attr{};
     attr.id = kProgrammaticSerialization, attr.value.cluster.x = 1;  // the union's first int: allowed = 1
-    LaunchConfig config{blocks, 1, 1, 512, 1, 1, 0, stream, &attr, 1};
+    LaunchConfig config{blocks, 1, 1, threads, 1, 1, 0, stream, &attr, 1};
     Check(d, d->launch_ex(&config, fn, args, nullptr), "cuLaunchKernelEx (programmatic)");
   }
 }

@@ -201,7 +201,7 @@ def test_kernel_assembles_without_spills(tmp_path, arch):
     # fp16 and bf16: 1 / 2 / 4 / 8 rows (256 threads), and 1 / 2 rows with 512 threads (one block per SM);
     # the (N, K) kernel for 1 / 2 / 4 rows
     expected = {f"relaxtune_gemv_{t}_m{m}" for t in ("f16", "bf16") for m in (1, 2, 4, 8)} | {f"relaxtune_gemv_{t}_m{m}_wide" for t in ("f16", "bf16") for m in (1, 2)}
-    expected |= {f"relaxtune_gemv_nk_{t}_m{m}" for t in ("f16", "bf16") for m in (1, 2, 4)}  # the (N, K) kernel: 512 threads
+    expected |= {f"relaxtune_gemv_nk_{t}_m{m}{w}" for t in ("f16", "bf16") for m in (1, 2, 4) for w in ("", "_narrow")}  # the (N, K) kernel: 512 / 256 threads
     assert sorted(kernels) == sorted(expected), kernels
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", done.stderr)
     assert len(spills) == len(expected) and all(s == ("0", "0") for s in spills), done.stderr[-3000:]
@@ -222,9 +222,9 @@ def test_kernels_wait_for_the_previous_kernel_and_reduce_the_split_with_one_clus
     ptx = (tmp_path / "gemv.ptx").read_text()
     bodies = dict(re.findall(r"\.entry (\w+)\((.*?)\n}", ptx, re.S))
     whole = dict(re.findall(r"\.entry (\w+)\((.*?)(?=\.entry|\Z)", ptx, re.S))  # to the next kernel (inline asm has braces)
-    assert len(bodies) == 18 and len(whole) == 18, sorted(bodies)
+    assert len(bodies) == 24 and len(whole) == 24, sorted(bodies)
     for name, body in bodies.items():
-        assert f".maxntid {512 if name.endswith('_wide') or '_nk_' in name else 256}, 1, 1" in body, name
+        assert f".maxntid {512 if name.endswith('_wide') or ('_nk_' in name and not name.endswith('_narrow')) else 256}, 1, 1" in body, name
         assert body.count("griddepcontrol.wait") == 1, name  # programmatic dependent launch: once, after the first weight loads
         assert body.index("griddepcontrol.wait") > body.index("ld.global.nc.L1::no_allocate.v4.u32"), name
         if "_nk_" in name:  # no split of K, no shared memory: a warp's shuffles reduce each feature
