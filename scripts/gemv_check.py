@@ -191,6 +191,8 @@ def check_and_time(folder: Path, results: dict, copy_gbs: float | None = None) -
             row["nk_add_graph_us"] = round(_graph_timed(lambda i: gemv_nk_add(xt, wt_nk[i], rt, yt), copies), 2)
             with _env("RELAXTUNE_GEMV_PDL", "0"):
                 row["nk_nopdl_us"] = round(_timed(lambda i: gemv_nk(xt, wt_nk[i], yt), copies), 2)
+            with _env("RELAXTUNE_GEMV_WIDE", "0"):  # 256-thread blocks whatever the grid
+                row["nk_nowide_graph_us"] = round(_graph_timed(lambda i: gemv_nk(xt, wt_nk[i], yt), copies), 2)
             row["cublas_nk_us"] = round(_timed(lambda i: torch.matmul(x, ws_nk[i].t(), out=y), copies), 2)
             row["cublas_nk_graph_us"] = round(_graph_timed(lambda i: torch.matmul(x, ws_nk[i].t(), out=y), copies), 2)
             row["cublas_us"] = round(_timed(lambda i: torch.matmul(x, ws[i], out=y), copies), 2)

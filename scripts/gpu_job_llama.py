@@ -136,8 +136,8 @@ def gemv_splits(model: Llama7B, rounds: int = 3):
              if (model.art / f"{v}.so").exists()]
     configs = [(base, "default") for base in ("llama7b-rf-cublas-flash-nogemv-graph",) if (model.art / f"{base}.so").exists()]
     configs += [(name, setting) for name in names for setting in GEMV_SETTINGS]
-    if (model.art / "llama7b-rf-cublas-flash-graph.so").exists():  # the default: (N, K) weights, whose kernel has no split or width setting
-        configs += [("llama7b-rf-cublas-flash-graph", setting) for setting in ("default", "no-pdl")]
+    if (model.art / "llama7b-rf-cublas-flash-graph.so").exists():  # the default: (N, K) weights, whose kernel has no split setting
+        configs += [("llama7b-rf-cublas-flash-graph", setting) for setting in ("default", "no-pdl", "no-wide")]
     vms = {}
     for name, setting in configs:
         os.environ.update(GEMV_SETTINGS[setting])

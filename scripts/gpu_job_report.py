@@ -42,9 +42,9 @@ def markdown(results: dict) -> str:
                   f"{r.get('relaxtune_graph_pct_copy', '')} | {r.get('cublas_pct_copy', '')} | {r['relaxtune_warm_l2_us']} | {r.get('copy_same_size_us', '')} |" for r in gk]
     if gk and "nk_us" in gk[0]:
         lines += ["", "(N, K) GEMV kernel alone and cuBLAS on that layout (x @ w^T), us; % of the copy bandwidth", "",
-                  "| shape | rows | nk | nk graph | nk + residual | nk + residual graph | nk no-pdl | cuBLAS nk | cuBLAS nk graph | nk % copy | nk graph % copy | cuBLAS nk % copy |",
-                  "|---" * 12 + "|"]
-        lines += [f"| {r['shape']} | {r['rows']} | {r['nk_us']} | {r['nk_graph_us']} | {r['nk_add_us']} | {r['nk_add_graph_us']} | {r['nk_nopdl_us']} | "
+                  "| shape | rows | nk | nk graph | nk + residual | nk + residual graph | nk no-pdl | nk 256 threads graph | cuBLAS nk | cuBLAS nk graph | nk % copy | nk graph % copy | cuBLAS nk % copy |",
+                  "|---" * 13 + "|"]
+        lines += [f"| {r['shape']} | {r['rows']} | {r['nk_us']} | {r['nk_graph_us']} | {r['nk_add_us']} | {r['nk_add_graph_us']} | {r['nk_nopdl_us']} | {r.get('nk_nowide_graph_us', '')} | "
                   f"{r['cublas_nk_us']} | {r['cublas_nk_graph_us']} | {r.get('nk_pct_copy', '')} | {r.get('nk_graph_pct_copy', '')} | {r.get('cublas_nk_pct_copy', '')} |" for r in gk]
     if results.get("errors"):
         lines += ["", "failed sections: " + ", ".join(results["errors"])]
