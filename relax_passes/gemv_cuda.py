@@ -25,9 +25,9 @@ o_proj and down here, 0.1396 with all on cuBLAS.
 
 A weight kept as (N, K) (keep_weights_nk.py), read as `R.matmul(x, permute_dims(w))`, takes the
 (N, K) kernel, "relaxtune_gemv_nk" / "relaxtune_gemv_nk_add", at up to `max_cols_nk` outputs (any
-N; K a multiple of 8): warps read whole weight rows (cuda_gemv.py; o_proj 9.74 us in a graph on an
-H200, 81% of the copy bandwidth, against 10.35 for the (K, N) kernel; the 7B block at n = 1 0.1211
-ms against 0.1274, interleaved).
+N; K a multiple of 8): warps read whole weight rows (cuda_gemv.py; o_proj 9.77 us on an H200, 80.5%
+of the copy bandwidth, against 10.53 for the (K, N) kernel; the 7B block at n = 1 0.1187 ms against
+0.1280, interleaved).
 
 Run after BucketDispatch (reads `relaxtune.bucket`) and before RewriteGemmToCublas, which then
 takes the weight GEMMs left (larger buckets, shapes this kernel does not take); `gemv_passes`
@@ -55,7 +55,7 @@ logger = logging.getLogger(__name__)
 # buckets up to 2 rows, GEMVs up to 16384 outputs (None: any): where the H200 measured the kernel faster (above)
 MAX_ROWS = 2
 MAX_COLS = 16384
-MAX_COLS_NK = None  # the (N, K) kernel: every width (gate/up 4096 x 22016: 43.6 us against cuBLAS's 47.1, H200 2026-12-01)
+MAX_COLS_NK = None  # the (N, K) kernel: every width (gate/up 4096 x 22016: 42.9 us against cuBLAS's 47.4, H200 2026-12-01)
 
 
 def _static(value) -> int | None:

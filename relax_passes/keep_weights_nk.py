@@ -14,10 +14,10 @@ costs nothing); a product they leave becomes one NT matmul kernel (FuseTranspose
 transpose per call. Matched by operators and types, never by names.
 
 Why: with a weight's rows contiguous, a decode GEMV's warp reads whole rows and reduces by warp
-shuffles. H200, fp16, 1 row (scripts/gemv_check.py): o_proj 4096 x 4096 9.74 us in a graph against
-10.35 for the (K, N) kernel, 81% of the copy bandwidth against 76%; the Llama-7B block at n = 1
-0.1211 ms against 0.1274 (interleaved, CUDA graphs). At n = 128 it costs 5 us (0.165 vs 0.160 ms):
-cuBLAS's transposed-operand GEMMs for gate/up and q/k/v are slower than its plain ones there.
+shuffles. H200, fp16, 1 row (scripts/gemv_check.py): o_proj 4096 x 4096 9.77 us against 10.53 for
+the (K, N) kernel, 80.5% of the copy bandwidth against 75%; the Llama-7B block at n = 1 0.1187 ms
+against 0.1280 (interleaved, CUDA graphs). At n = 128 it costs about 4 us (0.166 vs 0.162 ms):
+cuBLAS's transposed-operand GEMMs are 2-6% slower than its plain ones at small M.
 
 Run after LiftTransformParams and before BucketDispatch; `target_fusion_passes` adds it for CUDA
 targets with cuBLAS on (the cublas option's "weights_nk", default True) and FuseTransposeMatmul

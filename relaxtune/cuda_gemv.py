@@ -9,11 +9,12 @@
 - `relaxtune_gemv_nk(x, w, y)` and `relaxtune_gemv_nk_add(x, w, r, y)`: the same products for a
   weight kept as (N, K) (`y = x @ w^T`, PyTorch Linear's layout; relax_passes/keep_weights_nk.py):
   a warp reads whole weight rows and reduces with shuffles, 16 warps x 2 features per block, the
-  8 products of each 16-byte fp16 vector summed in fp16 (HFMA2), then in fp32. H200, fp16, 1 row,
-  weights from memory (scripts/gemv_check.py, 2026-12-01), in a graph / eager, % of the 4264 GB/s
-  copy: o_proj 4096 x 4096 9.74 / 9.85 us (80.8% / 79.9%; the (K, N) kernel below 10.35 / 10.52),
-  down 21.96 / 22.08 (96%; 22.84 / 23.02), gate/up 43.5 / 43.6 (97%; cuBLAS 45.6 / 47.1), qkv
-  26.0 / 26.2 (91%; 25.2 / 25.5). Up to 4 rows of x per launch (from 4 rows cuBLAS is faster).
+  8 products of each 16-byte fp16 vector summed in fp16 (HFMA2), then in fp32; 512-thread blocks
+  for grids of one wave, 256-thread ones (two per SM) beyond. H200, fp16, 1 row, weights from
+  memory (scripts/gemv_check.py in gpu_job.py run, 2026-12-01), eager / in a graph, % of the 4268
+  GB/s copy: o_proj 4096 x 4096 9.77 / 9.65 us (80.5% / 81.5%; the (K, N) kernel below 10.53 /
+  10.33), down 22.17 / 22.06 (95%; 23.18 / 22.95), gate/up 42.9 / 42.7 (99%; cuBLAS 47.4 / 46.7),
+  qkv 25.3 / 25.1 (93%; 25.3 / 25.2). Up to 4 rows of x per launch (from 4 rows cuBLAS is faster).
 Emitted by `RewriteGemvToCuda` (relax_passes/gemv_cuda.py) in the small (decode) buckets.
 
 The (K, N) kernel (cuda_gemv.cu) gives each block 64 output columns: 8 threads x 16-byte vectors per
