@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import UserError
+from .tensor_spec import restore
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def write_check(workload, so_path: Path) -> dict | None:
     except Exception as err:  # noqa: BLE001 (the check is optional: an artifact without it still compiles and runs)
         logger.warning("no stored reference check for %s: its reference failed at %s (%s: %s)", so_path.name, dims, type(err).__name__, err)
         return None
-    np.savez(check_path(so_path), expected=expected, **inputs)
+    np.savez(check_path(so_path), expected=expected.astype(np.float32), **inputs)  # bfloat16 inputs: read back with `restore`
     return {"dims": dims}
 
 
@@ -226,7 +227,7 @@ class Artifact:
         lib = tvm.runtime.load_module(str(so_path))
         vm = VirtualMachine(lib, device)
         stored = np.load(params_path)
-        params = prepare_params(vm, [tvm.runtime.tensor(stored[p["name"]], device) for p in manifest["params"]])
+        params = prepare_params(vm, [tvm.runtime.tensor(restore(stored[p["name"]], p["dtype"]), device) for p in manifest["params"]])
         return Artifact(so_path, manifest, vm, device, params)
 
     def dims_of(self, inputs: dict[str, np.ndarray]) -> dict[str, int]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -68,10 +69,14 @@ def arch_number(arch: str) -> int:
 
 
 def run_nvcc(cmd: list[str], what: str = "") -> None:
-    """Run an nvcc command; a failure raises with the command and the end of nvcc's errors."""
+    """Run an nvcc command; a failure raises with the command and nvcc's errors (each with the two
+    lines after it; warnings left out when there are errors), else the end of what it printed."""
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"nvcc failed{' on ' + what if what else ''} ({' '.join(cmd)}):\n{done.stderr[-4000:]}")
+        lines = done.stderr.splitlines()
+        errors = [i for i, line in enumerate(lines) if ": error" in line]
+        shown = "\n".join("\n".join(lines[i:i + 3]) for i in errors[:8]) if errors else done.stderr[-4000:]
+        raise RuntimeError(f"nvcc failed{' on ' + what if what else ''} ({' '.join(cmd)}):\n{shown[-4000:]}")
 
 
 EXTERN_HOST = Path(__file__).with_name("cuda_extern_host.h").read_text()
@@ -108,11 +113,16 @@ def embedded_fatbin_object(name: str, stem: str, arch: str, kernel_source: str, 
     return compile_host_object(host_source + embed, folder / f"{stem}_host.cc", obj, f"{what} (fatbin {fatbin.stat().st_size} bytes)")
 
 
+INF_PRELUDE = "#define inff (__int_as_float(0x7f800000))  // what TVM's `inff` means: a float infinity\n"
+
+
 def compile_fatbin(source: str, arch: str, workdir: Path) -> bytes:
     """nvcc `source` into a fatbin holding SASS for `arch` (e.g. sm_90) and that arch's PTX."""
     number = arch.removeprefix("sm_")
     workdir.mkdir(parents=True, exist_ok=True)
     src, out = workdir / "device.cu", workdir / "device.fatbin"
+    if re.search(r"\binff\b", source):  # TVM 0.27 prints a bfloat16 infinity as `__float2bfloat16_rn(-inff)`
+        source = INF_PRELUDE + source
     src.write_text(source)
     gencode = f"-gencode=arch=compute_{number},code=[sm_{number},compute_{number}]"
     cmd = [find_nvcc(), "--fatbin", gencode, *NVCC_FLAGS, "-o", str(out), str(src)]

@@ -34,10 +34,30 @@ class TensorSpec:
         return tuple(values[d] if isinstance(d, str) else d for d in self.shape)
 
 
+def numpy_dtype(dtype: str) -> np.dtype:
+    """``dtype`` as numpy knows it: bfloat16 through ml_dtypes (which TVM itself needs for it)."""
+    if dtype != "bfloat16":
+        return np.dtype(dtype)
+    try:
+        import ml_dtypes
+    except ImportError as err:
+        raise ValueError("bfloat16 tensors need the ml_dtypes package (pip install ml_dtypes)") from err
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def restore(array: np.ndarray, dtype: str) -> np.ndarray:
+    """``array`` as read back from an .npz, with its dtype: numpy stores bfloat16 as 2-byte void ("V2")."""
+    want = numpy_dtype(dtype)
+    if array.dtype != want and array.dtype.kind == "V" and array.dtype.itemsize == want.itemsize:
+        return array.view(want)
+    return array
+
+
 def fill(spec: TensorSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     """A random input of ``shape`` as ``spec.fill`` says (normal, ones, or indices below ``high``)."""
+    dtype = numpy_dtype(spec.dtype)
     if spec.fill == "ones":
-        return np.ones(shape, dtype=spec.dtype)
+        return np.ones(shape, dtype=dtype)
     if spec.fill == "index":
-        return rng.integers(0, spec.high, size=shape).astype(spec.dtype)
-    return rng.standard_normal(shape).astype(spec.dtype)
+        return rng.integers(0, spec.high, size=shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)

@@ -12,7 +12,7 @@ from ..errors import UserError
 def add_workload(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workload", help="built-in name (llama-block, gpt2-block, mlp) or a user .py file")
     parser.add_argument("--config", default="", help="overrides, e.g. hidden=512,heads=8,max_seq=2048")
-    parser.add_argument("--dtype", default=None, help="float32 (default) or float16")
+    parser.add_argument("--dtype", default=None, help="float32 (default), float16 or bfloat16")
 
 
 def add_target(parser: argparse.ArgumentParser) -> None:

@@ -13,6 +13,9 @@ import numpy as np
 
 from . import common
 
+# max error relative to the reference's largest value, per input dtype (8 mantissa bits for bfloat16: 2^-8 = 4e-3 per rounding)
+TOLERANCE = {"float32": 1e-3, "float16": 3e-2, "bfloat16": 6e-2}
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("artifact", type=Path, help="the .so written by relaxtune compile")
@@ -40,6 +43,14 @@ def reference(manifest: dict, inputs: dict, params: dict):
     return workload.reference(inputs, params), None
 
 
+def typed(arrays: dict, specs: list[dict]) -> dict:
+    """Arrays read from an .npz with the manifest's dtypes (bfloat16 comes back as 2-byte void)."""
+    from ..tensor_spec import restore
+
+    dtypes = {s["name"]: s["dtype"] for s in specs}
+    return {k: restore(v, dtypes[k]) if k in dtypes else v for k, v in arrays.items()}
+
+
 def run(args) -> int:
     from ..artifact import Artifact, check_path, paths, random_inputs, read_manifest
     from ..errors import UserError
@@ -47,20 +58,20 @@ def run(args) -> int:
     manifest = read_manifest(args.artifact)
     stored = check_path(args.artifact)
     if args.inputs is None and not args.shape and stored.exists():  # the check compile stored: no compiler needed here
-        inputs = dict(np.load(stored))
+        inputs = typed(dict(np.load(stored)), manifest["inputs"])
         ref, why, against = inputs.pop("expected"), None, "the reference stored at compile time"
     else:
         if args.inputs is not None:
             if not args.inputs.exists():
                 raise UserError(f"--inputs file {args.inputs} does not exist")
-            inputs = dict(np.load(args.inputs))
+            inputs = typed(dict(np.load(args.inputs)), manifest["inputs"])
         else:
             shapes = {k: v[0] for k, v in common.parse_shapes(args.shape, many=False).items()}
             inputs = random_inputs(manifest, shapes)
         # the reference before the artifact: rebuilding the workload imports tvm.relax, which registers the
         # VM's relax.run.assert_op itself, where loading first had registered relaxtune's runtime-only one
         # (measured: "Global Function relax.run.assert_op is already registered" with TVM_USE_RUNTIME_LIB=1)
-        params = dict(np.load(paths(args.artifact)[0]))
+        params = typed(dict(np.load(paths(args.artifact)[0])), manifest["params"])
         ref, why = reference(manifest, inputs, params)
         against = "reference"
     art = Artifact.load(args.artifact)
@@ -73,7 +84,7 @@ def run(args) -> int:
         check, err = f"{why}: output not checked", None
     else:
         err = float(np.max(np.abs(out.astype("float64") - ref)) / max(1.0, float(np.max(np.abs(ref)))))
-        tol = 1e-3 if art.manifest["inputs"][0]["dtype"] == "float32" else 3e-2
+        tol = TOLERANCE.get(art.manifest["inputs"][0]["dtype"], 3e-2)
         check = f"max error vs {against} {err:.2e} ({'ok' if err <= tol else 'MISMATCH'})"
     print(f"{art.manifest['workload']} {shape}: output {tuple(out.shape)}; {check}; median {median:.3f} ms over {len(times)} calls")
     common.write_json(args.json, {"shape": dims, "median_ms": median, "max_rel_error": err, "output_shape": list(out.shape)})

@@ -24,7 +24,7 @@ from .base import Dim, TensorSpec, Workload
 
 logger = logging.getLogger(__name__)
 
-DTYPES = ("float32", "float16")
+DTYPES = ("float32", "float16", "bfloat16")
 REPRESENTATIVE = {"b": 1, "n": 128}
 
 

@@ -138,6 +138,8 @@ def build(config: dict[str, object]) -> Workload:
     """Build the ``gpt2-block`` workload from a complete, typed config (see :data:`DEFAULTS`)."""
     check_positive(config, "hidden", "heads", "ffn", "max_seq", "max_batch", "eps")
     check_dtype(config["dtype"])
+    # TVM 0.27 legalizes layer_norm for float32 and float16 only (its bfloat16 build fails deep in LegalizeOps)
+    require(config["dtype"] != "bfloat16", "gpt2-block does not support dtype 'bfloat16' (TVM's layer_norm takes float32 or float16): use one of float32, float16")
     hidden, heads = int(config["hidden"]), int(config["heads"])
     require(hidden % heads == 0, f"config hidden={hidden} is invalid: it must be a multiple of heads={heads}")
 

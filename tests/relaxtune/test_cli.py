@@ -116,3 +116,33 @@ def test_a_reference_that_fails_at_compile_time_leaves_no_check_and_compile_succ
     workload = dataclasses.replace(workloads.load("mlp", {"hidden": "64", "ffn": "128", "max_seq": "64", "max_batch": "2"}), reference=broken)
     assert write_check(workload, tmp_path / "m.so") is None and not check_path(tmp_path / "m.so").exists()
     assert "no stored reference check for m.so" in caplog.text and "onnxruntime" in caplog.text
+
+
+@pytest.mark.parametrize("workload, config", [("mlp", SMALL), ("llama-block", "hidden=64,heads=2,kv_heads=2,ffn=128,max_seq=64,max_batch=2")])
+def test_bfloat16_artifacts_keep_their_dtype_and_pass_their_checks(capsys, tmp_path, workload, config):
+    """numpy writes bfloat16 arrays to .npz as 2-byte void: params, the stored check and --inputs come back as bfloat16."""
+    import ml_dtypes
+
+    from relaxtune.artifact import check_path, paths
+
+    so = tmp_path / "bf.so"
+    assert main(["compile", workload, "--config", config, "--dtype", "bfloat16", "--no-cache", "-o", str(so)]) == 0
+    manifest = json.loads(paths(so)[1].read_text())
+    assert {p["dtype"] for p in manifest["params"]} == {"bfloat16"} and manifest["inputs"][0]["dtype"] == "bfloat16"
+    assert np.load(paths(so)[0])[manifest["params"][0]["name"]].dtype.kind == "V"  # what numpy keeps of bfloat16
+    capsys.readouterr()
+    assert main(["run", str(so), "--repeat", "2"]) == 0  # the stored check
+    assert main(["run", str(so), "--repeat", "2", "--shape", "b=1", "--shape", "n=17"]) == 0  # the reference rebuilt here
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, x=np.load(check_path(so))["x"])
+    assert main(["run", str(so), "--repeat", "2", "--inputs", str(inputs)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("(ok)") == 3, out
+    errors = [float(e) for e in __import__("re").findall(r"max error vs [\w ]+ ([\d.e+-]+)", out)]
+    assert errors and max(errors) < 2e-2, out  # 8 mantissa bits: the reference in float32 is this close
+    assert ml_dtypes.bfloat16 == np.dtype("bfloat16")
+
+
+def test_gpt2_block_refuses_bfloat16_in_one_line(capsys, tmp_path):
+    line = _error_line(capsys, ["compile", "gpt2-block", "--dtype", "bfloat16", "-o", str(tmp_path / "g.so")])
+    assert "'bfloat16'" in line and "float16" in line

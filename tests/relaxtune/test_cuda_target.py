@@ -302,3 +302,16 @@ def test_tiny_llama_cross_compiles_with_attention_on_cublas(tmp_path):
     manifest = artifact.export(executable, workload, target, tmp_path / "llama.so", api.bucket_plan(workload, job), None, {})
     assert manifest["device_code"]["format"] == "fatbin"
     assert b"__tvm_ffi_relaxtune_cublas_batched_gemm" in (tmp_path / "llama.so").read_bytes()
+
+
+@needs_nvcc
+def test_bfloat16_llama_cross_compiles_with_the_nk_library_calls(tmp_path):
+    # bfloat16 end to end for cuda: its (N, K) GEMV and cuBLAS calls, and the causal-bias kernel whose
+    # -inf TVM 0.27 prints as `inff` (cuda_device_code.INF_PRELUDE; nvcc failed on it before)
+    so = tmp_path / "bf.so"
+    config = "hidden=64,heads=2,kv_heads=2,ffn=128,max_seq=64"
+    assert main(["compile", "llama-block", "--config", config, "--dtype", "bfloat16", "--target", "cuda", "--no-cache", "-o", str(so)]) == 0
+    library = so.read_bytes()
+    for name in (b"relaxtune_gemv_nk", b"relaxtune_cublas_gemm_nk", b"relaxtune_cublas_gemm_add_nk"):
+        assert name in library, name
+    assert json.loads(so.with_suffix(".json").read_text())["config"]["dtype"] == "bfloat16"

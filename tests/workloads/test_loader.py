@@ -71,8 +71,8 @@ def test_bad_float_value():
 
 @pytest.mark.parametrize("how", ["argument", "config"])
 def test_bad_dtype(how):
-    kwargs = {"dtype": "bfloat16"} if how == "argument" else {"config": {"dtype": "bfloat16"}}
-    with pytest.raises(UserError, match="dtype 'bfloat16'.*float32, float16"):
+    kwargs = {"dtype": "float8"} if how == "argument" else {"config": {"dtype": "float8"}}
+    with pytest.raises(UserError, match="dtype 'float8'.*float32, float16, bfloat16"):
         load("mlp", **kwargs)
 
 
