@@ -28,11 +28,12 @@ from pathlib import Path
 
 import gpu_job_common as common  # noqa: E402
 from gpu_job_common import OUT_DIR, RESULTS, ROOT, copy_bandwidth, environment, log, save, section  # noqa: E402
-from gpu_job_llama import Llama7B, gemv_splits, kernels, latency, latency_compile  # noqa: E402
+from gpu_job_llama import Llama7B, gemv_splits, kernels, latency, latency_bf16, latency_compile_bf16, latency_compile_fp16  # noqa: E402
 from gpu_job_report import markdown  # noqa: E402
 from gpu_job_runtime import big_runtime_only, check_tiny  # noqa: E402
 from gpu_job_variants import (  # noqa: E402
-    BIG_BUCKETS, DEVICE_SET, FLASH, KERNEL_VARIANTS, LLAMA7B, PREVIOUS_EW, PREVIOUS_H8C, PREVIOUS_RULES, TINY, TINY_VARIANTS, VARIANTS,
+    BF16_VARIANTS, BIG_BUCKETS, DEVICE_SET, FLASH, KERNEL_VARIANTS, LLAMA7B, LLAMA7B_BF16, PREVIOUS_EW, PREVIOUS_H8C, PREVIOUS_RULES, TINY,
+    TINY_VARIANTS, VARIANTS,
 )
 
 
@@ -68,11 +69,29 @@ def compile_variant(workload, target, plan, fusion: str, graphs: bool, cublas: b
         gpu_rules.RowSoftmax, gpu_rules.RowElementwise, gpu_rules.ROW_SOFTMAX_FIRST = row_softmax, row_ew, first
 
 
+def build_7b(art: Path, target, variants: dict, config: dict) -> None:
+    """The Llama-7B-sized block in `config`'s dtype, one artifact per variant, without its 400 MB of
+    weights (`run` makes the same deterministic ones there)."""
+    from relaxtune import api, artifact
+    from relaxtune.config import BucketConfig, CompileConfig, JobConfig
+    from relaxtune.workloads import load
+
+    big = load("llama-block", dict(config))
+    plan = api.bucket_plan(big, JobConfig(compile=CompileConfig(use_cache=False), buckets=BucketConfig(edges=BIG_BUCKETS)))
+    for name, (fusion, graphs, cublas) in variants.items():
+        t0 = time.perf_counter()
+        executable = compile_variant(big, target, plan, fusion, graphs, cublas, previous_rules=name in PREVIOUS_RULES, flash=FLASH.get(name, False),
+                                     previous_ew=name in PREVIOUS_EW, previous_h8c=name in PREVIOUS_H8C)
+        manifest = artifact.export(executable, big, target, art / f"{name}.so", plan, None, {})
+        artifact.paths(art / f"{name}.so")[0].unlink()
+        log(f"{name}: {time.perf_counter() - t0:.1f}s, device code {manifest['device_code']}")
+
+
 def build(art: Path, only: list[str]) -> None:
     import tvm
 
     from relaxtune import api, artifact, targets
-    from relaxtune.config import BucketConfig, CompileConfig, JobConfig
+    from relaxtune.config import JobConfig
     from relaxtune.cuda_device_code import FatbinPacker
     from relaxtune.workloads import load
 
@@ -89,27 +108,18 @@ def build(art: Path, only: list[str]) -> None:
         artifact.export(executable, workload, target, art / f"{name}.so", plan, None, {})
         artifact.paths(art / f"{name}.so")[0].unlink()  # `run` makes the same deterministic weights there
         log(f"{name}: {time.perf_counter() - t0:.1f}s")
-    big = load("llama-block", dict(LLAMA7B))
-    plan = api.bucket_plan(big, JobConfig(compile=CompileConfig(use_cache=False), buckets=BucketConfig(edges=BIG_BUCKETS)))
-    for name, (fusion, graphs, cublas) in VARIANTS.items():
-        if only and name not in only:
-            continue
-        t0 = time.perf_counter()
-        executable = compile_variant(big, target, plan, fusion, graphs, cublas, previous_rules=name in PREVIOUS_RULES, flash=FLASH.get(name, False),
-                                     previous_ew=name in PREVIOUS_EW, previous_h8c=name in PREVIOUS_H8C)
-        manifest = artifact.export(executable, big, target, art / f"{name}.so", plan, None, {})
-        artifact.paths(art / f"{name}.so")[0].unlink()  # 400 MB of weights: `run` makes the same ones there
-        log(f"{name}: {time.perf_counter() - t0:.1f}s, device code {manifest['device_code']}")
+    for variants, config in ((VARIANTS, LLAMA7B), (BF16_VARIANTS, LLAMA7B_BF16)):
+        names = [name for name in variants if not only or name in only]
+        if names:
+            build_7b(art, target, {name: variants[name] for name in names}, config)
     if not only or "llama7b-stock" in only:
         t0 = time.perf_counter()
-        executable = tvm.compile(big.mod, target=target.target)
+        executable = tvm.compile(load("llama-block", dict(LLAMA7B)).mod, target=target.target)
         packer = FatbinPacker(target.config["arch"])
         executable.export_library(str(art / "llama7b-stock.so"), fpack_imports=packer)
         log(f"llama7b-stock: {time.perf_counter() - t0:.1f}s, device code {packer.summary()}")
     for path in sorted(art.iterdir()):
         log(f"  {path.name}: {path.stat().st_size / 1e6:.2f} MB")
-
-
 
 
 def run(art: Path, out: Path, skip: list[str]) -> None:
@@ -131,7 +141,7 @@ def run(art: Path, out: Path, skip: list[str]) -> None:
         section("gemv kernel vs cuBLAS")(gemv_check)(art / "gemv", RESULTS, copy_gbs)
     if "tiny" not in skip:
         check_tiny(art, tmp)
-    model = section("llama-7B setup")(Llama7B)(art, tmp)
+    model = section("llama-7B setup")(Llama7B)(art, tmp) if "fp16" not in skip else None
     if model is not None:
         rows = latency(model)
         plain = [v for v, (_f, graphs, _c) in VARIANTS.items() if not graphs and rows and v in rows.get(128, {})]
@@ -145,7 +155,13 @@ def run(art: Path, out: Path, skip: list[str]) -> None:
         if "gemv" not in skip:
             gemv_splits(model)
         if rows and "compile" not in skip:
-            latency_compile(model, rows)
+            latency_compile_fp16(model, rows)
+        del model
+    if any((art / f"{name}.so").exists() for name in BF16_VARIANTS):  # the bfloat16 block, when built
+        model = section("llama-7B bf16 setup")(Llama7B)(art, tmp, LLAMA7B_BF16)
+        rows = latency_bf16(model) if model is not None else None
+        if rows and "compile" not in skip:
+            latency_compile_bf16(model, rows)
     RESULTS["wall_s"] = round(time.perf_counter() - start, 1)
     save()
     log(markdown(RESULTS))
@@ -161,7 +177,7 @@ def main() -> None:
     parser.add_argument("--art", type=Path, default=ROOT / ".device" / "gpu")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "build/gpu_job")))
     parser.add_argument("--only", default="", help="build: comma-separated artifact names, or 'device' for DEVICE_SET")
-    parser.add_argument("--skip", default="", help="run: flash,gemv,tiny,kernels,runtime,compile")
+    parser.add_argument("--skip", default="", help="run: flash,gemv,tiny,kernels,runtime,compile,fp16 (the fp16 7B block)")
     parser.add_argument("--seqs", default=",".join(map(str, common.SEQS)), help="run: the sequence lengths n of the 7B block")
     args = parser.parse_args()
     if args.mode == "build":

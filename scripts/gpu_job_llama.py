@@ -10,18 +10,20 @@ from pathlib import Path
 
 import gpu_job_common as common
 from gpu_job_common import RESULTS, log, rel_err, section, time_ms
-from gpu_job_variants import LLAMA7B, SYSTEMS
+from gpu_job_variants import BF16_SYSTEMS, LLAMA7B, SYSTEMS
 
 
 def torch_block(params: dict, config: dict):
-    """The Llama decoder layer (HF math, SDPA attention) as a torch function of fp16 CUDA weights.
-
-    Rotary tables are made on the input's device, so torch.compile traces one graph.
+    """The Llama decoder layer (HF math, SDPA attention) as a torch function of CUDA weights in the
+    config's dtype (fp16 or bf16). Rotary tables are made on the input's device, so torch.compile
+    traces one graph.
     """
+    import numpy as np
     import torch
     import torch.nn.functional as F
 
-    w = {k: torch.from_numpy(v).cuda() for k, v in params.items()}
+    dtype = getattr(torch, str(config["dtype"]))
+    w = {k: torch.from_numpy(np.asarray(v, dtype=np.float32)).to(dtype).cuda() for k, v in params.items()}
     heads, kv_heads, eps, theta = int(config["heads"]), int(config["kv_heads"]), float(config["eps"]), float(config["rope_theta"])
 
     def rms(t, weight):
@@ -56,18 +58,19 @@ def torch_block(params: dict, config: dict):
 class Llama7B:
     """The fp16 block at Llama-7B sizes: torch eager / compile, and loaded TVM artifacts."""
 
-    def __init__(self, art: Path, tmp: Path):
+    def __init__(self, art: Path, tmp: Path, config: dict | None = None):
         import torch
 
         from relaxtune.workloads import load
         from relaxtune.workloads.llama_block import torch_reference
 
         t0 = time.perf_counter()
-        self.workload = load("llama-block", dict(LLAMA7B))
-        self.eager = torch_reference(self.workload.config, self.workload.params).half().cuda().eval()
+        self.workload = load("llama-block", dict(config or LLAMA7B))
+        self.dtype = getattr(torch, str(self.workload.config["dtype"]))
+        self.eager = torch_reference(self.workload.config, self.workload.params).to(self.dtype).cuda().eval()
         self.art, self.tmp = art, tmp
         log(f"workload + torch model: {time.perf_counter() - t0:.1f}s, {sum(v.nbytes for v in self.workload.params.values()) / 1e6:.0f} MB of weights")
-        self.x = {n: torch.randn(1, n, 4096, device="cuda", dtype=torch.float16) for n in common.SEQS}
+        self.x = {n: torch.randn(1, n, 4096, device="cuda", dtype=self.dtype) for n in common.SEQS}
         with torch.no_grad(), torch.device("cuda"):  # the reference makes its rotary tables on the default device
             self.ref = {n: self.eager(self.x[n]) for n in common.SEQS}
         self.block = torch_block(self.workload.params, self.workload.config)  # eager / torch.compile timings
@@ -89,15 +92,18 @@ class Llama7B:
     def tvm_args(self, n, dev):
         import tvm
 
-        return tvm.runtime.tensor(self.x[n].cpu().numpy(), dev)
+        from relaxtune.tensor_spec import numpy_dtype
+
+        # through float32: torch has no numpy bfloat16 (the values are bfloat16 already, the round trip is exact)
+        return tvm.runtime.tensor(self.x[n].float().cpu().numpy().astype(numpy_dtype(str(self.workload.config["dtype"]))), dev)
 
 
-@section("llama-7B fp16 block: latency")
-def latency(model: Llama7B):
+def block_latency(model: Llama7B, systems: tuple, key: str):
+    """Each built artifact of `systems` and torch eager at every n, checked against torch: RESULTS[key]."""
     import torch
 
     rows = {}
-    for name in SYSTEMS:
+    for name in systems:
         if not (model.art / f"{name}.so").exists():
             continue
         try:
@@ -111,14 +117,18 @@ def latency(model: Llama7B):
             err = rel_err(out, model.ref[n].float().cpu().numpy())
             ms = time_ms(lambda: main(x, *params), dev.sync, min_seconds=0.4 if n < 2048 else 1.0)
             rows.setdefault(n, {})[name] = {"ms": round(ms, 4), "rel_err_vs_torch": round(err, 5)}
-            log(f"{name} n={n}: {ms:.3f} ms, rel err vs torch fp16 {err:.2e}")
+            log(f"{name} n={n}: {ms:.3f} ms, rel err vs torch {model.dtype} {err:.2e}")
         del vm, params
     with torch.no_grad():
         for n in common.SEQS:
             rows[n]["torch"] = {"ms": round(time_ms(lambda: model.block(model.x[n]), torch.cuda.synchronize), 4)}
             log(f"torch eager n={n}: {rows[n]['torch']['ms']:.3f} ms")
-    RESULTS["latency"] = rows
+    RESULTS[key] = rows
     return rows
+
+
+latency = section("llama-7B fp16 block: latency")(lambda model: block_latency(model, SYSTEMS, "latency"))
+latency_bf16 = section("llama-7B bf16 block: latency")(lambda model: block_latency(model, BF16_SYSTEMS, "latency_bf16"))
 
 
 # the GEMV kernel's launch settings timed in the block (cuda_gemv.py reads them per launch): the default,
@@ -159,7 +169,6 @@ def gemv_splits(model: Llama7B, rounds: int = 3):
     RESULTS["gemv_splits_n1"] = table
 
 
-@section("llama-7B fp16 block: torch.compile")
 def latency_compile(model: Llama7B, rows):
     import torch
 
@@ -171,6 +180,10 @@ def latency_compile(model: Llama7B, rows):
             ms = time_ms(lambda: compiled(model.x[n]), torch.cuda.synchronize)
             rows[n]["torch.compile"] = {"ms": round(ms, 4), "compile_s": round(time.perf_counter() - t0, 1)}
             log(f"torch.compile n={n}: {ms:.3f} ms")
+
+
+latency_compile_fp16 = section("llama-7B fp16 block: torch.compile")(latency_compile)
+latency_compile_bf16 = section("llama-7B bf16 block: torch.compile")(latency_compile)
 
 
 def kernel_times(vm, args, sync, budget_s: float = 0.02) -> list[dict]:

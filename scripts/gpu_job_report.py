@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpu_job_variants import SYSTEMS
+from gpu_job_variants import BF16_SYSTEMS, SYSTEMS
 
 
 def markdown(results: dict) -> str:
@@ -12,6 +12,10 @@ def markdown(results: dict) -> str:
     lines += ["| n | " + " | ".join(systems) + " |", "|---" * (len(systems) + 1) + "|"]
     for n, row in lat.items():
         lines.append(f"| {n} | " + " | ".join(f"{row[s]['ms']:.3f}" if s in row else "-" for s in systems) + " |")
+    if results.get("latency_bf16"):
+        bf16 = [*BF16_SYSTEMS, "torch", "torch.compile"]
+        lines += ["", "bfloat16, ms", "", "| n | " + " | ".join(bf16) + " |", "|---" * (len(bf16) + 1) + "|"]
+        lines += [f"| {n} | " + " | ".join(f"{row[s]['ms']:.3f}" if s in row else "-" for s in bf16) + " |" for n, row in results["latency_bf16"].items()]
     lines += ["", f"copy bandwidth: {results.get('copy_GBps')} GB/s", "", "| artifact | n | kernel | M | N | K | us | cuBLAS us | % cuBLAS | GB/s | % copy | cuBLAS GB/s | cuBLAS % copy |", "|---" * 13 + "|"]
     for r in results.get("kernels", []):
         if "M" in r:

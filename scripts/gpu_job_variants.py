@@ -4,6 +4,7 @@ llama-block at Llama-7B sizes, each a (fusion, CUDA graphs, cuBLAS option) of re
 from __future__ import annotations
 
 LLAMA7B = {"hidden": "4096", "heads": "32", "kv_heads": "32", "ffn": "11008", "max_seq": "2048", "max_batch": "1", "dtype": "float16"}
+LLAMA7B_BF16 = {**LLAMA7B, "dtype": "bfloat16"}
 TINY_LLAMA = {"hidden": "256", "heads": "4", "kv_heads": "2", "ffn": "512", "max_seq": "128", "max_batch": "1", "dtype": "float16"}
 TINY = {
     "mlp-f32": ("mlp", {"hidden": "64", "ffn": "128", "max_seq": "64", "max_batch": "2"}),
@@ -82,3 +83,7 @@ DEVICE_SET = (
     "llama7b-rf-cublas-flash", "llama7b-rf-cublas-flash-graph", "llama7b-rf-cublas-flash-copies-graph",
 )
 SYSTEMS = (*VARIANTS, "llama7b-stock")
+# the bfloat16 block (LLAMA7B_BF16): the default cuda build, with and without CUDA graphs, timed against torch in bfloat16
+BF16_VARIANTS = {"llama7b-bf16-rf-cublas-flash-graph": ("relaxtune", True, True), "llama7b-bf16-rf-cublas-flash": ("relaxtune", False, True)}
+FLASH.update(dict.fromkeys(BF16_VARIANTS, True))
+BF16_SYSTEMS = tuple(BF16_VARIANTS)
