@@ -104,16 +104,39 @@ def _tvm_runner(executable, device, workload, inputs):
     return call, lambda: call().numpy()
 
 
+def torch_dtype(workload):
+    """The torch dtype of the workload's floating inputs (float32 when it has none)."""
+    import torch
+
+    return getattr(torch, next((t.dtype for t in workload.inputs if "float" in t.dtype), "float32"))
+
+
+def torch_model(workload):
+    """The workload's torch module in its own dtype (the reference module is float32): what a
+    float16 / bfloat16 build is timed against."""
+    return workload.torch_module().eval().to(torch_dtype(workload))
+
+
+def torch_inputs(workload, inputs: dict) -> list:
+    """The inputs as torch tensors (bfloat16 through float32: torch takes no numpy bfloat16)."""
+    import torch
+
+    def tensor(array):
+        return torch.from_numpy(np.asarray(array, dtype=np.float32)).to(torch.bfloat16) if str(array.dtype) == "bfloat16" else torch.from_numpy(array)
+
+    return [tensor(inputs[t.name]) for t in workload.inputs]
+
+
 def _torch_runner(module, workload, inputs):
     import torch
 
-    tensors = [torch.from_numpy(inputs[t.name]) for t in workload.inputs]
+    tensors = torch_inputs(workload, inputs)
 
     def call():
         with torch.no_grad():
             return module(*tensors)
 
-    return call, lambda: call().numpy()
+    return call, lambda: call().float().numpy()
 
 
 def shape_grid(workload, shapes: dict[str, list[int]]) -> list[dict[str, int]]:
@@ -146,7 +169,7 @@ def bench(workload, target, job, shapes: dict[str, list[int]], systems=SYSTEMS) 
         builders["tvm-stock"] = tvm.compile(workload.mod, target=target.target)
     modules = {}
     if "torch" in systems or "torch.compile" in systems:
-        eager = workload.torch_module().eval()
+        eager = torch_model(workload)
         modules["torch"] = eager
         if "torch.compile" in systems:
             modules["torch.compile"] = torch.compile(eager, dynamic=True)

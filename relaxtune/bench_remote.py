@@ -27,12 +27,13 @@ import time
 def _serve(conn, spec: str, config: dict, threads: int | None) -> None:
     import torch
 
+    from .bench import torch_inputs, torch_model
     from .workloads import load
 
     if threads:
         torch.set_num_threads(threads)
     workload = load(spec, config)
-    module = workload.torch_module().eval()
+    module = torch_model(workload)
     tensors = None
 
     def call():
@@ -47,7 +48,7 @@ def _serve(conn, spec: str, config: dict, threads: int | None) -> None:
         try:
             if what == "at":
                 inputs = workload.random_inputs(arg)
-                tensors = [torch.from_numpy(inputs[t.name]) for t in workload.inputs]
+                tensors = torch_inputs(workload, inputs)
                 start = time.perf_counter()  # warm up for ~0.2 s: a fresh process's first shape
                 for _ in range(200):  # timed 7.9 ms per call at n = 1 after one warm-up call, 0.37 ms after these
                     call()

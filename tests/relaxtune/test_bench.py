@@ -41,3 +41,19 @@ def test_torch_process_times_the_workload_and_reports_errors():
             torch_eager.at({"b": 2})  # no n: the child's error comes back as one line
         torch_eager.at({"b": 1, "n": 3})  # still serving after an error
         assert torch_eager.sample(1) > 0
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_torch_arm_runs_in_the_workload_dtype(dtype):
+    """The torch reference module is float32: the bench's torch arm casts it (and its inputs, bfloat16
+    through float32) to the build's dtype. It crashed on float16 ("c10::Half != float") and bfloat16."""
+    from relaxtune import targets
+    from relaxtune.config import CompileConfig, JobConfig
+    from relaxtune.workloads import load
+
+    workload = load("mlp", {"hidden": "32", "ffn": "64", "max_seq": "16", "max_batch": "2"}, dtype)
+    assert str(bench.torch_dtype(workload)) == f"torch.{dtype}"
+    assert next(bench.torch_model(workload).parameters()).dtype == bench.torch_dtype(workload)
+    rows = bench.bench(workload, targets.resolve("cpu"), JobConfig(compile=CompileConfig(use_cache=False)), {"n": [3]}, ("relaxtune", "torch"))
+    assert [r.system for r in rows] == ["relaxtune", "torch"]
+    assert all(r.max_error is not None and r.max_error < 2e-2 for r in rows), rows  # both against the float32 reference
