@@ -96,27 +96,56 @@ bool WideAllowed() {
   return value == nullptr || value[0] != '0';
 }
 
+// the checks both layouts share (messages prefixed with `what`): x (..., K), y (..., N) with x's rows, r
+// shaped like y, all compact fp16 or bf16 of one type, x and w 16-byte aligned; returns x's rows
+int64_t CheckOperands(const char* what, const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const tvm::ffi::TensorView* r,
+                      const tvm::ffi::TensorView& y, int64_t k, int64_t n) {
+  int64_t m = 1;
+  for (int i = 0; i + 1 < x.ndim(); ++i) m *= x.size(i);
+  TVM_FFI_ICHECK(x.ndim() >= 1 && x.size(x.ndim() - 1) == k) << what << ": x's last dimension must be K = " << k;
+  TVM_FFI_ICHECK(y.size(y.ndim() - 1) == n && y.numel() == m * n) << what << ": y must be (..., N) with x's rows";
+  TVM_FFI_ICHECK(k <= INT32_MAX / 2 && n <= INT32_MAX / 2) << what << ": too large";
+  DLDataType dt = x.dtype();
+  TVM_FFI_ICHECK(dt.bits == 16 && dt.lanes == 1 && (dt.code == kDLFloat || dt.code == kDLBfloat)) << what << ": fp16 or bf16 only";
+  for (const auto* t : {&x, &w, &y, r}) {
+    if (t == nullptr) continue;
+    TVM_FFI_ICHECK(t->dtype().code == dt.code && t->dtype().bits == 16 && t->dtype().lanes == 1) << what << ": mixed dtypes";
+    TVM_FFI_ICHECK(t->IsContiguous()) << what << ": operands must be compact";
+  }
+  TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(Data(w)) % 16 == 0 && reinterpret_cast<uintptr_t>(Data(x)) % 16 == 0)
+      << what << ": the weight and x must be 16-byte aligned";
+  if (r != nullptr) TVM_FFI_ICHECK_EQ(r->numel(), m * n) << what << ": the residual must be shaped like y";
+  return m;
+}
+
+// one launch on `stream`: a plain one, or cuLaunchKernelEx with a (1, splits, 1) cluster and/or as a
+// programmatic dependent of the previous kernel (compute capability 9.0+)
+void Start(Driver* d, Ptr fn, unsigned blocks, unsigned splits, unsigned threads, bool pdl, void* stream, void** args) {
+  if (splits == 1 && !pdl) {
+    Check(d, d->launch(fn, blocks, 1, 1, threads, 1, 1, 0, stream, args, nullptr), "cuLaunchKernel");
+    return;
+  }
+  LaunchAttribute attrs[2]{};
+  unsigned count = 0;
+  if (splits > 1) {
+    attrs[count].id = kClusterDimension;
+    attrs[count].value.cluster.x = 1, attrs[count].value.cluster.y = splits, attrs[count].value.cluster.z = 1;
+    ++count;
+  }
+  if (pdl) attrs[count].id = kProgrammaticSerialization, attrs[count].value.cluster.x = 1, ++count;  // the union's first int: allowed = 1
+  TVM_FFI_ICHECK(d->launch_ex != nullptr) << "gemv: a cluster or programmatic launch needs cuLaunchKernelEx (a CUDA 12+ driver)";
+  LaunchConfig config{blocks, splits, 1, threads, 1, 1, 0, stream, attrs, count};
+  Check(d, d->launch_ex(&config, fn, args, nullptr), "cuLaunchKernelEx (cluster / programmatic)");
+}
+
 // y = x @ w (+ r); splits: blocks per cluster that share a column tile's K range (0: the default)
 void Launch(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const tvm::ffi::TensorView* r, const tvm::ffi::TensorView& y,
             int64_t splits) {
   TVM_FFI_ICHECK_EQ(w.ndim(), 2) << "gemv: the weight must be (K, N)";
-  int64_t k = w.size(0), n = w.size(1), m = 1;
-  for (int i = 0; i + 1 < x.ndim(); ++i) m *= x.size(i);
-  TVM_FFI_ICHECK(x.ndim() >= 1 && x.size(x.ndim() - 1) == k) << "gemv: x's last dimension must be K = " << k;
-  TVM_FFI_ICHECK(y.size(y.ndim() - 1) == n && y.numel() == m * n) << "gemv: y must be (..., N) with x's rows";
+  int64_t k = w.size(0), n = w.size(1);
   TVM_FFI_ICHECK(n % 8 == 0 && k % 8 == 0) << "gemv: N = " << n << " and K = " << k << " must be multiples of 8 (16-byte vectors)";
-  TVM_FFI_ICHECK(k <= INT32_MAX / 2 && n <= INT32_MAX / 2) << "gemv: too large";
+  int64_t m = CheckOperands("gemv", x, w, r, y, k, n);
   DLDataType dt = x.dtype();
-  TVM_FFI_ICHECK(dt.bits == 16 && dt.lanes == 1 && (dt.code == kDLFloat || dt.code == kDLBfloat)) << "gemv: fp16 or bf16 only";
-  for (const auto* t : {&w, &y, r}) {
-    if (t == nullptr) continue;
-    TVM_FFI_ICHECK(t->dtype().code == dt.code && t->dtype().bits == 16 && t->dtype().lanes == 1) << "gemv: mixed dtypes";
-    TVM_FFI_ICHECK(t->IsContiguous()) << "gemv: operands must be compact";
-  }
-  TVM_FFI_ICHECK(x.IsContiguous()) << "gemv: operands must be compact";
-  TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(Data(w)) % 16 == 0 && reinterpret_cast<uintptr_t>(Data(x)) % 16 == 0)
-      << "gemv: the weight and x must be 16-byte aligned";
-  if (r != nullptr) TVM_FFI_ICHECK_EQ(r->numel(), m * n) << "gemv: the residual must be shaped like y";
   TVM_FFI_ICHECK(splits >= 0 && splits <= kMaxSplits) << "gemv: splits " << splits << " (0 = default, 1.." << kMaxSplits << ")";
   if (m == 0 || n == 0) return;
   Driver* d = LoadDriver();
@@ -145,44 +174,17 @@ void Launch(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const 
     Params p{Data(x) + r0 * k * 2, Data(w), r != nullptr ? Data(*r) + r0 * n * 2 : nullptr, Data(y) + r0 * n * 2,
              rows, static_cast<int>(k), static_cast<int>(n), k_per_split};
     void* args[] = {&p};
-    unsigned threads = wide_here ? 512 : 256;
-    if (splits == 1 && !pdl) {
-      Check(d, d->launch(fn, tiles, 1, 1, threads, 1, 1, 0, stream, args, nullptr), "cuLaunchKernel");
-      continue;
-    }
-    LaunchAttribute attrs[2]{};
-    unsigned count = 0;
-    if (splits > 1) {
-      attrs[count].id = kClusterDimension;
-      attrs[count].value.cluster.x = 1, attrs[count].value.cluster.y = static_cast<unsigned>(splits), attrs[count].value.cluster.z = 1;
-      ++count;
-    }
-    if (pdl) attrs[count].id = kProgrammaticSerialization, attrs[count].value.cluster.x = 1, ++count;  // the union's first int: allowed = 1
-    TVM_FFI_ICHECK(d->launch_ex != nullptr) << "gemv: a cluster or programmatic launch needs cuLaunchKernelEx (a CUDA 12+ driver)";
-    LaunchConfig config{tiles, static_cast<unsigned>(splits), 1, threads, 1, 1, 0, stream, attrs, count};
-    Check(d, d->launch_ex(&config, fn, args, nullptr), "cuLaunchKernelEx (cluster / programmatic)");
+    Start(d, fn, tiles, static_cast<unsigned>(splits), wide_here ? 512 : 256, pdl, stream, args);
   }
 }
 
 // y = x @ w^T (+ r) for w (N, K): warps of the "nk" kernel own 2 features each, up to 4 rows of x per launch
 void LaunchNk(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const tvm::ffi::TensorView* r, const tvm::ffi::TensorView& y) {
   TVM_FFI_ICHECK_EQ(w.ndim(), 2) << "gemv_nk: the weight must be (N, K)";
-  int64_t n = w.size(0), k = w.size(1), m = 1;
-  for (int i = 0; i + 1 < x.ndim(); ++i) m *= x.size(i);
-  TVM_FFI_ICHECK(x.ndim() >= 1 && x.size(x.ndim() - 1) == k) << "gemv_nk: x's last dimension must be K = " << k;
-  TVM_FFI_ICHECK(y.size(y.ndim() - 1) == n && y.numel() == m * n) << "gemv_nk: y must be (..., N) with x's rows";
+  int64_t n = w.size(0), k = w.size(1);
   TVM_FFI_ICHECK(k % 8 == 0) << "gemv_nk: K = " << k << " must be a multiple of 8 (16-byte vectors)";
-  TVM_FFI_ICHECK(k <= INT32_MAX / 2 && n <= INT32_MAX / 2) << "gemv_nk: too large";
+  int64_t m = CheckOperands("gemv_nk", x, w, r, y, k, n);
   DLDataType dt = x.dtype();
-  TVM_FFI_ICHECK(dt.bits == 16 && dt.lanes == 1 && (dt.code == kDLFloat || dt.code == kDLBfloat)) << "gemv_nk: fp16 or bf16 only";
-  for (const auto* t : {&x, &w, &y, r}) {
-    if (t == nullptr) continue;
-    TVM_FFI_ICHECK(t->dtype().code == dt.code && t->dtype().bits == 16 && t->dtype().lanes == 1) << "gemv_nk: mixed dtypes";
-    TVM_FFI_ICHECK(t->IsContiguous()) << "gemv_nk: operands must be compact";
-  }
-  TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(Data(w)) % 16 == 0 && reinterpret_cast<uintptr_t>(Data(x)) % 16 == 0)
-      << "gemv_nk: the weight and x must be 16-byte aligned";
-  if (r != nullptr) TVM_FFI_ICHECK_EQ(r->numel(), m * n) << "gemv_nk: the residual must be shaped like y";
   if (m == 0 || n == 0) return;
   Driver* d = LoadDriver();
   DLDevice dev = y.device();
@@ -199,15 +201,7 @@ void LaunchNk(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, cons
     Params p{Data(x) + r0 * k * 2, Data(w), r != nullptr ? Data(*r) + r0 * n * 2 : nullptr, Data(y) + r0 * n * 2,
              rows, static_cast<int>(k), static_cast<int>(n), static_cast<int>(k)};
     void* args[] = {&p};
-    if (!pdl) {
-      Check(d, d->launch(fn, blocks, 1, 1, threads, 1, 1, 0, stream, args, nullptr), "cuLaunchKernel");
-      continue;
-    }
-    TVM_FFI_ICHECK(d->launch_ex != nullptr) << "gemv_nk: a programmatic launch needs cuLaunchKernelEx (a CUDA 12+ driver)";
-    LaunchAttribute attr{};
-    attr.id = kProgrammaticSerialization, attr.value.cluster.x = 1;  // the union's first int: allowed = 1
-    LaunchConfig config{blocks, 1, 1, threads, 1, 1, 0, stream, &attr, 1};
-    Check(d, d->launch_ex(&config, fn, args, nullptr), "cuLaunchKernelEx (programmatic)");
+    Start(d, fn, blocks, 1, threads, pdl, stream, args);
   }
 }
 
