@@ -32,6 +32,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .bucket_dispatch import BUCKET_ATTR
 from .cublas_batched_gemm import RewriteBatchedGemmToCublas
+from .fusion_utils import is_transpose
 
 logger = logging.getLogger(__name__)
 
@@ -43,12 +44,10 @@ DTYPES = ("float16", "bfloat16")
 def _untransposed(w, params, lookup) -> relax.Var | None:
     """The (N, K) parameter `w` is bound to the transpose of (`lookup`: the mutator's lookup_binding), else None."""
     value = lookup(w) if lookup is not None and isinstance(w, relax.Var) else None
-    if not (isinstance(value, relax.Call) and value.op == tvm.ir.Op.get("relax.permute_dims")):
+    if not is_transpose(value):
         return None
-    source, axes = value.args[0], value.attrs.axes
-    if not (isinstance(source, relax.Var) and source in params and isinstance(source.ty, relax.TensorType) and source.ty.ndim == 2):
-        return None
-    return source if axes is None or [int(a) for a in axes] == [1, 0] else None
+    source = value.args[0]
+    return source if isinstance(source, relax.Var) and source in params else None
 
 
 def weight_gemm(call: relax.Call, params, min_x_ndim: int = 2, lookup=None) -> tuple[relax.Expr, relax.Var, bool] | None:

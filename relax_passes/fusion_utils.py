@@ -133,6 +133,14 @@ def is_op(expr: relax.Expr, name: str) -> bool:
     return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
 
 
+def is_transpose(expr: relax.Expr) -> bool:
+    """`R.permute_dims(w)` of a 2-D `w` that swaps its two axes (axes None or [1, 0])."""
+    if not is_op(expr, "relax.permute_dims") or not isinstance(expr.args[0].ty, relax.TensorType) or expr.args[0].ty.ndim != 2:
+        return False
+    axes = expr.attrs.axes
+    return axes is None or [int(a) for a in axes] == [1, 0]
+
+
 def plain_matmul(expr: relax.Expr) -> bool:
     """`R.matmul(x, w)` with a 2-D weight and no out_dtype change (what a projection is)."""
     if not is_op(expr, "relax.matmul"):

@@ -32,12 +32,12 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .fusion_utils import consumers, is_op, plain_matmul
+from .cublas_gemm import DTYPES  # what the library calls reading (N, K) weights take
+from .fusion_utils import consumers, is_op, is_transpose, plain_matmul
 
 logger = logging.getLogger(__name__)
 
 SUFFIX = "_transform_params"  # LiftTransformParams' name for the function that computes `f`'s weights
-DTYPES = ("float16", "bfloat16")
 
 
 def _static_2d(var: relax.Var) -> bool:
@@ -59,13 +59,6 @@ def gemm_only_weights(func: relax.Function) -> list[int]:
     return picked
 
 
-def _is_transpose(value) -> bool:
-    if not is_op(value, "relax.permute_dims") or value.args[0].ty.ndim != 2:
-        return False
-    axes = value.attrs.axes
-    return axes is None or [int(a) for a in axes] == [1, 0]
-
-
 @mutator
 class _Outputs(PyExprMutator):
     """The transform function with its outputs at `picked` transposed (see the module docstring)."""
@@ -76,7 +69,7 @@ class _Outputs(PyExprMutator):
 
     def transposed(self, expr: relax.Expr) -> relax.Expr:
         value = self.var2val.get(expr) if isinstance(expr, relax.Var) else None
-        if _is_transpose(value):
+        if is_transpose(value):
             return self.visit_expr(value.args[0])
         if is_op(value, "relax.concat") and isinstance(value.args[0], relax.Tuple) and int(value.attrs.axis) in (1, -1):
             parts = value.args[0].fields
