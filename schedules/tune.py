@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import TuneConfig
-from . import cost_model, intrin, shares, task_index, transfer
+from . import cost_model, intrin, shares, task_index, task_logs, transfer
 from .builder import DeferredRunner, make_builder, make_runner
 from .database import CacheDatabase
 from .progress import EventLog, ProgressBar
@@ -131,16 +131,16 @@ def retired(task: Task, index: dict[str, dict], cached: dict[str, int]) -> bool:
     return cached.get(task.key, 0) >= index.get(task.key, {}).get("stopped_at", 1 << 62)
 
 
-def _contexts(short: list[Task], needs: dict[str, int], target, config: TuneConfig, log_dir: Path) -> tuple[list[Task], list]:
-    """(tasks, TuneContexts) of the kernels short of their share whose design space MetaSchedule
+def _contexts(short: list[Task], needs: dict[str, int], target, config: TuneConfig, log_dir: Path) -> tuple[list[Task], list, list]:
+    """(tasks, TuneContexts, their loggers: `task_logs.close` them) of the kernels short of their share whose design space MetaSchedule
     can generate: one it cannot (a schedule rule that fails on a kernel) would abort the whole
     search, so it is skipped with one warning, keeps its rule-based schedule, and what it was owed
     goes to the others (`needs` is updated)."""
     from tvm.s_tir import meta_schedule as ms
 
     # per-task log files (traces, build errors) under <log_dir>/logs, as stock MetaSchedule writes them
-    loggers = ms.logging.get_loggers_from_work_dir(str(log_dir), [t.name.replace("@", "_") for t in short])
-    kept, contexts, freed = [], [], 0
+    loggers = task_logs.task_loggers(log_dir, [t.name.replace("@", "_") for t in short])
+    kept, contexts, kept_loggers, freed = [], [], [], 0
     for i, t in enumerate(short):
         context = ms.TuneContext(
             mod=t.mod,
@@ -155,14 +155,16 @@ def _contexts(short: list[Task], needs: dict[str, int], target, config: TuneConf
         try:
             context.space_generator.generate_design_space(context.mod)
         except Exception as err:  # TVM raises ValueError/InternalError from inside a schedule rule
+            task_logs.close([loggers[i]])
             logger.warning("%s: MetaSchedule cannot generate its design space (%s): keeps its rules", t.name, str(err).strip().splitlines()[-1][:160])
             freed += needs.pop(t.key)
             continue
         kept.append(t)
         contexts.append(context)
+        kept_loggers.append(loggers[i])
     for t, extra in zip(kept, shares.give_back(freed, [t.weight * t.flops for t in kept], config.trials_per_iter)):
         needs[t.key] += extra
-    return kept, contexts
+    return kept, contexts, kept_loggers
 
 
 def _seed_from_similar(tasks, contexts, cached, needs, budget, config, builder, runner, database, model, bar) -> int:
@@ -214,9 +216,11 @@ def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig,
     tuning = remaining > 0 and bool(short)
     if tuning:
         log_dir.mkdir(parents=True, exist_ok=True)
-    tasks, contexts = _contexts(short, needs, target, config, log_dir) if tuning else ([], [])
+    tasks, contexts, task_loggers = _contexts(short, needs, target, config, log_dir) if tuning else ([], [], [])
     remaining = min(remaining, sum(needs[t.key] for t in tasks))
     tuning = tuning and remaining > 0  # not when every short kernel was skipped (no design space)
+    if not tuning:
+        task_logs.close(task_loggers)
     # the rule-based time of every kernel that has or gets records (a record must beat it to be
     # used). On a CPU it is measured before the build workers start: their start-up on the same
     # cores made the rules read up to 3-4x slow (llama-block's SwiGLU kernel: 3672 us against
@@ -267,6 +271,7 @@ def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig,
                 phases = _phases(profiler)
         finally:
             bar.close()
+            task_logs.close(task_loggers)
             builder.shutdown()
             if isinstance(runner, DeferredRunner):
                 runner.shutdown()
