@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from relaxtune import threads
 from relaxtune.schedules import intrin
 
+threads.configure()  # the test session is an entry point: TVM's pool as the CLI sizes it
 intrin.register_for("llvm")  # before anything imports MetaSchedule: skips the 35 s registry import
 
 TINY_MLP = {"hidden": "64", "ffn": "128", "max_seq": "64", "max_batch": "2"}
@@ -38,3 +40,15 @@ def run_vm():
         return vm["main"](*args).numpy()
 
     return run
+
+
+@pytest.fixture(scope="session")
+def chosen_passes():
+    """`chosen_passes(target, options, *names)`: the passes of the pipeline's fusion list (for `options`,
+    a CompileConfig) whose names are in `names`, in order: what the options choose on that target."""
+    from relaxtune.relax_passes.pipeline import fusion_passes
+
+    def chosen(target, options, *names):
+        return [p for p in fusion_passes(target, {}, options) if p.info.name in names]
+
+    return chosen

@@ -15,16 +15,20 @@ def add_arguments(parser) -> None:
     common.add_fusion(parser)
     common.add_gpu_options(parser)
     common.add_shape(parser, many=True)
-    parser.add_argument("--systems", default="relaxtune,tvm-stock,torch,torch.compile", help="comma-separated subset to run")
-    parser.add_argument("--out", type=Path, default=Path("build/bench"), help="folder for the markdown table and the PNG plot")
+    parser.add_argument(
+        "--systems", default="relaxtune,tvm-stock,torch,torch.compile", help="comma-separated subset to run"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("build/bench"), help="folder for the markdown table and the PNG plot"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON")
     parser.add_argument("--no-cache", action="store_true", help="ignore the cache: rule-based schedules only")
 
 
 def run(args) -> int:
-    from .. import targets
-    from ..bench import SYSTEMS, bench, markdown, plot
+    from .. import api, targets
     from ..errors import UserError
+    from ..measure.bench import SYSTEMS, markdown, plot
 
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = [s for s in systems if s not in SYSTEMS]
@@ -36,12 +40,14 @@ def run(args) -> int:
     shapes = common.parse_shapes(args.shape, many=True)
     torchless = [s for s in systems if s.startswith("torch")] if workload.torch_module is None else []
     if torchless and args.systems != ",".join(SYSTEMS):
-        raise UserError(f"{workload.name} has no torch module (ONNX files have none): drop {', '.join(torchless)} from --systems")
+        raise UserError(
+            f"{workload.name} has no torch module (ONNX files have none): drop {', '.join(torchless)} from --systems"
+        )
     if torchless:
         systems = [s for s in systems if s not in torchless]
         print(f"{workload.name} has no torch module: measuring {', '.join(systems)}")
     print(f"target: {target.json}")
-    rows = bench(workload, target, job, shapes, systems)
+    rows = api.bench(workload, target, job, shapes, systems)
     table = markdown(rows, baseline="torch" if "torch" in systems else systems[0])
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,8 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..errors import UserError
-from ..tensor_spec import FILLS, TensorSpec, fill  # noqa: F401 (workloads name them from here)
+from ..runtime.tensor_spec import FILLS, TensorSpec, fill  # noqa: F401 (workloads name them from here)
+
 
 @dataclass(frozen=True)
 class Dim:
@@ -54,8 +55,7 @@ class Workload:
         unknown = sorted(set(values) - set(self.dims))
         if unknown:
             raise UserError(
-                f"unknown dimension {unknown[0]!r} for {self.name}: its symbolic dimensions are "
-                f"{sorted(self.dims)}"
+                f"unknown dimension {unknown[0]!r} for {self.name}: its symbolic dimensions are {sorted(self.dims)}"
             )
         missing = sorted(set(self.dims) - set(values))
         if missing:
