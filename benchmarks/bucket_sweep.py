@@ -25,8 +25,9 @@ import numpy as np
 
 from relaxtune import api, targets
 from relaxtune.config import BucketConfig, CompileConfig, JobConfig, TuneConfig
-from relaxtune.measure.bench import Row, _tvm_runner, interleaved, plot, time_call
+from relaxtune.measure.bench import Row, interleaved, plot, time_call
 from relaxtune.measure.torch_process import TorchProcess
+from relaxtune.measure.vm import VMRunner
 from relaxtune.workloads import load
 
 
@@ -132,9 +133,9 @@ def main() -> None:
         for name, ex in executables.items():
             if name.startswith("tuned at n=") and name != single and name != f"tuned at n={n} only":
                 continue  # exact-n artifacts are timed at their own n only
-            call, output = _tvm_runner(ex, tvm.cpu(), workload, inputs)
-            errors[name] = float(np.abs(output() - expected).max())
-            calls[name] = call
+            runner = VMRunner.for_workload(ex, tvm.cpu(), workload)
+            errors[name] = float(np.abs(runner.outputs(inputs) - expected).max())
+            calls[name] = runner.caller(inputs)
         calls["torch"] = torch_eager.at(point)
         medians = interleaved(calls, args.rounds)
         for name, ms in medians.items():
