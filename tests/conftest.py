@@ -10,6 +10,33 @@ from relaxtune.schedules import intrin
 threads.configure()  # the test session is an entry point: TVM's pool as the CLI sizes it
 intrin.register_for("llvm")  # before anything imports MetaSchedule: skips the 35 s registry import
 
+# The slow tier (`-m slow`; .ci/run runs it after the fast one): CUDA device code compiled with nvcc,
+# models imported from transformers / ONNX / torch.export, RPC clusters. Everything else is the fast
+# tier, the README's test command.
+SLOW_FILES = (
+    "tests/workloads/test_hf_import.py",
+    "tests/workloads/test_hf_attention_fusion.py",
+    "tests/workloads/test_onnx_import.py",
+    "tests/relax_passes/test_fuse_attention_prologue_imported.py",
+    "tests/schedules/test_rpc.py",
+)
+SLOW_TESTS = (
+    "tests/relax_passes/test_fuse_attention.py::test_imported_attention_is_fused_and_matches_torch",
+    "tests/relaxtune/test_artifact.py::test_imported_model_runs_with_its_fills_and_reference",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        nvcc = any(
+            "nvcc" in str(m.kwargs.get("reason", "")) or "CUDA toolkit" in str(m.kwargs.get("reason", ""))
+            for m in item.iter_markers("skipif")
+        )
+        path = item.nodeid.split("::")[0]
+        if nvcc or path in SLOW_FILES or item.nodeid.split("[")[0] in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
+
+
 TINY_MLP = {"hidden": "64", "ffn": "128", "max_seq": "64", "max_batch": "2"}
 
 

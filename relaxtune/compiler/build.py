@@ -34,7 +34,7 @@ def tuned_buckets(workload: Workload, target: ResolvedTarget, job: JobConfig):
     or None: then the default plan. Compiling at the tuned buckets applies each record at its own
     tuning point and the bucket check's verdicts (keyed by the bucket's function) to their buckets;
     at other buckets records are borrowed from the nearest tuning point and no verdict applies."""
-    from ...schedules import cache
+    from ..schedules import cache
 
     entry = cache.read_manifest(cache.folder_for(job.cache_dir, target)).get("workloads", {}).get(workload.name, {})
     if entry.get("config") != workload.config:

@@ -52,10 +52,15 @@ class Declining(dl.ScheduleRule):
             return None
 
 
-def gpu_rules(softmax=RowSoftmax(), elementwise=RowElementwise(), softmax_first: bool = True) -> list:
+DEFAULT = "default"  # a rule argument of gpu_rules: that rule with its default settings
+
+
+def gpu_rules(softmax=DEFAULT, elementwise=DEFAULT, softmax_first: bool = True) -> list:
     """The CUDA rules in the order they are tried. `softmax` / `elementwise`: relaxtune's row rules
-    (None: left out, dlight's rules take those kernels); `softmax_first`: RowSoftmax before dlight's
-    Reduction, which otherwise takes the RMSNorms (1024 threads, scalar loads)."""
+    (DEFAULT: RowSoftmax() / RowElementwise(); None: left out, dlight's rules take those kernels);
+    `softmax_first`: RowSoftmax before dlight's Reduction, which otherwise takes the RMSNorms."""
+    softmax = RowSoftmax() if softmax == DEFAULT else softmax
+    elementwise = RowElementwise() if elementwise == DEFAULT else elementwise
     rows = [softmax, dl.gpu.Reduction()] if softmax_first else [dl.gpu.Reduction(), softmax]
     rules = [
         dl.gpu.Matmul(),

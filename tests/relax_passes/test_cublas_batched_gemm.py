@@ -245,8 +245,8 @@ def case(a_shape, a_axes, b_shape, b_axes, c_axes, alpha=1.0):
     a, b = rng.standard_normal(a_shape).astype("float16"), rng.standard_normal(b_shape).astype("float16")
     want = alpha * (np.transpose(a, a_axes).astype("float32") @ np.transpose(b, b_axes).astype("float32"))
     c = tvm.runtime.empty([want.shape[c_axes.index(i)] for i in range(want.ndim)], "float16")
-    bmm(tvm.runtime.tensor(a), tvm.runtime.tensor(b), tvm_ffi.Shape(a_axes), tvm_ffi.Shape(b_axes),
-    tvm_ffi.Shape(c_axes), alpha, c)
+    axes = (tvm_ffi.Shape(a_axes), tvm_ffi.Shape(b_axes), tvm_ffi.Shape(c_axes))
+    bmm(tvm.runtime.tensor(a), tvm.runtime.tensor(b), *axes, alpha, c)
     err = np.abs(np.transpose(c.numpy(), c_axes) - want).max() / np.abs(want).max()
     assert err < 3e-3, (a_shape, a_axes, b_shape, b_axes, c_axes, err)
 

@@ -129,13 +129,13 @@ rng = np.random.default_rng(0)
 library = tvm_ffi.load_module(sys.argv[1])
 cases = [(np.float16, (1, 37, 24, 40)), (np.float16, (2, 5, 16, 8)), (ml_dtypes.bfloat16, (1, 9, 32, 16))]
 for (dtype, (b, n, k, cols)), nk in [(case, nk) for case in cases for nk in (False, True)]:
-    gemm_add = library["relaxtune_cublas_gemm_add_nk" if nk else "relaxtune_cublas_gemm_add"]  # the weight (N, K) or
-    (K, N)
+    # the weight (N, K) or (K, N)
+    gemm_add = library["relaxtune_cublas_gemm_add_nk" if nk else "relaxtune_cublas_gemm_add"]
     x, w, r = (rng.standard_normal(s).astype(dtype) for s in ((b, n, k), (k, cols), (b, n, cols)))
     want = x.astype("float32") @ w.astype("float32") + r.astype("float32")
     y = tvm.runtime.tensor(np.full((b, n, cols), np.nan, dtype))
-    gemm_add(tvm.runtime.tensor(x), tvm.runtime.tensor(np.ascontiguousarray(w.T) if nk else w), tvm.runtime.tensor(r),
-    y)
+    weight = tvm.runtime.tensor(np.ascontiguousarray(w.T) if nk else w)
+    gemm_add(tvm.runtime.tensor(x), weight, tvm.runtime.tensor(r), y)
     err = np.abs(y.numpy().astype("float32") - want).max() / np.abs(want).max()
     assert err < (3e-3 if dtype == np.float16 else 2e-2), (dtype, b, n, k, cols, nk, err)
     assert np.array_equal(r.astype("float32"), r.astype("float32"))  # r is read, never written
