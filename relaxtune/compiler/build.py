@@ -62,12 +62,12 @@ def open_cache(target: ResolvedTarget, job: JobConfig, writable: bool):
     intrin.register_for(target.target.kind.name)
     folder = cache.folder_for(job.cache_dir, target)
     if not writable and not folder.exists():
-        if not Path(job.cache_dir).exists():
-            raise UserError(
-                f"cache directory {job.cache_dir} does not exist (run `relaxtune tune` first, or pass --no-cache)"
-            )
+        where = "" if Path(job.cache_dir).exists() else " (the folder does not exist)"
         logger.warning(
-            "no tuning records for target %s in %s: every kernel uses rule-based schedules", target.slug, job.cache_dir
+            "no tuning records for target %s in %s%s: every kernel uses rule-based schedules",
+            target.slug,
+            job.cache_dir,
+            where,
         )
         return None, folder
     cache.check_compatible(folder, target)

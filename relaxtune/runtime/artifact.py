@@ -15,6 +15,7 @@ the source (see `cuda_device_code.py`). The GPU host needs the driver and the TV
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import logging
 import time
@@ -120,9 +121,38 @@ def export(executable, workload, target, so_path: Path, plan, cache_fingerprint,
         "schedules": schedules,
         "check": check,  # the stored reference check (NAME.check.npz): its shape, or None
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        # every file beside the manifest, as written: checked before anything is loaded (read_manifest)
+        "files": file_digests([so_path, params_path, *([check_path(so_path)] if check else [])]),
     }
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def file_digests(files: list[Path]) -> dict[str, dict]:
+    """{file name: {"bytes": size, "sha256": hex digest}} of files in one folder."""
+    return {Path(f).name: {"bytes": Path(f).stat().st_size, "sha256": sha256(Path(f))} for f in files}
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_files(manifest: dict, folder: Path) -> None:
+    """Each file the manifest lists has its recorded size and SHA-256 (a copy cut short, or changed
+    after compile, is refused in one line before the loader maps it)."""
+    for name, want in (manifest.get("files") or {}).items():
+        path = folder / name
+        if not path.exists():
+            raise UserError(f"artifact file {path} does not exist (the manifest lists it)")
+        size = path.stat().st_size
+        if size != want["bytes"]:
+            raise UserError(f"artifact file {path} is damaged: {size} bytes, the manifest says {want['bytes']}")
+        if sha256(path) != want["sha256"]:
+            raise UserError(f"artifact file {path} is damaged: its SHA-256 differs from the one in the manifest")
 
 
 def ensure_cuda_runtime() -> None:
@@ -227,6 +257,7 @@ def read_manifest(so_path: str | Path) -> dict:
             f"artifact manifest {manifest_path} has format {manifest.get('format')!r}; this relaxtune reads format "
             f"{FORMAT}"
         )
+    check_files(manifest, so_path.parent)
     return manifest
 
 
