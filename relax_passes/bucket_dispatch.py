@@ -138,6 +138,8 @@ class BucketDispatch:
         missing = sorted(set(self.plan) - set(dims))
         if missing:
             raise UserError(f"dimension {missing[0]!r} is not a symbolic dimension of main: it has {sorted(dims)}")
+        if not dims:  # static shapes: one function, nothing to check or dispatch
+            return mod
         lo_hi = {n: (self.plan[n][0].lo, self.plan[n][-1].hi) for n in dims}
         combos = [dict(zip(dims, c)) for c in itertools.product(*(self.plan[n] for n in dims))]
         out = tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv.name_hint != "main"}, attrs=mod.attrs)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -124,8 +125,31 @@ def build(workload: Workload, target: ResolvedTarget, job: JobConfig, report: Co
     report = report if report is not None else Counter()
     passes = pipeline(target.target, bucket_plan(workload, job), job.compile, database, report, index, verdicts)
     with tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": job.compile.cuda_graphs and target.is_gpu}):
-        executable = tvm.compile(workload.mod, target=target.target, relax_pipeline=passes)
+        lowered = passes(workload.mod)  # the Relax pipeline (relax_passes/pipeline.py)
+        try:
+            executable = tvm.compile(lowered, target=target.target, relax_pipeline=None)  # the kernels' codegen
+        except Exception as err:  # noqa: BLE001 (one line naming the kernel, never a TVM traceback)
+            raise UserError(failed_kernel(lowered, target, err)) from None
     return executable, report, folder
+
+
+def failed_kernel(mod, target: ResolvedTarget, err: Exception) -> str:
+    """One line for a build that failed in codegen: the first kernel that fails alone, the model
+    operators its name holds, and TVM's last line (the whole error at debug level)."""
+    import tvm
+
+    logger.debug("build failed", exc_info=err)
+    last = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+    for gv, func in mod.functions_items():
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        try:
+            tvm.tirx.build(tvm.IRModule({gv: func}), target=target.target)
+        except Exception as alone:  # noqa: BLE001
+            ops = re.sub(r"^fused_|_?\d+$", "", gv.name_hint).replace("_", " ")
+            last = (str(alone).strip().splitlines() or [last])[-1]
+            return f"kernel {gv.name_hint} (from the model's {ops} operators) failed to build for {target.slug}: {last}"
+    return f"the build for {target.slug} failed: {last}"
 
 
 def export(workload: Workload, target: ResolvedTarget, job: JobConfig, output: Path) -> CompileResult:

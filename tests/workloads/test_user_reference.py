@@ -55,3 +55,28 @@ def test_compile_stores_a_reference_check_for_the_user_module(capsys, decode_art
     assert decode_artifact.with_name("decode.check.npz").exists()
     assert main(["run", str(decode_artifact)]) == 0
     assert "reference stored at compile time" in capsys.readouterr().out
+
+
+STATIC = """
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+
+@I.ir_module
+class mod:
+    @R.function
+    def main(x: R.Tensor((3, 8), "float32"), w: R.Tensor((8, 4), "float32")) -> R.Tensor((3, 4), "float32"):
+        with R.dataflow():
+            y = R.nn.relu(R.matmul(x, w))
+            R.output(y)
+        return y
+"""
+
+
+def test_a_module_without_symbolic_dimensions_compiles_and_runs(capsys, tmp_path):
+    """No dimension to bucket: main stays one function (BucketDispatch crashed on it before)."""
+    source = tmp_path / "static_mlp.py"
+    source.write_text(STATIC)
+    assert main(["compile", str(source), "--no-cache", "-o", str(tmp_path / "s.so")]) == 0
+    assert main(["run", str(tmp_path / "s.so")]) == 0
+    assert "(ok)" in capsys.readouterr().out
