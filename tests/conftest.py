@@ -22,7 +22,7 @@ SLOW_FILES = (
 )
 SLOW_TESTS = (
     "tests/relax_passes/test_fuse_attention.py::test_imported_attention_is_fused_and_matches_torch",
-    "tests/relaxtune/test_artifact.py::test_imported_model_runs_with_its_fills_and_reference",
+    "tests/runtime/test_artifact.py::test_imported_model_runs_with_its_fills_and_reference",
 )
 
 
