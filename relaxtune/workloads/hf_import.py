@@ -169,7 +169,14 @@ def _build_model(transformers, model_type: str, settings: dict, kwargs: dict):
         with torch.random.fork_rng():
             torch.manual_seed(int(settings["seed"]))
             try:
-                model = auto.from_config(cfg)
+                try:
+                    model = auto.from_config(cfg)
+                except ValueError as err:  # a family without an SDPA path (gemma2): its eager attention
+                    if attn != "sdpa" or "attention implementation" not in str(err):
+                        raise
+                    logger.info("hf:%s has no sdpa attention; built with attn=eager", model_type)
+                    cfg = transformers.AutoConfig.for_model(model_type, attn_implementation="eager", **kwargs)
+                    model = auto.from_config(cfg)
             except ValueError as err:
                 raise UserError(
                     f"hf:{model_type} cannot be built with {kwargs} and head={settings['head']}: "
