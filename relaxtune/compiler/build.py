@@ -146,8 +146,8 @@ def failed_kernel(mod, target: ResolvedTarget, err: Exception) -> str:
         try:
             tvm.tirx.build(tvm.IRModule({gv: func}), target=target.target)
         except Exception as alone:  # noqa: BLE001
-            ops = re.sub(r"^fused_|_?\d+$", "", gv.name_hint).replace("_", " ")
-            last = (str(alone).strip().splitlines() or [last])[-1]
+            ops = re.sub(r"(?<=[a-z])\d+(?=_|$)", "", gv.name_hint.removeprefix("fused_")).replace("_", " ")
+            last = (str(alone).strip().splitlines() or [last])[-1].split(" for target {")[0]
             return f"kernel {gv.name_hint} (from the model's {ops} operators) failed to build for {target.slug}: {last}"
     return f"the build for {target.slug} failed: {last}"
 

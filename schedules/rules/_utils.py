@@ -52,7 +52,10 @@ def static(value) -> int | None:
 
 
 def largest_pow2_divisor(value: int, limit: int) -> int:
-    """The largest power of two that divides ``value`` and is <= ``limit``."""
+    """The largest power of two that divides ``value`` and is <= ``limit``; 1 for an empty extent
+    (``value`` 0: a loop of extent 0 is never vectorized, LLVM's codegen refuses it)."""
+    if value <= 0:
+        return 1
     best = 1
     while best * 2 <= limit and value % (best * 2) == 0:
         best *= 2

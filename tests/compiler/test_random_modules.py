@@ -33,7 +33,9 @@ def modules(draw):
     width = draw(st.sampled_from([1, 3, 8, 16, 24]))
     steps = draw(
         st.lists(
-            st.sampled_from(UNARY + BINARY + ("matmul", "sum", "concat_rows", "transpose2")), min_size=1, max_size=5
+            st.sampled_from(UNARY + BINARY + ("matmul", "sum", "concat_rows", "transpose2", "empty_slice")),
+            min_size=1,
+            max_size=5,
         )
     )
     bb = relax.BlockBuilder()
@@ -76,6 +78,9 @@ def modules(draw):
                 elif step == "concat_rows":
                     cur = bb.emit(relax.op.concat([cur, cur], axis=0))
                     rows = None  # 2n rows: binary ops with y no longer line up
+                elif step == "empty_slice":  # a zero-width slice concatenated (a full-width partial RoPE)
+                    empty = relax.op.strided_slice(cur, axes=[1], begin=[cols], end=[cols])
+                    cur = bb.emit(relax.op.concat([cur, empty], axis=1))
                 elif step == "transpose2":
                     cur = bb.emit(relax.op.permute_dims(relax.op.permute_dims(cur)))
             out = bb.emit_output(cur)
