@@ -141,6 +141,11 @@ def resolve(model_type: str, config: Mapping[str, object] | None, transformers) 
         token = getattr(default_config, key, None)
         if isinstance(token, int) and token >= int(settings["vocab"]):
             kwargs[key] = 0
+    # a rotary width fixed for the family's real sizes (GPT-J's 64) cannot exceed a tiny head
+    rotary = getattr(default_config, "rotary_dim", None)
+    head_dim = int(settings["hidden"]) // int(settings["heads"])
+    if isinstance(rotary, int) and rotary > head_dim and not settings["weights"]:
+        kwargs["rotary_dim"] = head_dim
     kwargs.update(extra)
     return settings, kwargs
 
