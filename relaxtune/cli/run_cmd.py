@@ -15,7 +15,6 @@ from . import common
 
 # max error relative to the reference's largest value, per input dtype (8 mantissa bits for bfloat16: 2^-8 = 4e-3 per
 # rounding)
-TOLERANCE = {"float32": 1e-3, "float16": 3e-2, "bfloat16": 6e-2}
 
 
 def add_arguments(parser) -> None:
@@ -58,7 +57,7 @@ def typed(arrays: dict, specs: list[dict]) -> dict:
 
 def run(args) -> int:
     from ..errors import UserError
-    from ..runtime.artifact import Artifact, check_path, paths, random_inputs, read_manifest
+    from ..runtime.artifact import TOLERANCE, Artifact, check_path, paths, random_inputs, read_manifest, relative_error
 
     manifest = read_manifest(args.artifact)
     stored = check_path(args.artifact)
@@ -88,7 +87,7 @@ def run(args) -> int:
     if ref is None:
         check, err = f"{why}: output not checked", None
     else:
-        err = float(np.max(np.abs(out.astype("float64") - ref)) / max(1.0, float(np.max(np.abs(ref)))))
+        err = relative_error(out, ref)
         tol = TOLERANCE.get(art.manifest["inputs"][0]["dtype"], 3e-2)
         check = f"max error vs {against} {err:.2e} ({'ok' if err <= tol else 'MISMATCH'})"
     print(

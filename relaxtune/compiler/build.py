@@ -158,8 +158,42 @@ def export(workload: Workload, target: ResolvedTarget, job: JobConfig, output: P
 
     start = time.perf_counter()
     executable, report, folder = build(workload, target, job)
+    if not target.is_gpu:  # the host runs it: a build that disagrees with its reference is not written
+        verify(executable, workload)
     fingerprint = cache_fingerprint(folder) if folder is not None and folder.exists() else None
     manifest = artifact.export(
         executable, workload, target, Path(output), bucket_plan(workload, job), fingerprint, dict(report)
     )
     return CompileResult(Path(output), manifest, report, time.perf_counter() - start)
+
+
+def verify(executable, workload: Workload) -> None:
+    """Run the build once at a small shape (every dimension at 3 within its bounds, as the stored
+    check) against the workload's reference; UserError when it is off by more than the dtype allows
+    (an importer that computes the model wrong, or a relaxtune bug), so no wrong artifact is written.
+    A reference that cannot be computed here checks nothing."""
+    import tvm
+    from tvm import relax
+
+    from ..runtime.artifact import TOLERANCE, prepare_params, relative_error
+
+    if workload.reference is None:
+        return
+    dims = {d.name: min(d.upper, max(d.lower, 3)) for d in workload.dims.values()}
+    inputs = workload.random_inputs(dims)
+    try:
+        want = workload.reference(inputs, workload.params)
+    except Exception as err:  # noqa: BLE001 (as the stored check: no reference, no verdict)
+        logger.warning("%s: its reference failed at %s (%s): the build is not checked", workload.name, dims, err)
+        return
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    params = prepare_params(vm, [tvm.runtime.tensor(v) for v in workload.params.values()])
+    got = vm["main"](*[tvm.runtime.tensor(inputs[t.name]) for t in workload.inputs], *params).numpy()
+    dtype = next((t.dtype for t in workload.inputs if t.dtype.startswith(("float", "bfloat"))), "float32")
+    err, allowed = relative_error(got, want), TOLERANCE.get(dtype, TOLERANCE["float16"])
+    if not err <= allowed:  # NaN included
+        shape = ", ".join(f"{k}={v}" for k, v in dims.items())
+        raise UserError(
+            f"the build of {workload.name} disagrees with its reference at {shape}: max error {err:.2e} > {allowed:g}"
+            " (nothing written; `relaxtune compile --fusion stock` or another importer may tell where)"
+        )

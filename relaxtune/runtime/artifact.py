@@ -30,6 +30,16 @@ from .tensor_spec import restore
 logger = logging.getLogger(__name__)
 
 FORMAT = 1
+# how far an output may be from its reference: max |out - ref| / max(1, max |ref|), by the inputs' dtype
+TOLERANCE = {"float32": 1e-3, "float16": 3e-2, "bfloat16": 6e-2}
+
+
+def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
+    """max |out - ref| / max(1, max |ref|) (0 for empty outputs)."""
+    if np.size(ref) == 0:
+        return 0.0
+    ref = np.asarray(ref, dtype="float64")
+    return float(np.max(np.abs(np.asarray(out, dtype="float64") - ref)) / max(1.0, float(np.max(np.abs(ref)))))
 
 
 def _beside(so_path: Path, suffix: str) -> Path:
@@ -122,15 +132,21 @@ def export(executable, workload, target, so_path: Path, plan, cache_fingerprint,
         "check": check,  # the stored reference check (NAME.check.npz): its shape, or None
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         # every file beside the manifest, as written: checked before anything is loaded (read_manifest)
-        "files": file_digests([so_path, params_path, *([check_path(so_path)] if check else [])]),
+        "files": file_digests(so_path, ("so", "params", "check") if check else ("so", "params")),
     }
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 
-def file_digests(files: list[Path]) -> dict[str, dict]:
-    """{file name: {"bytes": size, "sha256": hex digest}} of files in one folder."""
-    return {Path(f).name: {"bytes": Path(f).stat().st_size, "sha256": sha256(Path(f))} for f in files}
+def role_path(so_path: Path, role: str) -> Path:
+    """The file of an artifact with this role ("so", "params", "check"), beside its `.so`."""
+    return {"so": Path(so_path), "params": paths(so_path)[0], "check": check_path(so_path)}[role]
+
+
+def file_digests(so_path: Path, roles: tuple[str, ...]) -> dict[str, dict]:
+    """{role: {"bytes": size, "sha256": hex digest}} of an artifact's files (by role, so that the
+    artifact may be renamed as a whole)."""
+    return {r: {"bytes": role_path(so_path, r).stat().st_size, "sha256": sha256(role_path(so_path, r))} for r in roles}
 
 
 def sha256(path: Path) -> str:
@@ -141,11 +157,11 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def check_files(manifest: dict, folder: Path) -> None:
+def check_files(manifest: dict, so_path: Path) -> None:
     """Each file the manifest lists has its recorded size and SHA-256 (a copy cut short, or changed
     after compile, is refused in one line before the loader maps it)."""
-    for name, want in (manifest.get("files") or {}).items():
-        path = folder / name
+    for role, want in (manifest.get("files") or {}).items():
+        path = role_path(so_path, role)
         if not path.exists():
             raise UserError(f"artifact file {path} does not exist (the manifest lists it)")
         size = path.stat().st_size
@@ -257,7 +273,7 @@ def read_manifest(so_path: str | Path) -> dict:
             f"artifact manifest {manifest_path} has format {manifest.get('format')!r}; this relaxtune reads format "
             f"{FORMAT}"
         )
-    check_files(manifest, so_path.parent)
+    check_files(manifest, so_path)
     return manifest
 
 

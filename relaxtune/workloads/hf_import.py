@@ -22,7 +22,8 @@ Config keys (:data:`DEFAULTS`): ``hidden``, ``layers``, ``heads``, ``kv_heads`` 
 grouped-query attention), ``ffn``, ``vocab`` (mapped onto the family's own config names),
 ``max_seq`` (bound of ``n``, also the model's ``max_position_embeddings``), ``max_batch``,
 ``attn`` (``transformers``' ``attn_implementation``), ``head`` (``lm``: causal-LM logits,
-``base``: last hidden state; default ``base`` for :data:`ENCODERS`), ``weights``, ``seed``. Any
+``base``: last hidden state; default ``base`` for :data:`ENCODERS` and families without a causal-LM
+head), ``weights``, ``seed``. Any
 other key that the family's config class has (``rope_theta=5e5``) is passed on, converted to
 the type of its default. Must run before: nothing (``transformers`` must be installed).
 """
@@ -53,7 +54,7 @@ DEFAULTS: dict[str, object] = {
     "weights": "",
     "seed": 0,
 }
-ENCODERS = ("bert",)
+ENCODERS = ("bert", "roberta")
 # relaxtune key -> the standard transformers config attribute (families rename via attribute_map)
 ARCH_KEYS = {
     "hidden": "hidden_size",
@@ -83,6 +84,13 @@ def _config_class(transformers, model_type: str):
             f"unknown Hugging Face model type {model_type!r}: use a transformers model_type such as llama, qwen2, "
             "mistral, gpt2, gpt_neox or bert"
         ) from None
+
+
+def _has_causal_lm(transformers, config_class) -> bool:
+    """Whether transformers has a causal-LM head for this family (encoders have none: `head=base`)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return config_class.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 
 def _attr_name(default_config, standard: str) -> str | None:
@@ -121,7 +129,7 @@ def resolve(model_type: str, config: Mapping[str, object] | None, transformers) 
             f"config weights={settings['weights']} fixes the architecture: drop {sorted(set(given) & set(ARCH_KEYS))}"
         )
     if not settings["head"]:
-        settings["head"] = "base" if model_type in ENCODERS else "lm"
+        settings["head"] = "base" if model_type in ENCODERS or not _has_causal_lm(transformers, cls) else "lm"
     if settings["head"] not in ("lm", "base"):
         raise UserError(f"config head={settings['head']!r} is invalid: use lm (logits) or base (last hidden state)")
     for key in ("hidden", "layers", "heads", "ffn", "vocab", "max_seq", "max_batch"):
@@ -131,7 +139,7 @@ def resolve(model_type: str, config: Mapping[str, object] | None, transformers) 
     for key, standard in ARCH_KEYS.items():
         name = _attr_name(default_config, standard)
         if name is None:
-            if key in given:
+            if key in given and key != "max_seq":  # max_seq stays the bound of n (ALiBi models have no table)
                 raise UserError(
                     f"config key {key!r} does not apply to hf:{model_type} ({cls.__name__} has no {standard})"
                 )

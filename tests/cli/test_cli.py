@@ -116,7 +116,7 @@ def test_run_without_a_shape_checks_against_the_reference_stored_at_compile_time
     import shutil
 
     from relaxtune.cli import run_cmd
-    from relaxtune.runtime.artifact import check_path
+    from relaxtune.runtime.artifact import check_path, file_digests
 
     stored = dict(np.load(check_path(artifact)))
     assert set(stored) == {"x", "expected"} and stored["x"].shape[:2] == (2, 3)  # b = 3 clipped to max_batch 2, n = 3
@@ -128,9 +128,12 @@ def test_run_without_a_shape_checks_against_the_reference_stored_at_compile_time
     wrong = tmp_path / "wrong.so"
     for src in artifact.parent.glob(artifact.stem + ".*"):
         shutil.copy(src, tmp_path / src.name.replace(artifact.stem, "wrong", 1))
-    np.savez(
-        check_path(wrong), x=stored["x"], expected=stored["expected"] + 1.0
-    )  # a stored output that is not the model's
+    np.savez(check_path(wrong), x=stored["x"], expected=stored["expected"] + 1.0)  # not the model's output
+    assert "wrong.check.npz is damaged" in _error_line(capsys, ["run", str(wrong)])  # its digest is the old one's
+    manifest_path = wrong.with_suffix(".json")
+    manifest = json.loads(manifest_path.read_text())
+    manifest["files"].update(file_digests(wrong, ("check",)))
+    manifest_path.write_text(json.dumps(manifest))
     assert main(["run", str(wrong), "--repeat", "2"]) == 1 and "MISMATCH" in capsys.readouterr().out
 
 
