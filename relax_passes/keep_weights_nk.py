@@ -21,7 +21,8 @@ cuBLAS's transposed-operand GEMMs are 2-6% slower than its plain ones at small M
 
 Run after LiftTransformParams and before BucketDispatch; `target_fusion_passes` adds it for CUDA
 targets with cuBLAS on (the cublas option's "weights_nk", default True) and FuseTransposeMatmul
-after the library rewrites.
+after the library rewrites; for llvm targets, float32, with CompileConfig.weights_nk (what a
+language model compiles with: `cpu_weights_nk_passes`).
 """
 
 from __future__ import annotations
@@ -45,14 +46,14 @@ def _static_2d(var: relax.Var) -> bool:
     return isinstance(t, relax.TensorType) and t.ndim == 2 and t.shape is not None and all(isinstance(d, tvm.tirx.IntImm) for d in t.shape.values)
 
 
-def gemm_only_weights(func: relax.Function) -> list[int]:
-    """Positions (among `func`'s parameters) of the weights `func` reads only as `R.matmul(x, w)`'s w."""
+def gemm_only_weights(func: relax.Function, dtypes: tuple[str, ...] = DTYPES) -> list[int]:
+    """Positions (among `func`'s parameters) of the weights of `dtypes` `func` reads only as `R.matmul(x, w)`'s w."""
     num_input = int(func.attrs["num_input"])
     users = consumers(func)
     picked = []
     for i, p in enumerate(func.params[num_input:], num_input):
         readers = users.get(p, [])
-        if not readers or not _static_2d(p) or p.ty.dtype not in DTYPES:
+        if not readers or not _static_2d(p) or p.ty.dtype not in dtypes:
             continue
         if all(plain_matmul(r) and r.args[1].same_as(p) and not r.args[0].same_as(p) for r in readers):
             picked.append(i)
@@ -113,7 +114,11 @@ def _output_binding(func: relax.Function):
 
 @tvm.transform.module_pass(opt_level=0, name="KeepWeightsNK")
 class KeepWeightsNK:
-    """Weights read only by weight GEMMs are computed at load as (N, K) and read transposed (see above)."""
+    """Weights read only by weight GEMMs are computed at load as (N, K) and read transposed (see above).
+    `dtypes`: the weight dtypes it keeps (default: those the cuBLAS calls take)."""
+
+    def __init__(self, dtypes: tuple[str, ...] = DTYPES):
+        self.dtypes = tuple(dtypes)
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         names = {gv.name_hint: gv for gv in mod.get_global_vars()}
@@ -126,7 +131,7 @@ class KeepWeightsNK:
             binding = _output_binding(tfunc)
             if binding is None or len(binding.value.fields) != len(func.params) - num_input:
                 continue
-            picked = gemm_only_weights(func)
+            picked = gemm_only_weights(func, self.dtypes)
             if not picked:
                 continue
             swapped = {}
@@ -155,3 +160,10 @@ def weights_nk_passes(target, cublas: bool | dict = True) -> tuple[list, list]:
     if not on or target.kind.name != "cuda":
         return [], []
     return [KeepWeightsNK()], [relax.transform.FuseTransposeMatmul()]
+
+
+def cpu_weights_nk_passes() -> tuple[list, list]:
+    """(KeepWeightsNK, FuseTransposeMatmul) for llvm targets (CompileConfig.weights_nk): float32 weights
+    stay (N, K) and each GEMM reading one is one NT matmul kernel, which the CPU matmul rule
+    schedules (packing the weight per column panel) and the GEMV rule reads row by row."""
+    return [KeepWeightsNK(dtypes=("float32",))], [relax.transform.FuseTransposeMatmul()]

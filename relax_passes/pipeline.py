@@ -23,7 +23,7 @@ from .split_to_slices import SplitToSlices
 
 def fusion_passes(
     plan: dict[str, list[Bucket]], fusion: str | None = None, extern: list | None = None, gpu: bool = False, attention: list | None = None,
-    lifted: list | None = None,
+    lifted: list | None = None, entries: tuple[str, ...] = ("main",),
 ) -> list:
     """Model → fused kernels with symbolic shapes, one copy per shape bucket (what tuning sees).
 
@@ -31,7 +31,9 @@ def fusion_passes(
     MergeProjections, the stock fusion (and cuBLAS through `extern`) until they have GPU ones.
     `attention` (gpu: RewriteAttentionToFlash) runs per bucket, before DecomposeAttention, which
     then moves after BucketDispatch and splits only the attention calls it left. `lifted` runs right
-    after LiftTransformParams (cuda: KeepWeightsNK, the weights' layout the library calls read)."""
+    after LiftTransformParams (cuda: KeepWeightsNK, the weights' layout the library calls read).
+    `entries`: the functions BucketDispatch splits (a language model: `prefill`, beside `decode` and
+    `embed`, which keep one body each)."""
     from ..config import CompileConfig
 
     ours = (fusion or CompileConfig().fusion) == "relaxtune" and not gpu
@@ -46,7 +48,7 @@ def fusion_passes(
         *(lifted or []),  # cuda with cublas=True: weights only GEMMs read stay (N, K) (KeepWeightsNK)
         *fused_attention,  # attention as one online-softmax kernel: no n x n scores in memory
         *([] if attention else [DecomposeAttention()]),  # attention calls left: matmul / masked softmax / matmul kernels
-        BucketDispatch(plan),  # one function per shape bucket; main checks bounds and dispatches
+        BucketDispatch(plan, entries),  # one function per shape bucket; the entry checks bounds and dispatches
         *([SmallAttentionTiles(), FuseNormIntoGemv()] if ours else []),  # short-sequence buckets: attention tiles of their size, LayerNorm + GEMV one kernel
         *([*attention, DecomposeAttention()] if attention else []),  # gpu: the fused flash kernel per bucket, the rest split
         *(extern or []),  # gpu with cublas=True: library calls per bucket (RewriteGemvToCuda, RewriteGemmToCublas, RewriteBatchedGemmToCublas, FuseTransposeMatmul)
@@ -130,8 +132,10 @@ def gpu_checks(target) -> list:
 def pipeline(
     target, plan: dict[str, list[Bucket]], database=None, report: Counter | None = None, index: dict | None = None, memory_planner: str | None = None,
     fusion: str | None = None, cublas: bool | dict = False, verdicts=None, flash: bool | dict = False,
+    entries: tuple[str, ...] = ("main",), weights_nk: bool = False,
 ) -> tvm.transform.Pass:
-    """The full pipeline for `target`: fusion, tuned schedules, rules, memory planning, lowering."""
+    """The full pipeline for `target`: fusion, tuned schedules, rules, memory planning, lowering.
+    `entries` and `weights_nk`: see `fusion_passes`."""
     from ..schedules.apply import ApplyTunedSchedules
     from ..schedules.validate import check_target
 
@@ -146,7 +150,7 @@ def pipeline(
             relax.transform.AnnotateTIROpPattern(),
         ]
     passes = [
-        *target_fusion_passes(target, plan, fusion, cublas, flash),
+        *target_fusion_passes(target, plan, fusion, cublas, flash, entries, weights_nk),
         *tuned,
         rule_schedules(target),
         *gpu_checks(target),  # gpu: an unscheduled kernel is an error, not host code reading device memory
@@ -165,24 +169,36 @@ def pipeline(
     return _run
 
 
-def target_fusion_passes(target, plan: dict[str, list[Bucket]], fusion: str | None = None, cublas: bool | dict = False, flash: bool | dict = False) -> list:
+def target_fusion_passes(
+    target, plan: dict[str, list[Bucket]], fusion: str | None = None, cublas: bool | dict = False, flash: bool | dict = False,
+    entries: tuple[str, ...] = ("main",), weights_nk: bool = False,
+) -> list:
     """`fusion_passes` with `target`'s library rewrites: on a GPU, cuBLAS calls (`cublas`: True, or a
     dict of RewriteGemmToCublas's arguments plus "batched"; see cublas_passes) and the flash kernel
     (`flash`: True, or a dict of RewriteAttentionToFlash's arguments). The build and task
-    extraction both run these, so tuning sees exactly the kernels the build keeps."""
+    extraction both run these, so tuning sees exactly the kernels the build keeps.
+    `weights_nk` (cpu, float32): weights only weight GEMMs read stay (N, K) as stored and each
+    GEMM is one kernel reading them so (KeepWeightsNK, FuseTransposeMatmul), as the cuda path does
+    with cuBLAS: decode GEMVs then read each weight row contiguously (schedules/rules/cpu_gemv.py)."""
     from .cublas_gemm import cublas_passes
     from .gemv_cuda import gemv_passes
-    from .keep_weights_nk import weights_nk_passes
+    from .keep_weights_nk import cpu_weights_nk_passes, weights_nk_passes
 
     library = bool(cublas) and "gpu" in target.keys
     # weights the library calls read as (N, K) (cublas "weights_nk"); what they leave, one NT matmul kernel each
     keep_nk, fuse_nt = weights_nk_passes(target, cublas) if library else ([], [])
+    if weights_nk and "gpu" not in target.keys:
+        keep_nk, fuse_nt = cpu_weights_nk_passes()
     # the decode buckets' weight GEMVs on relaxtune's kernel first (cublas "gemv"), cuBLAS takes the rest
-    extern = [*gemv_passes(target, cublas), *cublas_passes(cublas), *fuse_nt] if library else []
-    return fusion_passes(plan, fusion, extern, gpu="gpu" in target.keys, attention=flash_passes(target, flash), lifted=keep_nk)
+    extern = [*gemv_passes(target, cublas), *cublas_passes(cublas), *fuse_nt] if library else fuse_nt
+    return fusion_passes(plan, fusion, extern, gpu="gpu" in target.keys, attention=flash_passes(target, flash), lifted=keep_nk,
+                         entries=entries)
 
 
-def fuse(mod: tvm.IRModule, target, plan: dict[str, list[Bucket]], fusion: str | None = None, cublas: bool | dict = False, flash: bool | dict = False) -> tvm.IRModule:
+def fuse(
+    mod: tvm.IRModule, target, plan: dict[str, list[Bucket]], fusion: str | None = None, cublas: bool | dict = False, flash: bool | dict = False,
+    entries: tuple[str, ...] = ("main",), weights_nk: bool = False,
+) -> tvm.IRModule:
     """Run the fusion stage only (what task extraction reads), with the build's library rewrites."""
     with target:
-        return tvm.transform.Sequential(target_fusion_passes(target, plan, fusion, cublas, flash))(mod)
+        return tvm.transform.Sequential(target_fusion_passes(target, plan, fusion, cublas, flash, entries, weights_nk))(mod)

@@ -70,7 +70,8 @@ def extract_tasks(workload: Workload, target: ResolvedTarget, job: JobConfig):
 
     intrin.register_for(target.target.kind.name)
     compile_ = job.compile  # the build's cuBLAS / flash rewrites too: tune only the kernels the build keeps
-    return extract(fuse(workload.mod, target.target, bucket_plan(workload, job), compile_.fusion, compile_.cublas, compile_.flash_attention))
+    return extract(fuse(workload.mod, target.target, bucket_plan(workload, job), compile_.fusion, compile_.cublas, compile_.flash_attention,
+                        workload.entries, workload.weights_nk))
 
 
 def tune(workload: Workload, target: ResolvedTarget, job: JobConfig, progress: bool = True):
@@ -140,7 +141,7 @@ def build(workload: Workload, target: ResolvedTarget, job: JobConfig, report: Co
     passes = pipeline(
         target.target, bucket_plan(workload, job), database, report, index,
         memory_planner=job.compile.memory_planner, fusion=job.compile.fusion, cublas=job.compile.cublas, verdicts=verdicts,
-        flash=job.compile.flash_attention,
+        flash=job.compile.flash_attention, entries=workload.entries, weights_nk=workload.weights_nk,
     )
     with tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": job.compile.cuda_graphs and target.is_gpu}):
         executable = tvm.compile(workload.mod, target=target.target, relax_pipeline=passes)
@@ -154,5 +155,6 @@ def compile(workload: Workload, target: ResolvedTarget, job: JobConfig, output: 
     start = time.perf_counter()
     executable, report, folder = build(workload, target, job)
     fingerprint = cache_fingerprint(folder) if folder is not None and folder.exists() else None
-    manifest = artifact.export(executable, workload, target, Path(output), bucket_plan(workload, job), fingerprint, dict(report))
+    exporter = workload.exporter or artifact.export  # a language model writes its own files (models/export.py)
+    manifest = exporter(executable, workload, target, Path(output), bucket_plan(workload, job), fingerprint, dict(report))
     return CompileResult(Path(output), manifest, report, time.perf_counter() - start)
