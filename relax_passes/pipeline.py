@@ -16,6 +16,7 @@ from .fuse_norm_gemv import FuseNormIntoGemv
 from .lift_position_tables import LiftPositionTables
 from .fuse_swiglu import FuseSwiGLU
 from .merge_projections import MergeProjections
+from .paged_kv_kernels import PagedKVKernels
 from .slice_after_reshape import SliceAfterReshape
 from .small_attention_tiles import SmallAttentionTiles
 from .split_to_slices import SplitToSlices
@@ -43,6 +44,7 @@ def fusion_passes(
     # the ONNX export's mask gather and key transposes in the form FuseAttention matches
     fused_attention = [CanonicalizeOnnxAttention(), FuseAttention(), LiftPositionTables(), FuseAttentionPrologue()] if ours else []
     return [
+        *([] if gpu else [PagedKVKernels()]),  # a paged KV cache's CPU attention kernels: relaxtune's, scheduled by its rules
         *relaxtune_fusion,  # CompileConfig.fusion; before the lift, so their weight packing runs at load
         relax.transform.LiftTransformParams(),  # weight-only work (transposes) runs once, at load
         *(lifted or []),  # cuda with cublas=True: weights only GEMMs read stay (N, K) (KeepWeightsNK)

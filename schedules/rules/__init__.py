@@ -18,21 +18,25 @@ from .cpu_fallback import Fallback
 from .cpu_gemv import Gemv
 from .cpu_matmul import Matmul
 from .cpu_norm_gemv import NormGemv
+from .cpu_paged_attention import PagedAttention
+from .cpu_paged_rope import PagedRope
 from .cpu_reduction import Reduction
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Attention", "Elementwise", "Fallback", "Gemv", "Matmul", "NormGemv", "Reduction", "apply_cpu_rules", "cpu_rules"]
+__all__ = ["Attention", "Elementwise", "Fallback", "Gemv", "Matmul", "NormGemv", "PagedAttention", "PagedRope", "Reduction",
+           "apply_cpu_rules", "cpu_rules"]
 
 
 def cpu_rules(fast_math: bool = True) -> list:
-    """The CPU rules in the order they are tried: fused attention, normalization + GEMV, GEMV, matmul,
-    row reductions, element-wise, fallback.
+    """The CPU rules in the order they are tried: fused attention, the paged KV cache's kernels,
+    normalization + GEMV, GEMV, matmul, row reductions, element-wise, fallback.
 
     ``fast_math`` replaces float32 exp / erf / tanh / sigmoid by vectorizable approximations
     (error < 4e-7, see ``fast_math``); TVM otherwise calls scalar libm for each element.
     """
-    return [Attention(fast_math=fast_math), NormGemv(fast_math=fast_math), Gemv(fast_math=fast_math), Matmul(fast_math=fast_math), Reduction(fast_math=fast_math),
+    return [Attention(fast_math=fast_math), PagedAttention(fast_math=fast_math), PagedRope(),
+            NormGemv(fast_math=fast_math), Gemv(fast_math=fast_math), Matmul(fast_math=fast_math), Reduction(fast_math=fast_math),
             Elementwise(fast_math=fast_math), Fallback(fast_math=fast_math)]
 
 
