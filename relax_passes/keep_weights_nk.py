@@ -143,7 +143,8 @@ class KeepWeightsNK:
             updates[gv] = _Readers(mod, swapped).visit_expr(relax.Function(params, func.body, func.ret_ty, func.is_pure, func.attrs, func.span))
             outputs = _Outputs(mod, binding.var, {i - num_input for i in picked}, relax.analysis.get_var2val(tfunc))
             updates[transform] = relax.analysis.remove_all_unused(outputs.visit_expr(tfunc))
-            logger.info("%s: %d weight(s) kept as (N, K): %s", gv.name_hint, len(picked), ", ".join(func.params[i].name for i in picked))
+            shown = [func.params[i].name for i in picked[:4]] + (["..."] if len(picked) > 4 else [])
+            logger.info("%s: %d weight(s) kept as (N, K): %s", gv.name_hint, len(picked), ", ".join(shown))
         if not updates:
             return mod
         mod = mod.clone()  # the pass's input stays as it was

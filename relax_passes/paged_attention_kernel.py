@@ -13,7 +13,8 @@ Each kernel has the signature of the TVM kernel it replaces (what the runtime's 
   q_rope_position, output, lse, rotary_mode, rope_scale, rope_theta, sm_scale)``, one new token per
   sequence attending to its cached positions, itself included (``batch_decode_paged_kv_cpu``);
 - `merge_kernel`: ``(v, s, v_other, s_other)``, two partial results merged into the first in place
-  by their log-sum-exps (``merge_state_inplace_cpu``).
+  by their log-sum-exps (``merge_state_inplace_cpu``); written scheduled (parallel over positions,
+  vectorized along head_dim): s_tir refuses both primitives on blocks that update in place.
 
 What they compute: ``softmax(sm_scale q kᵀ + mask) v`` per query head, key/value head ``h // (h_q / h_kv)``,
 with an online softmax over tiles of `PAGE_SIZE` keys (a page of the cache), and ``lse`` the base-2
@@ -382,18 +383,19 @@ def decode_kernel(h_kv: int, h_q: int, d: int, dtype: str, lanes: int = DECODE_L
     return decode
 
 
-def merge_kernel(dtype: str):
+def merge_kernel(heads: int, d: int, dtype: str):
     """``(v, s, v_other, s_other)``: v, s (base-2 log-sum-exps) become the merge of both, in place."""
 
     @T.prim_func(s_tir=True, private=True)
     def merge(var_v: T.handle, var_s: T.handle, var_v_other: T.handle, var_s_other: T.handle):
-        T.func_attr({ATTR: MERGE, "tirx.noalias": True})
-        n, heads, d = T.int32(), T.int32(), T.int32()
+        # in place (each block reads what it writes), which s_tir's parallel and vectorize refuse: written scheduled
+        T.func_attr({ATTR: MERGE, "tirx.noalias": True, "tirx.is_scheduled": True})
+        n = T.int32()
         v = T.match_buffer(var_v, (n, heads, d), dtype)
         s = T.match_buffer(var_s, (n, heads), "float32")
         v_other = T.match_buffer(var_v_other, (n, heads, d), dtype)
         s_other = T.match_buffer(var_s_other, (n, heads), "float32")
-        for task in T.parallel(n * heads):  # in place (reads what it writes): s_tir's parallel refuses it, so here
+        for task in T.parallel(n * heads):
             with T.sblock("position"):
                 vt = T.axis.spatial(n * heads, task)
                 T.reads(v[vt // heads, vt % heads, 0:d], s[vt // heads, vt % heads], v_other[vt // heads, vt % heads, 0:d],
@@ -402,7 +404,7 @@ def merge_kernel(dtype: str):
                 top: T.let[T.float32] = T.max(s[vt // heads, vt % heads], s_other[vt // heads, vt % heads])
                 mine: T.let[T.float32] = T.exp2(s[vt // heads, vt % heads] - top)
                 other: T.let[T.float32] = T.exp2(s_other[vt // heads, vt % heads] - top)
-                for dd in T.serial(d):
+                for dd in T.vectorized(d):
                     with T.sblock("merge_values"):
                         vd = T.axis.remap("S", [dd])
                         v[vt // heads, vt % heads, vd] = T.Cast(dtype, (T.Cast("float32", v[vt // heads, vt % heads, vd]) * mine

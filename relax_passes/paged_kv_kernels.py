@@ -74,7 +74,7 @@ def kernels_for(args: list) -> dict | None:
         (_RAGGED, 1): prefill_kernel(h_kv, h_q, d, dtype, paged=False),
         (_PREFILL, 1): prefill_kernel(h_kv, h_q, d, dtype, paged=True),
         (_DECODE, 1): decode_kernel(h_kv, h_q, d, dtype),
-        (_MERGE, 0): merge_kernel(dtype),
+        (_MERGE, 0): merge_kernel(h_q, d, dtype),
         (_SPLIT_ROTARY, None): rope_kernel(h_q, h_kv, d, dtype, float(theta)),
     }
     out = {}

@@ -164,13 +164,14 @@ class LLM:
                                if self.context < int(self.model["context_length"]) else ""))
 
     def sample(self, logits, temperature: float, top_p: float, rng: np.random.Generator) -> int:
-        """The next token from logits (a (1, 1, vocab) runtime tensor): argmax, or the runtime's sampler."""
+        """The next token from logits (a (1, 1, vocab) runtime tensor, overwritten when sampling): argmax, or
+        the runtime's sampler."""
         import tvm
 
         if temperature == 0:
             return int(np.argmax(logits.numpy().reshape(-1)))
-        probs = tvm.get_global_func("vm.builtin.apply_softmax_with_temperature")(logits, float(temperature))
-        return int(tvm.get_global_func("vm.builtin.sample_top_p_from_prob")(probs, float(top_p), float(rng.random())))
+        tvm.get_global_func("vm.builtin.apply_softmax_with_temperature")(logits, float(temperature))  # in place: now probabilities
+        return int(tvm.get_global_func("vm.builtin.sample_top_p_from_prob")(logits, float(top_p), float(rng.random())))
 
     # -- the model's calls ----------------------------------------------------------------------------
     def reset(self, positions: int) -> None:

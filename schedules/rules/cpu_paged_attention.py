@@ -13,7 +13,7 @@ head_dim, one vector FMA per key and part of head_dim), the max and sum over the
 Decode (``paged_decode``): the (sequence, head) tasks are one parallel loop; each score is a dot
 product along head_dim, one vector of partial sums per key (the 16 keys' chains interleaved), summed,
 then the same updates.
-Merge (``attention_merge``): vectorized along head_dim (its loop over positions is parallel as written).
+The merge kernel is written scheduled (the kernel file says why).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from . import fast_math
 
 logger = logging.getLogger(__name__)
 
-KINDS = (kernel.PREFILL, kernel.DECODE, kernel.MERGE)
+KINDS = (kernel.PREFILL, kernel.DECODE)
 _VECTOR_ALONG_LAST = ("q_load", "acc_zero", "mask", "prob", "acc_store", "output")
 _ROW_REDUCTIONS = ("row_max", "row_sum")
 
@@ -120,11 +120,6 @@ def schedule_decode(sch: s_tir.Schedule, target: Target) -> None:
             sch.unroll(sch.get_loops(b[name])[-1])
 
 
-def schedule_merge(sch: s_tir.Schedule, target: Target) -> None:
-    vec = U.lanes(target, "float32")
-    _vectorize_last(sch, sch.get_sblock("merge_values"), vec)  # the positions' loop is parallel as written
-
-
 class PagedAttention(fast_math.FastMathRule):
     """The paged KV cache's attention kernels (see the module docstring)."""
 
@@ -138,7 +133,7 @@ class PagedAttention(fast_math.FastMathRule):
         if sch is None:
             return None
         try:
-            {kernel.PREFILL: schedule_prefill, kernel.DECODE: schedule_decode, kernel.MERGE: schedule_merge}[kind](sch, target)
+            {kernel.PREFILL: schedule_prefill, kernel.DECODE: schedule_decode}[kind](sch, target)
         except Exception as err:  # pylint: disable=broad-except  # a changed kernel: say so, leave it to the fallback
             logger.warning("the paged attention rule does not apply to %s: %s", func.attrs.get("global_symbol", kind), err)
             return None
