@@ -57,25 +57,30 @@ class HFCheckpoint:
             self.hf_config = json.loads(config_path.read_text())
         except json.JSONDecodeError as err:
             raise UserError(f"{config_path} is damaged: {err.msg} at line {err.lineno}") from None
+        kind = self.hf_config.get("model_type")
+        if kind not in MODEL_TYPES:
+            raise UserError(f"{self.path}: model_type {kind!r} is not supported: use a checkpoint of one of {', '.join(MODEL_TYPES)}")
         files = sorted(self.path.glob("*.safetensors"))
         if not files:
             raise UserError(f"{self.path} has no .safetensors file: save the checkpoint with safe_serialization=True")
         self.files = {}  # GGUF name -> (file, name in the file)
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
         for file in files:
-            with safe_open(str(file), framework="pt") as handle:
-                for name in handle.keys():
-                    mapped = gguf_name(name)
-                    if mapped is not None:
-                        self.files[mapped] = (file, name)
+            try:
+                with safe_open(str(file), framework="pt") as handle:
+                    names = list(handle.keys())
+            except SafetensorError as err:
+                raise UserError(f"{file} is damaged ({err}): save the checkpoint again") from None
+            for name in names:
+                mapped = gguf_name(name)
+                if mapped is not None:
+                    self.files[mapped] = (file, name)
         self.config = self._config()
 
     def _config(self) -> ModelConfig:
         c = self.hf_config
-        kind = c.get("model_type")
-        if kind not in MODEL_TYPES:
-            raise UserError(f"{self.path}: model_type {kind!r} is not supported: use a checkpoint of one of {', '.join(MODEL_TYPES)}")
+        kind = c["model_type"]
         if c.get("rope_scaling"):
             raise UserError(f"{self.path}: rope_scaling {c['rope_scaling']} is not supported: only unscaled rotary embeddings")
         heads, hidden = int(c["num_attention_heads"]), int(c["hidden_size"])
