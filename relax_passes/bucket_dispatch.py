@@ -138,8 +138,10 @@ class BucketDispatch:
         names = {gv.name_hint for gv in mod.get_global_vars()}
         missing = [f for f in self.functions if f not in names]
         if missing:
-            raise UserError(f"function {missing[0]!r} to split into buckets is not in the module: it has {sorted(names)}")
-        out = tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv.name_hint not in self.functions}, attrs=mod.attrs)
+            raise UserError(f"function {missing[0]!r} to split into buckets is not in the module: "
+                            f"it has {sorted(names)}")
+        kept = {gv: f for gv, f in mod.functions_items() if gv.name_hint not in self.functions}
+        out = tvm.IRModule(kept, attrs=mod.attrs)
         bb = relax.BlockBuilder(out)
         for name in self.functions:
             self._split(bb, name, mod[name])

@@ -64,9 +64,12 @@ def _row_groups(h_q: int, group: int, d: int, dtype: str, query_tile: int, row_g
         for task in T.serial(h_q * row_tiles):
             with T.sblock("query_tile"):
                 vt = T.axis.spatial(h_q * row_tiles, task)
-                T.reads(q[q_start:q_start + q_len, 0:h_q, 0:d], Kt[0:Kt.shape[0], 0:tiles, 0:d, 0:kt],
-                        Vs[0:Vs.shape[0], 0:tiles, 0:kt, 0:d])
-                T.writes(output[q_start:q_start + q_len, 0:h_q, 0:d], lse[q_start:q_start + q_len, 0:h_q])
+                T.reads(
+                    q[q_start : q_start + q_len, 0:h_q, 0:d],
+                    Kt[0 : Kt.shape[0], 0:tiles, 0:d, 0:kt],
+                    Vs[0 : Vs.shape[0], 0:tiles, 0:kt, 0:d],
+                )
+                T.writes(output[q_start : q_start + q_len, 0:h_q, 0:d], lse[q_start : q_start + q_len, 0:h_q])
                 Qs = T.sblock_alloc_buffer((qt, d), "float32")
                 O = T.sblock_alloc_buffer((qt, d), "float32")  # the rows' running outputs
                 On = T.sblock_alloc_buffer((qt, d), "float32")
@@ -80,8 +83,8 @@ def _row_groups(h_q: int, group: int, d: int, dtype: str, query_tile: int, row_g
                 for grp in T.serial((T.min(qt, q_len - row0) + rg - 1) // rg):
                     with T.sblock("row_group"):
                         vg = T.axis.spatial(qt // rg, grp)
-                        T.reads(Qs[vg * rg:vg * rg + rg, 0:d], Kt[g, 0:tiles, 0:d, 0:kt], Vs[g, 0:tiles, 0:kt, 0:d])
-                        T.writes(output[q_start:q_start + q_len, h, 0:d], lse[q_start:q_start + q_len, h])
+                        T.reads(Qs[vg * rg : vg * rg + rg, 0:d], Kt[g, 0:tiles, 0:d, 0:kt], Vs[g, 0:tiles, 0:kt, 0:d])
+                        T.writes(output[q_start : q_start + q_len, h, 0:d], lse[q_start : q_start + q_len, h])
                         S = T.sblock_alloc_buffer((rg, kt), "float32")
                         Sm = T.sblock_alloc_buffer((rg, kt), "float32")
                         P = T.sblock_alloc_buffer((rg, kt), "float32")
@@ -90,7 +93,9 @@ def _row_groups(h_q: int, group: int, d: int, dtype: str, query_tile: int, row_g
                         Mn = T.sblock_alloc_buffer((rg,), "float32")
                         A = T.sblock_alloc_buffer((rg,), "float32")
                         first: T.let[T.int32] = row0 + vg * rg  # the group's first row in the sequence's new tokens
-                        last_limit: T.let[T.int32] = T.if_then_else(causal > 0, T.min(kv_len, kv_len - q_len + first + rg), kv_len)
+                        last_limit: T.let[T.int32] = T.if_then_else(
+                            causal > 0, T.min(kv_len, kv_len - q_len + first + rg), kv_len
+                        )
                         for r in T.serial(rg):
                             with T.sblock("row_init"):
                                 vr = T.axis.remap("S", [r])
@@ -103,10 +108,25 @@ def _row_groups(h_q: int, group: int, d: int, dtype: str, query_tile: int, row_g
                         for tile in T.serial((last_limit + kt - 1) // kt):
                             with T.sblock("key_tile"):
                                 vk = T.axis.spatial(tiles, tile)
-                                T.reads(Qs[vg * rg:vg * rg + rg, 0:d], Kt[g, vk, 0:d, 0:kt], Vs[g, vk, 0:kt, 0:d],
-                                        M[0:rg], L[0:rg], O[vg * rg:vg * rg + rg, 0:d])
-                                T.writes(S[0:rg, 0:kt], Sm[0:rg, 0:kt], P[0:rg, 0:kt], M[0:rg], L[0:rg], Mn[0:rg], A[0:rg],
-                                         O[vg * rg:vg * rg + rg, 0:d], On[vg * rg:vg * rg + rg, 0:d])
+                                T.reads(
+                                    Qs[vg * rg : vg * rg + rg, 0:d],
+                                    Kt[g, vk, 0:d, 0:kt],
+                                    Vs[g, vk, 0:kt, 0:d],
+                                    M[0:rg],
+                                    L[0:rg],
+                                    O[vg * rg : vg * rg + rg, 0:d],
+                                )
+                                T.writes(
+                                    S[0:rg, 0:kt],
+                                    Sm[0:rg, 0:kt],
+                                    P[0:rg, 0:kt],
+                                    M[0:rg],
+                                    L[0:rg],
+                                    Mn[0:rg],
+                                    A[0:rg],
+                                    O[vg * rg : vg * rg + rg, 0:d],
+                                    On[vg * rg : vg * rg + rg, 0:d],
+                                )
                                 for r, j, dd in T.grid(rg, kt, d):
                                     with T.sblock("score"):
                                         vr, vj, vd = T.axis.remap("SSR", [r, j, dd])
@@ -116,8 +136,12 @@ def _row_groups(h_q: int, group: int, d: int, dtype: str, query_tile: int, row_g
                                 for r, j in T.grid(rg, kt):
                                     with T.sblock("mask"):
                                         vr, vj = T.axis.remap("SS", [r, j])
-                                        Sm[vr, vj] = T.Select(vk * kt + vj < T.if_then_else(causal > 0, kv_len - q_len + first + vr + 1, kv_len),
-                                                              S[vr, vj], T.float32(LOWEST))
+                                        Sm[vr, vj] = T.Select(
+                                            vk * kt + vj
+                                            < T.if_then_else(causal > 0, kv_len - q_len + first + vr + 1, kv_len),
+                                            S[vr, vj],
+                                            T.float32(LOWEST),
+                                        )
                                 for r, j in T.grid(rg, kt):
                                     with T.sblock("row_max"):
                                         vr, vj = T.axis.remap("SR", [r, j])
@@ -163,8 +187,9 @@ def _row_groups(h_q: int, group: int, d: int, dtype: str, query_tile: int, row_g
     return run
 
 
-def prefill_kernel(h_kv: int, h_q: int, d: int, dtype: str, paged: bool, query_tile: int = QUERY_TILE,
-                   row_group: int = ROW_GROUP):
+def prefill_kernel(
+    h_kv: int, h_q: int, d: int, dtype: str, paged: bool, query_tile: int = QUERY_TILE, row_group: int = ROW_GROUP
+):
     """The prefill kernel (module docstring); `paged` selects the cached-keys form."""
     run = _row_groups(h_q, h_q // h_kv, d, dtype, query_tile, row_group)
     return _paged_prefill(h_kv, h_q, d, dtype, run) if paged else _ragged_prefill(h_kv, h_q, d, dtype, run)
@@ -174,9 +199,22 @@ def _ragged_prefill(h_kv: int, h_q: int, d: int, dtype: str, run):
     kt = PAGE_SIZE
 
     @T.prim_func(s_tir=True, private=True)
-    def ragged(var_q: T.handle, var_q_indptr: T.handle, var_k: T.handle, var_v: T.handle, var_kv_indptr: T.handle,
-               var_q_rope_position: T.handle, var_k_rope_pos_offset: T.handle, var_output: T.handle, var_lse: T.handle,
-               causal: T.int32, rotary_mode: T.int32, rope_scale: T.float32, rope_theta: T.float32, sm_scale: T.float32):
+    def ragged(
+        var_q: T.handle,
+        var_q_indptr: T.handle,
+        var_k: T.handle,
+        var_v: T.handle,
+        var_kv_indptr: T.handle,
+        var_q_rope_position: T.handle,
+        var_k_rope_pos_offset: T.handle,
+        var_output: T.handle,
+        var_lse: T.handle,
+        causal: T.int32,
+        rotary_mode: T.int32,
+        rope_scale: T.float32,
+        rope_theta: T.float32,
+        sm_scale: T.float32,
+    ):
         T.func_attr({ATTR: PREFILL, PAGED_ATTR: 0, "tirx.noalias": True})
         batch_size, qo_len, kv_all = T.int32(), T.int32(), T.int32()
         q_off, kv_off, qr_off, kr_off = T.int32(), T.int32(), T.int32(), T.int32()
@@ -185,8 +223,8 @@ def _ragged_prefill(h_kv: int, h_q: int, d: int, dtype: str, run):
         k = T.match_buffer(var_k, (kv_all, h_kv, d), dtype)
         v = T.match_buffer(var_v, (kv_all, h_kv, d), dtype)
         kv_indptr = T.match_buffer(var_kv_indptr, (batch_size + 1,), "int32", elem_offset=kv_off)
-        q_rope_position = T.match_buffer(var_q_rope_position, (qo_len,), "int32", elem_offset=qr_off)
-        k_rope_pos_offset = T.match_buffer(var_k_rope_pos_offset, (batch_size,), "int32", elem_offset=kr_off)
+        q_rope_position = T.match_buffer(var_q_rope_position, (qo_len,), "int32", elem_offset=qr_off)  # noqa: F841 (the signature the runtime calls)
+        k_rope_pos_offset = T.match_buffer(var_k_rope_pos_offset, (batch_size,), "int32", elem_offset=kr_off)  # noqa: F841 (the signature the runtime calls)
         output = T.match_buffer(var_output, (qo_len, h_q, d), dtype)
         lse = T.match_buffer(var_lse, (qo_len, h_q), "float32")
         Kt = T.alloc_buffer((h_kv, (kv_all + kt - 1) // kt, d, kt), "float32")
@@ -194,8 +232,13 @@ def _ragged_prefill(h_kv: int, h_q: int, d: int, dtype: str, run):
         T.Assert(rotary_mode == 0, ROTATED)
         for b in T.serial(batch_size):
             with T.sblock("sequence"):
-                T.reads(q[0:qo_len, 0:h_q, 0:d], q_indptr[0:batch_size + 1], k[0:kv_all, 0:h_kv, 0:d], v[0:kv_all, 0:h_kv, 0:d],
-                        kv_indptr[0:batch_size + 1])
+                T.reads(
+                    q[0:qo_len, 0:h_q, 0:d],
+                    q_indptr[0 : batch_size + 1],
+                    k[0:kv_all, 0:h_kv, 0:d],
+                    v[0:kv_all, 0:h_kv, 0:d],
+                    kv_indptr[0 : batch_size + 1],
+                )
                 T.writes(output[0:qo_len, 0:h_q, 0:d], lse[0:qo_len, 0:h_q])
                 q_start: T.let[T.int32] = q_indptr[b]
                 q_len: T.let[T.int32] = q_indptr[b + 1] - q_indptr[b]
@@ -207,8 +250,12 @@ def _ragged_prefill(h_kv: int, h_q: int, d: int, dtype: str, run):
                         with T.sblock("kv_gather"):
                             vt = T.axis.spatial(h_kv * tiles, task)
                             vj, vd = T.axis.remap("SS", [j, dd])
-                            Kt[vt // tiles, vt % tiles, vd, vj] = T.Cast("float32", k[kv_start + T.min((vt % tiles) * kt + vj, kv_len - 1), vt // tiles, vd])
-                            Vs[vt // tiles, vt % tiles, vj, vd] = T.Cast("float32", v[kv_start + T.min((vt % tiles) * kt + vj, kv_len - 1), vt // tiles, vd])
+                            Kt[vt // tiles, vt % tiles, vd, vj] = T.Cast(
+                                "float32", k[kv_start + T.min((vt % tiles) * kt + vj, kv_len - 1), vt // tiles, vd]
+                            )
+                            Vs[vt // tiles, vt % tiles, vj, vd] = T.Cast(
+                                "float32", v[kv_start + T.min((vt % tiles) * kt + vj, kv_len - 1), vt // tiles, vd]
+                            )
                 run(q, output, lse, Kt, Vs, q_start, q_len, kv_len, tiles, causal, sm_scale)
 
     return ragged
@@ -218,10 +265,23 @@ def _paged_prefill(h_kv: int, h_q: int, d: int, dtype: str, run):
     kt = PAGE_SIZE
 
     @T.prim_func(s_tir=True, private=True)
-    def paged_form(var_q: T.handle, var_q_indptr: T.handle, var_pages: T.handle, var_page_indptr: T.handle,
-                   var_page_values: T.handle, var_length_info: T.handle, var_k_rope_pos_offset: T.handle,
-                   var_q_rope_position: T.handle, var_output: T.handle, var_lse: T.handle, causal: T.int32,
-                   rotary_mode: T.int32, rope_scale: T.float32, rope_theta: T.float32, sm_scale: T.float32):
+    def paged_form(
+        var_q: T.handle,
+        var_q_indptr: T.handle,
+        var_pages: T.handle,
+        var_page_indptr: T.handle,
+        var_page_values: T.handle,
+        var_length_info: T.handle,
+        var_k_rope_pos_offset: T.handle,
+        var_q_rope_position: T.handle,
+        var_output: T.handle,
+        var_lse: T.handle,
+        causal: T.int32,
+        rotary_mode: T.int32,
+        rope_scale: T.float32,
+        rope_theta: T.float32,
+        sm_scale: T.float32,
+    ):
         T.func_attr({ATTR: PREFILL, PAGED_ATTR: 1, "tirx.noalias": True})
         batch_size, qo_len, nnz_pages, max_pages = T.int32(), T.int32(), T.int32(), T.int32()
         q_off, pi_off, pv_off, kr_off, qr_off, li_off = T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
@@ -231,8 +291,8 @@ def _paged_prefill(h_kv: int, h_q: int, d: int, dtype: str, run):
         page_indptr = T.match_buffer(var_page_indptr, (batch_size + 1,), "int32", elem_offset=pi_off)
         page_values = T.match_buffer(var_page_values, (nnz_pages,), "int32", elem_offset=pv_off)
         length_info = T.match_buffer(var_length_info, (batch_size,), "int32", elem_offset=li_off)
-        k_rope_pos_offset = T.match_buffer(var_k_rope_pos_offset, (batch_size,), "int32", elem_offset=kr_off)
-        q_rope_position = T.match_buffer(var_q_rope_position, (qo_len,), "int32", elem_offset=qr_off)
+        k_rope_pos_offset = T.match_buffer(var_k_rope_pos_offset, (batch_size,), "int32", elem_offset=kr_off)  # noqa: F841 (the signature the runtime calls)
+        q_rope_position = T.match_buffer(var_q_rope_position, (qo_len,), "int32", elem_offset=qr_off)  # noqa: F841 (the signature the runtime calls)
         output = T.match_buffer(var_output, (qo_len, h_q, d), dtype)
         lse = T.match_buffer(var_lse, (qo_len, h_q), "float32")
         Kt = T.alloc_buffer((h_kv, nnz_pages, d, kt), "float32")
@@ -240,8 +300,14 @@ def _paged_prefill(h_kv: int, h_q: int, d: int, dtype: str, run):
         T.Assert(rotary_mode == 0, ROTATED)
         for b in T.serial(batch_size):
             with T.sblock("sequence"):
-                T.reads(q[0:qo_len, 0:h_q, 0:d], q_indptr[0:batch_size + 1], pages[0:max_pages, 0:2, 0:h_kv, 0:kt, 0:d],
-                        page_indptr[0:batch_size + 1], page_values[0:nnz_pages], length_info[0:batch_size])
+                T.reads(
+                    q[0:qo_len, 0:h_q, 0:d],
+                    q_indptr[0 : batch_size + 1],
+                    pages[0:max_pages, 0:2, 0:h_kv, 0:kt, 0:d],
+                    page_indptr[0 : batch_size + 1],
+                    page_values[0:nnz_pages],
+                    length_info[0:batch_size],
+                )
                 T.writes(output[0:qo_len, 0:h_q, 0:d], lse[0:qo_len, 0:h_q])
                 q_start: T.let[T.int32] = q_indptr[b]
                 q_len: T.let[T.int32] = q_indptr[b + 1] - q_indptr[b]
@@ -253,14 +319,29 @@ def _paged_prefill(h_kv: int, h_q: int, d: int, dtype: str, run):
                         with T.sblock("kv_gather"):
                             vt = T.axis.spatial(h_kv * tiles, task)
                             vj, vd = T.axis.remap("SS", [j, dd])
-                            Kt[vt // tiles, vt % tiles, vd, vj] = T.Cast("float32", pages[page_values[page_start + vt % tiles], 0, vt // tiles,
-                                                                                          T.min(vj, kv_len - 1 - (vt % tiles) * kt), vd])
-                            Vs[vt // tiles, vt % tiles, vj, vd] = T.Cast("float32", pages[page_values[page_start + vt % tiles], 1, vt // tiles,
-                                                                                          T.min(vj, kv_len - 1 - (vt % tiles) * kt), vd])
+                            Kt[vt // tiles, vt % tiles, vd, vj] = T.Cast(
+                                "float32",
+                                pages[
+                                    page_values[page_start + vt % tiles],
+                                    0,
+                                    vt // tiles,
+                                    T.min(vj, kv_len - 1 - (vt % tiles) * kt),
+                                    vd,
+                                ],
+                            )
+                            Vs[vt // tiles, vt % tiles, vj, vd] = T.Cast(
+                                "float32",
+                                pages[
+                                    page_values[page_start + vt % tiles],
+                                    1,
+                                    vt // tiles,
+                                    T.min(vj, kv_len - 1 - (vt % tiles) * kt),
+                                    vd,
+                                ],
+                            )
                 run(q, output, lse, Kt, Vs, q_start, q_len, kv_len, tiles, causal, sm_scale)
 
     return paged_form
-
 
 
 def decode_kernel(h_kv: int, h_q: int, d: int, dtype: str, lanes: int = DECODE_LANES):
@@ -270,10 +351,21 @@ def decode_kernel(h_kv: int, h_q: int, d: int, dtype: str, lanes: int = DECODE_L
     lanes = lanes if d % lanes == 0 else 1
 
     @T.prim_func(s_tir=True, private=True)
-    def decode(var_q: T.handle, var_pages: T.handle, var_page_indptr: T.handle, var_page_values: T.handle,
-               var_length_info: T.handle, var_k_rope_pos_offset: T.handle, var_q_rope_position: T.handle,
-               var_output: T.handle, var_lse: T.handle, rotary_mode: T.int32, rope_scale: T.float32,
-               rope_theta: T.float32, sm_scale: T.float32):
+    def decode(
+        var_q: T.handle,
+        var_pages: T.handle,
+        var_page_indptr: T.handle,
+        var_page_values: T.handle,
+        var_length_info: T.handle,
+        var_k_rope_pos_offset: T.handle,
+        var_q_rope_position: T.handle,
+        var_output: T.handle,
+        var_lse: T.handle,
+        rotary_mode: T.int32,
+        rope_scale: T.float32,
+        rope_theta: T.float32,
+        sm_scale: T.float32,
+    ):
         T.func_attr({ATTR: DECODE, "tirx.noalias": True})
         batch_size, nnz_pages, max_pages = T.int32(), T.int32(), T.int32()
         pi_off, pv_off, li_off, kr_off, qr_off = T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
@@ -282,16 +374,21 @@ def decode_kernel(h_kv: int, h_q: int, d: int, dtype: str, lanes: int = DECODE_L
         page_indptr = T.match_buffer(var_page_indptr, (batch_size + 1,), "int32", elem_offset=pi_off)
         page_values = T.match_buffer(var_page_values, (nnz_pages,), "int32", elem_offset=pv_off)
         length_info = T.match_buffer(var_length_info, (batch_size,), "int32", elem_offset=li_off)
-        k_rope_pos_offset = T.match_buffer(var_k_rope_pos_offset, (batch_size,), "int32", elem_offset=kr_off)
-        q_rope_position = T.match_buffer(var_q_rope_position, (batch_size,), "int32", elem_offset=qr_off)
+        k_rope_pos_offset = T.match_buffer(var_k_rope_pos_offset, (batch_size,), "int32", elem_offset=kr_off)  # noqa: F841 (the signature the runtime calls)
+        q_rope_position = T.match_buffer(var_q_rope_position, (batch_size,), "int32", elem_offset=qr_off)  # noqa: F841 (the signature the runtime calls)
         output = T.match_buffer(var_output, (batch_size, h_q, d), dtype)
         lse = T.match_buffer(var_lse, (batch_size, h_q), "float32")
         T.Assert(rotary_mode == 0, ROTATED)
         for task in T.serial(batch_size * h_q):
             with T.sblock("head"):
                 vt = T.axis.spatial(batch_size * h_q, task)
-                T.reads(q[vt // h_q, vt % h_q, 0:d], pages[0:max_pages, 0:2, 0:h_kv, 0:kt, 0:d], page_indptr[0:batch_size + 1],
-                        page_values[0:nnz_pages], length_info[0:batch_size])
+                T.reads(
+                    q[vt // h_q, vt % h_q, 0:d],
+                    pages[0:max_pages, 0:2, 0:h_kv, 0:kt, 0:d],
+                    page_indptr[0 : batch_size + 1],
+                    page_values[0:nnz_pages],
+                    length_info[0:batch_size],
+                )
                 T.writes(output[vt // h_q, vt % h_q, 0:d], lse[vt // h_q, vt % h_q])
                 Qs = T.sblock_alloc_buffer((d,), "float32")
                 Sp = T.sblock_alloc_buffer((kt, lanes), "float32")  # per key, partial sums over head_dim
@@ -324,15 +421,27 @@ def decode_kernel(h_kv: int, h_q: int, d: int, dtype: str, lanes: int = DECODE_L
                 for tile in T.serial(tiles):
                     with T.sblock("key_tile"):
                         vk = T.axis.spatial(nnz_pages, tile)
-                        T.reads(Qs[0:d], pages[0:max_pages, 0:2, g, 0:kt, 0:d], page_values[0:nnz_pages], M[0], L[0], O[0:d])
-                        T.writes(Sp[0:kt, 0:lanes], S[0:kt], Sm[0:kt], P[0:kt], M[0], L[0], Mn[0], A[0], O[0:d], On[0:d])
+                        T.reads(
+                            Qs[0:d], pages[0:max_pages, 0:2, g, 0:kt, 0:d], page_values[0:nnz_pages], M[0], L[0], O[0:d]
+                        )
+                        T.writes(
+                            Sp[0:kt, 0:lanes], S[0:kt], Sm[0:kt], P[0:kt], M[0], L[0], Mn[0], A[0], O[0:d], On[0:d]
+                        )
                         for j, do, lane in T.grid(kt, d // lanes, lanes):
                             with T.sblock("score_partial"):
                                 vj, vo, vl = T.axis.remap("SRS", [j, do, lane])
                                 with T.init():
                                     Sp[vj, vl] = T.float32(0)
-                                Sp[vj, vl] = Sp[vj, vl] + Qs[vo * lanes + vl] * T.Cast("float32", pages[
-                                    page_values[page_start + vk], 0, g, T.min(vj, kv_len - vk * kt - 1), vo * lanes + vl])
+                                Sp[vj, vl] = Sp[vj, vl] + Qs[vo * lanes + vl] * T.Cast(
+                                    "float32",
+                                    pages[
+                                        page_values[page_start + vk],
+                                        0,
+                                        g,
+                                        T.min(vj, kv_len - vk * kt - 1),
+                                        vo * lanes + vl,
+                                    ],
+                                )
                         for j, lane in T.grid(kt, lanes):
                             with T.sblock("score"):
                                 vj, vl = T.axis.remap("SR", [j, lane])
@@ -367,8 +476,10 @@ def decode_kernel(h_kv: int, h_q: int, d: int, dtype: str, lanes: int = DECODE_L
                                 vd, vj = T.axis.remap("SR", [dd, j])
                                 with T.init():
                                     On[vd] = O[vd] * A[0]
-                                On[vd] = On[vd] + P[vj] * T.Cast("float32", pages[page_values[page_start + vk], 1, g,
-                                                                                   T.min(vj, kv_len - vk * kt - 1), vd])
+                                On[vd] = On[vd] + P[vj] * T.Cast(
+                                    "float32",
+                                    pages[page_values[page_start + vk], 1, g, T.min(vj, kv_len - vk * kt - 1), vd],
+                                )
                         for dd in T.serial(d):
                             with T.sblock("acc_store"):
                                 vd = T.axis.remap("S", [dd])
@@ -398,8 +509,12 @@ def merge_kernel(heads: int, d: int, dtype: str):
         for task in T.parallel(n * heads):
             with T.sblock("position"):
                 vt = T.axis.spatial(n * heads, task)
-                T.reads(v[vt // heads, vt % heads, 0:d], s[vt // heads, vt % heads], v_other[vt // heads, vt % heads, 0:d],
-                        s_other[vt // heads, vt % heads])
+                T.reads(
+                    v[vt // heads, vt % heads, 0:d],
+                    s[vt // heads, vt % heads],
+                    v_other[vt // heads, vt % heads, 0:d],
+                    s_other[vt // heads, vt % heads],
+                )
                 T.writes(v[vt // heads, vt % heads, 0:d], s[vt // heads, vt % heads])
                 top: T.let[T.float32] = T.max(s[vt // heads, vt % heads], s_other[vt // heads, vt % heads])
                 mine: T.let[T.float32] = T.exp2(s[vt // heads, vt % heads] - top)
@@ -407,9 +522,14 @@ def merge_kernel(heads: int, d: int, dtype: str):
                 for dd in T.vectorized(d):
                     with T.sblock("merge_values"):
                         vd = T.axis.remap("S", [dd])
-                        v[vt // heads, vt % heads, vd] = T.Cast(dtype, (T.Cast("float32", v[vt // heads, vt % heads, vd]) * mine
-                                                                        + T.Cast("float32", v_other[vt // heads, vt % heads, vd]) * other)
-                                                                       / (mine + other))
+                        v[vt // heads, vt % heads, vd] = T.Cast(
+                            dtype,
+                            (
+                                T.Cast("float32", v[vt // heads, vt % heads, vd]) * mine
+                                + T.Cast("float32", v_other[vt // heads, vt % heads, vd]) * other
+                            )
+                            / (mine + other),
+                        )
                 with T.sblock("merge_lse"):
                     s[vt // heads, vt % heads] = T.log2(mine + other) + top
 

@@ -48,15 +48,20 @@ class _CreateCalls(PyExprVisitor):
         self.calls = []
 
     def visit_call_(self, call):
-        if (call.op.same_as(tvm.ir.Op.get("relax.call_pure_packed")) and isinstance(call.args[0], relax.ExternFunc)
-                and call.args[0].global_symbol == CREATE):
+        if (
+            call.op.same_as(tvm.ir.Op.get("relax.call_pure_packed"))
+            and isinstance(call.args[0], relax.ExternFunc)
+            and call.args[0].global_symbol == CREATE
+        ):
             self.calls.append(list(call.args[1:]))
         for arg in call.args:
             self.visit_expr(arg)
 
 
 def _global(expr, field: int | None):
-    target = expr.fields[field] if field is not None and isinstance(expr, relax.Tuple) and len(expr.fields) > field else expr
+    target = (
+        expr.fields[field] if field is not None and isinstance(expr, relax.Tuple) and len(expr.fields) > field else expr
+    )
     return target if isinstance(target, tvm.ir.GlobalVar) else None
 
 
@@ -65,9 +70,16 @@ def kernels_for(args: list) -> dict | None:
     this pass handles (another target's layout, RoPE inside attention, unknown sizes)."""
     if len(args) != LLVM_ARGS:
         return None
-    h_q, h_kv, d, dv, mode, theta = (_value(args[i]) for i in (_QO_HEADS, _KV_HEADS, _QK_DIM, _V_DIM, _ROPE_MODE, _ROPE_THETA))
+    h_q, h_kv, d, dv, mode, theta = (
+        _value(args[i]) for i in (_QO_HEADS, _KV_HEADS, _QK_DIM, _V_DIM, _ROPE_MODE, _ROPE_THETA)
+    )
     probe = args[_DTYPE_PROBE].ty
-    if None in (h_q, h_kv, d, mode, theta) or d != dv or mode not in _ROTATED_BEFORE_STORING or not isinstance(probe, relax.TensorType):
+    if (
+        None in (h_q, h_kv, d, mode, theta)
+        or d != dv
+        or mode not in _ROTATED_BEFORE_STORING
+        or not isinstance(probe, relax.TensorType)
+    ):
         return None
     dtype = probe.dtype
     wanted = {
@@ -101,9 +113,15 @@ class PagedKVKernels:
         for args in found.calls:
             kernels = kernels_for(args)
             if kernels is None:
-                logger.info("a paged KV cache keeps TVM's kernels (not llvm's argument layout, or RoPE inside attention)")
+                logger.info(
+                    "a paged KV cache keeps TVM's kernels (not llvm's argument layout, or RoPE inside attention)"
+                )
                 continue
             for gv, kernel in kernels.items():
                 out[gv] = kernel
-            logger.info("paged KV cache: %d kernels replaced by relaxtune's (%s)", len(kernels), ", ".join(gv.name_hint for gv in kernels))
+            logger.info(
+                "paged KV cache: %d kernels replaced by relaxtune's (%s)",
+                len(kernels),
+                ", ".join(gv.name_hint for gv in kernels),
+            )
         return out

@@ -26,7 +26,14 @@ def rope_kernel(h_q: int, h_kv: int, d: int, dtype: str, theta: float):
     half, heads = d // 2, h_q + 2 * h_kv
 
     @T.prim_func(s_tir=True, private=True)
-    def rope(var_qkv: T.handle, var_position_map: T.handle, var_q: T.handle, var_k: T.handle, var_v: T.handle, apply_rope: T.int64):
+    def rope(
+        var_qkv: T.handle,
+        var_position_map: T.handle,
+        var_q: T.handle,
+        var_k: T.handle,
+        var_v: T.handle,
+        apply_rope: T.int64,
+    ):
         T.func_attr({ATTR: ROPE, "tirx.noalias": True})
         n, pm_off = T.int32(), T.int32()
         qkv = T.match_buffer(var_qkv, (n, heads, d), dtype)
@@ -45,19 +52,30 @@ def rope_kernel(h_q: int, h_kv: int, d: int, dtype: str, theta: float):
                     with T.sblock("angle"):
                         vi = T.axis.remap("S", [i])
                         angle: T.let[T.float32] = T.Cast("float32", position_map[vs]) * (
-                            T.float32(1) / T.pow(T.float32(theta), T.Cast("float32", vi * 2) / T.float32(d)))
+                            T.float32(1) / T.pow(T.float32(theta), T.Cast("float32", vi * 2) / T.float32(d))
+                        )
                         cos[vi] = T.if_then_else(apply_rope > 0, T.cos(angle), T.float32(1))
                         sin[vi] = T.if_then_else(apply_rope > 0, T.sin(angle), T.float32(0))
                 for h, side, i in T.grid(h_q, 2, half):
                     with T.sblock("rotate_q"):
                         vh, vside, vi = T.axis.remap("SSS", [h, side, i])
-                        q[vs, vh, vside * half + vi] = T.Cast(dtype, T.Cast("float32", qkv[vs, vh, vside * half + vi]) * cos[vi]
-                                                          + T.Cast("float32", vside * 2 - 1) * T.Cast("float32", qkv[vs, vh, (1 - vside) * half + vi]) * sin[vi])
+                        q[vs, vh, vside * half + vi] = T.Cast(
+                            dtype,
+                            T.Cast("float32", qkv[vs, vh, vside * half + vi]) * cos[vi]
+                            + T.Cast("float32", vside * 2 - 1)
+                            * T.Cast("float32", qkv[vs, vh, (1 - vside) * half + vi])
+                            * sin[vi],
+                        )
                 for h, side, i in T.grid(h_kv, 2, half):
                     with T.sblock("rotate_k"):
                         vh, vside, vi = T.axis.remap("SSS", [h, side, i])
-                        k[vs, vh, vside * half + vi] = T.Cast(dtype, T.Cast("float32", qkv[vs, h_q + vh, vside * half + vi]) * cos[vi]
-                                                          + T.Cast("float32", vside * 2 - 1) * T.Cast("float32", qkv[vs, h_q + vh, (1 - vside) * half + vi]) * sin[vi])
+                        k[vs, vh, vside * half + vi] = T.Cast(
+                            dtype,
+                            T.Cast("float32", qkv[vs, h_q + vh, vside * half + vi]) * cos[vi]
+                            + T.Cast("float32", vside * 2 - 1)
+                            * T.Cast("float32", qkv[vs, h_q + vh, (1 - vside) * half + vi])
+                            * sin[vi],
+                        )
                 for h, dd in T.grid(h_kv, d):
                     with T.sblock("copy_v"):
                         vh, vd = T.axis.remap("SS", [h, dd])

@@ -44,7 +44,7 @@ def fusion_passes(
     # the ONNX export's mask gather and key transposes in the form FuseAttention matches
     fused_attention = [CanonicalizeOnnxAttention(), FuseAttention(), LiftPositionTables(), FuseAttentionPrologue()] if ours else []
     return [
-        *([] if gpu else [PagedKVKernels()]),  # a paged KV cache's CPU attention kernels: relaxtune's, scheduled by its rules
+        *([] if gpu else [PagedKVKernels()]),  # a paged KV cache's CPU kernels: relaxtune's, scheduled by its rules
         *relaxtune_fusion,  # CompileConfig.fusion; before the lift, so their weight packing runs at load
         relax.transform.LiftTransformParams(),  # weight-only work (transposes) runs once, at load
         *(lifted or []),  # cuda with cublas=True: weights only GEMMs read stay (N, K) (KeepWeightsNK)
@@ -172,8 +172,8 @@ def pipeline(
 
 
 def target_fusion_passes(
-    target, plan: dict[str, list[Bucket]], fusion: str | None = None, cublas: bool | dict = False, flash: bool | dict = False,
-    entries: tuple[str, ...] = ("main",), weights_nk: bool = False,
+    target, plan: dict[str, list[Bucket]], fusion: str | None = None, cublas: bool | dict = False,
+    flash: bool | dict = False, entries: tuple[str, ...] = ("main",), weights_nk: bool = False,
 ) -> list:
     """`fusion_passes` with `target`'s library rewrites: on a GPU, cuBLAS calls (`cublas`: True, or a
     dict of RewriteGemmToCublas's arguments plus "batched"; see cublas_passes) and the flash kernel
@@ -193,14 +193,15 @@ def target_fusion_passes(
         keep_nk, fuse_nt = cpu_weights_nk_passes()
     # the decode buckets' weight GEMVs on relaxtune's kernel first (cublas "gemv"), cuBLAS takes the rest
     extern = [*gemv_passes(target, cublas), *cublas_passes(cublas), *fuse_nt] if library else fuse_nt
-    return fusion_passes(plan, fusion, extern, gpu="gpu" in target.keys, attention=flash_passes(target, flash), lifted=keep_nk,
-                         entries=entries)
+    return fusion_passes(plan, fusion, extern, gpu="gpu" in target.keys, attention=flash_passes(target, flash),
+                         lifted=keep_nk, entries=entries)
 
 
 def fuse(
-    mod: tvm.IRModule, target, plan: dict[str, list[Bucket]], fusion: str | None = None, cublas: bool | dict = False, flash: bool | dict = False,
-    entries: tuple[str, ...] = ("main",), weights_nk: bool = False,
+    mod: tvm.IRModule, target, plan: dict[str, list[Bucket]], fusion: str | None = None, cublas: bool | dict = False,
+    flash: bool | dict = False, entries: tuple[str, ...] = ("main",), weights_nk: bool = False,
 ) -> tvm.IRModule:
     """Run the fusion stage only (what task extraction reads), with the build's library rewrites."""
+    passes = target_fusion_passes(target, plan, fusion, cublas, flash, entries, weights_nk)
     with target:
-        return tvm.transform.Sequential(target_fusion_passes(target, plan, fusion, cublas, flash, entries, weights_nk))(mod)
+        return tvm.transform.Sequential(passes)(mod)

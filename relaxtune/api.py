@@ -70,8 +70,9 @@ def extract_tasks(workload: Workload, target: ResolvedTarget, job: JobConfig):
 
     intrin.register_for(target.target.kind.name)
     compile_ = job.compile  # the build's cuBLAS / flash rewrites too: tune only the kernels the build keeps
-    return extract(fuse(workload.mod, target.target, bucket_plan(workload, job), compile_.fusion, compile_.cublas, compile_.flash_attention,
-                        workload.entries, workload.weights_nk))
+    fused = fuse(workload.mod, target.target, bucket_plan(workload, job), compile_.fusion, compile_.cublas,
+                 compile_.flash_attention, workload.entries, workload.weights_nk)
+    return extract(fused)
 
 
 def tune(workload: Workload, target: ResolvedTarget, job: JobConfig, progress: bool = True):
@@ -159,5 +160,6 @@ def compile(workload: Workload, target: ResolvedTarget, job: JobConfig, output: 
     executable, report, folder = build(workload, target, job)
     fingerprint = cache_fingerprint(folder) if folder is not None and folder.exists() else None
     exporter = workload.exporter or artifact.export  # a language model writes its own files (models/export.py)
-    manifest = exporter(executable, workload, target, Path(output), bucket_plan(workload, job), fingerprint, dict(report))
+    plan = bucket_plan(workload, job)
+    manifest = exporter(executable, workload, target, Path(output), plan, fingerprint, dict(report))
     return CompileResult(Path(output), manifest, report, time.perf_counter() - start)

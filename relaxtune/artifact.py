@@ -191,7 +191,8 @@ def read_manifest(so_path: str | Path) -> dict:
     so_path = Path(so_path)
     params_path, manifest_path = paths(so_path)
     if manifest_path.exists() and '"kind": "llm"' in manifest_path.read_text():
-        raise UserError(f"{so_path} is a language model (relaxtune compile gguf:...): run it with relaxtune generate {so_path} --prompt TEXT")
+        raise UserError(f"{so_path} is a language model (relaxtune compile gguf:...): "
+                        f"run it with relaxtune generate {so_path} --prompt TEXT")
     for path in (so_path, params_path, manifest_path):
         if not path.exists():
             raise UserError(f"artifact file {path} does not exist (an artifact is NAME.so, NAME.params.npz and NAME.json)")

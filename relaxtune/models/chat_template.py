@@ -30,10 +30,13 @@ def wrap_parts(template: str | None, special: dict[str, str]) -> tuple[str, str]
         raise ValueError(message)
 
     try:
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
         env.globals["raise_exception"] = raise_exception
         text = env.from_string(template).render(
-            messages=[{"role": "user", "content": _PLACEHOLDER}], add_generation_prompt=True, **special)
+            messages=[{"role": "user", "content": _PLACEHOLDER}], add_generation_prompt=True, **special
+        )
     except Exception as err:  # noqa: BLE001 (any template error: the artifact has no chat form, said so)
         logger.warning("the chat template does not render (%s: %s): the artifact gets none", type(err).__name__, err)
         return None

@@ -34,18 +34,29 @@ class ModelConfig:
     tie_embeddings: bool
     attention_bias: bool = False  # qwen2: q, k and v projections carry biases
 
-    def check(self, source: str) -> "ModelConfig":
+    def check(self, source: str) -> ModelConfig:
         """This config, or a UserError naming `source` and the value that no llama-family graph has."""
         if self.architecture not in ARCHITECTURES:
-            raise UserError(f"{source}: architecture {self.architecture!r} is not supported: use one of {', '.join(ARCHITECTURES)}")
-        sizes = {"vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
-                 "num_layers": self.num_layers, "num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads,
-                 "head_dim": self.head_dim, "context_length": self.context_length}
+            raise UserError(
+                f"{source}: architecture {self.architecture!r} is not supported: use one of {', '.join(ARCHITECTURES)}"
+            )
+        sizes = {
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "num_kv_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "context_length": self.context_length,
+        }
         bad = [k for k, v in sizes.items() if v < 1]
         if bad:
             raise UserError(f"{source}: {bad[0]} is {sizes[bad[0]]}: it must be at least 1")
         if self.num_heads % self.num_kv_heads:
-            raise UserError(f"{source}: {self.num_heads} attention heads are not a multiple of {self.num_kv_heads} key/value heads")
+            raise UserError(
+                f"{source}: {self.num_heads} attention heads are not a multiple of {self.num_kv_heads} key/value heads"
+            )
         if self.head_dim % 2:
             raise UserError(f"{source}: head_dim {self.head_dim} is odd: rotary embeddings rotate pairs of features")
         return self

@@ -84,9 +84,15 @@ def export(executable, workload, target, so_path: Path, plan, cache_fingerprint,
         "model": dataclasses.asdict(info.config),
         "functions": {f: {"weights": names} for f, names in taken.items()},
         "weights": {"file": found.weights.name, "bytes": size, "tensors": len(stored)},
-        "tokenizer": None if tok.document is None else {
-            "file": found.tokenizer.name, "bos_id": tok.bos_id, "stop_ids": list(tok.stop_ids), "add_bos": tok.add_bos,
-            "chat": None if info.chat is None else list(info.chat)},
+        "tokenizer": None
+        if tok.document is None
+        else {
+            "file": found.tokenizer.name,
+            "bos_id": tok.bos_id,
+            "stop_ids": list(tok.stop_ids),
+            "add_bos": tok.add_bos,
+            "chat": None if info.chat is None else list(info.chat),
+        },
         "max_prefill": info.max_prefill,
         "page_size": PAGE_SIZE,
         "buckets": {dim: [[b.lo, b.hi, b.tune_at] for b in buckets] for dim, buckets in plan.items()},

@@ -60,11 +60,18 @@ class GGUFModel:
     def _config(self) -> ModelConfig:
         arch = self.field("general.architecture")
         if arch not in ARCHITECTURES:
-            raise UserError(f"{self.path}: architecture {arch!r} is not supported: use a GGUF of one of {', '.join(ARCHITECTURES)}")
-        missing = [k for k in ("embedding_length", "block_count", "attention.head_count", "feed_forward_length")
-                   if self.field(f"{arch}.{k}") is None]
+            raise UserError(
+                f"{self.path}: architecture {arch!r} is not supported: use a GGUF of one of {', '.join(ARCHITECTURES)}"
+            )
+        missing = [
+            k
+            for k in ("embedding_length", "block_count", "attention.head_count", "feed_forward_length")
+            if self.field(f"{arch}.{k}") is None
+        ]
         if missing:
-            raise UserError(f"{self.path}: metadata {arch}.{missing[0]} is missing: the file does not describe a {arch} model")
+            raise UserError(
+                f"{self.path}: metadata {arch}.{missing[0]} is missing: the file does not describe a {arch} model"
+            )
         scaling = self.field(f"{arch}.rope.scaling.type", "none")
         if scaling not in ("none", None):
             raise UserError(f"{self.path}: rope scaling {scaling!r} is not supported: only unscaled rotary embeddings")
@@ -72,7 +79,10 @@ class GGUFModel:
         head_dim = int(self.field(f"{arch}.attention.key_length", hidden // heads))
         rotary = int(self.field(f"{arch}.rope.dimension_count", head_dim))
         if rotary != head_dim:
-            raise UserError(f"{self.path}: rotary embeddings on {rotary} of {head_dim} features per head are not supported: only all of them")
+            raise UserError(
+                f"{self.path}: rotary embeddings on {rotary} of {head_dim} features per head are not supported: "
+                "only on all of them"
+            )
         embed = self.tensors.get("token_embd.weight")
         if embed is None:
             raise UserError(f"{self.path}: tensor token_embd.weight is missing: the file has no token embeddings")
@@ -80,10 +90,14 @@ class GGUFModel:
         window = self.field(f"{arch}.attention.sliding_window")
         context = int(self.field(f"{arch}.context_length", 2048))
         return ModelConfig(
-            architecture=arch, vocab_size=vocab, hidden_size=hidden,
+            architecture=arch,
+            vocab_size=vocab,
+            hidden_size=hidden,
             intermediate_size=int(self.field(f"{arch}.feed_forward_length")),
-            num_layers=int(self.field(f"{arch}.block_count")), num_heads=heads,
-            num_kv_heads=int(self.field(f"{arch}.attention.head_count_kv", heads)), head_dim=head_dim,
+            num_layers=int(self.field(f"{arch}.block_count")),
+            num_heads=heads,
+            num_kv_heads=int(self.field(f"{arch}.attention.head_count_kv", heads)),
+            head_dim=head_dim,
             rope_theta=float(self.field(f"{arch}.rope.freq_base", 10000.0)),
             rms_norm_eps=float(self.field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
             context_length=min(context, int(window)) if window else context,
@@ -115,7 +129,9 @@ class GGUFModel:
             try:
                 values = quants.dequantize(info.data, kind).reshape(shape)
             except NotImplementedError:
-                raise UserError(f"{self.path}: tensor {name} is stored as {kind.name}, which gguf cannot dequantize") from None
+                raise UserError(
+                    f"{self.path}: tensor {name} is stored as {kind.name}, which gguf cannot dequantize"
+                ) from None
         if self.config.architecture in PERMUTED_QK and (".attn_q." in name or ".attn_k." in name):
             heads = self.config.num_heads if ".attn_q." in name else self.config.num_kv_heads
             values = unpermute_rows(values, heads)

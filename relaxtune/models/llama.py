@@ -61,7 +61,9 @@ class Attention(nn.Module):
 
 class MLP(nn.Module):
     def __init__(self, c: ModelConfig, layer: int):
-        self.gate_up_proj = Linear(c.hidden_size, 2 * c.intermediate_size, (f"blk.{layer}.ffn_gate", f"blk.{layer}.ffn_up"))
+        self.gate_up_proj = Linear(
+            c.hidden_size, 2 * c.intermediate_size, (f"blk.{layer}.ffn_gate", f"blk.{layer}.ffn_up")
+        )
         self.down_proj = Linear(c.intermediate_size, c.hidden_size, (f"blk.{layer}.ffn_down",))
 
     def forward(self, x: nn.Tensor) -> nn.Tensor:
@@ -75,8 +77,10 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(c, layer)
         self.post_attention_layernorm = nn.RMSNorm(c.hidden_size, -1, c.rms_norm_eps, bias=False)
         self.mlp = MLP(c, layer)
-        self.sources = {"input_layernorm.weight": (f"blk.{layer}.attn_norm.weight",),
-                        "post_attention_layernorm.weight": (f"blk.{layer}.ffn_norm.weight",)}
+        self.sources = {
+            "input_layernorm.weight": (f"blk.{layer}.attn_norm.weight",),
+            "post_attention_layernorm.weight": (f"blk.{layer}.ffn_norm.weight",),
+        }
 
     def forward(self, x: nn.Tensor, cache: PagedKVCache, layer: int) -> nn.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cache, layer)
@@ -120,17 +124,39 @@ class LlamaModel(nn.Module):
     def decode(self, embeddings: nn.Tensor, kv_cache: PagedKVCache):
         return self._logits(self._layers(embeddings, kv_cache)), kv_cache
 
-    def create_paged_kv_cache(self, max_batch_size: tirx.Var, max_total_seq_len: tirx.Var, prefill_chunk_size: tirx.Var,
-                              page_size: tirx.Var, support_sliding_window: tirx.Var) -> PagedKVCache:
+    def create_paged_kv_cache(
+        self,
+        max_batch_size: tirx.Var,
+        max_total_seq_len: tirx.Var,
+        prefill_chunk_size: tirx.Var,
+        page_size: tirx.Var,
+        support_sliding_window: tirx.Var,
+    ) -> PagedKVCache:
         c = self.c
         return TIRPagedKVCache(
-            attn_kind="mha", max_batch_size=max_batch_size, max_total_seq_len=max_total_seq_len,
-            prefill_chunk_size=prefill_chunk_size, page_size=page_size, support_sliding_window=support_sliding_window,
-            layer_partition=relax.ShapeExpr([0, c.num_layers]), num_hidden_layers=c.num_layers,
-            num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads, qk_head_dim=c.head_dim, v_head_dim=c.head_dim,
-            mla_original_qk_head_dim=0, mla_original_v_head_dim=0, rope_mode=RopeMode.NORMAL, rope_scale=1,
-            rope_theta=c.rope_theta, rope_scaling={}, rope_ext_factors=relax.prim_value(0), rotary_dim=c.head_dim,
-            enable_disaggregation=False, dtype=DTYPE, target=self.kv_target,
+            attn_kind="mha",
+            max_batch_size=max_batch_size,
+            max_total_seq_len=max_total_seq_len,
+            prefill_chunk_size=prefill_chunk_size,
+            page_size=page_size,
+            support_sliding_window=support_sliding_window,
+            layer_partition=relax.ShapeExpr([0, c.num_layers]),
+            num_hidden_layers=c.num_layers,
+            num_attention_heads=c.num_heads,
+            num_key_value_heads=c.num_kv_heads,
+            qk_head_dim=c.head_dim,
+            v_head_dim=c.head_dim,
+            mla_original_qk_head_dim=0,
+            mla_original_v_head_dim=0,
+            rope_mode=RopeMode.NORMAL,
+            rope_scale=1,
+            rope_theta=c.rope_theta,
+            rope_scaling={},
+            rope_ext_factors=relax.prim_value(0),
+            rotary_dim=c.head_dim,
+            enable_disaggregation=False,
+            dtype=DTYPE,
+            target=self.kv_target,
         )
 
 
@@ -143,12 +169,31 @@ def export(c: ModelConfig, max_prefill: int):
     plain = {"param_mode": "plain", "effect_mode": "none"}
     specs = {
         "embed": {"input_ids": spec.Tensor([1, "n"], "int32"), "$": plain},
-        "prefill": {"embeddings": spec.Tensor([1, "n", c.hidden_size], DTYPE), "kv_cache": spec.Object(object_type=PagedKVCache), "$": plain},
-        "decode": {"embeddings": spec.Tensor([1, 1, c.hidden_size], DTYPE), "kv_cache": spec.Object(object_type=PagedKVCache), "$": plain},
-        "create_paged_kv_cache": {k: int for k in ("max_batch_size", "max_total_seq_len", "prefill_chunk_size", "page_size",
-                                                   "support_sliding_window")} | {"$": {"param_mode": "none", "effect_mode": "none"}},
+        "prefill": {
+            "embeddings": spec.Tensor([1, "n", c.hidden_size], DTYPE),
+            "kv_cache": spec.Object(object_type=PagedKVCache),
+            "$": plain,
+        },
+        "decode": {
+            "embeddings": spec.Tensor([1, 1, c.hidden_size], DTYPE),
+            "kv_cache": spec.Object(object_type=PagedKVCache),
+            "$": plain,
+        },
+        "create_paged_kv_cache": {
+            k: int
+            for k in (
+                "max_batch_size",
+                "max_total_seq_len",
+                "prefill_chunk_size",
+                "page_size",
+                "support_sliding_window",
+            )
+        }
+        | {"$": {"param_mode": "none", "effect_mode": "none"}},
     }
     mod, params = model.export_tvm(spec=specs)
     for name in ("embed", "prefill"):
-        mod[name] = mod[name].with_attr("tir_var_upper_bound", {"n": max_prefill}).with_attr("tir_var_lower_bound", {"n": 1})
+        mod[name] = (
+            mod[name].with_attr("tir_var_upper_bound", {"n": max_prefill}).with_attr("tir_var_lower_bound", {"n": 1})
+        )
     return mod, [name for name, _ in params], model

@@ -14,11 +14,16 @@ from pathlib import Path
 
 import numpy as np
 
-CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
-          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+CHATML = (
+    "{% for message in messages %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-CORPUS = ("The capital of France is Paris. The capital of Italy is Rome. Once upon a time there was a model "
-          "that wrote text one token at a time, 1234 tokens in 2025, and then it stopped. " * 4)
+CORPUS = (
+    "The capital of France is Paris. The capital of Italy is Rome. Once upon a time there was a model "
+    "that wrote text one token at a time, 1234 tokens in 2025, and then it stopped. " * 4
+)
 
 
 @dataclass(frozen=True)
@@ -35,7 +40,9 @@ class TinyModel:
     tied: bool = True
     quantized: bool = True
     seed: int = 0
-    embed_scale: float = 0.3  # standard deviation of the embeddings (small: the layers, not the token, pick the next one)
+    embed_scale: float = (
+        0.3  # standard deviation of the embeddings (small: the layers, not the token, pick the next one)
+    )
     weight_scale: float = 2.0  # projections: this / sqrt(in features)
 
 
@@ -44,8 +51,12 @@ def _vocabulary() -> tuple[list[str], list[str]]:
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=list(SPECIAL), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=list(SPECIAL),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator([CORPUS], trainer)
     vocab = tokenizer.get_vocab()
     tokens = sorted(vocab, key=vocab.get)

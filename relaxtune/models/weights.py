@@ -59,6 +59,8 @@ def load_params(model, names: list[str], source: WeightSource) -> dict[str, np.n
         parts = [source.tensor(t) for t in recipes[name]]
         value = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
         if value.shape != shapes[name]:
-            raise UserError(f"tensor {' + '.join(recipes[name])} has shape {value.shape}; the model's {name} takes {shapes[name]}")
+            raise UserError(
+                f"tensor {' + '.join(recipes[name])} has shape {value.shape}; the model's {name} takes {shapes[name]}"
+            )
         out[name] = np.ascontiguousarray(value, dtype=np.float32)
     return out

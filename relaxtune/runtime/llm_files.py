@@ -42,16 +42,23 @@ def read_manifest(so_path: str | Path) -> tuple[LLMFiles, dict]:
     found = files(so_path)
     for path in (found.library, found.manifest):
         if not path.exists():
-            raise UserError(f"artifact file {path} does not exist (a language-model artifact is NAME.so, NAME.json, "
-                            "NAME.weights.safetensors and NAME.tokenizer.json, written by relaxtune compile gguf:...)")
+            raise UserError(
+                f"artifact file {path} does not exist (a language-model artifact is NAME.so, NAME.json, "
+                "NAME.weights.safetensors and NAME.tokenizer.json, written by relaxtune compile gguf:...)"
+            )
     try:
         manifest = json.loads(found.manifest.read_text())
     except json.JSONDecodeError as err:
         raise UserError(f"artifact manifest {found.manifest} is damaged: {err.msg} at line {err.lineno}") from None
     if manifest.get("kind") != KIND:
-        raise UserError(f"{found.library} is not a language model (its manifest has no kind {KIND!r}): run it with relaxtune run")
+        raise UserError(
+            f"{found.library} is not a language model (its manifest has no kind {KIND!r}): run it with relaxtune run"
+        )
     if manifest.get("format") != FORMAT:
-        raise UserError(f"artifact manifest {found.manifest} has format {manifest.get('format')!r}; this relaxtune reads format {FORMAT}")
+        raise UserError(
+            f"artifact manifest {found.manifest} has format {manifest.get('format')!r}; "
+            f"this relaxtune reads format {FORMAT}"
+        )
     if not found.weights.exists():
         raise UserError(f"artifact file {found.weights} does not exist: compile the model again")
     return found, manifest

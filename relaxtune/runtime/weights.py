@@ -20,7 +20,15 @@ from ..errors import UserError
 
 ALIGN = 64
 PAD_PREFIX = "__pad__."
-_DTYPES = {"float32": "F32", "float16": "F16", "int32": "I32", "int64": "I64", "int8": "I8", "uint8": "U8", "uint16": "U16"}
+_DTYPES = {
+    "float32": "F32",
+    "float16": "F16",
+    "int32": "I32",
+    "int64": "I64",
+    "int8": "I8",
+    "uint8": "U8",
+    "uint16": "U16",
+}
 _NUMPY = {v: np.dtype(k) for k, v in _DTYPES.items()}
 
 
@@ -31,11 +39,19 @@ def write(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] |
     for name, array in tensors.items():
         gap = -offset % ALIGN
         if gap:
-            entries[f"{PAD_PREFIX}{len(entries)}"] = {"dtype": "U8", "shape": [gap], "data_offsets": [offset, offset + gap]}
+            entries[f"{PAD_PREFIX}{len(entries)}"] = {
+                "dtype": "U8",
+                "shape": [gap],
+                "data_offsets": [offset, offset + gap],
+            }
             offset += gap
         if str(array.dtype) not in _DTYPES:
             raise ValueError(f"tensor {name}: dtype {array.dtype} has no safetensors name here")
-        entries[name] = {"dtype": _DTYPES[str(array.dtype)], "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
+        entries[name] = {
+            "dtype": _DTYPES[str(array.dtype)],
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + array.nbytes],
+        }
         offset += array.nbytes
     header = json.dumps({"__metadata__": dict(metadata or {}), **entries}, separators=(",", ":")).encode()
     header += b" " * (-(8 + len(header)) % ALIGN)
@@ -74,7 +90,9 @@ def load(path: Path) -> dict:
             continue
         begin, end = (start + int(o) for o in entry["data_offsets"])
         if end > data.size or begin % ALIGN:
-            raise UserError(f"weights file {path} is damaged or not relaxtune's: tensor {name} lies outside it or unaligned")
+            raise UserError(
+                f"weights file {path} is damaged or not relaxtune's: tensor {name} lies outside it or unaligned"
+            )
         view = data[begin:end].view(_NUMPY[entry["dtype"]]).reshape(entry["shape"])
         out[name] = tvm.runtime.from_dlpack(view)
     return out

@@ -5,7 +5,8 @@
 (see :mod:`relaxtune.workloads.user`), or an imported model: ``torch:package.module:Factory``
 (:mod:`.torch_import`), ``hf:MODEL_TYPE`` (:mod:`.hf_import`) or a path ending in ``.onnx``
 (:mod:`.onnx_import`), or a language model: ``gguf:PATH``, ``hf:DIR`` (a local transformers
-checkpoint) or a packaged model's name such as ``smollm2`` (:mod:`relaxtune.models.workload`). ``config`` overrides a built-in's defaults; its values
+checkpoint) or a packaged model's name such as ``smollm2`` (:mod:`relaxtune.models.workload`).
+``config`` overrides a built-in's defaults; its values
 may be strings (as parsed by :func:`parse_config` from ``hidden=512,heads=8``) and are converted
 to the type of the default.
 """

@@ -24,8 +24,8 @@ from .cpu_reduction import Reduction
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Attention", "Elementwise", "Fallback", "Gemv", "Matmul", "NormGemv", "PagedAttention", "PagedRope", "Reduction",
-           "apply_cpu_rules", "cpu_rules"]
+__all__ = ["Attention", "Elementwise", "Fallback", "Gemv", "Matmul", "NormGemv", "PagedAttention", "PagedRope",
+           "Reduction", "apply_cpu_rules", "cpu_rules"]
 
 
 def cpu_rules(fast_math: bool = True) -> list:
@@ -36,7 +36,8 @@ def cpu_rules(fast_math: bool = True) -> list:
     (error < 4e-7, see ``fast_math``); TVM otherwise calls scalar libm for each element.
     """
     return [Attention(fast_math=fast_math), PagedAttention(fast_math=fast_math), PagedRope(),
-            NormGemv(fast_math=fast_math), Gemv(fast_math=fast_math), Matmul(fast_math=fast_math), Reduction(fast_math=fast_math),
+            NormGemv(fast_math=fast_math), Gemv(fast_math=fast_math), Matmul(fast_math=fast_math),
+            Reduction(fast_math=fast_math),
             Elementwise(fast_math=fast_math), Fallback(fast_math=fast_math)]
 
 

@@ -44,8 +44,8 @@ def _blocks(sch: s_tir.Schedule, names) -> dict:
     for name in names:
         try:
             out[name] = sch.get_sblock(name)
-        except Exception:  # pylint: disable=broad-except  # a block the kernel's form does not have
-            continue
+        except Exception:  # noqa: BLE001 (a block the kernel's form does not have)
+            logger.debug("no block %s", name)
     return out
 
 
@@ -134,7 +134,9 @@ class PagedAttention(fast_math.FastMathRule):
             return None
         try:
             {kernel.PREFILL: schedule_prefill, kernel.DECODE: schedule_decode}[kind](sch, target)
-        except Exception as err:  # pylint: disable=broad-except  # a changed kernel: say so, leave it to the fallback
-            logger.warning("the paged attention rule does not apply to %s: %s", func.attrs.get("global_symbol", kind), err)
+        except Exception as err:  # noqa: BLE001 (a changed kernel: say so, leave it to the fallback)
+            logger.warning(
+                "the paged attention rule does not apply to %s: %s", func.attrs.get("global_symbol", kind), err
+            )
             return None
         return sch

@@ -32,7 +32,9 @@ class PagedRope(CPUScheduleRule):
             sch.parallel(sch.get_loops(sch.get_sblock("position"))[-1])
             for name in ("rotate_q", "rotate_k", "copy_v"):
                 U.vectorize_inner(sch, sch.get_loops(sch.get_sblock(name))[-1], vec, max_vec=4 * vec)
-        except Exception as err:  # pylint: disable=broad-except  # a changed kernel: say so, leave it to the fallback
-            logger.warning("the paged rope rule does not apply to %s: %s", func.attrs.get("global_symbol", "kernel"), err)
+        except Exception as err:  # noqa: BLE001 (a changed kernel: say so, leave it to the fallback)
+            logger.warning(
+                "the paged rope rule does not apply to %s: %s", func.attrs.get("global_symbol", "kernel"), err
+            )
             return None
         return sch

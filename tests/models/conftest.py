@@ -68,7 +68,9 @@ def reference_model(tiny_gguf):
     def get(name: str):
         if name not in models:
             path = tiny_gguf(name)
-            model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                str(path.parent), gguf_file=path.name, dtype=torch.float32
+            )
             models[name] = model.eval()
         return models[name]
 

@@ -11,22 +11,38 @@ def test_compile_then_generate(tiny_gguf, tmp_path, capsys):
     from relaxtune.__main__ import main
 
     so = tmp_path / "tiny.so"
-    assert main(["compile", f"gguf:{tiny_gguf('gqa_tied')}", "-o", str(so), "--no-cache", "--config", "max_prefill=64",
-                 "--buckets", "n=@32"]) == 0
+    assert (
+        main(
+            [
+                "compile",
+                f"gguf:{tiny_gguf('gqa_tied')}",
+                "-o",
+                str(so),
+                "--no-cache",
+                "--config",
+                "max_prefill=64",
+                "--buckets",
+                "n=@32",
+            ]
+        )
+        == 0
+    )
     manifest = json.loads((tmp_path / "tiny.json").read_text())
     assert manifest["kind"] == "llm" and manifest["max_prefill"] == 64
     assert sorted(manifest["functions"]) == ["decode", "embed", "prefill"]
     assert manifest["tokenizer"]["chat"] == ["<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n"]
     capsys.readouterr()
     assert main(["generate", str(so), "--prompt", "The capital of France is", "--max-tokens", "5", "--chat"]) == 0
-    out, err = capsys.readouterr()
-    assert "prompt tokens" in err
+    assert "prompt tokens" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("gguf:{tmp}/missing.gguf", "GGUF file {tmp}/missing.gguf does not exist"),
-    ("gguf:{tmp}/text.gguf", "{tmp}/text.gguf is not a GGUF file"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("gguf:{tmp}/missing.gguf", "GGUF file {tmp}/missing.gguf does not exist"),
+        ("gguf:{tmp}/text.gguf", "{tmp}/text.gguf is not a GGUF file"),
+    ],
+)
 def test_bad_sources_are_one_line(spec, message, tmp_path, capsys):
     from relaxtune.__main__ import main
 

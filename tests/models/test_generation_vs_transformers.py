@@ -17,9 +17,16 @@ PROMPTS = ([5, 17, 230, 41, 300], list(range(3, 40)), [7])
 def hf_greedy(model, prompt: list[int], steps: int):
     """transformers' greedy tokens and the logits it chose them from."""
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=steps, do_sample=False, output_logits=True,
-                             return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
-    return out.sequences[0, len(prompt):].tolist(), [logits[0].numpy() for logits in out.logits]
+        out = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=steps,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out.sequences[0, len(prompt) :].tolist(), [logits[0].numpy() for logits in out.logits]
 
 
 def hf_logits(model, ids: list[int]) -> np.ndarray:

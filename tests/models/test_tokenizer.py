@@ -9,7 +9,12 @@ from relaxtune.models.chat_template import wrap_parts
 from relaxtune.models.gguf_file import GGUFModel
 from relaxtune.models.tiny_gguf import CHATML
 
-TEXTS = ["The capital of France is", "Once upon a time, there was a model.", "  spaces   and\nnew lines\t!", "<|im_start|>user\nhi<|im_end|>"]
+TEXTS = [
+    "The capital of France is",
+    "Once upon a time, there was a model.",
+    "  spaces   and\nnew lines\t!",
+    "<|im_start|>user\nhi<|im_end|>",
+]
 
 
 def test_tokens_match_transformers_gguf_tokenizer(tiny_gguf):
@@ -47,12 +52,17 @@ def test_special_ids_and_stop_tokens(tiny_gguf):
 
 def test_chat_template_parts():
     assert wrap_parts(CHATML, {}) == ("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n")
-    smollm = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
-              "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + "
-              "message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
-              "{{ '<|im_start|>assistant\n' }}{% endif %}")
+    smollm = (
+        "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
+        "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}"
+        "{{'<|im_start|>' + "
+        "message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+        "{{ '<|im_start|>assistant\n' }}{% endif %}"
+    )
     before, after = wrap_parts(smollm, {})
-    assert before.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM") and before.endswith("<|im_start|>user\n")
+    assert before.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM") and before.endswith(
+        "<|im_start|>user\n"
+    )
     assert after == "<|im_end|>\n<|im_start|>assistant\n"
     assert wrap_parts(None, {}) is None
     assert wrap_parts("{{ raise_exception('no') }}", {}) is None

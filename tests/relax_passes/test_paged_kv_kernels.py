@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-
 from relaxtune.relax_passes import paged_attention_kernel as K
 from relaxtune.relax_passes.paged_kv_kernels import PagedKVKernels
 from relaxtune.relax_passes.paged_rope_kernel import rope_kernel
@@ -54,7 +53,9 @@ def paged(k, v, rng, extra_pages=3):
 
 
 def tensors(*arrays):
-    return [tvm.runtime.tensor(np.ascontiguousarray(a, np.float32 if a.dtype == np.float64 else a.dtype)) for a in arrays]
+    return [
+        tvm.runtime.tensor(np.ascontiguousarray(a, np.float32 if a.dtype == np.float64 else a.dtype)) for a in arrays
+    ]
 
 
 @pytest.mark.parametrize("scheduled", [True, False])
@@ -65,9 +66,18 @@ def test_ragged_prefill(target, scheduled):
     for n0, n1 in ((lengths[0], lengths[2]), (lengths[1], lengths[3])):
         q, k, v = (rng.standard_normal((n0 + n1, h, D)).astype(np.float32) for h in (H_Q, H_KV, H_KV))
         indptr = np.array([0, n0, n0 + n1], np.int32)
-        args = tensors(q, indptr, k, v, indptr, np.zeros(n0 + n1, np.int32), np.zeros(2, np.int32),
-                       np.zeros((n0 + n1, H_Q, D), np.float32), np.zeros((n0 + n1, H_Q), np.float32))
-        run(*args, 1, 0, 1.0, 1e4, D ** -0.5)
+        args = tensors(
+            q,
+            indptr,
+            k,
+            v,
+            indptr,
+            np.zeros(n0 + n1, np.int32),
+            np.zeros(2, np.int32),
+            np.zeros((n0 + n1, H_Q, D), np.float32),
+            np.zeros((n0 + n1, H_Q), np.float32),
+        )
+        run(*args, 1, 0, 1.0, 1e4, D**-0.5)
         for lo, hi in ((0, n0), (n0, n0 + n1)):
             out, lse = attention(q[lo:hi], k[lo:hi], v[lo:hi], causal=True)
             np.testing.assert_allclose(args[7].numpy()[lo:hi], out, atol=2e-5)
@@ -85,14 +95,33 @@ def test_paged_prefill_and_decode(target, scheduled):
         indptr = np.array([0, len(order)], np.int32)
         q = rng.standard_normal((7, H_Q, D)).astype(np.float32)
         out, lse = attention(q, k, v, causal=False)
-        args = tensors(q, np.array([0, 7], np.int32), pages, indptr, order, last, np.zeros(1, np.int32), np.zeros(7, np.int32),
-                       np.zeros((7, H_Q, D), np.float32), np.zeros((7, H_Q), np.float32))
-        prefill(*args, 0, 0, 1.0, 1e4, D ** -0.5)
+        args = tensors(
+            q,
+            np.array([0, 7], np.int32),
+            pages,
+            indptr,
+            order,
+            last,
+            np.zeros(1, np.int32),
+            np.zeros(7, np.int32),
+            np.zeros((7, H_Q, D), np.float32),
+            np.zeros((7, H_Q), np.float32),
+        )
+        prefill(*args, 0, 0, 1.0, 1e4, D**-0.5)
         np.testing.assert_allclose(args[8].numpy(), out, atol=2e-5)
         np.testing.assert_allclose(args[9].numpy(), lse, atol=2e-5)
-        args = tensors(q[:1], pages, indptr, order, last, np.zeros(1, np.int32), np.zeros(1, np.int32),
-                       np.zeros((1, H_Q, D), np.float32), np.zeros((1, H_Q), np.float32))
-        decode(*args, 0, 1.0, 1e4, D ** -0.5)
+        args = tensors(
+            q[:1],
+            pages,
+            indptr,
+            order,
+            last,
+            np.zeros(1, np.int32),
+            np.zeros(1, np.int32),
+            np.zeros((1, H_Q, D), np.float32),
+            np.zeros((1, H_Q), np.float32),
+        )
+        decode(*args, 0, 1.0, 1e4, D**-0.5)
         np.testing.assert_allclose(args[7].numpy(), out[:1], atol=2e-5)
         np.testing.assert_allclose(args[8].numpy(), lse[:1], atol=2e-5)
 
@@ -104,7 +133,11 @@ def test_merge_of_two_parts_is_attention_over_both(target):
     rng = np.random.default_rng(2)
     q = rng.standard_normal((4, H_Q, D)).astype(np.float32)
     k, v = (rng.standard_normal((50, H_KV, D)).astype(np.float32) for _ in range(2))
-    first, second, whole = attention(q, k[:20], v[:20], False), attention(q, k[20:], v[20:], False), attention(q, k, v, False)
+    first, second, whole = (
+        attention(q, k[:20], v[:20], False),
+        attention(q, k[20:], v[20:], False),
+        attention(q, k, v, False),
+    )
     args = tensors(first[0], first[1], second[0], second[1])
     merge(*args)
     np.testing.assert_allclose(args[0].numpy(), whole[0], atol=2e-5)
@@ -119,18 +152,24 @@ def test_rope_split_matches_transformers_rotary(target, scheduled):
     n = 9
     qkv = rng.standard_normal((n, H_Q + 2 * H_KV, D)).astype(np.float32)
     positions = np.arange(n, dtype=np.int32) + 700
-    args = tensors(qkv, positions, np.zeros((n, H_Q, D), np.float32), np.zeros((n, H_KV, D), np.float32), np.zeros((n, H_KV, D), np.float32))
+    args = tensors(
+        qkv,
+        positions,
+        np.zeros((n, H_Q, D), np.float32),
+        np.zeros((n, H_KV, D), np.float32),
+        np.zeros((n, H_KV, D), np.float32),
+    )
     run(*args, 1)
     inv = 1.0 / (10000.0 ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))  # transformers' Llama rotary
     angles = torch.from_numpy(positions).float()[:, None] * inv[None]
     cos, sin = (np.concatenate([f(angles).numpy()] * 2, -1)[:, None] for f in (torch.cos, torch.sin))
 
     def rotate(x):
-        return x * cos + np.concatenate([-x[..., D // 2:], x[..., : D // 2]], -1) * sin
+        return x * cos + np.concatenate([-x[..., D // 2 :], x[..., : D // 2]], -1) * sin
 
     np.testing.assert_allclose(args[2].numpy(), rotate(qkv[:, :H_Q]), atol=1e-5)
-    np.testing.assert_allclose(args[3].numpy(), rotate(qkv[:, H_Q:H_Q + H_KV]), atol=1e-5)
-    np.testing.assert_array_equal(args[4].numpy(), qkv[:, H_Q + H_KV:])
+    np.testing.assert_allclose(args[3].numpy(), rotate(qkv[:, H_Q : H_Q + H_KV]), atol=1e-5)
+    np.testing.assert_array_equal(args[4].numpy(), qkv[:, H_Q + H_KV :])
     run(*args, 0)  # apply_rope = 0: split only
     np.testing.assert_array_equal(args[2].numpy(), qkv[:, :H_Q])
 
@@ -142,9 +181,19 @@ def test_pass_replaces_the_cache_kernels_by_its_arguments():
     config = ModelConfig("llama", 64, 32, 64, 1, 4, 2, 8, 10000.0, 1e-5, 128, True)
     mod, _, _ = export(config, 16)
     out = PagedKVKernels()(mod)
-    kinds = {gv.name_hint: str(f.attrs[K.ATTR]) for gv, f in out.functions_items()
-             if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and K.ATTR in f.attrs}
-    assert kinds == {"batch_prefill_ragged_kv": K.PREFILL, "batch_prefill_paged_kv_cpu": K.PREFILL, "batch_decode_paged_kv_cpu": K.DECODE,
-                     "merge_state_inplace_cpu": K.MERGE, "fused_rope": "paged_rope"}
+    kinds = {
+        gv.name_hint: str(f.attrs[K.ATTR])
+        for gv, f in out.functions_items()
+        if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and K.ATTR in f.attrs
+    }
+    assert kinds == {
+        "batch_prefill_ragged_kv": K.PREFILL,
+        "batch_prefill_paged_kv_cpu": K.PREFILL,
+        "batch_decode_paged_kv_cpu": K.DECODE,
+        "merge_state_inplace_cpu": K.MERGE,
+        "fused_rope": "paged_rope",
+    }
     assert "batch_decode_paged_kv_cpu_sliding_window" in {gv.name_hint for gv in out.get_global_vars()}  # left as TVM's
-    assert PagedKVKernels()(tvm.IRModule()).same_as(tvm.IRModule()) or len(PagedKVKernels()(tvm.IRModule()).functions) == 0
+    assert (
+        PagedKVKernels()(tvm.IRModule()).same_as(tvm.IRModule()) or len(PagedKVKernels()(tvm.IRModule()).functions) == 0
+    )

@@ -12,8 +12,11 @@ from relaxtune.runtime import weights
 def test_round_trip_aligned_and_readable_by_safetensors(tmp_path):
     safetensors_numpy = pytest.importorskip("safetensors.numpy")
     rng = np.random.default_rng(0)
-    tensors = {"a": rng.standard_normal((3, 5)).astype("float32"), "b": np.arange(7, dtype="int32"),
-               "c": rng.standard_normal((17,)).astype("float32")}
+    tensors = {
+        "a": rng.standard_normal((3, 5)).astype("float32"),
+        "b": np.arange(7, dtype="int32"),
+        "c": rng.standard_normal((17,)).astype("float32"),
+    }
     path = tmp_path / "w.safetensors"
     weights.write(path, tensors, {"format": "test"})
     loaded = weights.load(path)
