@@ -6,9 +6,11 @@ Rows: relaxtune (the compiled artifact, runtime only), llama.cpp on the same GGU
 transformers' float32 model loaded from the same file (eager), and the same model under torch.compile;
 every system on the same threads (--threads, default 2). Columns: prefill tokens/s at --prefill prompt
 lengths, decode tokens/s after --decode context lengths (--decode-tokens steps), peak resident memory.
-Each system runs in its own process (so its peak RSS is its own) and repeats each figure --repeat times;
-the table shows medians and, per column, relaxtune's ratio to llama.cpp and to transformers measured in the
-same run (this machine is shared and noisy: compare ratios). Writes bench.json, bench.md, bench.png.
+Each system runs in its own process (so its peak RSS is its own); the systems are sampled in turns, each
+figure of each system once per round (--repeat rounds), so that load on this shared machine falls on all of
+them alike. The table shows medians and, per column, relaxtune's ratio to llama.cpp and to transformers from
+the same run (compare ratios, not absolute rates). Writes bench.json, bench.md, bench.png and one log per
+system.
 The artifact is compiled first when it does not exist (`relaxtune compile MODEL -o ARTIFACT`).
 """
 
@@ -127,7 +129,10 @@ def transformers_system(args, compiled: bool):
     return vocab, (lambda ids: run(ids, 0)[0]), (lambda ids, steps: run(ids, steps)[1])
 
 
-def worker(args) -> dict:
+def serve(args) -> None:
+    """Worker: load the system, say ready, then answer one sample per command line read on stdin
+    ({"op": "prefill" | "decode", "size": N} -> {"value": tokens/s}; {"op": "rss"} -> peak RSS MB). The
+    first command of each (op, size) also runs once untimed (warm-up, torch.compile's compilation)."""
     start = time.perf_counter()
     if args.worker == "relaxtune":
         vocab, prefill, decode = relaxtune_system(args)
@@ -135,18 +140,20 @@ def worker(args) -> dict:
         vocab, prefill, decode = llamacpp_system(args)
     else:
         vocab, prefill, decode = transformers_system(args, compiled=args.worker == "torch.compile")
-    setup = time.perf_counter() - start
-    result = {"system": args.worker, "prefill": {}, "decode": {}}
-    for n in args.prefill:  # one untimed call first: warm-up (and torch.compile's compilation)
-        ids = prompt(n, vocab, n)
-        prefill(ids)
-        result["prefill"][n] = [n / prefill(ids) for _ in range(args.repeat)]
-    for ctx in args.decode:
-        ids = prompt(ctx, vocab, ctx)
-        decode(ids, 2)
-        result["decode"][ctx] = [args.decode_tokens / decode(ids, args.decode_tokens) for _ in range(args.repeat)]
-    result.update(setup_s=setup, peak_rss_mb=peak_rss_mb())
-    return result
+    print(json.dumps({"ready": time.perf_counter() - start}), flush=True)
+    warm = set()
+    for line in sys.stdin:
+        command = json.loads(line)
+        op, size = command["op"], command.get("size")
+        if op == "rss":
+            print(json.dumps({"value": peak_rss_mb()}), flush=True)
+            continue
+        ids = prompt(size, vocab, size)
+        if (op, size) not in warm:
+            warm.add((op, size))
+            prefill(ids) if op == "prefill" else decode(ids, 2)
+        value = size / prefill(ids) if op == "prefill" else args.decode_tokens / decode(ids, args.decode_tokens)
+        print(json.dumps({"value": value}), flush=True)
 
 
 # -- the run --------------------------------------------------------------------------------------------
@@ -164,41 +171,85 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def run_system(system: str, args) -> dict | None:
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS=str(args.threads),
-        TVM_NUM_THREADS=str(args.threads),
-        MKL_NUM_THREADS=str(args.threads),
-    )
-    if system == "relaxtune":
-        env["TVM_USE_RUNTIME_LIB"] = "1"  # the deploy host's runtime: no compiler library in the process
-    command = [
-        sys.executable,
-        __file__,
-        "--worker",
-        system,
-        "--model",
-        args.model,
-        "--artifact",
-        str(args.artifact),
-        "--threads",
-        str(args.threads),
-        "--repeat",
-        str(args.repeat),
-        "--decode-tokens",
-        str(args.decode_tokens),
-        "--prefill",
-        ",".join(map(str, args.prefill)),
-        "--decode",
-        ",".join(map(str, args.decode)),
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        print(f"{system}: failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:] or ''}", file=sys.stderr)
-        return None
-    return json.loads(lines[-1])
+class Worker:
+    """One system in its own process (its threads set like the others'), sampled on request."""
+
+    def __init__(self, system: str, args):
+        env = dict(
+            os.environ,
+            OMP_NUM_THREADS=str(args.threads),
+            TVM_NUM_THREADS=str(args.threads),
+            MKL_NUM_THREADS=str(args.threads),
+            OMP_WAIT_POLICY="PASSIVE",
+        )  # idle threads must not spin
+        if system == "relaxtune":
+            env["TVM_USE_RUNTIME_LIB"] = "1"  # the deploy host's runtime: no compiler library in the process
+        command = [
+            sys.executable,
+            __file__,
+            "--worker",
+            system,
+            "--model",
+            args.model,
+            "--artifact",
+            str(args.artifact),
+            "--threads",
+            str(args.threads),
+            "--decode-tokens",
+            str(args.decode_tokens),
+            "--prefill",
+            ",".join(map(str, args.prefill)),
+            "--decode",
+            ",".join(map(str, args.decode)),
+        ]
+        self.system = system
+        self.log = open(args.out / f"{system}.log", "w")  # noqa: SIM115 (open while the worker runs)
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env
+        )
+        self.setup_s = self.receive()
+
+    def receive(self) -> float:
+        while True:
+            line = self.process.stdout.readline()
+            if not line:
+                raise RuntimeError(f"{self.system} stopped (see {self.log.name})")
+            if line.startswith("{"):
+                reply = json.loads(line)
+                return reply["ready"] if "ready" in reply else reply["value"]
+
+    def sample(self, op: str, size: int | None = None) -> float:
+        self.process.stdin.write(json.dumps({"op": op, "size": size}) + "\n")
+        self.process.stdin.flush()
+        return self.receive()
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+        self.log.close()
+
+
+def run(args) -> list[dict]:
+    """Start every system, then sample each figure of each system in turns, --repeat rounds, so that
+    this shared machine's load falls on all systems alike."""
+    workers = []
+    for system in [s.strip() for s in args.systems.split(",") if s.strip()]:
+        print(f"starting {system} ...", flush=True)
+        try:
+            workers.append(Worker(system, args))
+        except (RuntimeError, OSError) as err:
+            print(f"{system}: {err}", file=sys.stderr)
+    figures = [("prefill", n) for n in args.prefill] + [("decode", c) for c in args.decode]
+    results = {w.system: {"system": w.system, "setup_s": w.setup_s, "prefill": {}, "decode": {}} for w in workers}
+    for round_ in range(args.repeat):
+        print(f"round {round_ + 1} of {args.repeat}", flush=True)
+        for op, size in figures:
+            for w in workers:
+                results[w.system][op].setdefault(str(size), []).append(w.sample(op, size))
+    for w in workers:
+        results[w.system]["peak_rss_mb"] = w.sample("rss")
+        w.close()
+    return list(results.values())
 
 
 def table(results: list[dict], args) -> str:
@@ -274,18 +325,14 @@ def main() -> int:
     args.prefill = [int(v) for v in args.prefill.split(",")]
     args.decode = [int(v) for v in args.decode.split(",")]
     if args.worker:
-        print(json.dumps(worker(args)))
+        serve(args)
         return 0
     if not args.artifact.exists():
         print(f"compiling {args.model} into {args.artifact}", flush=True)
         subprocess.run([sys.executable, "-m", "relaxtune", "compile", args.model, "-o", str(args.artifact)], check=True)
     bandwidth = copy_bandwidth_gbps()
-    results = []
-    for system in [s.strip() for s in args.systems.split(",") if s.strip()]:
-        print(f"running {system} ...", flush=True)
-        result = run_system(system, args)
-        if result is not None:
-            results.append(result)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = run(args)
     weights = json.loads(args.artifact.with_suffix(".json").read_text())["weights"]["bytes"]
     text = table(results, args)
     relaxtune = next((r for r in results if r["system"] == "relaxtune"), None)
@@ -295,7 +342,6 @@ def main() -> int:
             f"\nrelaxtune decode @{args.decode[0]}: {weights / 1e6:.0f} MB of weights x {rate:.1f} tok/s = "
             f"{weights * rate / 1e9:.1f} GB/s read, against {bandwidth:.1f} GB/s copy bandwidth (read + write) here\n"
         )
-    args.out.mkdir(parents=True, exist_ok=True)
     payload = {
         "model": args.model,
         "threads": args.threads,

@@ -35,7 +35,7 @@ def cpu_rules(fast_math: bool = True) -> list:
     ``fast_math`` replaces float32 exp / erf / tanh / sigmoid by vectorizable approximations
     (error < 4e-7, see ``fast_math``); TVM otherwise calls scalar libm for each element.
     """
-    return [Attention(fast_math=fast_math), PagedAttention(fast_math=fast_math), PagedRope(),
+    return [Attention(fast_math=fast_math), PagedAttention(fast_math=fast_math), PagedRope(fast_math=fast_math),
             NormGemv(fast_math=fast_math), Gemv(fast_math=fast_math), Matmul(fast_math=fast_math),
             Reduction(fast_math=fast_math),
             Elementwise(fast_math=fast_math), Fallback(fast_math=fast_math)]

@@ -10,23 +10,25 @@ from __future__ import annotations
 import logging
 
 from tvm import s_tir, tirx
-from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.target import Target
 
 from ...relax_passes import paged_rope_kernel as kernel
 from ...relax_passes.paged_attention_kernel import ATTR
 from . import _utils as U
+from . import fast_math
 
 logger = logging.getLogger(__name__)
 
 
-class PagedRope(CPUScheduleRule):
+class PagedRope(fast_math.FastMathRule):
     """The paged KV cache's split-and-rotate kernel (see the module docstring)."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or not func.attrs or str(func.attrs.get(ATTR, "")) != kernel.ROPE:
             return None
-        sch = s_tir.Schedule(func)
+        sch = self.schedule_of(func, target)
+        if sch is None:
+            return None
         vec = U.lanes(target, "float32")
         try:
             sch.parallel(sch.get_loops(sch.get_sblock("position"))[-1])
