@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..runtime import llm_files
-from ..runtime import weights as weight_file
+from ..runtime import weight_file
 
 logger = logging.getLogger(__name__)
 

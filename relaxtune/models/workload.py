@@ -61,8 +61,10 @@ def is_model_spec(spec: str) -> bool:
     """Whether `workloads.load` should hand `spec` to `load`."""
     if spec.startswith("gguf:") or spec in PACKAGED:
         return True
-    rest = spec[len("hf:") :] if spec.startswith("hf:") else None
-    return rest is not None and (Path(rest).is_dir() or "/" in rest or rest.startswith("."))
+    rest = spec[len("hf:") :] if spec.startswith("hf:") else None  # hf:llama: a tiny random import (hf_import.py)
+    if rest is None:
+        return False
+    return "/" in rest or rest.startswith((".", "~")) or (Path(rest) / "config.json").is_file()
 
 
 def _options(config: Mapping[str, object] | None) -> dict[str, int]:

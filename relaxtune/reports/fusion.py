@@ -40,11 +40,15 @@ def fused_modules(workload, target, fusion: str):
 
     from .. import api
     from ..config import CompileConfig, JobConfig
-    from ..relax_passes.pipeline import fusion_passes
+    from ..relax_passes.pipeline import fusion_passes, target_fusion_passes
     from ..schedules import intrin
 
     intrin.register_for(target.kind.name)
-    passes = fusion_passes(api.bucket_plan(workload, JobConfig(compile=CompileConfig(fusion=fusion))), fusion)
+    plan = api.bucket_plan(workload, JobConfig(compile=CompileConfig(fusion=fusion)))
+    if workload.weights_nk:  # a language model: its GEMMs read the weights as stored (the build's passes)
+        passes = target_fusion_passes(target, plan, fusion, entries=workload.entries, weights_nk=True)
+    else:
+        passes = fusion_passes(plan, fusion, entries=workload.entries)
     cut = next(i for i, p in enumerate(passes) if p.info.name == "FuseTIR")
     with target:
         before = tvm.transform.Sequential(passes[:cut])(workload.mod)

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import UserError
 from . import llm_files
-from . import weights as weight_file
+from . import weight_file
 from .kv_cache import KVCache
 
 logger = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from relaxtune.errors import UserError
-from relaxtune.runtime import weights
+from relaxtune.runtime import weight_file
 
 
 def test_round_trip_aligned_and_readable_by_safetensors(tmp_path):
@@ -18,13 +18,13 @@ def test_round_trip_aligned_and_readable_by_safetensors(tmp_path):
         "c": rng.standard_normal((17,)).astype("float32"),
     }
     path = tmp_path / "w.safetensors"
-    weights.write(path, tensors, {"format": "test"})
-    loaded = weights.load(path)
+    weight_file.write(path, tensors, {"format": "test"})
+    loaded = weight_file.load(path)
     assert sorted(loaded) == ["a", "b", "c"]
     for name, value in tensors.items():
         np.testing.assert_array_equal(loaded[name].numpy(), value)
-        assert loaded[name].data_ptr() % weights.ALIGN == 0
-    entries, start = weights.read_header(path)
+        assert loaded[name].data_ptr() % weight_file.ALIGN == 0
+    entries, start = weight_file.read_header(path)
     # views of one map: each tensor's address is the map's base plus its offset in the file
     base = loaded["a"].data_ptr() - start - entries["a"]["data_offsets"][0]
     assert loaded["c"].data_ptr() == base + start + entries["c"]["data_offsets"][0]
@@ -36,4 +36,4 @@ def test_damaged_file_is_one_line(tmp_path):
     path = tmp_path / "w.safetensors"
     path.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
     with pytest.raises(UserError, match="is damaged"):
-        weights.load(path)
+        weight_file.load(path)
