@@ -54,9 +54,17 @@ class Attention(nn.Module):
     def forward(self, x: nn.Tensor, cache: PagedKVCache, layer: int) -> nn.Tensor:
         b, n, _ = x.shape
         c = self.c
-        qkv = op.reshape(self.qkv_proj(x), (b, n, c.qkv_heads, c.head_dim))
-        out = cache.attention_with_fused_qkv(layer, qkv, c.num_heads, sm_scale=c.head_dim**-0.5)
-        return self.o_proj(op.reshape(out, (b, n, c.num_heads * c.head_dim)))
+        # the cache's builtin takes (positions, heads, head_dim): one reshape on each side, which become views
+        # (PagedKVCache.attention_with_fused_qkv reshapes twice on each side: FuseOps fuses the pairs into copies)
+        qkv = op.reshape(self.qkv_proj(x), (b * n, c.qkv_heads, c.head_dim))
+        out = relax.BlockBuilder.current().emit(
+            relax.call_dps_packed(
+                "vm.builtin.attention_kv_cache_attention_with_fused_qkv",
+                [cache._expr, relax.prim_value(layer), relax.prim_value(c.head_dim**-0.5), qkv._expr],
+                out_ty=relax.TensorType((b * n, c.num_heads, c.head_dim), DTYPE),
+            )
+        )
+        return self.o_proj(op.reshape(nn.Tensor(_expr=out), (b, n, c.num_heads * c.head_dim)))
 
 
 class MLP(nn.Module):
