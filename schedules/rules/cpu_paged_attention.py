@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 KINDS = (kernel.PREFILL, kernel.DECODE)
 _VECTOR_ALONG_LAST = ("q_load", "acc_zero", "mask", "prob", "acc_store", "output")
 _ROW_REDUCTIONS = ("row_max", "row_sum")
+ACCUMULATORS = 16  # vector accumulators of a P·V step (rows x parts of head_dim)
 
 
 def kind_of(func: tirx.PrimFunc) -> str | None:
@@ -87,7 +88,14 @@ def _schedule_acc(sch: s_tir.Schedule, block, vec: int) -> None:
     loops = sch.get_loops(block)
     if len(sch.get(block).iter_vars) == 3:  # rows, head_dim, keys
         r, dd, j = loops[-3:]
-        sch.reorder(j, r, dd)
+        rows, width = int(sch.get(r).extent), int(sch.get(dd).extent)
+        # head_dim in parts so that rows x part stays within 16 vector accumulators (AVX-512 has 32 registers)
+        part = min(width, max(vec, ACCUMULATORS // rows * vec))
+        if part < width and width % part == 0:
+            outer, dd = sch.split(dd, [None, part])
+            sch.reorder(outer, j, r, dd)
+        else:
+            sch.reorder(j, r, dd)
         sch.unroll(r)
     else:  # head_dim, keys
         dd, j = loops[-2:]
