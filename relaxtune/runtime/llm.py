@@ -32,10 +32,12 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class GenerationStats:
-    """Counts and times of the last `generate` / `generate_tokens` call."""
+    """Counts and times of the last `generate` / `generate_tokens` call: `new_tokens` given out (a stop
+    token is not one), `decode_calls` (each appends one token and gives the next one's logits)."""
 
     prompt_tokens: int
     new_tokens: int
+    decode_calls: int
     prefill_seconds: float
     decode_seconds: float
 
@@ -45,8 +47,7 @@ class GenerationStats:
 
     @property
     def decode_tokens_per_s(self) -> float:
-        """Decoded tokens (after the first, which prefill gives) per second of decode calls."""
-        return (self.new_tokens - 1) / self.decode_seconds if self.decode_seconds else 0.0
+        return self.decode_calls / self.decode_seconds if self.decode_seconds else 0.0
 
 
 class LLM:
@@ -143,20 +144,19 @@ class LLM:
         self.reset(len(ids) + max_tokens)
         start = time.perf_counter()
         logits = self.prefill(ids)
-        prefill_s, decode_s, new = time.perf_counter() - start, 0.0, 0
-        self.stats = GenerationStats(len(ids), 0, prefill_s, 0.0)
-        while True:
+        prefill_s, decode_s, calls = time.perf_counter() - start, 0.0, 0
+        for new in range(1, max_tokens + 1):
             token = self.sample(logits, temperature, top_p, rng)
-            new += 1
-            self.stats = GenerationStats(len(ids), new, prefill_s, decode_s)
+            self.stats = GenerationStats(len(ids), new - 1, calls, prefill_s, decode_s)
             if token in stops:
                 return
+            self.stats = GenerationStats(len(ids), new, calls, prefill_s, decode_s)
             yield token
             if new == max_tokens:
                 return
             start = time.perf_counter()
             logits = self.decode(token)
-            decode_s += time.perf_counter() - start
+            decode_s, calls = decode_s + time.perf_counter() - start, calls + 1
 
     def _check(self, ids: list[int], max_tokens: int, temperature: float, top_p: float) -> None:
         if max_tokens < 1:
