@@ -23,8 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
-from . import llm_files
-from . import weight_file
+from . import llm_files, weight_file
 from .kv_cache import KVCache
 
 logger = logging.getLogger(__name__)
@@ -215,6 +214,12 @@ class LLM:
     def decode(self, token: int):
         """Append one token; the logits after it."""
         return self._forward("decode", [token])
+
+    def pop(self, count: int) -> None:
+        """Drop the last `count` positions of the sequence (the next call continues after the rest)."""
+        if self._cache is None or not 0 <= count <= self._cache.length:
+            raise UserError(f"cannot drop {count} positions: the sequence holds {0 if self._cache is None else self._cache.length}")
+        self._cache.pop(count)
 
     def _forward(self, function: str, ids: list[int]):
         import tvm
