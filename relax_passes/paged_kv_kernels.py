@@ -7,12 +7,12 @@ and its argument layout for llvm, never by a kernel's name), reads the cache's s
 arguments (query / key-value heads, head_dim, dtype, RoPE base), and replaces, under the same global
 names, the kernels the runtime calls for a model whose keys are rotated before they are stored
 (RopeMode NONE or NORMAL): the ragged and paged prefill attention, the decode attention, the merge of
-two partial results (`paged_attention_kernel.py`) and the split-and-rotate of q/k/v
-(`paged_rope_kernel.py`). The sliding-window, tree and copy kernels stay TVM's. A cache created with
+two partial results (`paged_attention_kernel.py`), the split-and-rotate of q/k/v and the append of k/v
+into the pages (`paged_copy_kernels.py`). The sliding-window, tree and page-copy kernels stay TVM's. A cache created with
 RopeMode INLINE (keys rotated inside attention) is left as it is.
 
 Runs before legalization and scheduling (first in the CPU pipeline: `pipeline.fusion_passes`); the
-rules `schedules/rules/cpu_paged_attention.py` and `cpu_paged_rope.py` schedule the new kernels.
+rules `schedules/rules/cpu_paged_attention.py` and `cpu_paged_copy.py` schedule the new kernels.
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprVisitor, visitor
 
-from .paged_attention_kernel import decode_kernel, merge_kernel, prefill_kernel
-from .paged_rope_kernel import rope_kernel
+from .paged_attention_kernel import PAGE_SIZE, decode_kernel, merge_kernel, prefill_kernel
+from .paged_copy_kernels import append_kernel, rope_kernel
 
 logger = logging.getLogger(__name__)
 
 CREATE = "vm.builtin.paged_attention_kv_cache_create"
 LLVM_ARGS = 28  # the create call's arguments for an llvm target (TIRPagedKVCache.__init__)
 # argument positions in that call
-_QO_HEADS, _KV_HEADS, _QK_DIM, _V_DIM, _ROPE_MODE, _ROPE_THETA, _DTYPE_PROBE = 2, 3, 4, 5, 8, 10, 12
+_QO_HEADS, _KV_HEADS, _QK_DIM, _V_DIM, _ROPE_MODE, _ROPE_THETA, _DTYPE_PROBE, _APPEND = 2, 3, 4, 5, 8, 10, 12, 13
 _RAGGED, _PREFILL, _DECODE, _MERGE, _SPLIT_ROTARY = 15, 16, 17, 23, 24
 _ROTATED_BEFORE_STORING = (0, 1)  # RopeMode NONE, NORMAL
 
@@ -88,6 +88,7 @@ def kernels_for(args: list) -> dict | None:
         (_DECODE, 1): decode_kernel(h_kv, h_q, d, dtype),
         (_MERGE, 0): merge_kernel(h_q, d, dtype),
         (_SPLIT_ROTARY, None): rope_kernel(h_q, h_kv, d, dtype, float(theta)),
+        (_APPEND, None): append_kernel(h_kv, d, dtype, PAGE_SIZE),
     }
     out = {}
     for (position, field), kernel in wanted.items():

@@ -19,12 +19,12 @@ from .cpu_gemv import Gemv
 from .cpu_matmul import Matmul
 from .cpu_norm_gemv import NormGemv
 from .cpu_paged_attention import PagedAttention
-from .cpu_paged_rope import PagedRope
+from .cpu_paged_copy import PagedCopy
 from .cpu_reduction import Reduction
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Attention", "Elementwise", "Fallback", "Gemv", "Matmul", "NormGemv", "PagedAttention", "PagedRope",
+__all__ = ["Attention", "Elementwise", "Fallback", "Gemv", "Matmul", "NormGemv", "PagedAttention", "PagedCopy",
            "Reduction", "apply_cpu_rules", "cpu_rules"]
 
 
@@ -35,7 +35,7 @@ def cpu_rules(fast_math: bool = True) -> list:
     ``fast_math`` replaces float32 exp / erf / tanh / sigmoid by vectorizable approximations
     (error < 4e-7, see ``fast_math``); TVM otherwise calls scalar libm for each element.
     """
-    return [Attention(fast_math=fast_math), PagedAttention(fast_math=fast_math), PagedRope(fast_math=fast_math),
+    return [Attention(fast_math=fast_math), PagedAttention(fast_math=fast_math), PagedCopy(fast_math=fast_math),
             NormGemv(fast_math=fast_math), Gemv(fast_math=fast_math), Matmul(fast_math=fast_math),
             Reduction(fast_math=fast_math),
             Elementwise(fast_math=fast_math), Fallback(fast_math=fast_math)]

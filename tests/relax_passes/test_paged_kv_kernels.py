@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import tvm
 from relaxtune.relax_passes import paged_attention_kernel as K
+from relaxtune.relax_passes.paged_copy_kernels import append_kernel, rope_kernel
 from relaxtune.relax_passes.paged_kv_kernels import PagedKVKernels
-from relaxtune.relax_passes.paged_rope_kernel import rope_kernel
 from relaxtune.schedules.rules.cpu_paged_attention import PagedAttention
-from relaxtune.schedules.rules.cpu_paged_rope import PagedRope
+from relaxtune.schedules.rules.cpu_paged_copy import PagedCopy
 
 H_KV, H_Q, D = 2, 6, 32
 PAGE = K.PAGE_SIZE
@@ -31,7 +31,7 @@ def attention(q, k, v, causal):
 
 def build(func, target, scheduled: bool):
     func = func.with_attr("global_symbol", "main")
-    rule = PagedRope() if "paged_rope" in str(func.attrs[K.ATTR]) else PagedAttention()
+    rule = PagedCopy() if str(func.attrs[K.ATTR]) in ("paged_rope", "paged_append") else PagedAttention()
     sch = rule.apply(func, target.target, False) if scheduled else None
     if scheduled:
         assert sch is not None, "the rule did not schedule the kernel"
@@ -174,6 +174,25 @@ def test_rope_split_matches_transformers_rotary(target, scheduled):
     np.testing.assert_array_equal(args[2].numpy(), qkv[:, :H_Q])
 
 
+@pytest.mark.parametrize("scheduled", [True, False])
+def test_append_writes_each_token_to_its_slot(target, scheduled):
+    run = build(append_kernel(H_KV, D, "float32", PAGE), target, scheduled)
+    rng = np.random.default_rng(4)
+    for n in (1, 5):
+        pages = rng.standard_normal((4, 2, H_KV, PAGE, D)).astype(np.float32)
+        k, v = (rng.standard_normal((n, H_KV, D)).astype(np.float32) for _ in range(2))
+        slots = rng.permutation(4 * PAGE)[:n].astype(np.int32)
+        slots[0] = -1  # a token the cache does not store
+        want = pages.copy()
+        for i, slot in enumerate(slots):
+            if slot >= 0:
+                want[slot // PAGE, 0, :, slot % PAGE] = k[i]
+                want[slot // PAGE, 1, :, slot % PAGE] = v[i]
+        args = tensors(pages, k, v, slots)
+        run(*args)
+        np.testing.assert_array_equal(args[0].numpy(), want)
+
+
 def test_pass_replaces_the_cache_kernels_by_its_arguments():
     from relaxtune.models.config import ModelConfig
     from relaxtune.models.llama import export
@@ -192,6 +211,7 @@ def test_pass_replaces_the_cache_kernels_by_its_arguments():
         "batch_decode_paged_kv_cpu": K.DECODE,
         "merge_state_inplace_cpu": K.MERGE,
         "fused_rope": "paged_rope",
+        "tir_kv_cache_transpose_append": "paged_append",
     }
     assert "batch_decode_paged_kv_cpu_sliding_window" in {gv.name_hint for gv in out.get_global_vars()}  # left as TVM's
     assert (

@@ -15,7 +15,7 @@ from relaxtune.schedules.rules.cpu_gemv import Gemv
 from relaxtune.schedules.rules.cpu_matmul import Matmul
 from relaxtune.schedules.rules.cpu_norm_gemv import NormGemv
 from relaxtune.schedules.rules.cpu_paged_attention import PagedAttention
-from relaxtune.schedules.rules.cpu_paged_rope import PagedRope
+from relaxtune.schedules.rules.cpu_paged_copy import PagedCopy
 from relaxtune.schedules.rules.cpu_reduction import Reduction
 
 HID, HEADS, FFN = 64, 4, 96
@@ -95,7 +95,7 @@ def test_scheduled_functions_are_left_untouched_and_input_not_mutated(kit, cpu_t
 
 
 def test_rule_order_most_specific_first():
-    assert [type(r) for r in cpu_rules()] == [Attention, PagedAttention, PagedRope, NormGemv, Gemv, Matmul, Reduction, Elementwise,
+    assert [type(r) for r in cpu_rules()] == [Attention, PagedAttention, PagedCopy, NormGemv, Gemv, Matmul, Reduction, Elementwise,
                                               Fallback]
     assert all(r.fast_math is False for r in cpu_rules(fast_math=False))
 

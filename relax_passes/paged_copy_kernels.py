@@ -1,15 +1,21 @@
-"""Compute definition of relaxtune's CPU kernel that splits the merged q/k/v of TVM's paged KV cache and
-rotates q and k (the cache's ``f_split_rotary``; `paged_kv_kernels.py` puts it in place of TVM's).
+"""Compute definitions of relaxtune's CPU kernels that move each new token's data through TVM's paged KV
+cache (`paged_kv_kernels.py` puts them in place of TVM's; `schedules/rules/cpu_paged_copy.py` schedules
+them): `rope_kernel` splits the merged q/k/v and rotates q and k (the cache's ``f_split_rotary``),
+`append_kernel` writes k and v into their pages (``f_transpose_append``).
 
-Signature (what the runtime calls): ``(qkv (n, h_q + 2 h_kv, d), position_map (n,) int32, q (n, h_q, d),
-k (n, h_kv, d), v (n, h_kv, d), apply_rope: int64)``. With ``apply_rope`` > 0, q and k are rotated in
+`rope_kernel`'s signature (what the runtime calls): ``(qkv (n, h_q + 2 h_kv, d), position_map (n,) int32,
+q (n, h_q, d), k (n, h_kv, d), v (n, h_kv, d), apply_rope: int64)``. With ``apply_rope`` > 0, q and k are rotated in
 the rotate-half form of transformers' Llama: feature ``i < d/2`` is ``x_i cos - x_{i + d/2} sin`` and
 feature ``i + d/2`` is ``x_{i + d/2} cos + x_i sin``, with angle ``position * theta^(-2i/d)`` computed in
 float32 as transformers does (inverse frequencies by ``pow``, then one multiply). TVM's kernel computes
 ``pow``, ``cos`` and ``sin`` for every element of every head; here each position's d/2 cosines and sines
 are computed once (block ``angle``, into stack arrays) and every q and k head reads them (blocks
 ``rotate_q``, ``rotate_k``: loops (head, side, i) over the two halves, branch-free), v copied
-(``copy_v``). The rule `schedules/rules/cpu_paged_rope.py` schedules it.
+(``copy_v``); each position is one block (``position``).
+
+`append_kernel`'s signature: ``(pages (num_pages, 2, h_kv, page, d), k (n, h_kv, d), v (n, h_kv, d),
+position_map (n,) int32)``: token i goes to slot ``position_map[i]`` (page ``slot // page``, row
+``slot % page``), none where it is -1 (block ``append``: loops (token, head, head_dim), k and v).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from tvm.script import tirx as T
 from .paged_attention_kernel import ATTR
 
 ROPE = "paged_rope"
+APPEND = "paged_append"
 
 
 def rope_kernel(h_q: int, h_kv: int, d: int, dtype: str, theta: float):
@@ -82,3 +89,26 @@ def rope_kernel(h_q: int, h_kv: int, d: int, dtype: str, theta: float):
                         v[vs, vh, vd] = qkv[vs, h_q + h_kv + vh, vd]
 
     return rope
+
+
+def append_kernel(h_kv: int, d: int, dtype: str, page_size: int):
+    """The append kernel (module docstring)."""
+
+    @T.prim_func(s_tir=True, private=True)
+    def append(var_pages: T.handle, var_k: T.handle, var_v: T.handle, var_position_map: T.handle):
+        T.func_attr({ATTR: APPEND, "tirx.noalias": True})
+        n, num_pages, pages_off, pm_off = T.int64(), T.int64(), T.int64(), T.int32()
+        pages = T.match_buffer(var_pages, (num_pages, 2, h_kv, page_size, d), dtype, elem_offset=pages_off)
+        k = T.match_buffer(var_k, (n, h_kv, d), dtype)
+        v = T.match_buffer(var_v, (n, h_kv, d), dtype)
+        position_map = T.match_buffer(var_position_map, (n,), "int32", elem_offset=pm_off)
+        for s, h, dd in T.grid(n, h_kv, d):
+            with T.sblock("append"):
+                vs, vh, vd = T.axis.remap("SSS", [s, h, dd])
+                T.where(position_map[s] != -1)
+                T.reads(k[vs, vh, vd], v[vs, vh, vd], position_map[vs])
+                T.writes(pages[0:num_pages, 0:2, vh, 0:page_size, vd])
+                pages[position_map[vs] // page_size, 0, vh, position_map[vs] % page_size, vd] = k[vs, vh, vd]
+                pages[position_map[vs] // page_size, 1, vh, position_map[vs] % page_size, vd] = v[vs, vh, vd]
+
+    return append
