@@ -252,30 +252,23 @@ def run(args) -> list[dict]:
     return list(results.values())
 
 
-def table(results: list[dict], args) -> str:
-    columns = [("prefill", n, f"prefill {n} tok/s") for n in args.prefill] + [
-        ("decode", c, f"decode @{c} tok/s") for c in args.decode
-    ]
+def table(results: list[dict], args, pick=statistics.median) -> str:
+    """Markdown: one row per system (`pick` of its samples per figure), then relaxtune's ratios."""
+    columns = [("prefill", n, f"prefill {n} tok/s") for n in args.prefill]
+    columns += [("decode", c, f"decode @{c} tok/s") for c in args.decode]
     head = ["system", *(c[2] for c in columns), "peak RSS MB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    median = {
-        (r["system"], kind, str(key)): statistics.median(r[kind][str(key)]) for r in results for kind, key, _ in columns
-    }
+    value = {(r["system"], kind, str(key)): pick(r[kind][str(key)]) for r in results for kind, key, _ in columns}
+    rss = {r["system"]: r["peak_rss_mb"] for r in results}
     for r in results:
-        cells = (
-            [r["system"]]
-            + [f"{median[(r['system'], kind, str(key))]:.1f}" for kind, key, _ in columns]
-            + [f"{r['peak_rss_mb']:.0f}"]
-        )
-        lines.append("| " + " | ".join(cells) + " |")
-    names = [r["system"] for r in results]
+        cells = [f"{value[(r['system'], kind, str(key))]:.1f}" for kind, key, _ in columns]
+        lines.append("| " + " | ".join([r["system"], *cells, f"{r['peak_rss_mb']:.0f}"]) + " |")
     for base in ("llama.cpp", "transformers"):
-        if "relaxtune" in names and base in names:
-            ratios = [f"{median[('relaxtune', k, str(c))] / median[(base, k, str(c))]:.2f}x" for k, c, _ in columns]
-            rss = next(r["peak_rss_mb"] for r in results if r["system"] == "relaxtune") / next(
-                r["peak_rss_mb"] for r in results if r["system"] == base
+        if "relaxtune" in rss and base in rss:
+            ratios = [f"{value[('relaxtune', k, str(c))] / value[(base, k, str(c))]:.2f}x" for k, c, _ in columns]
+            lines.append(
+                "| " + " | ".join([f"relaxtune / {base}", *ratios, f"{rss['relaxtune'] / rss[base]:.2f}x"]) + " |"
             )
-            lines.append("| " + " | ".join([f"relaxtune / {base}", *ratios, f"{rss:.2f}x"]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -334,7 +327,11 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     results = run(args)
     weights = json.loads(args.artifact.with_suffix(".json").read_text())["weights"]["bytes"]
-    text = table(results, args)
+    load = os.getloadavg()[0]
+    text = f"Medians of {args.repeat} rounds ({args.threads} threads; load average {load:.1f} at the end):\n\n"
+    text += table(results, args)
+    text += f"\nBest of the {args.repeat} rounds (what each system does when the machine lets it):\n\n"
+    text += table(results, args, pick=max)
     relaxtune = next((r for r in results if r["system"] == "relaxtune"), None)
     if relaxtune is not None:
         rate = statistics.median(relaxtune["decode"][str(args.decode[0])])
