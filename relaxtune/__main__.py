@@ -15,6 +15,7 @@ COMMANDS = {
     "tune": "tune a workload's kernels into the cache",
     "compile": "compile a workload with the cache applied and export NAME.so",
     "run": "load an exported artifact (runtime only), run it, check it against the reference",
+    "generate": "generate text with a compiled language model (runtime only), tokens streamed",
     "bench": "one table: relaxtune vs stock TVM vs torch eager vs torch.compile",
     "cache": "inspect and maintain the tuning cache: ls, show, merge, prune",
     "report": "reports on a workload, the cache or a tuning job (markdown, --json, PNG plots)",

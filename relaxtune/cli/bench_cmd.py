@@ -34,6 +34,12 @@ def run(args) -> int:
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown or not systems:
         raise UserError(f"unknown system {unknown[0] if unknown else args.systems!r}: choose from {', '.join(SYSTEMS)}")
+    from ..workloads.language_model import is_model_spec
+
+    if is_model_spec(args.workload):  # prefill and decode against a KV cache, not one call of main
+        raise UserError(
+            f"{args.workload} is a language model: time it with python benchmarks/bench_llm.py --model {args.workload}"
+        )
     target = targets.resolve(args.target)
     job = common.job_config(args, use_cache=not args.no_cache)
     workload = common.load_workload(args)

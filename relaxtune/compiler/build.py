@@ -82,7 +82,8 @@ def extract_tasks(workload: Workload, target: ResolvedTarget, job: JobConfig):
 
     intrin.register_for(target.target.kind.name)
     # the build's library rewrites too: tune only the kernels the build keeps
-    return extract(fuse(workload.mod, target.target, bucket_plan(workload, job), job.compile))
+    plan = bucket_plan(workload, job)
+    return extract(fuse(workload.mod, target.target, plan, job.compile, workload.entries, workload.weights_nk))
 
 
 @dataclass
@@ -123,7 +124,17 @@ def build(workload: Workload, target: ResolvedTarget, job: JobConfig, report: Co
     if verdicts is None:
         verdicts = Verdicts.from_folder(folder if database is not None else None)
     report = report if report is not None else Counter()
-    passes = pipeline(target.target, bucket_plan(workload, job), job.compile, database, report, index, verdicts)
+    passes = pipeline(
+        target.target,
+        bucket_plan(workload, job),
+        job.compile,
+        database,
+        report,
+        index,
+        verdicts,
+        entries=workload.entries,
+        weights_nk=workload.weights_nk,
+    )
     with tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": job.compile.cuda_graphs and target.is_gpu}):
         lowered = passes(workload.mod)  # the Relax pipeline (relax_passes/pipeline.py)
         try:
@@ -161,7 +172,8 @@ def export(workload: Workload, target: ResolvedTarget, job: JobConfig, output: P
     if not target.is_gpu:  # the host runs it: a build that disagrees with its reference is not written
         verify(executable, workload)
     fingerprint = cache_fingerprint(folder) if folder is not None and folder.exists() else None
-    manifest = artifact.export(
+    exporter = workload.exporter or artifact.export  # a language model writes its own files (models/export.py)
+    manifest = exporter(
         executable, workload, target, Path(output), bucket_plan(workload, job), fingerprint, dict(report)
     )
     return CompileResult(Path(output), manifest, report, time.perf_counter() - start)

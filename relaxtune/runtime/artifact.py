@@ -259,6 +259,11 @@ def read_manifest(so_path: str | Path) -> dict:
     """An artifact's manifest (NAME.json), checked to be whole and of this format; its files must exist."""
     so_path = Path(so_path)
     params_path, manifest_path = paths(so_path)
+    if manifest_path.exists() and '"kind": "llm"' in manifest_path.read_text():
+        raise UserError(
+            f"{so_path} is a language model (relaxtune compile gguf:...): "
+            f"run it with relaxtune generate {so_path} --prompt TEXT"
+        )
     for path in (so_path, params_path, manifest_path):
         if not path.exists():
             raise UserError(

@@ -20,6 +20,8 @@ from .cpu_fallback import Fallback
 from .cpu_gemv import Gemv
 from .cpu_matmul import Matmul
 from .cpu_norm_gemv import NormGemv
+from .cpu_paged_attention import PagedAttention
+from .cpu_paged_copy import PagedCopy
 from .cpu_reduction import Reduction
 
 logger = logging.getLogger(__name__)
@@ -31,6 +33,8 @@ __all__ = [
     "Gemv",
     "Matmul",
     "NormGemv",
+    "PagedAttention",
+    "PagedCopy",
     "Reduction",
     "apply_cpu_rules",
     "cpu_rules",
@@ -49,14 +53,16 @@ def rule_schedules(target, rules: list | None = None) -> tvm.transform.Pass:
 
 
 def cpu_rules(fast_math: bool = True) -> list:
-    """The CPU rules in the order they are tried: fused attention, normalization + GEMV, GEMV, matmul,
-    row reductions, element-wise, fallback.
+    """The CPU rules in the order they are tried: fused attention, the paged KV cache's kernels,
+    normalization + GEMV, GEMV, matmul, row reductions, element-wise, fallback.
 
     ``fast_math`` replaces float32 exp / erf / tanh / sigmoid by vectorizable approximations
     (error < 4e-7, see ``fast_math``); TVM otherwise calls scalar libm for each element.
     """
     return [
         Attention(fast_math=fast_math),
+        PagedAttention(fast_math=fast_math),
+        PagedCopy(fast_math=fast_math),
         NormGemv(fast_math=fast_math),
         Gemv(fast_math=fast_math),
         Matmul(fast_math=fast_math),

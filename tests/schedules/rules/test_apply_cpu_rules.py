@@ -14,6 +14,8 @@ from relaxtune.schedules.rules.cpu_fallback import Fallback
 from relaxtune.schedules.rules.cpu_gemv import Gemv
 from relaxtune.schedules.rules.cpu_matmul import Matmul
 from relaxtune.schedules.rules.cpu_norm_gemv import NormGemv
+from relaxtune.schedules.rules.cpu_paged_attention import PagedAttention
+from relaxtune.schedules.rules.cpu_paged_copy import PagedCopy
 from relaxtune.schedules.rules.cpu_reduction import Reduction
 
 HID, HEADS, FFN = 64, 4, 96
@@ -114,7 +116,17 @@ def test_scheduled_functions_are_left_untouched_and_input_not_mutated(kit, cpu_t
 
 
 def test_rule_order_most_specific_first():
-    assert [type(r) for r in cpu_rules()] == [Attention, NormGemv, Gemv, Matmul, Reduction, Elementwise, Fallback]
+    assert [type(r) for r in cpu_rules()] == [
+        Attention,
+        PagedAttention,
+        PagedCopy,
+        NormGemv,
+        Gemv,
+        Matmul,
+        Reduction,
+        Elementwise,
+        Fallback,
+    ]
     assert all(r.fast_math is False for r in cpu_rules(fast_math=False))
 
 
