@@ -14,10 +14,8 @@ costs nothing); a product they leave becomes one NT matmul kernel (FuseTranspose
 transpose per call. Matched by operators and types, never by names.
 
 Why: with a weight's rows contiguous, a decode GEMV's warp reads whole rows and reduces by warp
-shuffles. H200, fp16, 1 row (benchmarks/gemv_check.py): o_proj 4096 x 4096 9.77 us against 10.53 for
-the (K, N) kernel, 80.5% of the copy bandwidth against 75%; the Llama-7B block at n = 1 0.1187 ms
-against 0.1280 (interleaved, CUDA graphs). At n = 128 it costs about 4 us (0.166 vs 0.162 ms):
-cuBLAS's transposed-operand GEMMs are 2-6% slower than its plain ones at small M.
+shuffles; on the H200 the decode step gained more than cuBLAS's transposed-operand GEMMs cost at
+small M (docs/results.md "GPU decode GEMVs").
 
 Run after LiftTransformParams and before BucketDispatch; the pipeline adds it for cuda targets
 with the library GEMMs on (config.CudaLibraries.weights_nk, default True), and FuseTransposeMatmul

@@ -24,6 +24,7 @@ from relaxtune.workloads.user import workload_from_mod
 EXAMPLES = int(os.environ.get("RELAXTUNE_PROPERTY_EXAMPLES", "8"))
 UNARY = ("relu", "gelu", "silu", "exp_scaled", "softmax", "rms_norm", "layer_norm", "neg_abs")
 BINARY = ("add", "multiply", "subtract")
+SHAPED = ("matmul", "sum", "concat_rows", "transpose2", "empty_slice", "self_attention", "column_mean", "row_max")
 
 
 @st.composite
@@ -33,7 +34,7 @@ def modules(draw):
     width = draw(st.sampled_from([1, 3, 8, 16, 24]))
     steps = draw(
         st.lists(
-            st.sampled_from(UNARY + BINARY + ("matmul", "sum", "concat_rows", "transpose2", "empty_slice")),
+            st.sampled_from(UNARY + BINARY + SHAPED),
             min_size=1,
             max_size=5,
         )
@@ -81,6 +82,14 @@ def modules(draw):
                 elif step == "empty_slice":  # a zero-width slice concatenated (a full-width partial RoPE)
                     empty = relax.op.strided_slice(cur, axes=[1], begin=[cols], end=[cols])
                     cur = bb.emit(relax.op.concat([cur, empty], axis=1))
+                elif step == "self_attention":  # (rows, rows) scores over a symbolic axis, softmax, back to cols
+                    scores = relax.op.matmul(cur, relax.op.permute_dims(cur))
+                    cur = bb.emit(relax.op.matmul(relax.op.nn.softmax(scores, axis=-1), cur))
+                elif step == "column_mean":  # a reduction over the symbolic axis, broadcast back
+                    cur = bb.emit(relax.op.subtract(cur, relax.op.mean(cur, axis=[0], keepdims=True)))
+                elif step == "row_max":
+                    cur = bb.emit(relax.op.max(cur, axis=[-1], keepdims=True))
+                    cols = 1
                 elif step == "transpose2":
                     cur = bb.emit(relax.op.permute_dims(relax.op.permute_dims(cur)))
             out = bb.emit_output(cur)
