@@ -146,7 +146,8 @@ class BucketDispatch:
         params = [relax.Var(p.name, p.ty) for p in main.params]
         attrs = {k: v for k, v in main.attrs.items()}
         with bb.function("main", params, attrs=attrs, pure=False):
-            bb.emit(_bounds_check({n: dims[n] for n in dims}, lo_hi))
+            if dims:  # a model with static shapes only (one bucket, nothing to check)
+                bb.emit(_bounds_check({n: dims[n] for n in dims}, lo_hi))
             expr = None
             for gv, combo in reversed(variants):
                 exact = {n: b.lo for n, b in combo.items() if b.exact}

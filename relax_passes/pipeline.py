@@ -9,11 +9,13 @@ from tvm import relax
 
 from .bucket_dispatch import Bucket, BucketDispatch
 from .canonicalize_onnx_attention import CanonicalizeOnnxAttention
+from .conv_layout import ConvertConvLayout
 from .decompose_attention import DecomposeAttention
 from .fuse_attention import FuseAttention
 from .fuse_attention_prologue import FuseAttentionPrologue
 from .fuse_norm_gemv import FuseNormIntoGemv
 from .lift_position_tables import LiftPositionTables
+from .fold_batch_norm import FoldBatchNorm
 from .fuse_swiglu import FuseSwiGLU
 from .merge_projections import MergeProjections
 from .slice_after_reshape import SliceAfterReshape
@@ -40,7 +42,10 @@ def fusion_passes(
     relaxtune_fusion = [FuseSwiGLU(), MergeProjections(), SplitToSlices()] if ours else [MergeProjections(copy_slices=True)] if merge_only else []
     # the ONNX export's mask gather and key transposes in the form FuseAttention matches
     fused_attention = [CanonicalizeOnnxAttention(), FuseAttention(), LiftPositionTables(), FuseAttentionPrologue()] if ours else []
+    # convolutional nets: batch norms folded into the weights, NHWC convolutions, transforms at the edges only
+    conv_layout = [FoldBatchNorm(), ConvertConvLayout()] if ours else []
     return [
+        *conv_layout,  # before the lift: the folded, transposed weights are computed at load
         *relaxtune_fusion,  # CompileConfig.fusion; before the lift, so their weight packing runs at load
         relax.transform.LiftTransformParams(),  # weight-only work (transposes) runs once, at load
         *(lifted or []),  # cuda with cublas=True: weights only GEMMs read stay (N, K) (KeepWeightsNK)

@@ -3,7 +3,8 @@
 ``load(spec, config, dtype)`` returns a :class:`Workload`: ``spec`` is a built-in name from
 :data:`BUILTIN` (``llama-block``, ``gpt2-block``, ``mlp``), the path of a user ``.py`` file
 (see :mod:`relaxtune.workloads.user`), or an imported model: ``torch:package.module:Factory``
-(:mod:`.torch_import`), ``hf:MODEL_TYPE`` (:mod:`.hf_import`) or a path ending in ``.onnx``
+(:mod:`.torch_import`), ``hf:MODEL_TYPE`` (:mod:`.hf_import`), ``torchvision:NAME``
+(:mod:`.torchvision_import`) or a path ending in ``.onnx``
 (:mod:`.onnx_import`). ``config`` overrides a built-in's defaults; its values
 may be strings (as parsed by :func:`parse_config` from ``hidden=512,heads=8``) and are converted
 to the type of the default.
@@ -111,6 +112,10 @@ def _load(spec: str, config: Mapping[str, str] | None, dtype: str | None) -> Wor
         from .hf_import import load_hf
 
         return load_hf(spec[len("hf:"):], config, dtype)
+    if spec.startswith("torchvision:"):
+        from .torchvision_import import load_torchvision
+
+        return load_torchvision(spec, config, dtype)
     if spec.endswith(".onnx"):
         from .onnx_import import load_onnx
 
@@ -121,5 +126,5 @@ def _load(spec: str, config: Mapping[str, str] | None, dtype: str | None) -> Wor
         raise UserError(f"user workload file {spec!r} does not exist: give a built-in name or a path to a .py file")
     raise UserError(
         f"unknown workload {spec!r}: use one of {', '.join(BUILTIN)}, a path to a .py or .onnx file, "
-        "torch:package.module:Factory or hf:MODEL_TYPE"
+        "torch:package.module:Factory, hf:MODEL_TYPE or torchvision:NAME"
     )
