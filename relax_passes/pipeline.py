@@ -7,6 +7,7 @@ from collections import Counter
 import tvm
 from tvm import relax
 
+from .block_conv_weights import BlockConvWeights
 from .bucket_dispatch import Bucket, BucketDispatch
 from .canonicalize_onnx_attention import CanonicalizeOnnxAttention
 from .conv_layout import ConvertConvLayout
@@ -43,7 +44,7 @@ def fusion_passes(
     # the ONNX export's mask gather and key transposes in the form FuseAttention matches
     fused_attention = [CanonicalizeOnnxAttention(), FuseAttention(), LiftPositionTables(), FuseAttentionPrologue()] if ours else []
     # convolutional nets: batch norms folded into the weights, NHWC convolutions, transforms at the edges only
-    conv_layout = [FoldBatchNorm(), ConvertConvLayout()] if ours else []
+    conv_layout = [FoldBatchNorm(), ConvertConvLayout(), BlockConvWeights()] if ours else []
     return [
         *conv_layout,  # before the lift: the folded, transposed weights are computed at load
         *relaxtune_fusion,  # CompileConfig.fusion; before the lift, so their weight packing runs at load

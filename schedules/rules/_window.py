@@ -6,7 +6,8 @@ A *channels-last window block* writes ``out[n, h, w, c]`` (four spatial block it
 read ``data[n, h * s + kh * d, w * s + kw * d, ...]``:
 
 * ``dense``: ``data[.., ic] * weight[kh, kw, ic, c]``, a convolution (``ic`` a reduction over the
-  input channels; ``c`` does not index the data);
+  input channels; ``c`` does not index the data), or with the weight in blocks of output channels
+  ``weight[c // T, kh, kw, ic, c % T]`` (``relax_passes/block_conv_weights.py``);
 * ``channelwise``: ``data[.., c] (* weight[kh, kw, 0, c])``: a depthwise convolution, a max / sum
   pool, a mean over the image (the window is then the whole height and width).
 
@@ -63,13 +64,13 @@ def analyze(block) -> WindowBlock | None:
         return None
     n, h, w, c = out
     reads = [r for r in block.reads if not r.source.same_as(block.writes[0].source)]
-    if any(len(r.region) != 4 or any(not (isinstance(x.extent, tirx.IntImm) and int(x.extent) == 1) for x in r.region) for r in reads):
+    if any(len(r.region) not in (4, 5) or any(not (isinstance(x.extent, tirx.IntImm) and int(x.extent) == 1) for x in r.region) for r in reads):
         return None
     reduce = [iv for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
     spatial = [iv for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
     if len(spatial) != 4 or len(reduce) + 4 != len(iters) or not reduce:
         return None
-    data = next((i for i, r in enumerate(block.reads) if r in reads and _vars(r.region[0].min) == {n}), None)
+    data = next((i for i, r in enumerate(block.reads) if r in reads and len(r.region) == 4 and _vars(r.region[0].min) == {n}), None)
     if data is None:
         return None
     index = [r.min for r in block.reads[data].region]
@@ -92,9 +93,10 @@ def analyze(block) -> WindowBlock | None:
     if len(weights) > 1:
         return None
     weight = weights[0] if weights else None
-    if weight is not None:
+    if weight is not None:  # HWIO [kh, kw, ic, c], or blocked [c // T, kh, kw, ic, c % T] (BlockConvWeights)
         windex = [r.min for r in block.reads[weight].region]
-        if not windex[3].same_as(c) or any(_vars(x) - {iv.var for iv in reduce} for x in windex[:3]):
+        used = set().union(*(_vars(x) for x in windex))
+        if c not in _vars(windex[-1]) or used - {c} - {iv.var for iv in reduce}:
             return None
     if c in chan:
         if "ic" in kinds.values() or (chan - {c}) - {v for v, k in kinds.items() if k == "u"}:

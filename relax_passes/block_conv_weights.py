@@ -1,0 +1,112 @@
+"""BlockConvWeights: an NHWC convolution's HWIO weight stored in blocks of output channels.
+
+    conv2d(x, w: (KH, KW, IC, OC), NHWC / HWIO)
+        -> call_tir(conv2d_nhwc_blocked, [x, layout_transform(w): (OC / T, KH, KW, IC, T)])
+
+``T`` output channels are what the CPU convolution rule (``schedules/rules/cpu_conv2d.py``)
+computes per register tile (two vectors, ``_window.channel_tile``). In HWIO a tile's weights are
+``T`` floats out of every ``OC``-long row: 128 bytes every 8 KiB for a 2048-channel layer, a new
+page each row. Blocked, they are one contiguous stream, which the hardware prefetches. The
+``layout_transform`` reads the weight only, so LiftTransformParams moves it to load time.
+
+The blocked convolution is a TE compute of its own (TOPI's conv2d takes no blocked weight
+layout), written as TOPI writes its NHWC convolution: a ``pad_temp`` stage, then one reduction
+block over (kh, kw, ic); FuseOps fuses its epilogue into it as into TOPI's. Convolutions that are
+not NHWC / HWIO with one group, or whose output channels do not divide into blocks, are left as
+they are.
+
+Runs after ConvertConvLayout, before LiftTransformParams; needs the target in scope (the vector
+width sets ``T``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import tvm
+from tvm import relax, te, tirx, topi
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from .fusion_utils import is_op, rewrite_functions
+
+logger = logging.getLogger(__name__)
+
+
+def block_size(channels: int, target) -> int:
+    """Output channels per block: the convolution rule's channel tile on ``target``."""
+    from ..schedules.rules import _utils as U
+    from ..schedules.rules._window import channel_tile
+
+    vectors, width = channel_tile(channels, U.lanes(target, "float32"), 2)
+    return vectors * width
+
+
+def conv2d_nhwc_blocked(data, weight, strides, padding, dilation, out_dtype: str):
+    """TE: ``out[n, h, w, c] = sum data_padded[n, h*s + kh*d, w*s + kw*d, ic] * weight[c // T, kh, kw, ic, c % T]``."""
+    _, height, width, _ = data.shape
+    blocks, kh, kw, in_channels, block = weight.shape
+    top, left, bottom, right = padding
+    pad = topi.nn.pad(data, [0, top, left, 0], [0, bottom, right, 0], name="pad_temp")
+    out_h = (height + top + bottom - dilation[0] * (kh - 1) - 1) // strides[0] + 1
+    out_w = (width + left + right - dilation[1] * (kw - 1) - 1) // strides[1] + 1
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+    rc = te.reduce_axis((0, in_channels), name="rc")
+    return te.compute(
+        (data.shape[0], out_h, out_w, blocks * block),
+        lambda n, y, x, c: te.sum(
+            pad[n, y * strides[0] + ry * dilation[0], x * strides[1] + rx * dilation[1], rc].astype(out_dtype)
+            * weight[c // block, ry, rx, rc, c % block].astype(out_dtype),
+            axis=[ry, rx, rc],
+        ),
+        name="conv2d_nhwc",
+    )
+
+
+def _static(dim) -> int | None:
+    return int(dim) if isinstance(dim, tirx.IntImm) else None
+
+
+@mutator
+class _Blocker(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, target):
+        super().__init__(mod)
+        self.target = target
+        self.count = 0
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = self.visit_expr_post_order(call)
+        if not is_op(call, "relax.nn.conv2d"):
+            return call
+        attrs = call.attrs
+        layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout or attrs.data_layout))
+        weight = call.args[1]
+        shape = [_static(d) for d in weight.ty.shape.values] if weight.ty.shape is not None else [None]
+        if layouts != ("NHWC", "HWIO", "NHWC") or int(attrs.groups) != 1 or None in shape:
+            return call
+        block = block_size(shape[3], self.target)
+        if block < 2 or shape[3] % block:
+            return call
+        blocked = self.builder_.emit(relax.op.layout_transform(weight, index_map=lambda kh, kw, ic, oc: (oc // block, kh, kw, ic, oc % block)))
+        out_dtype = str(attrs.out_dtype) if str(attrs.out_dtype) not in ("", "void") else str(call.ty.dtype)
+        self.count += 1
+        return self.builder_.call_te(
+            conv2d_nhwc_blocked, call.args[0], blocked,
+            strides=[int(s) for s in attrs.strides], padding=[int(p) for p in attrs.padding],
+            dilation=[int(d) for d in attrs.dilation], out_dtype=out_dtype, primfunc_name_hint="conv2d",
+        )
+
+
+@tvm.transform.module_pass(opt_level=0, name="BlockConvWeights")
+class BlockConvWeights:
+    """NHWC / HWIO convolutions as calls of a kernel reading a blocked weight (module docstring)."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        target = tvm.target.Target.current(allow_none=True)
+        if target is None or target.kind.name != "llvm":
+            return mod
+        blocker = _Blocker(mod, target)
+        out = rewrite_functions(mod, blocker)
+        if blocker.count:
+            logger.debug("BlockConvWeights: %d convolutions read blocked weights", blocker.count)
+        return out if blocker.count else mod
