@@ -1,7 +1,7 @@
 """BlockConvWeights: an NHWC convolution's HWIO weight stored in blocks of output channels.
 
     conv2d(x, w: (KH, KW, IC, OC), NHWC / HWIO)
-        -> call_tir(conv2d_nhwc_blocked, [x, layout_transform(w): (OC / T, KH, KW, IC, T)])
+        -> conv2d(x, layout_transform(w): (OC / T, KH, KW, IC, T), NHWC / OHWI{T}o)
 
 ``T`` output channels are what the CPU convolution rule (``schedules/rules/cpu_conv2d.py``)
 computes per register tile (two vectors, ``_window.channel_tile``). In HWIO a tile's weights are
@@ -9,14 +9,16 @@ computes per register tile (two vectors, ``_window.channel_tile``). In HWIO a ti
 page each row. Blocked, they are one contiguous stream, which the hardware prefetches. The
 ``layout_transform`` reads the weight only, so LiftTransformParams moves it to load time.
 
-The blocked convolution is a TE compute of its own (TOPI's conv2d takes no blocked weight
-layout), written as TOPI writes its NHWC convolution: a ``pad_temp`` stage, then one reduction
-block over (kh, kw, ic); FuseOps fuses its epilogue into it as into TOPI's. Convolutions that are
-not NHWC / HWIO with one group, or whose output channels do not divide into blocks, are left as
-they are.
+TOPI's conv2d takes no blocked weight layout: ``LEGALIZE`` (give it to LegalizeOps as
+``customize_legalize_map``) legalizes such a convolution into a TE compute of its own, written as
+TOPI writes its NHWC convolution (a ``pad_temp`` stage, then one reduction block over kh, kw, ic),
+into which FuseOps fuses the epilogue as into TOPI's; every other convolution goes to TOPI.
+Convolutions that are not NHWC / HWIO with one group, or whose output channels do not divide
+into blocks, are left as they are.
 
-Runs after ConvertConvLayout, before LiftTransformParams; needs the target in scope (the vector
-width sets ``T``).
+Runs after ConvertConvLayout, before LiftTransformParams (and so before BucketDispatch: each
+bucket's copy is legalized on its own, later); needs the target in scope (the vector width sets
+``T``).
 """
 
 from __future__ import annotations
@@ -87,19 +89,41 @@ class _Blocker(PyExprMutator):
         block = block_size(shape[3], self.target)
         if block < 2 or shape[3] % block:
             return call
-        blocked = self.builder_.emit(relax.op.layout_transform(weight, index_map=lambda kh, kw, ic, oc: (oc // block, kh, kw, ic, oc % block)))
-        out_dtype = str(attrs.out_dtype) if str(attrs.out_dtype) not in ("", "void") else str(call.ty.dtype)
+        blocked = relax.op.layout_transform(weight, index_map=lambda kh, kw, ic, oc: (oc // block, kh, kw, ic, oc % block))
         self.count += 1
-        return self.builder_.call_te(
-            conv2d_nhwc_blocked, call.args[0], blocked,
-            strides=[int(s) for s in attrs.strides], padding=[int(p) for p in attrs.padding],
-            dilation=[int(d) for d in attrs.dilation], out_dtype=out_dtype, primfunc_name_hint="conv2d",
+        return relax.op.nn.conv2d(
+            call.args[0], self.builder_.emit(blocked), attrs.strides, attrs.padding, attrs.dilation, 1,
+            "NHWC", f"OHWI{block}o", "NHWC", attrs.out_dtype,
         )
+
+
+def _blocked(kernel_layout: str) -> int | None:
+    """T of an ``OHWI{T}o`` kernel layout, else None."""
+    middle = kernel_layout[4:-1]
+    return int(middle) if kernel_layout.startswith("OHWI") and kernel_layout.endswith("o") and middle.isdigit() else None
+
+
+def legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """LegalizeOps' conv2d: the blocked-weight NHWC convolution as the TE compute above, any other
+    convolution as TOPI's (TVM's own legalization)."""
+    attrs = call.attrs
+    if str(attrs.data_layout) != "NHWC" or _blocked(str(attrs.kernel_layout)) is None:
+        return _DEFAULT(bb, call)
+    out_dtype = str(attrs.out_dtype) if str(attrs.out_dtype) not in ("", "void") else str(call.ty.dtype)
+    return bb.call_te(
+        conv2d_nhwc_blocked, call.args[0], call.args[1],
+        strides=[int(s) for s in attrs.strides], padding=[int(p) for p in attrs.padding],
+        dilation=[int(d) for d in attrs.dilation], out_dtype=out_dtype, primfunc_name_hint="conv2d",
+    )
+
+
+_DEFAULT = tvm.ir.Op.get("relax.nn.conv2d").get_attr("FLegalize")
+LEGALIZE = {"relax.nn.conv2d": legalize_conv2d}  # LegalizeOps(customize_legalize_map=LEGALIZE)
 
 
 @tvm.transform.module_pass(opt_level=0, name="BlockConvWeights")
 class BlockConvWeights:
-    """NHWC / HWIO convolutions as calls of a kernel reading a blocked weight (module docstring)."""
+    """NHWC / HWIO convolutions reading their weight in blocks of output channels (module docstring)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = tvm.target.Target.current(allow_none=True)

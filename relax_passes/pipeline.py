@@ -7,7 +7,7 @@ from collections import Counter
 import tvm
 from tvm import relax
 
-from .block_conv_weights import BlockConvWeights
+from .block_conv_weights import LEGALIZE, BlockConvWeights
 from .bucket_dispatch import Bucket, BucketDispatch
 from .canonicalize_onnx_attention import CanonicalizeOnnxAttention
 from .conv_layout import ConvertConvLayout
@@ -58,7 +58,7 @@ def fusion_passes(
         *(extern or []),  # gpu with cublas=True: library calls per bucket (RewriteGemvToCuda, RewriteGemmToCublas, RewriteBatchedGemmToCublas, FuseTransposeMatmul)
         relax.backend.DispatchSampling(),  # ops that need a library form before legalization
         relax.backend.DispatchSortScan(),
-        relax.transform.LegalizeOps(),  # every op becomes a TIR kernel, shapes stay symbolic
+        relax.transform.LegalizeOps(LEGALIZE),  # every op becomes a TIR kernel, shapes stay symbolic (BlockConvWeights' convolutions too)
         relax.transform.AnnotateTIROpPattern(),  # op patterns that FuseOps reads
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),  # stock fusion: element-wise into neighbours

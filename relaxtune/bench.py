@@ -1,4 +1,5 @@
-"""Side-by-side latency of one workload: relaxtune vs stock TVM vs torch eager vs torch.compile.
+"""Side-by-side latency of one workload: relaxtune vs stock TVM vs torch eager vs torch.compile
+(vs ONNX Runtime, `bench_onnxruntime.py`, where asked for).
 
 All systems run in one process, one after the other per shape, on the same inputs and weights;
 the table reports medians and the ratio to torch eager measured in the same run (this machine is
@@ -18,7 +19,8 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-SYSTEMS = ("relaxtune", "tvm-stock", "torch", "torch.compile")
+DEFAULT_SYSTEMS = ("relaxtune", "tvm-stock", "torch", "torch.compile")  # a workload's own `bench_systems` replace them
+SYSTEMS = (*DEFAULT_SYSTEMS, "onnxruntime")
 
 
 @dataclass
@@ -154,7 +156,7 @@ def shape_grid(workload, shapes: dict[str, list[int]]) -> list[dict[str, int]]:
     return grid
 
 
-def bench(workload, target, job, shapes: dict[str, list[int]], systems=SYSTEMS) -> list[Row]:
+def bench(workload, target, job, shapes: dict[str, list[int]], systems=DEFAULT_SYSTEMS) -> list[Row]:
     import torch
     import tvm
 
@@ -168,6 +170,10 @@ def bench(workload, target, job, shapes: dict[str, list[int]], systems=SYSTEMS) 
     if "tvm-stock" in systems:
         builders["tvm-stock"] = tvm.compile(workload.mod, target=target.target)
     modules = {}
+    if "onnxruntime" in systems:
+        from . import bench_onnxruntime
+
+        ort_session = bench_onnxruntime.session(workload)
     if "torch" in systems or "torch.compile" in systems:
         eager = torch_model(workload)
         modules["torch"] = eager
@@ -180,6 +186,8 @@ def bench(workload, target, job, shapes: dict[str, list[int]], systems=SYSTEMS) 
         for system in systems:
             if system in builders:
                 call, output = _tvm_runner(builders[system], device, workload, inputs)
+            elif system == "onnxruntime":
+                call, output = bench_onnxruntime.runner(ort_session, workload, inputs)
             else:
                 call, output = _torch_runner(modules[system], workload, inputs)
             out = output()

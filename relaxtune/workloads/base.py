@@ -49,6 +49,7 @@ class Workload:
     flops: Callable[[Mapping[str, int]], float] | None = None
     spec: str = ""  # how it was named to `workloads.load` (built-in name, hf:..., torch:..., path)
     spec_config: dict[str, object] = field(default_factory=dict)  # the config given to `load` with it
+    bench_systems: tuple[str, ...] = ()  # what `relaxtune bench` runs when --systems is not given (empty: bench's default)
 
     def check_shape(self, values: Mapping[str, int]) -> None:
         unknown = sorted(set(values) - set(self.dims))

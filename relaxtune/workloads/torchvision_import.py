@@ -29,6 +29,7 @@ importer cannot translate) is a :class:`~relaxtune.errors.UserError`.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import logging
@@ -44,6 +45,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULTS: dict[str, object] = {"max_batch": 16, "image": 224, "input": "", "num_classes": 1000, "weights": "", "seed": 0}
 PREFIX = "torchvision:"
+# stock TVM compiles convolutions to naive loop nests (minutes for a ResNet-50 batch): not run by default
+BENCH_SYSTEMS = ("relaxtune", "torch", "torch.compile", "onnxruntime")
 
 
 def torchvision_models():
@@ -186,4 +189,5 @@ def load_torchvision(spec: str, config: Mapping[str, object] | None = None, dtyp
     inputs = (TensorSpec("x", (batch, *shape), "float32"),)
     bounds = {"b": (1, int(settings["max_batch"]))} if batch == "b" else {}
     recorded = {k: v for k, v in settings.items() if v != DEFAULTS[k]}
-    return from_module(name, model, inputs, bounds, {"spec": spec, **recorded})
+    workload = from_module(name, model, inputs, bounds, {"spec": spec, **recorded})
+    return dataclasses.replace(workload, bench_systems=BENCH_SYSTEMS)
