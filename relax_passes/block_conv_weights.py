@@ -109,7 +109,7 @@ def legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     attrs = call.attrs
     if str(attrs.data_layout) != "NHWC" or _blocked(str(attrs.kernel_layout)) is None:
         return _DEFAULT(bb, call)
-    out_dtype = str(attrs.out_dtype) if str(attrs.out_dtype) not in ("", "void") else str(call.ty.dtype)
+    out_dtype = str(attrs.out_dtype) if attrs.out_dtype is not None and str(attrs.out_dtype) not in ("", "void") else str(call.ty.dtype)
     return bb.call_te(
         conv2d_nhwc_blocked, call.args[0], call.args[1],
         strides=[int(s) for s in attrs.strides], padding=[int(p) for p in attrs.padding],

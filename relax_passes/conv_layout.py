@@ -178,9 +178,8 @@ class ConvertConvLayout:
         def callback(call: relax.Call):
             if not is_op(call, "relax.nn.conv2d"):
                 return {}
-            chosen = self.choose(call)
-            if chosen is None:
-                return {}
+            # None: the layout it has (TVM would otherwise carry its input's new layout into it)
+            chosen = self.choose(call) or (str(call.attrs.data_layout), str(call.attrs.kernel_layout))
             choices[chosen[0]] = choices.get(chosen[0], 0) + 1
             return {"relax.nn.conv2d": list(chosen)}
 
