@@ -13,11 +13,13 @@ How it runs, in order:
    operators TVM knows the layout rules of follow their inputs (element-wise, pooling, reductions
    such as the global average pool, concatenation, batch norm). It brings every other operator
    back to its original layout with a ``permute_dims`` before it.
-2. Those transposes are moved past what TVM has no layout rule for but which follows its input's
-   layout just as well: ``clip`` (ReLU6 and the hard-sigmoid / hard-swish of MobileNetV3),
-   ``leakyrelu``, ``softplus`` and ``nn.pad`` (its pad widths permuted), then past the binary
-   element-wise operators whose tensor operands all carry the same transpose (or are scalars);
-   a transpose of a transpose becomes one, or none when they cancel.
+2. Those transposes are moved down past what TVM has no layout rule for but which follows its
+   input's layout just as well: ``clip`` (ReLU6 and the hard-sigmoid / hard-swish of
+   MobileNetV3), ``leakyrelu``, ``softplus``, ``nn.pad`` (its pad widths permuted); and past
+   what follows those, which ConvertLayout had left in the old layout: other element-wise
+   operators (binary ones when their tensor operands all carry the same transpose, or are
+   scalars), pooling (its layout attribute), reductions keeping their dimensions (their axes),
+   concatenation (its axis). A transpose of a transpose becomes one, or none when they cancel.
 3. A transpose that moves only axes of size 1 (the pooled ``(b, 1, 1, C)`` before the classifier's
    reshape) becomes a reshape, which is a view.
 4. Common subexpressions are merged (TVM's ConvertLayout transforms one tensor once per reader)
@@ -44,10 +46,14 @@ from .fusion_utils import is_op, rewrite_functions
 logger = logging.getLogger(__name__)
 
 CHANNELS_LAST = ("NHWC", "HWIO")
-# operators without a TVM layout rule that act on each element alone (their extra arguments are scalars)
-ELEMENTWISE = frozenset({"relax.clip", "relax.nn.leakyrelu", "relax.nn.softplus"})
-# binary element-wise operators: TVM has their layout rule, but a transpose moved past one of the
-# above may meet one of these after ConvertLayout is done
+# operators that act on each element alone (their extra arguments are scalars): TVM has no layout
+# rule for the first three, and a transpose moved past them meets the others after ConvertLayout
+ELEMENTWISE = frozenset(f"relax.{op}" for op in (
+    "clip", "nn.leakyrelu", "nn.softplus", "nn.relu", "nn.silu", "nn.gelu", "nn.gelu_tanh", "sigmoid", "tanh", "exp", "sqrt",
+    "rsqrt", "negative", "abs", "erf", "astype",
+))
+POOLS = frozenset({"relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.nn.adaptive_avg_pool2d"})
+REDUCTIONS = frozenset({"relax.mean", "relax.sum", "relax.max"})
 BINARY = frozenset(f"relax.{op}" for op in ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power"))
 PAD = "relax.nn.pad"
 
@@ -103,16 +109,56 @@ class _SinkTransposes(PyExprMutator):
             return self._compose(call)
         if name in ELEMENTWISE or name in BINARY:
             return self._elementwise(call)
+        if name == "relax.concat":
+            return self._concat(call)
         found = self._transposed(call.args[0])
-        if name != PAD or found is None:
+        if found is None or not isinstance(call.args[0].ty, relax.TensorType):
             return call
         source, axes = found
-        widths = [int(w) for w in call.attrs.pad_width]
-        moved = [0] * len(widths)
-        for out_axis, in_axis in enumerate(axes):  # output axis i of the transpose is source axis axes[i]
-            moved[2 * in_axis: 2 * in_axis + 2] = widths[2 * out_axis: 2 * out_axis + 2]
+        inner = self._moved(call, source, axes)
+        if inner is None:
+            return call
         self.moved += 1
-        inner = relax.op.nn.pad(source, moved, str(call.attrs.pad_mode), float(call.attrs.pad_value))
+        return relax.op.permute_dims(self.builder_.emit(inner), axes)
+
+    @staticmethod
+    def _moved(call: relax.Call, source: relax.Expr, axes: list[int]) -> relax.Expr | None:
+        """``call`` applied to ``source`` instead of ``permute_dims(source, axes)``, in the source's
+        axis order (its output is then the source-ordered output: the same transpose follows)."""
+        name, attrs = call.op.name, call.attrs
+        if name == PAD:
+            widths = [int(w) for w in attrs.pad_width]
+            moved = [0] * len(widths)
+            for out_axis, in_axis in enumerate(axes):  # output axis i of the transpose is source axis axes[i]
+                moved[2 * in_axis: 2 * in_axis + 2] = widths[2 * out_axis: 2 * out_axis + 2]
+            return relax.op.nn.pad(source, moved, str(attrs.pad_mode), float(attrs.pad_value))
+        if name in POOLS:
+            layout = str(attrs.layout)
+            if str(attrs.out_layout or layout) != layout or len(layout) != len(axes):
+                return None
+            own = "".join(layout[axes.index(i)] for i in range(len(axes)))  # the source's layout, in the same letters
+            if name == "relax.nn.adaptive_avg_pool2d":
+                return relax.op.nn.adaptive_avg_pool2d(source, attrs.output_size, own, own)
+            op = relax.op.nn.max_pool2d if name == "relax.nn.max_pool2d" else relax.op.nn.avg_pool2d
+            return op(source, attrs.pool_size, attrs.strides, attrs.padding, attrs.dilation, bool(attrs.ceil_mode),
+                      bool(attrs.count_include_pad), own, own)
+        if name in REDUCTIONS and attrs.axis is not None and bool(attrs.keepdims):
+            ndim = len(axes)
+            op = {"relax.mean": relax.op.mean, "relax.sum": relax.op.sum, "relax.max": relax.op.max}[name]
+            return op(source, [axes[int(a) % ndim] for a in attrs.axis], True)
+        return None
+
+    def _concat(self, call: relax.Call) -> relax.Expr:
+        """concat(transpose(a), transpose(b), axis) -> transpose(concat(a, b, axes[axis]))."""
+        parts = call.args[0]
+        if not isinstance(parts, relax.Tuple):
+            return call
+        found = [self._transposed(part) for part in parts.fields]
+        if not found or any(f is None or f[1] != found[0][1] for f in found):
+            return call
+        axes = found[0][1]
+        self.moved += 1
+        inner = relax.op.concat([f[0] for f in found], axes[int(call.attrs.axis) % len(axes)])
         return relax.op.permute_dims(self.builder_.emit(inner), axes)
 
     def _elementwise(self, call: relax.Call) -> relax.Expr:

@@ -153,7 +153,11 @@ def _load_weights(model, path: str) -> None:
         state = state["state_dict"]
     if not isinstance(state, dict):
         raise UserError(f"config weights={path!r} holds a {type(state).__name__}, not a state dict")
-    result = model.load_state_dict(state, strict=False)
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as err:  # a tensor of another shape
+        first = next((line.strip() for line in str(err).splitlines()[1:] if line.strip()), str(err))
+        raise UserError(f"config weights={path!r} does not fit the model: {first}") from None
     if result.missing_keys or result.unexpected_keys:
         keys = [*(f"missing {k}" for k in result.missing_keys), *(f"unexpected {k}" for k in result.unexpected_keys)]
         raise UserError(f"config weights={path!r} does not fit the model: {len(keys)} keys differ, e.g. {keys[0]}")
