@@ -12,16 +12,11 @@ Config keys (:data:`DEFAULTS`): ``max_batch`` (16), ``image`` (224: the input's 
 ``input`` (``CxHxW``, e.g. ``3x224x224``, instead of ``image``: its rank and channel count are
 checked against the model), ``num_classes`` (1000), ``weights`` (a state dict file), ``seed`` (0).
 
-torchvision and this machine's torch: PyPI's torchvision wheels ship a C++ extension (``_C.so``)
-linked against a CUDA build of torch. Beside a CPU build of the same torch version (what pip
-installs here) the extension does not load, and ``import torchvision`` then fails while it
-registers meta kernels for the extension's operators (``operator torchvision::nms does not
-exist``). The classification models are pure Python and need none of those operators, so
-:func:`torchvision_models` imports ``torchvision.models`` normally where that works (a matching
-torch/torchvision pair), and otherwise creates the ``torchvision`` package module without running
-its ``__init__`` (which loads the extension) and imports ``torchvision.models`` from it: the same
-model definitions, from the installed wheel. Detection, video and segmentation models that call
-the extension's operators are not classification models and are not offered.
+torchvision and this machine's torch: PyPI's torchvision wheels ship a C++ extension linked against
+a CUDA build of torch, which does not load beside the CPU build pip installs here; the models need
+none of its operators, and ``relaxtune.torchvision_compat`` makes ``import torchvision`` work
+without it. Detection, video and segmentation models, which call those operators, are not
+classification models and are not offered.
 
 Must run before: nothing. Bad input (an unknown model name, a bad config, an operator TVM's
 importer cannot translate) is a :class:`~relaxtune.errors.UserError`.
@@ -31,9 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import importlib.util
 import logging
-import sys
 from pathlib import Path
 from typing import Mapping
 
@@ -50,24 +43,12 @@ BENCH_SYSTEMS = ("relaxtune", "torch", "torch.compile", "onnxruntime")
 
 
 def torchvision_models():
-    """``torchvision.models``, imported without torchvision's C++ extension where it cannot load."""
+    """``torchvision.models`` (``relaxtune.torchvision_compat`` lets it import without the C++ extension)."""
     try:
         return importlib.import_module("torchvision.models")
     except ImportError as err:
         if err.name == "torchvision":
             raise UserError("torchvision: workloads need the torchvision package: pip install torchvision") from None
-        raise
-    except RuntimeError as err:  # the extension's operators are missing (a CPU torch beside a CUDA torchvision)
-        logger.debug("import torchvision failed (%s): importing its models without the C++ extension", err)
-    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-        del sys.modules[name]  # what the failed import left half-initialised
-    spec = importlib.util.find_spec("torchvision")
-    package = importlib.util.module_from_spec(spec)
-    sys.modules["torchvision"] = package  # its __init__ is not run: no extension, no meta registrations
-    try:
-        return importlib.import_module("torchvision.models")
-    except Exception:
-        del sys.modules["torchvision"]
         raise
 
 
