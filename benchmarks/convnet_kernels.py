@@ -57,13 +57,13 @@ def conv_key(out_shape, in_channels: int, kernel: int, stride: int, groups: int 
 def relaxtune_kernels(workload, target, job, batch: int) -> tuple[dict, float, callable]:
     """{key: [ms, GFLOP]} per layer of relaxtune's build at ``batch``, the whole call's ms, and the call."""
     import tvm
+    from relaxtune.relax_passes.pipeline import fuse
+    from relaxtune.schedules.tasks import bucket_functions, bucket_of, specialise
     from tvm import relax
     from tvm.s_tir import analysis
 
     from relaxtune import api
     from relaxtune.artifact import prepare_params
-    from relaxtune.relax_passes.pipeline import fuse
-    from relaxtune.schedules.tasks import bucket_functions, bucket_of, specialise
 
     fused = fuse(workload.mod, target.target, api.bucket_plan(workload, job))
     keys, flops = {}, {}
@@ -79,7 +79,9 @@ def relaxtune_kernels(workload, target, job, batch: int) -> tuple[dict, float, c
     executable = api.build(workload, target, job)[0]
     vm = relax.VirtualMachine(executable, tvm.cpu())
     inputs = workload.random_inputs({"b": batch})
-    args = [tvm.runtime.tensor(inputs["x"])] + prepare_params(vm, [tvm.runtime.tensor(v) for v in workload.params.values()])
+    args = [tvm.runtime.tensor(inputs["x"])] + prepare_params(
+        vm, [tvm.runtime.tensor(v) for v in workload.params.values()]
+    )
     times = collections.defaultdict(float)
     calls = collections.Counter()
 
@@ -114,7 +116,9 @@ def _kernel_key(name: str, func) -> str:
         return name.rstrip("0123456789_")
     shapes = [[int(d) for d in p.ty.shape] if hasattr(p.ty, "shape") else [] for p in func.params]
     out = shapes[-1]
-    weight = next((s for s in shapes if len(s) == 5), None) or next((s for s in shapes[1:] if len(s) == 4 and s[0] == s[1] and s[0] <= 11), None)
+    weight = next((s for s in shapes if len(s) == 5), None) or next(
+        (s for s in shapes[1:] if len(s) == 4 and s[0] == s[1] and s[0] <= 11), None
+    )
     data = shapes[0]
     if weight is None or len(out) != 4 or len(data) != 4:
         return name
@@ -204,40 +208,79 @@ def main() -> None:
 
     workload = load(f"torchvision:{args.model}", {"image": str(args.image)})
     target = targets.resolve("cpu")
-    job = JobConfig(cache_dir=args.cache or Path("tuning_logs"), buckets=BucketConfig(edges={"b": (1, 8, 16)}),
-                    compile=CompileConfig(use_cache=args.cache is not None))
+    job = JobConfig(
+        cache_dir=args.cache or Path("tuning_logs"),
+        buckets=BucketConfig(edges={"b": (1, 8, 16)}),
+        compile=CompileConfig(use_cache=args.cache is not None),
+    )
     folder = Path(os.environ.get("TMPDIR", "/tmp")) / "convnet_kernels"
     folder.mkdir(parents=True, exist_ok=True)
     onnx_path = bench_onnxruntime.export(workload, folder / f"{args.model}.onnx")
     if args.whole_only:  # the child: whole calls on this process's threads only
         for batch in (int(b) for b in args.batch.split(",")):
-            _, whole, call = relaxtune_kernels(workload, target, job, batch)
-            print(json.dumps({"batch": batch, "relaxtune_ms": whole, "onnxruntime_ms": ort_nodes(onnx_path, batch, args.threads, args.image)[1]}))
+            _, whole, _ = relaxtune_kernels(workload, target, job, batch)
+            print(
+                json.dumps(
+                    {
+                        "batch": batch,
+                        "relaxtune_ms": whole,
+                        "onnxruntime_ms": ort_nodes(onnx_path, batch, args.threads, args.image)[1],
+                    }
+                )
+            )
         return
     report = {"model": args.model, "threads": args.threads, "target": target.config, "batches": []}
     for batch in (int(b) for b in args.batch.split(",")):
         ours, ours_ms, _ = relaxtune_kernels(workload, target, job, batch)
         theirs, theirs_ms = ort_nodes(onnx_path, batch, args.threads, args.image)
-        report["batches"].append({"batch": batch, "relaxtune_ms": ours_ms, "onnxruntime_ms": theirs_ms, "relaxtune": ours, "onnxruntime": theirs})
-        print(f"\n## {args.model} b={batch}, {args.threads} threads: whole call relaxtune {ours_ms:.2f} ms, onnxruntime {theirs_ms:.2f} ms")
-        print(f"| layer | relaxtune ms | GFLOP/s | onnxruntime ms | GFLOP/s |\n|---|---|---|---|---|")
+        report["batches"].append(
+            {
+                "batch": batch,
+                "relaxtune_ms": ours_ms,
+                "onnxruntime_ms": theirs_ms,
+                "relaxtune": ours,
+                "onnxruntime": theirs,
+            }
+        )
+        print(
+            f"\n## {args.model} b={batch}, {args.threads} threads: "
+            f"whole call relaxtune {ours_ms:.2f} ms, onnxruntime {theirs_ms:.2f} ms"
+        )
+        print("| layer | relaxtune ms | GFLOP/s | onnxruntime ms | GFLOP/s |\n|---|---|---|---|---|")
         for key in sorted(set(ours) | set(theirs), key=lambda k: -max(ours.get(k, [0])[0], theirs.get(k, [0])[0])):
             a, b = ours.get(key, [0.0, 0.0]), theirs.get(key, [0.0, 0.0])
-            rate = lambda v: f"{v[1] / v[0] * 1e3:.0f}" if v[0] and v[1] else "-"  # noqa: E731
+            rate = lambda v: f"{v[1] / v[0] * 1e3:.0f}" if v[0] and v[1] else "-"
             print(f"| {key} | {a[0]:.3f} | {rate(a)} | {b[0]:.3f} | {rate(b)} |")
-        print(f"| sum | {sum(v[0] for v in ours.values()):.2f} | | {sum(v[0] for v in theirs.values()):.2f} | |", flush=True)
+        print(
+            f"| sum | {sum(v[0] for v in ours.values()):.2f} | | {sum(v[0] for v in theirs.values()):.2f} | |",
+            flush=True,
+        )
     env = {**os.environ, "TVM_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    one = [sys.executable, __file__, args.model, "--batch", args.batch, "--threads", "1", "--image", str(args.image), "--whole-only"]
+    one = [
+        sys.executable,
+        __file__,
+        args.model,
+        "--batch",
+        args.batch,
+        "--threads",
+        "1",
+        "--image",
+        str(args.image),
+        "--whole-only",
+    ]
     if args.cache:
         one += ["--cache", str(args.cache)]
-    done = subprocess.run(one, env=env, capture_output=True, text=True)
+    done = subprocess.run(one, env=env, capture_output=True, text=True, check=False)
     singles = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     report["one_thread"] = singles
     for row in singles:
         multi = next(b for b in report["batches"] if b["batch"] == row["batch"])
-        print(f"b={row['batch']}: 1 thread relaxtune {row['relaxtune_ms']:.2f} ms, onnxruntime {row['onnxruntime_ms']:.2f} ms; "
-              f"{args.threads} threads speed-up relaxtune {row['relaxtune_ms'] / multi['relaxtune_ms']:.2f}, "
-              f"onnxruntime {row['onnxruntime_ms'] / multi['onnxruntime_ms']:.2f}")
+        print(
+            f"b={row['batch']}: 1 thread relaxtune {row['relaxtune_ms']:.2f} ms, "
+            f"onnxruntime {row['onnxruntime_ms']:.2f} ms; "
+            f"{args.threads} threads speed-up relaxtune {row['relaxtune_ms'] / multi['relaxtune_ms']:.2f}, "
+            f"onnxruntime {row['onnxruntime_ms'] / multi['onnxruntime_ms']:.2f}"
+        )
     if done.returncode:
         print(done.stderr[-2000:])
     if args.json:

@@ -23,6 +23,7 @@ stock fusion (FuseOps on the NCHW import) and relaxtune's.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -46,22 +47,36 @@ def _parse() -> argparse.Namespace:
 def kernels(workload, target, job, batch: int) -> dict[str, dict[str, int]]:
     """Kernels per call and activation layout transforms in the bucket of ``batch``, per fusion."""
     import tvm
+    from relaxtune.relax_passes.pipeline import fuse
     from tvm import relax
 
     from relaxtune import api
-    from relaxtune.relax_passes.pipeline import fuse
 
     out = {}
     plan = api.bucket_plan(workload, job)
     for fusion in ("stock", "relaxtune"):
         fused = fuse(workload.mod, target.target, plan, fusion)
-        name = next(gv.name_hint for gv, f in fused.functions_items()
-                    if isinstance(f, relax.Function) and f.attrs and "relaxtune.bucket" in f.attrs
-                    and all(lo <= batch <= hi for lo, hi, _ in [[int(v) for v in s] for s in f.attrs["relaxtune.bucket"].values()]))
-        calls = []
-        relax.analysis.post_order_visit(fused[name].body, lambda e: calls.append(e.args[0].name_hint) if (
-            isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name == "relax.call_tir") else None)
-        out[fusion] = {"kernels": len(calls), "layout_transforms": sum(c.startswith(("transpose", "layout_transform")) for c in calls)}
+        name = next(
+            gv.name_hint
+            for gv, f in fused.functions_items()
+            if isinstance(f, relax.Function)
+            and f.attrs
+            and "relaxtune.bucket" in f.attrs
+            and all(
+                lo <= batch <= hi for lo, hi, _ in [[int(v) for v in s] for s in f.attrs["relaxtune.bucket"].values()]
+            )
+        )
+        calls: list[str] = []
+
+        def visit(expr, calls=calls):
+            if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.call_tir":
+                calls.append(expr.args[0].name_hint)
+
+        relax.analysis.post_order_visit(fused[name].body, visit)
+        out[fusion] = {
+            "kernels": len(calls),
+            "layout_transforms": sum(c.startswith(("transpose", "layout_transform")) for c in calls),
+        }
     return out
 
 
@@ -79,8 +94,11 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     target = targets.resolve("cpu")
-    job = JobConfig(cache_dir=args.cache or Path("tuning_logs"), buckets=BucketConfig(edges={"b": (1, 8, 16)}),
-                    compile=CompileConfig(use_cache=args.cache is not None))
+    job = JobConfig(
+        cache_dir=args.cache or Path("tuning_logs"),
+        buckets=BucketConfig(edges={"b": (1, 8, 16)}),
+        compile=CompileConfig(use_cache=args.cache is not None),
+    )
     batches = [int(b) for b in args.batch.split(",")]
     results = []
     print(f"target {target.json}; {args.threads} threads; {'cache ' + str(args.cache) if args.cache else 'rules only'}")
@@ -99,33 +117,66 @@ def main() -> None:
             error = float(np.abs(output() - expected).max() / max(1.0, float(np.abs(expected).max())))
             x = torch.from_numpy(inputs["x"])
 
-            def run_torch(module=eager):
+            def run_torch(module=eager, x=x):
                 with torch.no_grad():
                     return module(x)
 
-            systems = {"relaxtune": call, "onnxruntime": bench_onnxruntime.runner(session, workload, inputs)[0],
-                       "torch.compile": lambda: run_torch(compiled), "torch": run_torch}
+            systems = {
+                "relaxtune": call,
+                "onnxruntime": bench_onnxruntime.runner(session, workload, inputs)[0],
+                "torch.compile": functools.partial(run_torch, compiled),
+                "torch": run_torch,
+            }
             for fn in systems.values():  # warm-up (torch.compile compiles here)
                 fn()
             medians = interleaved(systems, args.rounds, args.sample_s)
-            row = {"model": model, "batch": batch, "ms": medians, "max_error": error, "build_s": round(build_s, 1),
-                   "relaxtune/onnxruntime": medians["relaxtune"] / medians["onnxruntime"],
-                   "relaxtune/torch.compile": medians["relaxtune"] / medians["torch.compile"],
-                   "kernels": kernels(workload, target, job, batch)}
+            row = {
+                "model": model,
+                "batch": batch,
+                "ms": medians,
+                "max_error": error,
+                "build_s": round(build_s, 1),
+                "relaxtune/onnxruntime": medians["relaxtune"] / medians["onnxruntime"],
+                "relaxtune/torch.compile": medians["relaxtune"] / medians["torch.compile"],
+                "kernels": kernels(workload, target, job, batch),
+            }
             results.append(row)
             print(json.dumps(row), flush=True)
-    lines = ["| model | b | relaxtune ms | onnxruntime ms | torch.compile ms | torch ms | rt/ort | rt/compile | kernels stock -> relaxtune | "
-             "layout transforms stock -> relaxtune | max err |", "|" + "---|" * 11]
+    head = [
+        "model",
+        "b",
+        "relaxtune ms",
+        "onnxruntime ms",
+        "torch.compile ms",
+        "torch ms",
+        "rt/ort",
+        "rt/compile",
+        "kernels stock -> relaxtune",
+        "layout transforms stock -> relaxtune",
+        "max err",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         ms, k = r["ms"], r["kernels"]
-        lines.append(f"| {r['model']} | {r['batch']} | {ms['relaxtune']:.2f} | {ms['onnxruntime']:.2f} | {ms['torch.compile']:.2f} | {ms['torch']:.2f} | "
-                     f"{r['relaxtune/onnxruntime']:.2f} | {r['relaxtune/torch.compile']:.2f} | {k['stock']['kernels']} -> {k['relaxtune']['kernels']} | "
-                     f"{k['stock']['layout_transforms']} -> {k['relaxtune']['layout_transforms']} | {r['max_error']:.1e} |")
+        cells = [
+            r["model"],
+            str(r["batch"]),
+            *(f"{ms[s]:.2f}" for s in ("relaxtune", "onnxruntime", "torch.compile", "torch")),
+            f"{r['relaxtune/onnxruntime']:.2f}",
+            f"{r['relaxtune/torch.compile']:.2f}",
+            f"{k['stock']['kernels']} -> {k['relaxtune']['kernels']}",
+            f"{k['stock']['layout_transforms']} -> {k['relaxtune']['layout_transforms']}",
+            f"{r['max_error']:.1e}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     print("\n".join(lines))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"target": target.config, "threads": args.threads, "rows": results}, indent=1))
-    print(f"medians of {args.rounds} interleaved rounds; {statistics.mean([r['build_s'] for r in results]):.0f} s per relaxtune build")
+    print(
+        f"medians of {args.rounds} interleaved rounds; "
+        f"{statistics.mean([r['build_s'] for r in results]):.0f} s per relaxtune build"
+    )
 
 
 if __name__ == "__main__":

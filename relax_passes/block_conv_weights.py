@@ -89,18 +89,30 @@ class _Blocker(PyExprMutator):
         block = block_size(shape[3], self.target)
         if block < 2 or shape[3] % block:
             return call
-        blocked = relax.op.layout_transform(weight, index_map=lambda kh, kw, ic, oc: (oc // block, kh, kw, ic, oc % block))
+        blocked = relax.op.layout_transform(
+            weight, index_map=lambda kh, kw, ic, oc: (oc // block, kh, kw, ic, oc % block)
+        )
         self.count += 1
         return relax.op.nn.conv2d(
-            call.args[0], self.builder_.emit(blocked), attrs.strides, attrs.padding, attrs.dilation, 1,
-            "NHWC", f"OHWI{block}o", "NHWC", attrs.out_dtype,
+            call.args[0],
+            self.builder_.emit(blocked),
+            attrs.strides,
+            attrs.padding,
+            attrs.dilation,
+            1,
+            "NHWC",
+            f"OHWI{block}o",
+            "NHWC",
+            attrs.out_dtype,
         )
 
 
 def _blocked(kernel_layout: str) -> int | None:
     """T of an ``OHWI{T}o`` kernel layout, else None."""
     middle = kernel_layout[4:-1]
-    return int(middle) if kernel_layout.startswith("OHWI") and kernel_layout.endswith("o") and middle.isdigit() else None
+    return (
+        int(middle) if kernel_layout.startswith("OHWI") and kernel_layout.endswith("o") and middle.isdigit() else None
+    )
 
 
 def legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
@@ -109,11 +121,20 @@ def legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     attrs = call.attrs
     if str(attrs.data_layout) != "NHWC" or _blocked(str(attrs.kernel_layout)) is None:
         return _DEFAULT(bb, call)
-    out_dtype = str(attrs.out_dtype) if attrs.out_dtype is not None and str(attrs.out_dtype) not in ("", "void") else str(call.ty.dtype)
+    out_dtype = (
+        str(attrs.out_dtype)
+        if attrs.out_dtype is not None and str(attrs.out_dtype) not in ("", "void")
+        else str(call.ty.dtype)
+    )
     return bb.call_te(
-        conv2d_nhwc_blocked, call.args[0], call.args[1],
-        strides=[int(s) for s in attrs.strides], padding=[int(p) for p in attrs.padding],
-        dilation=[int(d) for d in attrs.dilation], out_dtype=out_dtype, primfunc_name_hint="conv2d",
+        conv2d_nhwc_blocked,
+        call.args[0],
+        call.args[1],
+        strides=[int(s) for s in attrs.strides],
+        padding=[int(p) for p in attrs.padding],
+        dilation=[int(d) for d in attrs.dilation],
+        out_dtype=out_dtype,
+        primfunc_name_hint="conv2d",
     )
 
 

@@ -35,7 +35,7 @@ LiftTransformParams, LegalizeOps and FuseOps.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import tvm
 from tvm import relax, tirx
@@ -48,10 +48,27 @@ logger = logging.getLogger(__name__)
 CHANNELS_LAST = ("NHWC", "HWIO")
 # operators that act on each element alone (their extra arguments are scalars): TVM has no layout
 # rule for the first three, and a transpose moved past them meets the others after ConvertLayout
-ELEMENTWISE = frozenset(f"relax.{op}" for op in (
-    "clip", "nn.leakyrelu", "nn.softplus", "nn.relu", "nn.silu", "nn.gelu", "nn.gelu_tanh", "sigmoid", "tanh", "exp", "sqrt",
-    "rsqrt", "negative", "abs", "erf", "astype",
-))
+ELEMENTWISE = frozenset(
+    f"relax.{op}"
+    for op in (
+        "clip",
+        "nn.leakyrelu",
+        "nn.softplus",
+        "nn.relu",
+        "nn.silu",
+        "nn.gelu",
+        "nn.gelu_tanh",
+        "sigmoid",
+        "tanh",
+        "exp",
+        "sqrt",
+        "rsqrt",
+        "negative",
+        "abs",
+        "erf",
+        "astype",
+    )
+)
 POOLS = frozenset({"relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.nn.adaptive_avg_pool2d"})
 REDUCTIONS = frozenset({"relax.mean", "relax.sum", "relax.max"})
 BINARY = frozenset(f"relax.{op}" for op in ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power"))
@@ -130,7 +147,7 @@ class _SinkTransposes(PyExprMutator):
             widths = [int(w) for w in attrs.pad_width]
             moved = [0] * len(widths)
             for out_axis, in_axis in enumerate(axes):  # output axis i of the transpose is source axis axes[i]
-                moved[2 * in_axis: 2 * in_axis + 2] = widths[2 * out_axis: 2 * out_axis + 2]
+                moved[2 * in_axis : 2 * in_axis + 2] = widths[2 * out_axis : 2 * out_axis + 2]
             return relax.op.nn.pad(source, moved, str(attrs.pad_mode), float(attrs.pad_value))
         if name in POOLS:
             layout = str(attrs.layout)
@@ -140,8 +157,17 @@ class _SinkTransposes(PyExprMutator):
             if name == "relax.nn.adaptive_avg_pool2d":
                 return relax.op.nn.adaptive_avg_pool2d(source, attrs.output_size, own, own)
             op = relax.op.nn.max_pool2d if name == "relax.nn.max_pool2d" else relax.op.nn.avg_pool2d
-            return op(source, attrs.pool_size, attrs.strides, attrs.padding, attrs.dilation, bool(attrs.ceil_mode),
-                      bool(attrs.count_include_pad), own, own)
+            return op(
+                source,
+                attrs.pool_size,
+                attrs.strides,
+                attrs.padding,
+                attrs.dilation,
+                bool(attrs.ceil_mode),
+                bool(attrs.count_include_pad),
+                own,
+                own,
+            )
         if name in REDUCTIONS and attrs.axis is not None and bool(attrs.keepdims):
             ndim = len(axes)
             op = {"relax.mean": relax.op.mean, "relax.sum": relax.op.sum, "relax.max": relax.op.max}[name]

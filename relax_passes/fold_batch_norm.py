@@ -83,7 +83,9 @@ class FoldBatchNorm:
             shift = relax.op.negative(relax.op.multiply(m, scale))
             if bool(norm_attrs.center):
                 shift = relax.op.add(b, shift)
-            scaled = relax.op.multiply(matches[weight], relax.op.reshape(scale, _channel_shape(kernel_layout, "O", channels)))
+            scaled = relax.op.multiply(
+                matches[weight], relax.op.reshape(scale, _channel_shape(kernel_layout, "O", channels))
+            )
             folded = relax.Call(conv_call.op, [matches[data], scaled], attrs)
             count += 1
             return relax.op.add(folded, relax.op.reshape(shift, _channel_shape(out_layout, "C", channels)))

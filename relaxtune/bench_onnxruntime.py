@@ -31,8 +31,15 @@ def export(workload, path: Path) -> Path:
     args = tuple(torch.from_numpy(example[t.name]) for t in workload.inputs)
     dynamic = {t.name: {axis: dim for axis, dim in enumerate(t.shape) if isinstance(dim, str)} for t in workload.inputs}
     with torch.no_grad():
-        torch.onnx.export(workload.torch_module().eval(), args, str(path), input_names=[t.name for t in workload.inputs],
-                          output_names=["output"], dynamic_axes={k: v for k, v in dynamic.items() if v}, dynamo=False)
+        torch.onnx.export(
+            workload.torch_module().eval(),
+            args,
+            str(path),
+            input_names=[t.name for t in workload.inputs],
+            output_names=["output"],
+            dynamic_axes={k: v for k, v in dynamic.items() if v},
+            dynamo=False,
+        )
     return path
 
 

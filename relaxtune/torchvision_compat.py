@@ -84,7 +84,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None or not spec.submodule_search_locations:
             return spec
-        spec.loader = _Loader(spec.loader, list(spec.submodule_search_locations)[0])
+        spec.loader = _Loader(spec.loader, next(iter(spec.submodule_search_locations)))
         return spec
 
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from ..errors import UserError
 from .base import TensorSpec, Workload
@@ -36,7 +36,14 @@ from .torch_import import from_module
 
 logger = logging.getLogger(__name__)
 
-DEFAULTS: dict[str, object] = {"max_batch": 16, "image": 224, "input": "", "num_classes": 1000, "weights": "", "seed": 0}
+DEFAULTS: dict[str, object] = {
+    "max_batch": 16,
+    "image": 224,
+    "input": "",
+    "num_classes": 1000,
+    "weights": "",
+    "seed": 0,
+}
 PREFIX = "torchvision:"
 # stock TVM compiles convolutions to naive loop nests (minutes for a ResNet-50 batch): not run by default
 BENCH_SYSTEMS = ("relaxtune", "torch", "torch.compile", "onnxruntime")
@@ -90,7 +97,9 @@ def _input_shape(settings: Mapping[str, object], channels: int) -> tuple[int, in
         raise UserError(f"config input={text!r} has rank {len(items)}: the model takes one CxHxW image per batch row")
     shape = tuple(int(i) for i in items)
     if shape[0] != channels:
-        raise UserError(f"config input={text!r} has {shape[0]} channels: the model's first convolution takes {channels}")
+        raise UserError(
+            f"config input={text!r} has {shape[0]} channels: the model's first convolution takes {channels}"
+        )
     return shape
 
 
@@ -128,7 +137,7 @@ def _load_weights(model, path: str) -> None:
         raise UserError(f"config weights={path!r}: no such file (give a state dict saved with torch.save)")
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 (torch's unpickling errors vary; one line names the file)
+    except Exception as err:
         raise UserError(f"config weights={path!r} is not a torch state dict file: {type(err).__name__}") from None
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
@@ -153,7 +162,9 @@ def build_model(name: str, settings: Mapping[str, object]):
     try:
         model = models.get_model(name, weights=None, num_classes=int(settings["num_classes"]))
     except (TypeError, ValueError) as err:
-        raise UserError(f"torchvision model {name} cannot be built with num_classes={settings['num_classes']}: {err}") from None
+        raise UserError(
+            f"torchvision model {name} cannot be built with num_classes={settings['num_classes']}: {err}"
+        ) from None
     if settings["weights"]:
         _load_weights(model, str(settings["weights"]))
     else:
@@ -165,7 +176,7 @@ def load_torchvision(spec: str, config: Mapping[str, object] | None = None, dtyp
     """Build the workload of a ``torchvision:NAME`` spec (see the module docstring)."""
     if dtype not in (None, "float32"):
         raise UserError(f"dtype {dtype!r} is not supported for torchvision models: they run in float32")
-    name = spec[len(PREFIX):]
+    name = spec[len(PREFIX) :]
     _check_name(name)
     settings = _resolve(config)
     model = build_model(name, settings)

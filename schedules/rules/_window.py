@@ -28,6 +28,7 @@ from . import _utils as U
 
 logger = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class WindowBlock:
     """The analysed block: ``kinds`` names each block iterator (n, h, w, c: the output axes;
@@ -64,13 +65,20 @@ def analyze(block) -> WindowBlock | None:
         return None
     n, h, w, c = out
     reads = [r for r in block.reads if not r.source.same_as(block.writes[0].source)]
-    if any(len(r.region) not in (4, 5) or any(not (isinstance(x.extent, tirx.IntImm) and int(x.extent) == 1) for x in r.region) for r in reads):
+    if any(
+        len(r.region) not in (4, 5)
+        or any(not (isinstance(x.extent, tirx.IntImm) and int(x.extent) == 1) for x in r.region)
+        for r in reads
+    ):
         return None
     reduce = [iv for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
     spatial = [iv for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
     if len(spatial) != 4 or len(reduce) + 4 != len(iters) or not reduce:
         return None
-    data = next((i for i, r in enumerate(block.reads) if r in reads and len(r.region) == 4 and _vars(r.region[0].min) == {n}), None)
+    data = next(
+        (i for i, r in enumerate(block.reads) if r in reads and len(r.region) == 4 and _vars(r.region[0].min) == {n}),
+        None,
+    )
     if data is None:
         return None
     index = [r.min for r in block.reads[data].region]

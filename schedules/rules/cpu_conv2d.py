@@ -8,9 +8,9 @@ Matches a PrimFunc whose only reduction block is a ``dense`` channels-last windo
 How it schedules (a direct convolution, no im2col buffer):
 1. Register tile: ``R`` output pixels of a row times ``V`` vectors of output channels
    (7 x 2 x 16 with AVX-512: 14 vector accumulators, which LLVM keeps in registers; ``R`` as
-   ``_window.pixel_tile`` sizes it for the vector registers there are). Per step of the reduction the tile loads ``V`` weight vectors (contiguous: output
-   channels are the weight's innermost axis) and broadcasts ``R`` input values, for ``R x V``
-   vector FMAs.
+   ``_window.pixel_tile`` sizes it for the vector registers there are). Per step of the
+   reduction the tile loads ``V`` weight vectors (contiguous: output channels are the weight's
+   innermost axis) and broadcasts ``R`` input values, for ``R x V`` vector FMAs.
 2. Loops: ``[tiles] (parallel) > kh > kw > ic > R (unrolled) > V (unrolled) > L (vector)``. Where
    the weight is larger than one image's input (deep layers), or the input has few channels (the
    stem), the tiles are ordered output channels outermost: each thread keeps its slice of the

@@ -69,7 +69,9 @@ class Window(fast_math.FastMathRule):
         sch.reorder(loops["n"], loops["h"], w_o, c_o, *window, w_i, c_u, c_l)
         stage = W.input_stage(sch, block, info.data)
         data = sch.get(block).reads[info.data].source
-        band = ext.get("kh", 1) * (U.static(data.shape[2]) or 0) * ext["c"] * 4  # bytes of the rows one output row reads
+        band = (
+            ext.get("kh", 1) * (U.static(data.shape[2]) or 0) * ext["c"] * 4
+        )  # bytes of the rows one output row reads
         if stage is not None and band <= ROW_BAND:  # copy each row band once, walk its tiles
             tile = row = sch.fuse(loops["n"], loops["h"])
             tile = sch.fuse(w_o, c_o)

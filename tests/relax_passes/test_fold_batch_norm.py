@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
+from relaxtune.relax_passes.fold_batch_norm import FoldBatchNorm
 from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
-from tvm.script import tirx as T
-
-from relaxtune.relax_passes.fold_batch_norm import FoldBatchNorm
 
 
 @I.ir_module
 class Before:
     @R.function
-    def main(x: R.Tensor(("b", 4, 8, 8), "float32"), w: R.Tensor((6, 4, 3, 3), "float32"), gamma: R.Tensor((6,), "float32"),
-             beta: R.Tensor((6,), "float32"), mean: R.Tensor((6,), "float32"), var: R.Tensor((6,), "float32")) -> R.Tensor(("b", 6, 8, 8), "float32"):
+    def main(
+        x: R.Tensor(("b", 4, 8, 8), "float32"),
+        w: R.Tensor((6, 4, 3, 3), "float32"),
+        gamma: R.Tensor((6,), "float32"),
+        beta: R.Tensor((6,), "float32"),
+        mean: R.Tensor((6,), "float32"),
+        var: R.Tensor((6,), "float32"),
+    ) -> R.Tensor(("b", 6, 8, 8), "float32"):
         R.func_attr({"num_input": 1})
         with R.dataflow():
             y = R.nn.conv2d(x, w, padding=[1, 1, 1, 1])
@@ -29,10 +33,15 @@ class Before:
 @I.ir_module
 class Expected:
     @R.function
-    def main(x: R.Tensor(("b", 4, 8, 8), "float32"), w: R.Tensor((6, 4, 3, 3), "float32"), gamma: R.Tensor((6,), "float32"),
-             beta: R.Tensor((6,), "float32"), mean: R.Tensor((6,), "float32"), var: R.Tensor((6,), "float32")) -> R.Tensor(("b", 6, 8, 8), "float32"):
+    def main(
+        x: R.Tensor(("b", 4, 8, 8), "float32"),
+        w: R.Tensor((6, 4, 3, 3), "float32"),
+        gamma: R.Tensor((6,), "float32"),
+        beta: R.Tensor((6,), "float32"),
+        mean: R.Tensor((6,), "float32"),
+        var: R.Tensor((6,), "float32"),
+    ) -> R.Tensor(("b", 6, 8, 8), "float32"):
         R.func_attr({"num_input": 1})
-        b = T.int64()
         with R.dataflow():
             std = R.add(var, R.const(1e-5, "float32"))
             inv = R.rsqrt(std)
@@ -56,8 +65,14 @@ def test_batch_norm_after_conv_becomes_weight_scale_and_bias():
 @I.ir_module
 class Training:
     @R.function
-    def main(x: R.Tensor((1, 4, 8, 8), "float32"), w: R.Tensor((6, 4, 3, 3), "float32"), gamma: R.Tensor((6,), "float32"),
-             beta: R.Tensor((6,), "float32"), mean: R.Tensor((6,), "float32"), var: R.Tensor((6,), "float32")) -> R.Tensor((1, 6, 8, 8), "float32"):
+    def main(
+        x: R.Tensor((1, 4, 8, 8), "float32"),
+        w: R.Tensor((6, 4, 3, 3), "float32"),
+        gamma: R.Tensor((6,), "float32"),
+        beta: R.Tensor((6,), "float32"),
+        mean: R.Tensor((6,), "float32"),
+        var: R.Tensor((6,), "float32"),
+    ) -> R.Tensor((1, 6, 8, 8), "float32"):
         R.func_attr({"num_input": 1})
         with R.dataflow():
             y = R.nn.conv2d(x, w, padding=[1, 1, 1, 1])
@@ -70,8 +85,14 @@ class Training:
 @I.ir_module
 class StatsFromActivations:
     @R.function
-    def main(x: R.Tensor((1, 4, 8, 8), "float32"), mean: R.Tensor((6,), "float32"), w: R.Tensor((6, 4, 3, 3), "float32"),
-             gamma: R.Tensor((6,), "float32"), beta: R.Tensor((6,), "float32"), var: R.Tensor((6,), "float32")) -> R.Tensor((1, 6, 8, 8), "float32"):
+    def main(
+        x: R.Tensor((1, 4, 8, 8), "float32"),
+        mean: R.Tensor((6,), "float32"),
+        w: R.Tensor((6, 4, 3, 3), "float32"),
+        gamma: R.Tensor((6,), "float32"),
+        beta: R.Tensor((6,), "float32"),
+        var: R.Tensor((6,), "float32"),
+    ) -> R.Tensor((1, 6, 8, 8), "float32"):
         R.func_attr({"num_input": 2})  # mean is an input, not a weight
         with R.dataflow():
             y = R.nn.conv2d(x, w, padding=[1, 1, 1, 1])
@@ -88,10 +109,18 @@ def test_leaves_training_mode_and_input_statistics():
 
 def test_numerics_match_the_unfolded_module():
     rng = np.random.default_rng(0)
-    args = [rng.standard_normal((2, 4, 8, 8)), rng.standard_normal((6, 4, 3, 3)), 1 + 0.1 * rng.standard_normal(6),
-            0.1 * rng.standard_normal(6), 0.1 * rng.standard_normal(6), rng.uniform(0.5, 1.5, 6)]
+    args = [
+        rng.standard_normal((2, 4, 8, 8)),
+        rng.standard_normal((6, 4, 3, 3)),
+        1 + 0.1 * rng.standard_normal(6),
+        0.1 * rng.standard_normal(6),
+        0.1 * rng.standard_normal(6),
+        rng.uniform(0.5, 1.5, 6),
+    ]
     args = [tvm.runtime.tensor(a.astype("float32")) for a in args]
     target = tvm.target.Target("llvm")
-    outs = [relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())["main"](*args).numpy()
-            for mod in (Before, FoldBatchNorm()(Before))]
+    outs = [
+        relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())["main"](*args).numpy()
+        for mod in (Before, FoldBatchNorm()(Before))
+    ]
     np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-5)

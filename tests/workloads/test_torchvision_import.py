@@ -41,7 +41,9 @@ TINY = textwrap.dedent(
             super().__init__()
             self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU6())
             self.pool = nn.MaxPool2d(3, 2, 1)
-            self.dw = nn.Sequential(nn.Conv2d(16, 16, 3, 1, 1, groups=16, bias=False), nn.BatchNorm2d(16), nn.Hardswish())
+            self.dw = nn.Sequential(
+                nn.Conv2d(16, 16, 3, 1, 1, groups=16, bias=False), nn.BatchNorm2d(16), nn.Hardswish()
+            )
             self.fc1, self.fc2 = nn.Conv2d(16, 8, 1), nn.Conv2d(8, 16, 1)
             self.expand = nn.Sequential(nn.Conv2d(16, 32, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU())
             self.project = nn.Sequential(nn.Conv2d(32, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16))
@@ -90,7 +92,9 @@ def _close(out, expected, tol=1e-4):
 def test_classification_models_are_listed():
     names = available()
     assert {"resnet50", "mobilenet_v3_large", "resnet18", "mobilenet_v2"} <= set(names)
-    assert not any(n.startswith(("fasterrcnn", "fcn_", "raft")) for n in names)  # detection, segmentation, flow: not offered
+    assert not any(
+        n.startswith(("fasterrcnn", "fcn_", "raft")) for n in names
+    )  # detection, segmentation, flow: not offered
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +156,9 @@ def test_tiny_net_kernels_and_transposes(tiny, target):
     bucket = fused["main_b3_4"]
     kernels = [c.args[0].name_hint for c in _calls(bucket, "relax.call_tir")]
     assert not any("batch_norm" in k for k in kernels), kernels
-    assert sum(k.startswith("fused_conv2d") for k in kernels) == 8, kernels  # each of the 8 convolutions with its epilogue
+    assert sum(k.startswith("fused_conv2d") for k in kernels) == 8, (
+        kernels
+    )  # each of the 8 convolutions with its epilogue
     transposes = [k for k in kernels if k.startswith(("transpose", "layout_transform"))]
     assert len(transposes) == 1, kernels  # the NCHW input
 
@@ -175,10 +181,14 @@ def test_weights_file_is_loaded(tmp_path):
     model = torchvision_models().get_model("squeezenet1_1", weights=None, num_classes=10)
     torch.save(model.state_dict(), tmp_path / "sq.pt")
     workload = load("torchvision:squeezenet1_1", {**SMALL, "max_batch": "2", "weights": str(tmp_path / "sq.pt")})
-    np.testing.assert_array_equal(workload.params["p_features_0_weight"], model.state_dict()["features.0.weight"].numpy())
+    np.testing.assert_array_equal(
+        workload.params["p_features_0_weight"], model.state_dict()["features.0.weight"].numpy()
+    )
     inputs = workload.random_inputs({"b": 2})
     with torch.no_grad():
-        np.testing.assert_allclose(workload.reference(inputs, workload.params), model.eval()(torch.from_numpy(inputs["x"])).numpy(), rtol=1e-6)
+        np.testing.assert_allclose(
+            workload.reference(inputs, workload.params), model.eval()(torch.from_numpy(inputs["x"])).numpy(), rtol=1e-6
+        )
     torch.save({"features.0.weight": torch.zeros(1)}, tmp_path / "bad.pt")
     with pytest.raises(UserError, match="does not fit the model"):
         load("torchvision:squeezenet1_1", {**SMALL, "weights": str(tmp_path / "bad.pt")})
@@ -233,8 +243,9 @@ def test_wrong_input_to_an_artifact_is_one_line(capsys, tmp_path, tiny, target):
 
 
 def test_operator_without_converter_names_the_node(tmp_path):
-    (tmp_path / "besselnet.py").write_text(textwrap.dedent(
-        '''
+    (tmp_path / "besselnet.py").write_text(
+        textwrap.dedent(
+            """
         import torch
 
 
@@ -252,8 +263,9 @@ def test_operator_without_converter_names_the_node(tmp_path):
 
 
         net.input_shapes = [("b", 3, 8, 8)]
-        '''
-    ))
+        """
+        )
+    )
     with pytest.MonkeyPatch.context() as patch:
         patch.syspath_prepend(str(tmp_path))
         with pytest.raises(UserError, match=r"operator\(s\) i0\.default \(node i0\)"):

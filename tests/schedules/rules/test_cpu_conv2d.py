@@ -7,11 +7,10 @@ import numpy as np
 import pytest
 import torch
 import tvm
-from tvm import relax
-
 from relaxtune.relax_passes.block_conv_weights import LEGALIZE
 from relaxtune.schedules.rules import apply_cpu_rules
 from relaxtune.schedules.rules.cpu_conv2d import Conv2d
+from tvm import relax
 
 
 def _conv_module(kit, ic, oc, size, kernel, stride, blocked=0, residual=False):
@@ -34,16 +33,31 @@ def _conv_module(kit, ic, oc, size, kernel, stride, blocked=0, residual=False):
 
 
 def _fuse(mod, target):
-    seq = tvm.transform.Sequential([relax.transform.LegalizeOps(LEGALIZE), relax.transform.AnnotateTIROpPattern(),
-                                    relax.transform.FuseOps(), relax.transform.FuseTIR()])
+    seq = tvm.transform.Sequential(
+        [
+            relax.transform.LegalizeOps(LEGALIZE),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FuseOps(),
+            relax.transform.FuseTIR(),
+        ]
+    )
     with target:
         return seq(mod)
 
 
 def _reference(x, w_hwio, bias, stride, residual=None):
     pad = w_hwio.shape[0] // 2
-    out = torch.nn.functional.conv2d(torch.from_numpy(x).permute(0, 3, 1, 2), torch.from_numpy(w_hwio).permute(3, 2, 0, 1),
-                                     stride=stride, padding=pad).permute(0, 2, 3, 1).numpy() + bias
+    out = (
+        torch.nn.functional.conv2d(
+            torch.from_numpy(x).permute(0, 3, 1, 2),
+            torch.from_numpy(w_hwio).permute(3, 2, 0, 1),
+            stride=stride,
+            padding=pad,
+        )
+        .permute(0, 2, 3, 1)
+        .numpy()
+        + bias
+    )
     return np.maximum(out + (residual if residual is not None else 0), 0)
 
 
@@ -54,18 +68,21 @@ def test_fires_vectorised_over_output_channels_register_tiled_parallel(kit, cpu_
     script = sch.mod["main"].script()
     assert "T.parallel" in script and "T.vectorized" in script and "T.unroll" in script
     assert kit.block_predicates(sch.mod["main"])["conv2d_nhwc_update"] == "T.bool(True)"
-    update = script[script.index('T.sblock("conv2d_nhwc_update")'):]
+    update = script[script.index('T.sblock("conv2d_nhwc_update")') :]
     assert "if_then_else" not in update.split("T.sblock(")[1]  # the padding is a stage of its own, not in the FMA loop
 
 
-@pytest.mark.parametrize(("ic", "oc", "size", "kernel", "stride", "blocked"), [
-    (16, 64, 14, 3, 1, 0),  # 3x3, padded
-    (16, 64, 14, 3, 1, 32),  # the same, blocked weight
-    (24, 48, 9, 3, 2, 16),  # stride 2, odd size, blocked
-    (32, 64, 7, 1, 1, 32),  # 1x1, no padding: read in place
-    (3, 32, 16, 7, 2, 32),  # a stem: 3 input channels, 7x7 stride 2
-    (40, 24, 7, 1, 1, 0),  # channels that are not a multiple of the vector width
-])
+@pytest.mark.parametrize(
+    ("ic", "oc", "size", "kernel", "stride", "blocked"),
+    [
+        (16, 64, 14, 3, 1, 0),  # 3x3, padded
+        (16, 64, 14, 3, 1, 32),  # the same, blocked weight
+        (24, 48, 9, 3, 2, 16),  # stride 2, odd size, blocked
+        (32, 64, 7, 1, 1, 32),  # 1x1, no padding: read in place
+        (3, 32, 16, 7, 2, 32),  # a stem: 3 input channels, 7x7 stride 2
+        (40, 24, 7, 1, 1, 0),  # channels that are not a multiple of the vector width
+    ],
+)
 def test_numerics_symbolic_batch(kit, cpu_target, ic, oc, size, kernel, stride, blocked):
     mod = _fuse(_conv_module(kit, ic, oc, size, kernel, stride, blocked), cpu_target)
     func = kit.only_prim_func(mod, "conv2d")
@@ -97,5 +114,7 @@ def test_declines_nchw_and_grouped(kit, cpu_target):
     nchw = kit.build([x, w], lambda bb, x, w: kit.R.nn.conv2d(x, w, 1, 1))
     assert kit.apply_rule(Conv2d(), kit.only_prim_func(_fuse(nchw, cpu_target)), cpu_target) is None
     x, w = kit.tensor("x", (1, 8, 8, 16)), kit.tensor("w", (3, 3, 1, 16))
-    depthwise = kit.build([x, w], lambda bb, x, w: kit.R.nn.conv2d(x, w, 1, 1, groups=16, data_layout="NHWC", kernel_layout="HWIO"))
+    depthwise = kit.build(
+        [x, w], lambda bb, x, w: kit.R.nn.conv2d(x, w, 1, 1, groups=16, data_layout="NHWC", kernel_layout="HWIO")
+    )
     assert kit.apply_rule(Conv2d(), kit.only_prim_func(_fuse(depthwise, cpu_target)), cpu_target) is None

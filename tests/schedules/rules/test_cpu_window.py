@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from relaxtune.schedules.rules import apply_cpu_rules
 from relaxtune.schedules.rules.cpu_window import Window
 
@@ -38,15 +37,27 @@ def _check(kit, cpu_target, mod, args_of, reference, sizes=(1, 3)):
 @pytest.mark.parametrize(("kernel", "stride", "size"), [(3, 1, 14), (5, 2, 9), (3, 2, 16)])
 def test_depthwise_with_bias_and_clip(kit, cpu_target, kernel, stride, size):
     pad = kernel // 2
-    x, w, bias = kit.tensor("x", (kit.B, size, size, C)), kit.tensor("w", (kernel, kernel, 1, C)), kit.tensor("bias", (1, 1, 1, C))
-    mod = kit.build([x, w, bias], lambda bb, x, w, bias: kit.R.clip(kit.R.add(
-        kit.R.nn.conv2d(x, w, stride, pad, groups=C, data_layout="NHWC", kernel_layout="HWIO"), bias), 0, 6))
+    x, w, bias = (
+        kit.tensor("x", (kit.B, size, size, C)),
+        kit.tensor("w", (kernel, kernel, 1, C)),
+        kit.tensor("bias", (1, 1, 1, C)),
+    )
+    mod = kit.build(
+        [x, w, bias],
+        lambda bb, x, w, bias: kit.R.clip(
+            kit.R.add(kit.R.nn.conv2d(x, w, stride, pad, groups=C, data_layout="NHWC", kernel_layout="HWIO"), bias),
+            0,
+            6,
+        ),
+    )
 
     def args_of(rng, b):
         return [kit.rand(rng, b, size, size, C), kit.rand(rng, kernel, kernel, 1, C), kit.rand(rng, 1, 1, 1, C)]
 
     def reference(x, w, bias):
-        out = torch.nn.functional.conv2d(_nchw(x), torch.from_numpy(w).permute(3, 2, 0, 1), stride=stride, padding=pad, groups=C)
+        out = torch.nn.functional.conv2d(
+            _nchw(x), torch.from_numpy(w).permute(3, 2, 0, 1), stride=stride, padding=pad, groups=C
+        )
         return np.clip(_nhwc(out) + bias, 0, 6)
 
     _check(kit, cpu_target, mod, args_of, reference)
@@ -55,22 +66,38 @@ def test_depthwise_with_bias_and_clip(kit, cpu_target, kernel, stride, size):
 def test_max_pool(kit, cpu_target):
     x = kit.tensor("x", (kit.B, 16, 16, C))
     mod = kit.build([x], lambda bb, x: kit.R.nn.max_pool2d(x, 3, 2, 1, layout="NHWC"))
-    _check(kit, cpu_target, mod, lambda rng, b: [kit.rand(rng, b, 16, 16, C)],
-           lambda x: _nhwc(torch.nn.functional.max_pool2d(_nchw(x), 3, 2, 1)))
+    _check(
+        kit,
+        cpu_target,
+        mod,
+        lambda rng, b: [kit.rand(rng, b, 16, 16, C)],
+        lambda x: _nhwc(torch.nn.functional.max_pool2d(_nchw(x), 3, 2, 1)),
+    )
 
 
 def test_average_pool(kit, cpu_target):
     x = kit.tensor("x", (kit.B, 12, 12, C))
     mod = kit.build([x], lambda bb, x: kit.R.nn.avg_pool2d(x, 3, 1, 1, layout="NHWC"))
-    _check(kit, cpu_target, mod, lambda rng, b: [kit.rand(rng, b, 12, 12, C)],
-           lambda x: _nhwc(torch.nn.functional.avg_pool2d(_nchw(x), 3, 1, 1, count_include_pad=False)))
+    _check(
+        kit,
+        cpu_target,
+        mod,
+        lambda rng, b: [kit.rand(rng, b, 12, 12, C)],
+        lambda x: _nhwc(torch.nn.functional.avg_pool2d(_nchw(x), 3, 1, 1, count_include_pad=False)),
+    )
 
 
 def test_image_mean(kit, cpu_target):
     """The global average pool of a channels-last network: the window is the whole image."""
     x = kit.tensor("x", (kit.B, 7, 7, 2 * C))
     mod = kit.build([x], lambda bb, x: kit.R.mean(x, axis=[1, 2], keepdims=True))
-    _check(kit, cpu_target, mod, lambda rng, b: [kit.rand(rng, b, 7, 7, 2 * C)], lambda x: x.mean(axis=(1, 2), keepdims=True))
+    _check(
+        kit,
+        cpu_target,
+        mod,
+        lambda rng, b: [kit.rand(rng, b, 7, 7, 2 * C)],
+        lambda x: x.mean(axis=(1, 2), keepdims=True),
+    )
 
 
 def test_declines_dense_convolution_and_nchw_pool(kit, cpu_target):
