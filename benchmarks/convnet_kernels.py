@@ -57,15 +57,15 @@ def conv_key(out_shape, in_channels: int, kernel: int, stride: int, groups: int 
 def relaxtune_kernels(workload, target, job, batch: int) -> tuple[dict, float, callable]:
     """{key: [ms, GFLOP]} per layer of relaxtune's build at ``batch``, the whole call's ms, and the call."""
     import tvm
-    from relaxtune.relax_passes.pipeline import fuse
-    from relaxtune.schedules.tasks import bucket_functions, bucket_of, specialise
     from tvm import relax
     from tvm.s_tir import analysis
 
-    from relaxtune import api
-    from relaxtune.artifact import prepare_params
+    from relaxtune.compiler.build import bucket_plan, build
+    from relaxtune.relax_passes.pipeline import fuse
+    from relaxtune.runtime.artifact import prepare_params
+    from relaxtune.schedules.tasks import bucket_functions, bucket_of, specialise
 
-    fused = fuse(workload.mod, target.target, api.bucket_plan(workload, job))
+    fused = fuse(workload.mod, target.target, bucket_plan(workload, job))
     keys, flops = {}, {}
     for gv in bucket_functions(fused):
         if not all(lo <= batch <= hi for lo, hi, _ in bucket_of(fused[gv]).values()):
@@ -76,7 +76,7 @@ def relaxtune_kernels(workload, target, job, batch: int) -> tuple[dict, float, c
                 continue
             flops[name] = float(analysis.estimate_tir_flops(tvm.IRModule({"main": static})))
             keys[name] = _kernel_key(name, static)
-    executable = api.build(workload, target, job)[0]
+    executable = build(workload, target, job)[0]
     vm = relax.VirtualMachine(executable, tvm.cpu())
     inputs = workload.random_inputs({"b": batch})
     args = [tvm.runtime.tensor(inputs["x"])] + prepare_params(
@@ -198,14 +198,21 @@ def _node_gflop(args: dict) -> float:
     return 0.0
 
 
+def _rate(layer: list) -> str:
+    """GFLOP/s of a layer's [ms, GFLOP], or '-'."""
+    return f"{layer[1] / layer[0] * 1e3:.0f}" if layer[0] and layer[1] else "-"
+
+
 def main() -> None:
     args = _parse()
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
-    from relaxtune import bench_onnxruntime, targets
+    from relaxtune import targets, threads
     from relaxtune.config import BucketConfig, CompileConfig, JobConfig
+    from relaxtune.measure import onnxruntime_baseline
     from relaxtune.workloads import load
 
+    threads.configure()
     workload = load(f"torchvision:{args.model}", {"image": str(args.image)})
     target = targets.resolve("cpu")
     job = JobConfig(
@@ -215,7 +222,7 @@ def main() -> None:
     )
     folder = Path(os.environ.get("TMPDIR", "/tmp")) / "convnet_kernels"
     folder.mkdir(parents=True, exist_ok=True)
-    onnx_path = bench_onnxruntime.export(workload, folder / f"{args.model}.onnx")
+    onnx_path = onnxruntime_baseline.export(workload, folder / f"{args.model}.onnx")
     if args.whole_only:  # the child: whole calls on this process's threads only
         for batch in (int(b) for b in args.batch.split(",")):
             _, whole, _ = relaxtune_kernels(workload, target, job, batch)
@@ -249,8 +256,7 @@ def main() -> None:
         print("| layer | relaxtune ms | GFLOP/s | onnxruntime ms | GFLOP/s |\n|---|---|---|---|---|")
         for key in sorted(set(ours) | set(theirs), key=lambda k: -max(ours.get(k, [0])[0], theirs.get(k, [0])[0])):
             a, b = ours.get(key, [0.0, 0.0]), theirs.get(key, [0.0, 0.0])
-            rate = lambda v: f"{v[1] / v[0] * 1e3:.0f}" if v[0] and v[1] else "-"
-            print(f"| {key} | {a[0]:.3f} | {rate(a)} | {b[0]:.3f} | {rate(b)} |")
+            print(f"| {key} | {a[0]:.3f} | {_rate(a)} | {b[0]:.3f} | {_rate(b)} |")
         print(
             f"| sum | {sum(v[0] for v in ours.values()):.2f} | | {sum(v[0] for v in theirs.values()):.2f} | |",
             flush=True,

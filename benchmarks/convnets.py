@@ -6,7 +6,7 @@ interleaved in one process, plus the kernels and layout transforms each fusion l
 
 For each ``torchvision:MODEL`` (random weights) and batch size: relaxtune built with the cache
 (``--cache``; rules only without it) at buckets ``b = 1 | 2..8 | 9..16``; torch eager;
-``torch.compile(dynamic=True)``; ONNX Runtime (``relaxtune/bench_onnxruntime.py``: the module
+``torch.compile(dynamic=True)``; ONNX Runtime (``relaxtune/measure/onnxruntime_baseline.py``: the module
 through ``torch.onnx.export``, CPU execution provider, ``ORT_ENABLE_ALL``). Every system runs on
 ``--threads`` threads (TVM_NUM_THREADS, torch.set_num_threads, ORT's intra-op threads); pin the
 process to as many cores (``taskset -c 0,1``) for a two-core figure on a larger machine. Each
@@ -47,15 +47,16 @@ def _parse() -> argparse.Namespace:
 def kernels(workload, target, job, batch: int) -> dict[str, dict[str, int]]:
     """Kernels per call and activation layout transforms in the bucket of ``batch``, per fusion."""
     import tvm
-    from relaxtune.relax_passes.pipeline import fuse
     from tvm import relax
 
-    from relaxtune import api
+    from relaxtune.compiler.build import bucket_plan
+    from relaxtune.config import CompileConfig
+    from relaxtune.relax_passes.pipeline import fuse
 
     out = {}
-    plan = api.bucket_plan(workload, job)
+    plan = bucket_plan(workload, job)
     for fusion in ("stock", "relaxtune"):
-        fused = fuse(workload.mod, target.target, plan, fusion)
+        fused = fuse(workload.mod, target.target, plan, CompileConfig(fusion=fusion))
         name = next(
             gv.name_hint
             for gv, f in fused.functions_items()
@@ -86,12 +87,17 @@ def main() -> None:
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
     import numpy as np
     import torch
+    import tvm
 
-    from relaxtune import api, bench_onnxruntime, targets
-    from relaxtune.bench import _tvm_runner, interleaved
+    from relaxtune import targets, threads
+    from relaxtune.compiler.build import build
     from relaxtune.config import BucketConfig, CompileConfig, JobConfig
+    from relaxtune.measure import onnxruntime_baseline
+    from relaxtune.measure.timing import interleaved
+    from relaxtune.measure.vm import VMRunner
     from relaxtune.workloads import load
 
+    threads.configure()
     torch.set_num_threads(args.threads)
     target = targets.resolve("cpu")
     job = JobConfig(
@@ -105,14 +111,15 @@ def main() -> None:
     for model in args.models.split(","):
         workload = load(f"torchvision:{model}", {"image": str(args.image)})
         start = time.perf_counter()
-        executable = api.build(workload, target, job)[0]
+        executable = build(workload, target, job)[0]
         build_s = time.perf_counter() - start
-        session = bench_onnxruntime.session(workload, threads=args.threads)
+        session = onnxruntime_baseline.session(workload, threads=args.threads)
         eager = workload.torch_module().eval()
         compiled = torch.compile(eager, dynamic=True)
         for batch in batches:
             inputs = workload.random_inputs({"b": batch}, seed=batch)
-            call, output = _tvm_runner(executable, __import__("tvm").cpu(), workload, inputs)
+            runner = VMRunner.for_workload(executable, tvm.cpu(), workload)
+            call, output = runner.caller(inputs), functools.partial(runner.outputs, inputs)
             expected = workload.reference(inputs, workload.params)
             error = float(np.abs(output() - expected).max() / max(1.0, float(np.abs(expected).max())))
             x = torch.from_numpy(inputs["x"])
@@ -123,7 +130,7 @@ def main() -> None:
 
             systems = {
                 "relaxtune": call,
-                "onnxruntime": bench_onnxruntime.runner(session, workload, inputs)[0],
+                "onnxruntime": onnxruntime_baseline.runner(session, workload, inputs)[0],
                 "torch.compile": functools.partial(run_torch, compiled),
                 "torch": run_torch,
             }

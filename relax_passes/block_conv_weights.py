@@ -4,7 +4,7 @@
         -> conv2d(x, layout_transform(w): (OC / T, KH, KW, IC, T), NHWC / OHWI{T}o)
 
 ``T`` output channels are what the CPU convolution rule (``schedules/rules/cpu_conv2d.py``)
-computes per register tile (two vectors, ``_window.channel_tile``). In HWIO a tile's weights are
+computes per register tile (two vectors, ``conv_analysis.channel_tile``). In HWIO a tile's weights are
 ``T`` floats out of every ``OC``-long row: 128 bytes every 8 KiB for a 2048-channel layer, a new
 page each row. Blocked, they are one contiguous stream, which the hardware prefetches. The
 ``layout_transform`` reads the weight only, so LiftTransformParams moves it to load time.
@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 def block_size(channels: int, target) -> int:
     """Output channels per block: the convolution rule's channel tile on ``target``."""
     from ..schedules.rules import _utils as U
-    from ..schedules.rules._window import channel_tile
+    from ..schedules.rules.conv_analysis import channel_tile
 
     vectors, width = channel_tile(channels, U.lanes(target, "float32"), 2)
     return vectors * width

@@ -19,8 +19,7 @@ import tvm
 from tvm import relax, tirx
 
 from ..errors import UserError
-
-BUCKET_ATTR = "relaxtune.bucket"
+from ..ir_attrs import BUCKET_ATTR  # noqa: F401 (the passes name it from here)
 
 
 @dataclass(frozen=True)
@@ -47,7 +46,8 @@ def plan_buckets(
 ) -> dict[str, list[Bucket]]:
     """Buckets per dimension from (lo, hi, representative) bounds and optional bucket tops.
 
-    `single[dim]` makes one bucket tuned at that value. With tops t1 < t2 < ..., buckets are [lo, t1], [t1+1, t2], ..., each tuned at its top, plus
+    `single[dim]` makes one bucket tuned at that value. With tops t1 < t2 < ..., buckets are [lo, t1], [t1+1, t2], ...,
+    each tuned at its top, plus
     one up to the upper bound if the tops stop short. Without tops, a dimension spanning a wide
     range (upper/lower >= 16, e.g. a sequence length) gets power-of-two tops (1, 2, 4, ...,
     upper); a narrow one (a batch of 1..4) is one bucket tuned at its representative value.
@@ -91,7 +91,9 @@ def _bounds_check(dims: dict[str, tirx.Var], lo_hi: dict[str, tuple[int, int]]) 
         cond = term if cond is None else tirx.all(cond, term)
     text = ", ".join(f"{n}={{}} (allowed {lo_hi[n][0]}..{lo_hi[n][1]})" for n in dims)
     return relax.op.assert_op(
-        relax.prim_value(cond), [relax.prim_value(v) for v in dims.values()], f"shape outside the compiled bounds: {text}"
+        relax.prim_value(cond),
+        [relax.prim_value(v) for v in dims.values()],
+        f"shape outside the compiled bounds: {text}",
     )
 
 

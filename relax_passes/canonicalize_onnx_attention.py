@@ -47,7 +47,12 @@ def _dims(expr: relax.Expr) -> list | None:
 
 def _equal(xs, ys) -> bool:
     analyzer = tvm.sym.Analyzer()
-    return xs is not None and ys is not None and len(xs) == len(ys) and all(analyzer.can_prove_equal(x, y) for x, y in zip(xs, ys))
+    return (
+        xs is not None
+        and ys is not None
+        and len(xs) == len(ys)
+        and all(analyzer.can_prove_equal(x, y) for x, y in zip(xs, ys))
+    )
 
 
 def _int(value) -> int | None:
@@ -190,5 +195,8 @@ class CanonicalizeOnnxAttention:
         rewritten = rewrite_functions(mod, canonicalizer)
         if not canonicalizer.rewritten:
             return mod
-        logger.info("CanonicalizeOnnxAttention rewrote %s", ", ".join(f"{n} {what}" for what, n in sorted(canonicalizer.rewritten.items())))
+        logger.info(
+            "CanonicalizeOnnxAttention rewrote %s",
+            ", ".join(f"{n} {what}" for what, n in sorted(canonicalizer.rewritten.items())),
+        )
         return relax.transform.DeadCodeElimination()(rewritten)

@@ -110,7 +110,12 @@ def _plan(func: relax.Function) -> tuple[dict, set, dict]:
             continue
         rank = a.ty.ndim
         out_dtype = str(value.attrs.out_dtype) if value.attrs.out_dtype else ""
-        if b.ty.ndim != rank or a.ty.dtype not in DTYPES or b.ty.dtype != a.ty.dtype or out_dtype not in ("", "void", a.ty.dtype):
+        if (
+            b.ty.ndim != rank
+            or a.ty.dtype not in DTYPES
+            or b.ty.dtype != a.ty.dtype
+            or out_dtype not in ("", "void", a.ty.dtype)
+        ):
             continue
         if not all(analyzer.can_prove_equal(x, y) for x, y in zip(a.ty.shape.values[:-2], b.ty.shape.values[:-2])):
             continue  # broadcasting batch dimensions: left to TIR
@@ -139,13 +144,26 @@ def _plan(func: relax.Function) -> tuple[dict, set, dict]:
 def _biased_softmax(scores: relax.Var, uses, readers):
     """(add var, softmax var, bias) when `scores` is read only by softmax(add(scores, bias), -1)."""
     add = readers.get(scores) if uses[scores] == 1 else None
-    if add is None or not isinstance(add.var, relax.DataflowVar) or not is_op(add.value, "relax.add") or uses[add.var] != 1:
+    if (
+        add is None
+        or not isinstance(add.var, relax.DataflowVar)
+        or not is_op(add.value, "relax.add")
+        or uses[add.var] != 1
+    ):
         return None
     bias = add.value.args[1] if add.value.args[0].same_as(scores) else add.value.args[0]
     softmax = readers.get(add.var)
-    if softmax is None or not is_op(softmax.value, "relax.nn.softmax") or int(softmax.value.attrs.axis) not in (-1, scores.ty.ndim - 1):
+    if (
+        softmax is None
+        or not is_op(softmax.value, "relax.nn.softmax")
+        or int(softmax.value.attrs.axis) not in (-1, scores.ty.ndim - 1)
+    ):
         return None
-    if not isinstance(bias.ty, relax.TensorType) or bias.ty.dtype != scores.ty.dtype or add.var.ty.ndim != scores.ty.ndim:
+    if (
+        not isinstance(bias.ty, relax.TensorType)
+        or bias.ty.dtype != scores.ty.dtype
+        or add.var.ty.ndim != scores.ty.ndim
+    ):
         return None
     return add.var, softmax.var, bias
 
@@ -156,7 +174,9 @@ def _softmax_bias(scores, bias):
     offset = len(scores.shape) - len(bias.shape)
 
     def bias_at(i):  # numpy broadcasting: bias aligned right, its size-1 axes read at 0
-        return bias(*(0 if isinstance(d, tvm.tirx.IntImm) and int(d) == 1 else i[offset + a] for a, d in enumerate(bias.shape)))
+        return bias(
+            *(0 if isinstance(d, tvm.tirx.IntImm) and int(d) == 1 else i[offset + a] for a, d in enumerate(bias.shape))
+        )
 
     x = te.compute(scores.shape, lambda *i: scores(*i).astype("float32") + bias_at(i).astype("float32"), name="T_add")
     *lead, m = x.shape
@@ -165,7 +185,10 @@ def _softmax_bias(scores, bias):
     k = te.reduce_axis((0, m), "k")
     expsum = te.compute(lead, lambda *i: te.sum(te.exp(x(*i, k) - maxelem(*i)), axis=k), name="T_softmax_expsum")
     return te.compute(
-        x.shape, lambda *i: (te.exp(x(*i) - maxelem(*i[:-1])) / expsum(*i[:-1])).astype(scores.dtype), name="T_softmax_norm", attrs={"axis": len(lead)}
+        x.shape,
+        lambda *i: (te.exp(x(*i) - maxelem(*i[:-1])) / expsum(*i[:-1])).astype(scores.dtype),
+        name="T_softmax_norm",
+        attrs={"axis": len(lead)},
     )
 
 
@@ -189,15 +212,20 @@ class _Rewriter(PyExprMutator):
         bb = self.builder_
         if binding.var in self.softmaxes:
             scores, bias = self.softmaxes[binding.var]
-            value = bb.call_te(_softmax_bias, self.visit_expr(scores), self.visit_expr(bias), primfunc_name_hint="softmax_bias")
+            value = bb.call_te(
+                _softmax_bias, self.visit_expr(scores), self.visit_expr(bias), primfunc_name_hint="softmax_bias"
+            )
             self.set_var_remap(binding.var, self._emit(value, binding.var))
             return
         call = self.plan.get(binding.var)
         if call is None:
             return super().visit_var_binding_(binding)
         args = [
-            self.visit_expr(call.a), self.visit_expr(call.b),
-            relax.ShapeExpr(call.a_axes), relax.ShapeExpr(call.b_axes), relax.ShapeExpr(call.c_axes),
+            self.visit_expr(call.a),
+            self.visit_expr(call.b),
+            relax.ShapeExpr(call.a_axes),
+            relax.ShapeExpr(call.b_axes),
+            relax.ShapeExpr(call.c_axes),
             relax.prim_value(tvm.tirx.FloatImm("float64", call.alpha)),
         ]
         self.set_var_remap(call.out, self._emit(relax.call_dps_packed(FUNCTION, args, call.out.ty), call.out))
@@ -230,5 +258,10 @@ class RewriteBatchedGemmToCublas:
             if new is not None:
                 rewriter.builder_.update_func(gvar, new)
                 changed = True
-                logger.info("%s: %d batched GEMM(s) -> cuBLAS, %d softmax(es) with the bias inside", gvar.name_hint, len(rewriter.plan), len(rewriter.softmaxes))
+                logger.info(
+                    "%s: %d batched GEMM(s) -> cuBLAS, %d softmax(es) with the bias inside",
+                    gvar.name_hint,
+                    len(rewriter.plan),
+                    len(rewriter.softmaxes),
+                )
         return rewriter.builder_.get() if changed else mod

@@ -4,9 +4,10 @@
 function (the transposed weights LiftTransformParams produced), fp16 or bf16 in and out, becomes
 `R.call_dps_packed("relaxtune_cublas_gemm", (x, w), out)` — the external kernel of
 `relaxtune/cuda_cublas.py`, linked into the artifact; `R.matmul(x, permute_dims(w))` with an
-(N, K) weight parameter (keep_weights_nk.py) becomes "relaxtune_cublas_gemm_nk" on `w` itself. In bucket functions whose lower bound of
+(N, K) weight parameter (keep_weights_nk.py) becomes "relaxtune_cublas_gemm_nk" on `w` itself. In bucket functions
+whose lower bound of
 the rows dimension is at least `min_rows`, every such GEMM; in smaller (decode) buckets only those
-whose weight has a side >= `decode_wide` (None: none). Measured on an H200 (scripts/gpu_job.py):
+whose weight has a side >= `decode_wide` (None: none). Measured on an H200 (benchmarks/gpu_job.py):
 dlight's tensor-core matmul reaches 5-12% of cuBLAS at n = 128 and 2048; at n = 1, timed alone,
 its GEMV beats cuBLAS on the 4096x4096 projections (13 vs 17-22 us) and loses on the 4096x11008
 ones (42-54 vs 25-27 us), but inside the graph-captured Llama-7B block every-GEMM-on-cuBLAS was
@@ -18,8 +19,8 @@ decode buckets' GEMVs on relaxtune's own kernel, where it measured faster), and 
 LegalizeOps; element-wise
 consumers of the GEMM (SwiGLU) then stay separate kernels, except a residual add, which
 RewriteResidualAddToCublas (cublas_gemm_add.py) folds into the GEMM. Attention's batched
-activation GEMMs are RewriteBatchedGemmToCublas's (cublas_batched_gemm.py); `cublas_passes`
-turns the pipeline's `cublas` option into both passes.
+activation GEMMs are RewriteBatchedGemmToCublas's (cublas_batched_gemm.py). The pipeline adds
+them for cuda targets from `CompileConfig.cublas` (config.CudaLibraries).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .bucket_dispatch import BUCKET_ATTR
-from .cublas_batched_gemm import RewriteBatchedGemmToCublas
 from .fusion_utils import is_transpose
 
 logger = logging.getLogger(__name__)
@@ -50,7 +50,9 @@ def _untransposed(w, params, lookup) -> relax.Var | None:
     return source if isinstance(source, relax.Var) and source in params else None
 
 
-def weight_gemm(call: relax.Call, params, min_x_ndim: int = 2, lookup=None) -> tuple[relax.Expr, relax.Var, bool] | None:
+def weight_gemm(
+    call: relax.Call, params, min_x_ndim: int = 2, lookup=None
+) -> tuple[relax.Expr, relax.Var, bool] | None:
     """`(x, w, nk)` when `call` is `R.matmul(x, w)` with `w` a 2-D weight among `params` (the bucket
     function's parameters; nk False), or `R.matmul(x, permute_dims(w))` with `w` an (N, K) one
     (nk True; `lookup` resolves the transpose's variable: keep_weights_nk.py keeps weights so), `x`
@@ -65,7 +67,13 @@ def weight_gemm(call: relax.Call, params, min_x_ndim: int = 2, lookup=None) -> t
     elif not (isinstance(w, relax.Var) and w in params):
         return None
     xt, wt = x.ty, w.ty
-    if not (isinstance(xt, relax.TensorType) and isinstance(wt, relax.TensorType) and wt.ndim == 2 and xt.ndim >= min_x_ndim and wt.shape is not None):
+    if not (
+        isinstance(xt, relax.TensorType)
+        and isinstance(wt, relax.TensorType)
+        and wt.ndim == 2
+        and xt.ndim >= min_x_ndim
+        and wt.shape is not None
+    ):
         return None
     out_dtype = str(call.attrs.out_dtype) if call.attrs.out_dtype else ""
     if xt.dtype not in DTYPES or wt.dtype != xt.dtype or out_dtype not in ("", "void", xt.dtype):
@@ -129,26 +137,3 @@ class RewriteGemmToCublas:
         for gvar, func in updates.items():
             mod[gvar] = func
         return mod
-
-
-def cublas_passes(options: bool | dict = True) -> list:
-    """The cuBLAS rewrites for `pipeline(cublas=...)`: True, or a dict of RewriteGemmToCublas's
-    arguments (min_rows, decode_wide) plus "batched": False, True (default) or
-    RewriteBatchedGemmToCublas's arguments (min_rows) for attention's batched GEMMs, and
-    "residual": False, True (default) or RewriteResidualAddToCublas's arguments (min_rows) for
-    residual adds as the GEMM's epilogue; "gemv" is gemv_cuda.gemv_passes's (decode buckets),
-    "weights_nk" keep_weights_nk.weights_nk_passes's (the weights' layout)."""
-    from .cublas_gemm_add import RewriteResidualAddToCublas
-
-    if not options:
-        return []
-    gemm = dict(options) if isinstance(options, dict) else {}
-    gemm.pop("gemv", None)  # the decode buckets' GEMV kernel: gemv_cuda.gemv_passes reads it
-    gemm.pop("weights_nk", None)  # keep_weights_nk.weights_nk_passes reads it
-    batched, residual = gemm.pop("batched", True), gemm.pop("residual", True)
-    passes = [RewriteGemmToCublas(**gemm)]
-    if residual:
-        passes.append(RewriteResidualAddToCublas(**(residual if isinstance(residual, dict) else {})))
-    if batched:
-        passes.append(RewriteBatchedGemmToCublas(**(batched if isinstance(batched, dict) else {})))
-    return passes

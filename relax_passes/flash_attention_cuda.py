@@ -34,7 +34,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from ..cuda_flash_attention import FUNCTION, HEAD_DIMS, IN_PLACE_FUNCTION, ROPE_FUNCTION, supports
+from ..kernels.flash_attention import FUNCTION, HEAD_DIMS, IN_PLACE_FUNCTION, ROPE_FUNCTION, supports
 from .bucket_dispatch import BUCKET_ATTR
 from .fuse_attention_prologue import _Source, _Tracer
 from .fusion_utils import is_op, use_counts
@@ -67,7 +67,9 @@ def flash_args(call: relax.Call, lookup, block_m: int = 0) -> list | None:
     if attrs.window_size is not None or attrs.causal_mask not in (None, "TopLeft"):
         return None
     q, k, v = call.args
-    if not all(isinstance(x.ty, relax.TensorType) and x.ty.ndim == 4 and x.ty.shape is not None for x in (q, k, v, call)):
+    if not all(
+        isinstance(x.ty, relax.TensorType) and x.ty.ndim == 4 and x.ty.shape is not None for x in (q, k, v, call)
+    ):
         return None
     dtype = q.ty.dtype
     if dtype not in DTYPES or any(x.ty.dtype != dtype for x in (k, v, call)):
@@ -77,7 +79,14 @@ def flash_args(call: relax.Call, lookup, block_m: int = 0) -> list | None:
         k, v = call.args[1], call.args[2]  # only one of them repeated: pass both repeated
     qs, ks, vs = (x.ty.shape.values for x in (q, k, v))
     d, heads, kv_heads = _static(qs[3]), _static(qs[2]), _static(ks[2])
-    if d not in HEAD_DIMS or _static(ks[3]) != d or _static(vs[3]) != d or heads is None or not kv_heads or heads % kv_heads:
+    if (
+        d not in HEAD_DIMS
+        or _static(ks[3]) != d
+        or _static(vs[3]) != d
+        or heads is None
+        or not kv_heads
+        or heads % kv_heads
+    ):
         return None
     analyzer = tvm.sym.Analyzer()
     same = [(qs[0], ks[0]), (qs[0], vs[0]), (ks[1], vs[1]), (ks[2], vs[2])]
@@ -86,8 +95,12 @@ def flash_args(call: relax.Call, lookup, block_m: int = 0) -> list | None:
     scale = float(attrs.scale.value) if attrs.scale is not None else 1.0 / math.sqrt(d)
     causal = 1 if attrs.causal_mask == "TopLeft" else 0
     return [
-        q, k, v, relax.prim_value(tvm.tirx.IntImm("int64", causal)),
-        relax.prim_value(tvm.tirx.FloatImm("float64", scale)), relax.prim_value(tvm.tirx.IntImm("int64", block_m)),
+        q,
+        k,
+        v,
+        relax.prim_value(tvm.tirx.IntImm("int64", causal)),
+        relax.prim_value(tvm.tirx.FloatImm("float64", scale)),
+        relax.prim_value(tvm.tirx.IntImm("int64", block_m)),
     ]
 
 
@@ -160,6 +173,11 @@ class RewriteAttentionToFlash:
             if new is not None:
                 rewriter.builder_.update_func(gvar, new)
                 changed = True
-                logger.info("%s: %d attention call(s) -> flash attention (%d reading q/k/v in place, %d rotating q on load)",
-                            gvar.name_hint, rewriter.count, rewriter.read_in_place, rewriter.rotated)
+                logger.info(
+                    "%s: %d attention call(s) -> flash attention (%d reading q/k/v in place, %d rotating q on load)",
+                    gvar.name_hint,
+                    rewriter.count,
+                    rewriter.read_in_place,
+                    rewriter.rotated,
+                )
         return rewriter.builder_.get() if changed else mod

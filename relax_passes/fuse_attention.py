@@ -16,7 +16,8 @@ Imported models (``torch.export`` of ``transformers``) arrive decomposed: ``matm
 (or ``matmul(q, kᵀ)·c``), plus an additive mask ``where(mask, 0, fill)``, softmax over the keys,
 for ``fill = -inf`` torch's guard that zeroes rows whose scores are all ``-inf`` (or the ONNX export's
 ``where(isnan(p), 0, p)``: for finite scores a softmax row is NaN exactly then), then ``matmul`` with
-``v``; CanonicalizeOnnxAttention brings the rest of the ONNX export's chain to this form. That chain is fused too (``_fuse_decomposed``) when the boolean mask is proven to be
+``v``; CanonicalizeOnnxAttention brings the rest of the ONNX export's chain to this form. That chain is fused too
+(``_fuse_decomposed``) when the boolean mask is proven to be
 exactly ``causal ∧ key-padding``: the conjunction of ``key position <= query position`` (both
 ``arange`` from 0, broadcast by ``expand_dims``) and ``attention_mask[batch, key position]`` read
 by ``index_tensor`` (an ``R.full`` of True may join it). The kernel then reads the ``(b, m)`` key
@@ -43,7 +44,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .attention_kernel import ATTR, CAUSAL_MASKS, KIND, attention_kernel
+from ..kernels.attention_tir import ATTR, CAUSAL_MASKS, KIND, attention_kernel
 from .fusion_utils import bound_call, rewrite_functions
 
 logger = logging.getLogger(__name__)
@@ -115,7 +116,9 @@ def _same_shape(a: relax.Expr, b: relax.Expr) -> bool:
     if sa is None or sb is None or not isinstance(sa, relax.ShapeExpr) or not isinstance(sb, relax.ShapeExpr):
         return False
     analyzer = tvm.sym.Analyzer()
-    return len(sa.values) == len(sb.values) and all(analyzer.can_prove_equal(x, y) for x, y in zip(sa.values, sb.values))
+    return len(sa.values) == len(sb.values) and all(
+        analyzer.can_prove_equal(x, y) for x, y in zip(sa.values, sb.values)
+    )
 
 
 def _no_broadcast(bb, expr):
@@ -182,7 +185,15 @@ def _mask_terms(bb, expr, n, m) -> list | None:
     key-mask tensor, or None when it is anything else."""
     if str(expr.ty.dtype) == "bool" and _scalar(bb, expr) == 1.0:  # True
         return []
-    call = bound_call(bb, expr, "relax.broadcast_to", "relax.bitwise_and", "relax.logical_and", "relax.less_equal", "relax.index_tensor")
+    call = bound_call(
+        bb,
+        expr,
+        "relax.broadcast_to",
+        "relax.bitwise_and",
+        "relax.logical_and",
+        "relax.less_equal",
+        "relax.index_tensor",
+    )
     if call is None:
         return None
     name = call.op.name
@@ -203,7 +214,10 @@ def _mask_terms(bb, expr, n, m) -> list | None:
     batch, key = (_position(bb, a) for a in indices.fields)
     if batch is None or key is None or batch[0] != 0 or key[0] != 3 or not analyzer.can_prove_equal(key[1], m):
         return None
-    if not (analyzer.can_prove_equal(batch[1], data.ty.shape.values[0]) and analyzer.can_prove_equal(data.ty.shape.values[1], m)):
+    if not (
+        analyzer.can_prove_equal(batch[1], data.ty.shape.values[0])
+        and analyzer.can_prove_equal(data.ty.shape.values[1], m)
+    ):
         return None
     if str(data.ty.dtype) != "bool":
         return None
@@ -215,21 +229,30 @@ def _mask_terms(bb, expr, n, m) -> list | None:
 
 def _all_masked_guard(bb, cond, scores) -> bool:
     """`cond` is torch's guard "every score of the row is -inf": not(bool(max(int8(not(scores == -inf)), -1)))."""
-    chain = [("relax.logical_not", None), ("relax.astype", "bool"), ("relax.max", None), ("relax.astype", "int8"),
-             ("relax.logical_not", None), ("relax.equal", None)]
+    chain = [
+        ("relax.logical_not", None),
+        ("relax.astype", "bool"),
+        ("relax.max", None),
+        ("relax.astype", "int8"),
+        ("relax.logical_not", None),
+        ("relax.equal", None),
+    ]
     expr, call = cond, None
     for op, dtype in chain:
         call = bound_call(bb, expr, op)
         if call is None or (dtype is not None and str(call.attrs.dtype) != dtype):
             return False
-        if op == "relax.max" and not (call.attrs.keepdims and call.attrs.axis is not None and [int(a) % 4 for a in call.attrs.axis] == [3]):
+        if op == "relax.max" and not (
+            call.attrs.keepdims and call.attrs.axis is not None and [int(a) % 4 for a in call.attrs.axis] == [3]
+        ):
             return False
         expr = call.args[0]
     return call.args[0].same_as(scores) and _scalar(bb, call.args[1]) == float("-inf")
 
 
 def _heads_of(bb, expr) -> tuple[relax.Expr, int]:
-    """(x, g) for `expr` = repeat_kv(x, g): reshape(broadcast_to(expand_dims(x, 2), (b, h, g, m, d)), (b, h·g, m, d))."""
+    """(x, g) for `expr` = repeat_kv(x, g):
+    reshape(broadcast_to(expand_dims(x, 2), (b, h, g, m, d)), (b, h·g, m, d))."""
     reshape = bound_call(bb, expr, "relax.reshape")
     bcast = None if reshape is None else bound_call(bb, reshape.args[0], "relax.broadcast_to")
     expand = None if bcast is None else bound_call(bb, bcast.args[0], "relax.expand_dims")
@@ -238,7 +261,9 @@ def _heads_of(bb, expr) -> tuple[relax.Expr, int]:
     source, group = expand.args[0], _static(bcast.ty.shape.values[2])
     analyzer = tvm.sym.Analyzer()
     wide, out, src = bcast.ty.shape.values, expr.ty.shape.values, source.ty.shape.values
-    same = [(src[i], wide[j]) for i, j in ((0, 0), (1, 1), (2, 3), (3, 4))] + [(out[i], wide[j]) for i, j in ((0, 0), (2, 3), (3, 4))]
+    same = [(src[i], wide[j]) for i, j in ((0, 0), (1, 1), (2, 3), (3, 4))] + [
+        (out[i], wide[j]) for i, j in ((0, 0), (2, 3), (3, 4))
+    ]
     if group is None or not all(analyzer.can_prove_equal(x, y) for x, y in same):  # only axis 2 is broadcast
         return expr, 1
     return source, group
@@ -268,7 +293,9 @@ def _fuse_decomposed(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | N
     if softmax is None or int(softmax.attrs.axis) % 4 != 3 or softmax.args[0].ty.ndim != 4:
         return None
     masked = softmax.args[0]
-    nan_guard = cond is not None and (isnan := bound_call(bb, cond, "relax.isnan")) is not None and isnan.args[0].same_as(probs)
+    nan_guard = (
+        cond is not None and (isnan := bound_call(bb, cond, "relax.isnan")) is not None and isnan.args[0].same_as(probs)
+    )
     if cond is not None and not (nan_guard or _all_masked_guard(bb, cond, masked)):
         return None
     add = bound_call(bb, masked, "relax.add")
@@ -293,7 +320,10 @@ def _fuse_decomposed(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | N
         return None
     key, k_scale2 = _scaled(bb, transpose.args[0])
     types = [x.ty for x in (query, key, value)]
-    if any(not isinstance(t, relax.TensorType) or t.ndim != 4 or t.shape is None or str(t.dtype) != "float32" for t in types):
+    if any(
+        not isinstance(t, relax.TensorType) or t.ndim != 4 or t.shape is None or str(t.dtype) != "float32"
+        for t in types
+    ):
         return None
     b, heads, n, head_dim = query.ty.shape.values
     m = key.ty.shape.values[2]
@@ -315,7 +345,9 @@ def _fuse_decomposed(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | N
     scale = post_scale * q_scale * k_scale * k_scale2
     if masks:
         mask_dtype = str(masks[0].ty.dtype)
-        kernel = attention_kernel(heads, kv_heads, head_dim, "float32", "TopLeft", scale, key_mask=key_mask, mask_dtype=mask_dtype)
+        kernel = attention_kernel(
+            heads, kv_heads, head_dim, "float32", "TopLeft", scale, key_mask=key_mask, mask_dtype=mask_dtype
+        )
     else:  # causal only: every row sees key 0
         kernel = attention_kernel(heads, kv_heads, head_dim, "float32", "TopLeft", scale)
     args = [_to_bnhd(bb, x) for x in (query, key, value)] + masks
@@ -334,7 +366,9 @@ class _AttentionFuser(PyExprMutator):
         call = self.visit_expr_post_order(call)
         name = call.op.name if isinstance(call.op, tvm.ir.Op) else None
         if name in ("relax.nn.attention", "relax.matmul"):
-            fused = _fuse(self.builder_, call) if name == "relax.nn.attention" else _fuse_decomposed(self.builder_, call)
+            fused = (
+                _fuse(self.builder_, call) if name == "relax.nn.attention" else _fuse_decomposed(self.builder_, call)
+            )
             if fused is None and name == "relax.matmul":
                 return call
             if fused is None:

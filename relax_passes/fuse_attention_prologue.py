@@ -40,7 +40,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .attention_kernel import ARGS_ATTR, ATTR, KEY_MASK_ATTR, KIND, Operands, attention_kernel
+from ..kernels.attention_tir import ARGS_ATTR, ATTR, KEY_MASK_ATTR, KIND, Operands, attention_kernel
 from .fusion_utils import FUSED_OPS_ATTR, is_op, use_counts
 
 logger = logging.getLogger(__name__)
@@ -107,7 +107,11 @@ class _Tracer:
             if axes != [2] or begin is None or strides is None or any(s != 1 for s in strides) or source.ty.ndim != 4:
                 return None
             begin, total = begin[0], _static(source.ty.shape.values[2])
-            if total is None or not 0 <= begin < total or not _equal(source.ty.shape.values[3], expr.ty.shape.values[3]):
+            if (
+                total is None
+                or not 0 <= begin < total
+                or not _equal(source.ty.shape.values[3], expr.ty.shape.values[3])
+            ):
                 return None
             return _Source(source, begin, copy="strided_slice")
         reshape = self.bound(expr, "relax.reshape", uses)
@@ -127,7 +131,9 @@ class _Tracer:
         if width is None or None in sizes or width % head_dim or any(s % head_dim for s in sizes):
             return None
         if (whole, head_dim) not in self.views:
-            self.views[(whole, head_dim)] = self.bb.emit(relax.op.reshape(whole, [*whole.ty.shape.values[:2], width // head_dim, head_dim]))
+            self.views[(whole, head_dim)] = self.bb.emit(
+                relax.op.reshape(whole, [*whole.ty.shape.values[:2], width // head_dim, head_dim])
+            )
         return _Source(self.views[(whole, head_dim)], sum(sizes[:index]) // head_dim, copy="split")
 
     def rope(self, expr, seq_axis: int = 1) -> tuple[relax.Expr, tuple, int] | None:
@@ -178,7 +184,13 @@ class _Tracer:
         axes, begin, end = (_ints(a) for a in sliced.args[1:4])
         strides = _ints(sliced.args[4]) if len(sliced.args) > 4 else []
         d = _static(x.ty.shape.values[3])
-        if d is None or d % 2 or axes not in ([3], [-1]) or None in (begin, end, strides) or any(s != 1 for s in strides):
+        if (
+            d is None
+            or d % 2
+            or axes not in ([3], [-1])
+            or None in (begin, end, strides)
+            or any(s != 1 for s in strides)
+        ):
             return None
         if begin == [0] and end == [d // 2]:
             return 0
@@ -220,8 +232,12 @@ class _Tracer:
             return False
         shape, xs = table.ty.shape.values, x.ty.shape.values
         ones = [i for i in (0, 1, 2) if i != seq_axis]
-        return (str(table.ty.dtype) == str(x.ty.dtype) and all(_static(shape[i]) == 1 for i in ones)
-                and _equal(shape[seq_axis], xs[seq_axis]) and _equal(shape[3], xs[3]))
+        return (
+            str(table.ty.dtype) == str(x.ty.dtype)
+            and all(_static(shape[i]) == 1 for i in ones)
+            and _equal(shape[seq_axis], xs[seq_axis])
+            and _equal(shape[3], xs[3])
+        )
 
 
 def _axes(call: relax.Call, expected: list[int]) -> bool:
@@ -277,8 +293,11 @@ def kernel_args(func: tirx.PrimFunc) -> dict | None:
 
 def in_place(kernel: tirx.PrimFunc, copies: list[str]) -> tirx.PrimFunc:
     """`kernel` marked as this pass's (opaque to FuseOps; `copies`: the operators it took in, for the report)."""
-    return (kernel.with_attr("op_pattern", OPAQUE).with_attr(PROLOGUE_ATTR, True)
-            .with_attr(FUSED_OPS_ATTR, [*copies, "fused_attention"]))
+    return (
+        kernel.with_attr("op_pattern", OPAQUE)
+        .with_attr(PROLOGUE_ATTR, True)
+        .with_attr(FUSED_OPS_ATTR, [*copies, "fused_attention"])
+    )
 
 
 @mutator
@@ -292,7 +311,11 @@ class _PrologueFuser(PyExprMutator):
 
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
-        if not is_op(call, "relax.call_tir") or not isinstance(call.args[1], relax.Tuple) or len(call.args[1].fields) not in (3, 4):
+        if (
+            not is_op(call, "relax.call_tir")
+            or not isinstance(call.args[1], relax.Tuple)
+            or len(call.args[1].fields) not in (3, 4)
+        ):
             return call
         args = kernel_args(self.builder_.get()[call.args[0]])
         if args is None or len(call.args[1].fields) != 3 + ("key_mask" in args):
@@ -301,16 +324,29 @@ class _PrologueFuser(PyExprMutator):
         (query, key, value), mask = call.args[1].fields[:3], list(call.args[1].fields[3:])
         rotations = _same_rotation(tracer, query, key)
         rotated = rotations is not None
-        sources = [_operand(tracer, query, rotations and rotations[0]), _operand(tracer, key, rotations and rotations[1]),
-                   _operand(tracer, value, None)]
+        sources = [
+            _operand(tracer, query, rotations and rotations[0]),
+            _operand(tracer, key, rotations and rotations[1]),
+            _operand(tracer, value, None),
+        ]
         if all(s.tensor.same_as(x) for s, x in zip(sources, (query, key, value))):
             return call
         heads = [_static(s.tensor.ty.shape.values[2]) for s in sources]
         operands = Operands(*heads, *(s.offset for s in sources), rope=rotated)
         causal = None if args["causal_mask"] == "none" else args["causal_mask"]
-        kernel = attention_kernel(int(args["heads"]), int(args["kv_heads"]), int(args["head_dim"]), args["dtype"], causal,
-                                  float(args["scale"]), int(args["query_tile"]), int(args["key_tile"]), operands=operands,
-                                  key_mask=args.get("key_mask", None), mask_dtype=args.get("mask_dtype", "int64"))
+        kernel = attention_kernel(
+            int(args["heads"]),
+            int(args["kv_heads"]),
+            int(args["head_dim"]),
+            args["dtype"],
+            causal,
+            float(args["scale"]),
+            int(args["query_tile"]),
+            int(args["key_tile"]),
+            operands=operands,
+            key_mask=args.get("key_mask", None),
+            mask_dtype=args.get("mask_dtype", "int64"),
+        )
         copies = [s.copy for s in sources if s.copy] + ["rotate_half"] * 2 * rotated
         gv = self.builder_.add_func(in_place(kernel, copies), NAME)
         tables = [tracer.rows(t, rotations[0][3]) for t in sources[0].rope] if rotated else []
@@ -331,6 +367,9 @@ class FuseAttentionPrologue:
                 fuser.builder_.update_func(gv, fuser.visit_expr(func))
         if not fuser.fused:
             return mod
-        logger.info("FuseAttentionPrologue: %d attention kernel(s) read their operands in place, %d with the rotation inline",
-                    fuser.fused, fuser.rotated)
+        logger.info(
+            "FuseAttentionPrologue: %d attention kernel(s) read their operands in place, %d with the rotation inline",
+            fuser.fused,
+            fuser.rotated,
+        )
         return relax.transform.DeadCodeElimination()(fuser.builder_.get())

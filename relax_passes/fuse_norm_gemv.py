@@ -92,7 +92,11 @@ def find_chains(func: relax.Function, bounds: dict[str, int]) -> list[_Chain]:
             continue
         (mm_var,) = users[var]
         matmul = var2val[mm_var]
-        if not plain_matmul(matmul) or not matmul.args[0].same_as(var) or not isinstance(matmul.args[1].ty, relax.TensorType):
+        if (
+            not plain_matmul(matmul)
+            or not matmul.args[0].same_as(var)
+            or not isinstance(matmul.args[1].ty, relax.TensorType)
+        ):
             continue
         calls, vars_ = [value, matmul], [var, mm_var]
         while uses[vars_[-1]] == 1 and len(users.get(vars_[-1], [])) == 1:
@@ -102,9 +106,18 @@ def find_chains(func: relax.Function, bounds: dict[str, int]) -> list[_Chain]:
                 break
             if step.op.name in UNARY and len(step.args) == 1:
                 pass
-            elif step.op.name in BINARY and len(step.args) == 2 and isinstance(step.ty, relax.TensorType) and step.ty.ndim == matmul.ty.ndim:
+            elif (
+                step.op.name in BINARY
+                and len(step.args) == 2
+                and isinstance(step.ty, relax.TensorType)
+                and step.ty.ndim == matmul.ty.ndim
+            ):
                 other = step.args[1] if step.args[0].same_as(vars_[-1]) else step.args[0]
-                if any(other.same_as(v) for v in vars_) or relax.analysis.free_vars(other) and any(v in vars_ for v in relax.analysis.free_vars(other)):
+                if (
+                    any(other.same_as(v) for v in vars_)
+                    or relax.analysis.free_vars(other)
+                    and any(v in vars_ for v in relax.analysis.free_vars(other))
+                ):
                     break
             else:
                 break
@@ -163,5 +176,7 @@ class FuseNormIntoGemv:
                 grouper.builder_.update_func(gv, grouper.visit_expr(func))
         if not grouper.grouped:
             return mod
-        logger.info("FuseNormIntoGemv: %d LayerNorm + projection chain(s) grouped into one kernel each", grouper.grouped)
+        logger.info(
+            "FuseNormIntoGemv: %d LayerNorm + projection chain(s) grouped into one kernel each", grouper.grouped
+        )
         return relax.transform.DeadCodeElimination()(grouper.builder_.get())

@@ -36,7 +36,7 @@ def weight_params(func: relax.Function) -> set:
     num_input = func.attrs.get("num_input") if func.attrs is not None else None
     if num_input is None:
         return set()
-    return set(func.params[int(num_input):])
+    return set(func.params[int(num_input) :])
 
 
 def is_load_time(expr: relax.Expr, weights: set, var2val) -> bool:
@@ -91,10 +91,36 @@ def use_counts(func: relax.Function) -> Counter:
 # Element-wise / injective operators FuseOps fuses an injective producer (a slice) into; a slice
 # read by anything else (attention, matmul, a reshape, the function's output) is a kernel of its own
 SLICE_ABSORBING_OPS = frozenset(
-    f"relax.{name}" for name in (
-        "add", "subtract", "multiply", "divide", "negative", "permute_dims", "repeat", "split", "concat",
-        "astype", "sigmoid", "tanh", "exp", "sqrt", "rsqrt", "power", "maximum", "minimum", "clip", "where",
-        "nn.silu", "nn.gelu", "nn.gelu_tanh", "nn.relu", "strided_slice", "tile", "broadcast_to", "expand_dims",
+    f"relax.{name}"
+    for name in (
+        "add",
+        "subtract",
+        "multiply",
+        "divide",
+        "negative",
+        "permute_dims",
+        "repeat",
+        "split",
+        "concat",
+        "astype",
+        "sigmoid",
+        "tanh",
+        "exp",
+        "sqrt",
+        "rsqrt",
+        "power",
+        "maximum",
+        "minimum",
+        "clip",
+        "where",
+        "nn.silu",
+        "nn.gelu",
+        "nn.gelu_tanh",
+        "nn.relu",
+        "strided_slice",
+        "tile",
+        "broadcast_to",
+        "expand_dims",
     )
 )
 
@@ -135,7 +161,11 @@ def is_op(expr: relax.Expr, name: str) -> bool:
 
 def is_transpose(expr: relax.Expr) -> bool:
     """`R.permute_dims(w)` of a 2-D `w` that swaps its two axes (axes None or [1, 0])."""
-    if not is_op(expr, "relax.permute_dims") or not isinstance(expr.args[0].ty, relax.TensorType) or expr.args[0].ty.ndim != 2:
+    if (
+        not is_op(expr, "relax.permute_dims")
+        or not isinstance(expr.args[0].ty, relax.TensorType)
+        or expr.args[0].ty.ndim != 2
+    ):
         return False
     axes = expr.attrs.axes
     return axes is None or [int(a) for a in axes] == [1, 0]
@@ -149,7 +179,11 @@ def plain_matmul(expr: relax.Expr) -> bool:
     if not isinstance(x.ty, relax.TensorType) or not isinstance(w.ty, relax.TensorType) or w.ty.ndim != 2:
         return False
     out_dtype = expr.attrs.out_dtype
-    return (out_dtype is None or str(out_dtype) in ("", "void", str(x.ty.dtype))) and x.ty.dtype == w.ty.dtype and x.ty.ndim >= 1
+    return (
+        (out_dtype is None or str(out_dtype) in ("", "void", str(x.ty.dtype)))
+        and x.ty.dtype == w.ty.dtype
+        and x.ty.ndim >= 1
+    )
 
 
 def upper_bounds(func: relax.Function) -> dict[str, int]:

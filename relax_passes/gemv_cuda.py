@@ -13,9 +13,9 @@ kernel's epilogue, the add kernel and its read of the product are gone. Matched 
 types, never by names (the add matcher is RewriteResidualAddToCublas's).
 
 Why: cuBLAS reads the 4096-output weights of the Llama-7B block (o_proj 4096 x 4096, down 11008 x
-4096) at 53% / 76% of the H200's copy bandwidth at n = 1 (scripts/gemv_check.py): with weights in
+4096) at 53% / 76% of the H200's copy bandwidth at n = 1 (benchmarks/gemv_check.py): with weights in
 the (K, N) layout, 4096 outputs give it too little parallelism. Measured on an H200 (fp16, weights
-read from memory, eager launches, scripts/gemv_check.py; copy bandwidth 4269 GB/s; notes
+read from memory, eager launches, benchmarks/gemv_check.py; copy bandwidth 4269 GB/s; notes
 s15/gemv), 1 row: qkv 4096 x 12288 25.3 us (93% of copy) vs cuBLAS 28.8 (82%), o_proj 10.4 (75%)
 vs 14.9 (53%), down 23.2 (91%) vs 28.0 (76%), gate/up 4096 x 22016 48.7 (87%) vs 46.2 (92%):
 cuBLAS keeps GEMVs wider than `max_cols` = 16384. 2 rows: 26.1 / 10.9 / 23.4 vs 28.8 / 15.3 / 28.4;
@@ -30,8 +30,8 @@ of the copy bandwidth, against 10.53 for the (K, N) kernel; the 7B block at n = 
 0.1280, interleaved).
 
 Run after BucketDispatch (reads `relaxtune.bucket`) and before RewriteGemmToCublas, which then
-takes the weight GEMMs left (larger buckets, shapes this kernel does not take); `gemv_passes`
-turns the pipeline's `cublas` option ("gemv": False, True or this pass's arguments) into it.
+takes the weight GEMMs left (larger buckets, shapes this kernel does not take). The pipeline adds
+it for cuda sm_80+ from `CompileConfig.cublas` (config.CudaLibraries: gemv, gemv_max_*).
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from ..cuda_gemv import ADD_FUNCTION, FUNCTION, NK_ADD_FUNCTION, NK_FUNCTION, VECTOR, supports
+from ..config import CudaLibraries
+from ..kernels.gemv import ADD_FUNCTION, FUNCTION, NK_ADD_FUNCTION, NK_FUNCTION, VECTOR
 from .bucket_dispatch import BUCKET_ATTR
 from .cublas_gemm import kn_shape, weight_gemm
 from .cublas_gemm_add import _Matches
@@ -52,10 +53,11 @@ EPILOGUES = {FUNCTION: ADD_FUNCTION, NK_FUNCTION: NK_ADD_FUNCTION}  # each GEMV 
 
 logger = logging.getLogger(__name__)
 
-# buckets up to 2 rows, GEMVs up to 16384 outputs (None: any): where the H200 measured the kernel faster (above)
-MAX_ROWS = 2
-MAX_COLS = 16384
-MAX_COLS_NK = None  # the (N, K) kernel: every width (gate/up 4096 x 22016: 42.9 us against cuBLAS's 47.4, H200 2026-12-01)
+# buckets up to 2 rows, GEMVs up to 16384 outputs ((N, K): any): where the H200 measured the kernel
+# faster (docs/results.md); the defaults of config.CudaLibraries
+MAX_ROWS = CudaLibraries.gemv_max_rows
+MAX_COLS = CudaLibraries.gemv_max_cols
+MAX_COLS_NK = CudaLibraries.gemv_max_cols_nk
 
 
 def _static(value) -> int | None:
@@ -82,16 +84,31 @@ class _Rewriter(PyExprMutator):
         if limit is not None and n > limit:
             return call
         self.count += 1
-        return relax.call_dps_packed(NK_FUNCTION if nk else FUNCTION, [x, w], relax.TensorType(list(xt.shape.values[:-1]) + [n], xt.dtype))
+        return relax.call_dps_packed(
+            NK_FUNCTION if nk else FUNCTION, [x, w], relax.TensorType(list(xt.shape.values[:-1]) + [n], xt.dtype)
+        )
 
 
 @tvm.transform.module_pass(opt_level=0, name="RewriteGemvToCuda")
 class RewriteGemvToCuda:
-    """Weight GEMVs (N <= `max_cols` outputs) of bucket functions whose `dim` ends at <= `max_rows` call relaxtune's GEMV kernel (see above)."""
+    """Weight GEMVs (N <= `max_cols` outputs) of bucket functions whose `dim` ends at <= `max_rows`
+    call relaxtune's GEMV kernel (see above)."""
 
-    def __init__(self, dim: str = "n", max_rows: int = MAX_ROWS, residual: bool = True, max_cols: int | None = MAX_COLS,
-                 max_cols_nk: int | None = MAX_COLS_NK):
-        self.dim, self.max_rows, self.residual, self.max_cols, self.max_cols_nk = dim, max_rows, residual, max_cols, max_cols_nk
+    def __init__(
+        self,
+        dim: str = "n",
+        max_rows: int = MAX_ROWS,
+        residual: bool = True,
+        max_cols: int | None = MAX_COLS,
+        max_cols_nk: int | None = MAX_COLS_NK,
+    ):
+        self.dim, self.max_rows, self.residual, self.max_cols, self.max_cols_nk = (
+            dim,
+            max_rows,
+            residual,
+            max_cols,
+            max_cols_nk,
+        )
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         updates = {}
@@ -102,7 +119,9 @@ class RewriteGemvToCuda:
             if self.dim not in bucket or int(bucket[self.dim][1]) > self.max_rows:
                 continue
             rewriter = _Rewriter(mod, set(func.params), self.max_cols, self.max_cols_nk)
-            new = relax.analysis.remove_all_unused(rewriter.visit_expr(func))  # the (N, K) weights' transposes it read through
+            new = relax.analysis.remove_all_unused(
+                rewriter.visit_expr(func)
+            )  # the (N, K) weights' transposes it read through
             if not rewriter.count:
                 continue
             fused = 0
@@ -113,21 +132,12 @@ class RewriteGemvToCuda:
                 if found:
                     new, fused = _AddRewriter(mod, found).visit_expr(new), len(found)
             updates[gvar] = new
-            logger.info("%s: %d GEMV(s) -> relaxtune_gemv (%d with the residual add)", gvar.name_hint, rewriter.count, fused)
+            logger.info(
+                "%s: %d GEMV(s) -> relaxtune_gemv (%d with the residual add)", gvar.name_hint, rewriter.count, fused
+            )
         if not updates:
             return mod
         mod = mod.clone()  # the pass's input stays as it was
         for gvar, func in updates.items():
             mod[gvar] = func
         return mod
-
-
-def gemv_passes(target, cublas: bool | dict = True) -> list:
-    """RewriteGemvToCuda for CUDA targets of sm_80+ where the pipeline's `cublas` option is on and its
-    "gemv" key (default True) is not False (a dict: the pass's arguments)."""
-    if not cublas or target.kind.name != "cuda" or not supports(str(target.attrs.get("arch", ""))):
-        return []
-    options = cublas.get("gemv", True) if isinstance(cublas, dict) else True
-    if not options:
-        return []
-    return [RewriteGemvToCuda(**(options if isinstance(options, dict) else {}))]

@@ -14,13 +14,13 @@ costs nothing); a product they leave becomes one NT matmul kernel (FuseTranspose
 transpose per call. Matched by operators and types, never by names.
 
 Why: with a weight's rows contiguous, a decode GEMV's warp reads whole rows and reduces by warp
-shuffles. H200, fp16, 1 row (scripts/gemv_check.py): o_proj 4096 x 4096 9.77 us against 10.53 for
+shuffles. H200, fp16, 1 row (benchmarks/gemv_check.py): o_proj 4096 x 4096 9.77 us against 10.53 for
 the (K, N) kernel, 80.5% of the copy bandwidth against 75%; the Llama-7B block at n = 1 0.1187 ms
 against 0.1280 (interleaved, CUDA graphs). At n = 128 it costs about 4 us (0.166 vs 0.162 ms):
 cuBLAS's transposed-operand GEMMs are 2-6% slower than its plain ones at small M.
 
-Run after LiftTransformParams and before BucketDispatch; `target_fusion_passes` adds it for CUDA
-targets with cuBLAS on (the cublas option's "weights_nk", default True) and FuseTransposeMatmul
+Run after LiftTransformParams and before BucketDispatch; the pipeline adds it for cuda targets
+with the library GEMMs on (config.CudaLibraries.weights_nk, default True), and FuseTransposeMatmul
 after the library rewrites.
 """
 
@@ -42,7 +42,12 @@ SUFFIX = "_transform_params"  # LiftTransformParams' name for the function that 
 
 def _static_2d(var: relax.Var) -> bool:
     t = var.ty
-    return isinstance(t, relax.TensorType) and t.ndim == 2 and t.shape is not None and all(isinstance(d, tvm.tirx.IntImm) for d in t.shape.values)
+    return (
+        isinstance(t, relax.TensorType)
+        and t.ndim == 2
+        and t.shape is not None
+        and all(isinstance(d, tvm.tirx.IntImm) for d in t.shape.values)
+    )
 
 
 def gemm_only_weights(func: relax.Function) -> list[int]:
@@ -80,7 +85,9 @@ class _Outputs(PyExprMutator):
     def visit_var_binding_(self, binding):
         if not binding.var.same_as(self.output):
             return super().visit_var_binding_(binding)
-        fields = [self.transposed(f) if i in self.picked else self.visit_expr(f) for i, f in enumerate(binding.value.fields)]
+        fields = [
+            self.transposed(f) if i in self.picked else self.visit_expr(f) for i, f in enumerate(binding.value.fields)
+        ]
         bb = self.builder_
         new = bb.emit_output(relax.Tuple(fields)) if bb.current_block_is_dataflow() else bb.emit(relax.Tuple(fields))
         self.set_var_remap(binding.var, new)
@@ -120,7 +127,12 @@ class KeepWeightsNK:
         updates = {}
         for gv, func in mod.functions_items():
             transform = names.get(gv.name_hint + SUFFIX)
-            if not isinstance(func, relax.Function) or transform is None or func.attrs is None or "num_input" not in func.attrs:
+            if (
+                not isinstance(func, relax.Function)
+                or transform is None
+                or func.attrs is None
+                or "num_input" not in func.attrs
+            ):
                 continue
             tfunc, num_input = mod[transform], int(func.attrs["num_input"])
             binding = _output_binding(tfunc)
@@ -135,23 +147,20 @@ class KeepWeightsNK:
                 k, n = p.ty.shape.values
                 swapped[p] = relax.Var(p.name, relax.TensorType([n, k], p.ty.dtype))
             params = [swapped.get(p, p) for p in func.params]
-            updates[gv] = _Readers(mod, swapped).visit_expr(relax.Function(params, func.body, func.ret_ty, func.is_pure, func.attrs, func.span))
+            updates[gv] = _Readers(mod, swapped).visit_expr(
+                relax.Function(params, func.body, func.ret_ty, func.is_pure, func.attrs, func.span)
+            )
             outputs = _Outputs(mod, binding.var, {i - num_input for i in picked}, relax.analysis.get_var2val(tfunc))
             updates[transform] = relax.analysis.remove_all_unused(outputs.visit_expr(tfunc))
-            logger.info("%s: %d weight(s) kept as (N, K): %s", gv.name_hint, len(picked), ", ".join(func.params[i].name for i in picked))
+            logger.info(
+                "%s: %d weight(s) kept as (N, K): %s",
+                gv.name_hint,
+                len(picked),
+                ", ".join(func.params[i].name for i in picked),
+            )
         if not updates:
             return mod
         mod = mod.clone()  # the pass's input stays as it was
         for gv, func in updates.items():
             mod[gv] = func
         return mod
-
-
-def weights_nk_passes(target, cublas: bool | dict = True) -> tuple[list, list]:
-    """(KeepWeightsNK, FuseTransposeMatmul) as the pipeline runs them, one after LiftTransformParams and
-    one after the library rewrites, for CUDA targets where the `cublas` option is on and its
-    "weights_nk" key (default True) is not False; else two empty lists."""
-    on = cublas.get("weights_nk", True) if isinstance(cublas, dict) else bool(cublas)
-    if not on or target.kind.name != "cuda":
-        return [], []
-    return [KeepWeightsNK()], [relax.transform.FuseTransposeMatmul()]

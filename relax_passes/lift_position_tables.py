@@ -78,7 +78,11 @@ def _table_var(call: relax.Call) -> tirx.Var | None:
         if not isinstance(ty, relax.TensorType) or ty.shape is None or ty.ndim < 1:
             return None
         first, *rest = ty.shape.values
-        if not isinstance(first, tirx.Var) or rows not in (None, first) or not all(isinstance(x, tirx.IntImm) for x in rest):
+        if (
+            not isinstance(first, tirx.Var)
+            or rows not in (None, first)
+            or not all(isinstance(x, tirx.IntImm) for x in rest)
+        ):
             return None
         rows = first
     return rows
@@ -113,7 +117,9 @@ class _RowLocal:
                     found = self._analyse(binding.value)
                     if found is not None:
                         self.axis[binding.var], self.values[binding.var] = found, binding.value
-                        if binding.value.op.name in _TRANSCENDENTAL or any(v in self.costly for v in relax.analysis.free_vars(binding.value)):
+                        if binding.value.op.name in _TRANSCENDENTAL or any(
+                            v in self.costly for v in relax.analysis.free_vars(binding.value)
+                        ):
                             self.costly.add(binding.var)
         self.roots = self._roots(func)
 
@@ -141,7 +147,9 @@ class _RowLocal:
         name = value.op.name
         if name == "relax.arange":
             start, end, step = value.args  # prim values are PrimExprs
-            if not (isinstance(start, tirx.IntImm) and int(start) == 0 and isinstance(step, tirx.IntImm) and int(step) == 1):
+            if not (
+                isinstance(start, tirx.IntImm) and int(start) == 0 and isinstance(step, tirx.IntImm) and int(step) == 1
+            ):
                 return None
             return (end, 0) if isinstance(end, tirx.Var) and end.name in self.bounds else None
         if name not in _UNARY | _BINARY | _LAYOUT and name != "relax.matmul":
@@ -174,8 +182,14 @@ class _RowLocal:
             for binding in block.bindings:
                 if binding.var not in self.axis:
                     outside.update(relax.analysis.free_vars(binding.value))
-        return {var: found for var, found in self.axis.items()
-                if var in outside and found != _FREE and var in self.costly and str(var.ty.dtype).startswith(("float", "bfloat"))}
+        return {
+            var: found
+            for var, found in self.axis.items()
+            if var in outside
+            and found != _FREE
+            and var in self.costly
+            and str(var.ty.dtype).startswith(("float", "bfloat"))
+        }
 
 
 @mutator
@@ -215,7 +229,9 @@ class _Lifter(PyExprMutator):
         if root is None:
             return None
         var, (n, axis) = root
-        shape = [tirx.const(self.bounds[n.name], "int64") if i == axis else x for i, x in enumerate(var.ty.shape.values)]
+        shape = [
+            tirx.const(self.bounds[n.name], "int64") if i == axis else x for i, x in enumerate(var.ty.shape.values)
+        ]
         if _elements(relax.TensorType(shape, var.ty.dtype)) > MAX_ELEMENTS:
             return None
         self.lifted += 1
@@ -227,14 +243,21 @@ class _Lifter(PyExprMutator):
         if lifted is not None:
             return lifted
         call = self.visit_expr_post_order(call)
-        if not is_op(call, "relax.call_tir") or len(call.args) != 2 or not isinstance(call.args[1], relax.Tuple) or call.args[1].fields:
+        if (
+            not is_op(call, "relax.call_tir")
+            or len(call.args) != 2
+            or not isinstance(call.args[1], relax.Tuple)
+            or call.args[1].fields
+        ):
             return call
         rows = _table_var(call)
         kernel = self.builder_.get()[call.args[0]]
         if rows is None or rows.name not in self.bounds or not isinstance(kernel, tirx.PrimFunc):
             return call
         own = {p.shape[0] for p in kernel.params if p.shape is not None and len(p.shape) >= 1}
-        if len(own) != 1 or len(kernel.params) != len(call.ty.fields if isinstance(call.ty, relax.TupleType) else [call.ty]):
+        if len(own) != 1 or len(kernel.params) != len(
+            call.ty.fields if isinstance(call.ty, relax.TupleType) else [call.ty]
+        ):
             return call
         if not isinstance(next(iter(own)), tirx.Var) or not rows_independent_of(kernel, next(iter(own))):
             return call

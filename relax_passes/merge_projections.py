@@ -153,7 +153,9 @@ class _Merger(PyExprMutator):
         y, begin, end, on_heads = self.merged[target]
         axis = y.ty.ndim - 2 if on_heads else y.ty.ndim - 1
         call = relax.op.strided_slice(y, axes=[axis], begin=[begin], end=[end], assume_inbound=True)
-        new = self.builder_.emit(call) if isinstance(binding.var, relax.DataflowVar) else self.builder_.emit_output(call)
+        new = (
+            self.builder_.emit(call) if isinstance(binding.var, relax.DataflowVar) else self.builder_.emit_output(call)
+        )
         self.set_var_remap(binding.var, new)
 
 

@@ -71,7 +71,13 @@ class FunctionPlan:
         sizes = [ints(t.nbytes) for t in self.tensors]
         rows = [(t.name, t.start, t.end, z, ints(self.offsets[t.slot])) for t, z in zip(self.tensors, sizes)]
         lower = lower_bound([(t.start, t.end) for t in self.tensors], sizes)
-        return {"tensors": rows, "arena": ints(self.arena), "allocated": ints(self.allocation), "lower_bound": lower, "no_reuse": sum(sizes)}
+        return {
+            "tensors": rows,
+            "arena": ints(self.arena),
+            "allocated": ints(self.allocation),
+            "lower_bound": lower,
+            "no_reuse": sum(sizes),
+        }
 
 
 def lower_bound(lives: list[tuple[int, int]], sizes: list[int]) -> int:
@@ -88,7 +94,11 @@ def _evaluator(binds: dict):
 
 
 def _is_alloc(value) -> bool:
-    return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.builtin.alloc_tensor"
+    return (
+        isinstance(value, relax.Call)
+        and isinstance(value.op, tvm.ir.Op)
+        and value.op.name == "relax.builtin.alloc_tensor"
+    )
 
 
 def _union(alias: dict, exprs) -> frozenset:
@@ -109,11 +119,17 @@ def _liveness(func: relax.Function, mod: tvm.IRModule, known: set):
     for i, binding in enumerate(b for block in func.body.blocks for b in block.bindings):
         var, value = binding.var, binding.value
         shape = list(value.args[0].values) if _is_alloc(value) and isinstance(value.args[0], relax.ShapeExpr) else None
-        if shape is not None and str(value.args[3].value) == "global" and all(set(tirx.analysis.undefined_vars(d)) <= known for d in shape):
+        if (
+            shape is not None
+            and str(value.args[3].value) == "global"
+            and all(set(tirx.analysis.undefined_vars(d)) <= known for d in shape)
+        ):
             nbytes = tirx.const(tvm.DataType(str(value.args[1].value)).bits // 8, _I64)
             for dim in shape:
                 nbytes = nbytes * (dim if str(dim.ty.dtype) == _I64 else tirx.Cast(_I64, dim))
-            roots.append({"var": var, "start": i, "end": i, "first": None, "nbytes": nbytes, "device": int(value.args[2])})
+            roots.append(
+                {"var": var, "start": i, "end": i, "first": None, "nbytes": nbytes, "device": int(value.args[2])}
+            )
             alias[var] = frozenset([len(roots) - 1])
             continue
         used = _union(alias, [value])
@@ -122,9 +138,17 @@ def _liveness(func: relax.Function, mod: tvm.IRModule, known: set):
             roots[r]["first"] = i if roots[r]["first"] is None else roots[r]["first"]
         if isinstance(value, relax.Tuple):
             fields[var] = [_union(alias, [f]) for f in value.fields]
-        if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var) and value.tuple_value in fields:
+        if (
+            isinstance(value, relax.TupleGetItem)
+            and isinstance(value.tuple_value, relax.Var)
+            and value.tuple_value in fields
+        ):
             alias[var] = fields[value.tuple_value][value.index]
-        elif isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar) and isinstance(mod[value.op], tirx.PrimFunc):
+        elif (
+            isinstance(value, relax.Call)
+            and isinstance(value.op, tvm.ir.GlobalVar)
+            and isinstance(mod[value.op], tirx.PrimFunc)
+        ):
             calls.append((i, mod[value.op], [alias.get(a) if isinstance(a, relax.Var) else None for a in value.args]))
         else:
             alias[var] = used
@@ -140,7 +164,11 @@ def _inplace_slots(roots, planned: set[int], calls, analyzer: Analyzer) -> dict[
         for m, dst in enumerate(single):
             for k, src in enumerate(single if dst in planned and roots[dst]["first"] == i else []):
                 ok = src in planned and src not in taken and roots[src]["end"] == i and single.count(src) == 1
-                if ok and analyzer.can_prove_equal(roots[src]["nbytes"], roots[dst]["nbytes"]) and elementwise_inplace(prim, k, m):
+                if (
+                    ok
+                    and analyzer.can_prove_equal(roots[src]["nbytes"], roots[dst]["nbytes"])
+                    and elementwise_inplace(prim, k, m)
+                ):
                     slot[dst] = slot[src]
                     taken.add(src)
                     break
@@ -178,11 +206,19 @@ def _exact(lives, size: list[int]) -> dict[int, set[int]] | None:
     pairs = [(i, j) for i in range(k) for j in range(i + 1, k) if _overlap(lives[i], lives[j])]
     big, rows = float(sum(units)), [([(i, 1), (k, -1)], -units[i]) for i in range(k)]  # offset_i + size_i <= arena
     for p, (i, j) in enumerate(pairs):  # column k+1+p is 1 when i is below j
-        rows += [([(i, 1), (j, -1), (k + 1 + p, big)], big - units[i]), ([(j, 1), (i, -1), (k + 1 + p, -big)], -units[j])]
+        rows += [
+            ([(i, 1), (j, -1), (k + 1 + p, big)], big - units[i]),
+            ([(j, 1), (i, -1), (k + 1 + p, -big)], -units[j]),
+        ]
     r, c, v = zip(*[(n, col, val) for n, (terms, _) in enumerate(rows) for col, val in terms])
-    matrix, cost = coo_array((v, (r, c)), shape=(len(rows), k + 1 + len(pairs))), (np.arange(k + 1 + len(pairs)) == k).astype(float)
+    matrix, cost = (
+        coo_array((v, (r, c)), shape=(len(rows), k + 1 + len(pairs))),
+        (np.arange(k + 1 + len(pairs)) == k).astype(float),
+    )
     found = milp(
-        cost, constraints=LinearConstraint(matrix, -np.inf, [b for _, b in rows]), integrality=[0] * (k + 1) + [1] * len(pairs),
+        cost,
+        constraints=LinearConstraint(matrix, -np.inf, [b for _, b in rows]),
+        integrality=[0] * (k + 1) + [1] * len(pairs),
         bounds=Bounds(0, [big] * (k + 1) + [1] * len(pairs)), options={"time_limit": _EXACT_SECONDS},
     )  # fmt: skip
     if found.x is None:
@@ -226,9 +262,17 @@ def plan_function(func: relax.Function, mod: tvm.IRModule, name: str = "main") -
     """Plan one function's intermediate tensors; None when it has nothing to plan."""
     if not isinstance(func.body, relax.SeqExpr) or any(isinstance(b, relax.DataflowBlock) for b in func.body.blocks):
         return None
-    dims = {v.name: v for p in func.params if isinstance(p.ty, relax.TensorType) and isinstance(p.ty.shape, relax.ShapeExpr) for d in p.ty.shape.values for v in tirx.analysis.undefined_vars(d)}
+    dims = {
+        v.name: v
+        for p in func.params
+        if isinstance(p.ty, relax.TensorType) and isinstance(p.ty.shape, relax.ShapeExpr)
+        for d in p.ty.shape.values
+        for v in tirx.analysis.undefined_vars(d)
+    }
     attrs = func.attrs or {}
-    upper, lower = ({k: int(v) for k, v in (attrs.get(a) or {}).items()} for a in ("tir_var_upper_bound", "tir_var_lower_bound"))
+    upper, lower = (
+        {k: int(v) for k, v in (attrs.get(a) or {}).items()} for a in ("tir_var_upper_bound", "tir_var_lower_bound")
+    )
     bounds = {k: (lower.get(k, 0), upper.get(k, max(lower.get(k, 0), _NOMINAL))) for k in dims}  # sampled when choosing
     analyzer = Analyzer()  # proves within the declared bounds only: what main checks before it calls
     for k, var in dims.items():
@@ -239,9 +283,18 @@ def plan_function(func: relax.Function, mod: tvm.IRModule, name: str = "main") -
         return None
     slot_of = _inplace_slots(roots, planned, calls, analyzer)
     heads = sorted(set(slot_of.values()))
-    lives = [(min(roots[r]["start"] for r in planned if slot_of[r] == h), max(roots[r]["end"] for r in planned if slot_of[r] == h)) for h in heads]
+    lives = [
+        (
+            min(roots[r]["start"] for r in planned if slot_of[r] == h),
+            max(roots[r]["end"] for r in planned if slot_of[r] == h),
+        )
+        for h in heads
+    ]
     sizes = [_align(roots[h]["nbytes"], analyzer) for h in heads]
-    grid = [dict(zip(dims, p)) for p in itertools.product(*(sorted({lo + (hi - lo) * q // 4 for q in range(5)}) for lo, hi in bounds.values()))]
+    grid = [
+        dict(zip(dims, p))
+        for p in itertools.product(*(sorted({lo + (hi - lo) * q // 4 for q in range(5)}) for lo, hi in bounds.values()))
+    ]
     ints = [[max(ALIGN, ev(e)) for e in sizes] for ev in (_evaluator({dims[k]: v for k, v in p.items()}) for p in grid)]
     floors = [max(1, lower_bound(lives, z)) for z in ints]
     layouts = {}
@@ -249,21 +302,45 @@ def plan_function(func: relax.Function, mod: tvm.IRModule, name: str = "main") -
     def add(below):
         topo = _topo(below) if below is not None else None
         if topo is not None:
-            layouts.setdefault(frozenset((p, s) for s in below for p in below[s]), (below, topo, [_longest(topo, below, z) / f for z, f in zip(ints, floors)]))
+            layouts.setdefault(
+                frozenset((p, s) for s in below for p in below[s]),
+                (below, topo, [_longest(topo, below, z) / f for z, f in zip(ints, floors)]),
+            )
 
     for size, best_fit in itertools.product(reversed(ints), (True, False)):  # largest first, the upper bounds first
         add(_place(sorted(range(len(heads)), key=lambda s: (-size[s], lives[s][0])), lives, size, best_fit))
     chosen, ratios = _choose(list(layouts.values()))
-    for _ in range(_EXACT_POINTS if len(heads) <= _EXACT_SLOTS else 0):  # the greedy left room: solve the worst shape exactly
+    for _ in range(
+        _EXACT_POINTS if len(heads) <= _EXACT_SLOTS else 0
+    ):  # the greedy left room: solve the worst shape exactly
         if max(ratios) <= 1 + _EXACT_GAP:
             break
         add(_exact(lives, ints[max(range(len(grid)), key=lambda p: ratios[p])]))
         chosen, ratios = _choose(list(layouts.values()))
     offsets, arena = _select([_offsets(topo, below, sizes, analyzer) for below, topo, _ in chosen], analyzer)
     index = {h: k for k, h in enumerate(heads)}
-    tensors = tuple(PlannedTensor(roots[r]["var"].name, roots[r]["start"], roots[r]["end"], roots[r]["nbytes"], index[slot_of[r]], roots[r]["var"]) for r in sorted(planned))
-    logger.debug("%s: %d tensors, %d slots, %d layouts, worst arena / lower bound %.3f", name, len(tensors), len(heads), len(chosen), max(ratios))
-    at_bounds = _evaluator({dims[k]: hi for k, (_, hi) in bounds.items()})(arena)  # one size per function: the VM's pool reuses it
+    tensors = tuple(
+        PlannedTensor(
+            roots[r]["var"].name,
+            roots[r]["start"],
+            roots[r]["end"],
+            roots[r]["nbytes"],
+            index[slot_of[r]],
+            roots[r]["var"],
+        )
+        for r in sorted(planned)
+    )
+    logger.debug(
+        "%s: %d tensors, %d slots, %d layouts, worst arena / lower bound %.3f",
+        name,
+        len(tensors),
+        len(heads),
+        len(chosen),
+        max(ratios),
+    )
+    at_bounds = _evaluator({dims[k]: hi for k, (_, hi) in bounds.items()})(
+        arena
+    )  # one size per function: the VM's pool reuses it
     allocation = analyzer.simplify(tirx.max(arena, tirx.const(at_bounds, _I64)))
     return FunctionPlan(name, dims, bounds, tensors, tuple(offsets), arena, allocation, roots[0]["device"])
 
@@ -314,7 +391,9 @@ def _select(built: list, analyzer: Analyzer):
 def apply_plan(func: relax.Function, plan: FunctionPlan) -> relax.Function:
     """`func` with its planned tensors in one `R.memory.alloc_storage` arena at the plan's offsets."""
     bb = relax.BlockBuilder()
-    storage = bb.normalize(relax.op.memory.alloc_storage(relax.ShapeExpr([plan.allocation]), plan.device, "global", "uint8"))
+    storage = bb.normalize(
+        relax.op.memory.alloc_storage(relax.ShapeExpr([plan.allocation]), plan.device, "global", "uint8")
+    )
     arena = relax.Var("relaxtune_arena", storage.ty)
     by_var = {t.var: plan.offsets[t.slot] for t in plan.tensors}
 
@@ -326,10 +405,16 @@ def apply_plan(func: relax.Function, plan: FunctionPlan) -> relax.Function:
         if isinstance(offset, tirx.IntImm) and int(offset) == 0:
             return [relax.VarBinding(binding.var, tensor)]
         raw = relax.Var(binding.var.name + "_at_offset", binding.var.ty)
-        return [relax.VarBinding(raw, tensor), relax.VarBinding(binding.var, bb.normalize(relax.op.memory.ensure_zero_offset(raw)))]
+        return [
+            relax.VarBinding(raw, tensor),
+            relax.VarBinding(binding.var, bb.normalize(relax.op.memory.ensure_zero_offset(raw))),
+        ]
 
     first = [relax.VarBinding(arena, storage)]
-    blocks = [relax.BindingBlock((first if k == 0 else []) + [new for b in block.bindings for new in rewrite(b)]) for k, block in enumerate(func.body.blocks)]
+    blocks = [
+        relax.BindingBlock((first if k == 0 else []) + [new for b in block.bindings for new in rewrite(b)])
+        for k, block in enumerate(func.body.blocks)
+    ]
     body = bb.normalize(relax.SeqExpr(blocks, func.body.body))  # normalized: the body carries its type
     return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
 
@@ -348,9 +433,14 @@ class PlanMemory:
             if plan is None:
                 continue
             planned = apply_plan(func, plan)
-            for combo in itertools.product(*({lo, (lo + hi) // 2, hi} for lo, hi in plan.bounds.values())) if self.check else []:
+            for combo in (
+                itertools.product(*({lo, (lo + hi) // 2, hi} for lo, hi in plan.bounds.values())) if self.check else []
+            ):
                 problems = verify(planned, dict(zip(plan.bounds, combo)), mod)
                 if problems:
-                    raise RuntimeError(f"PlanMemory made an unsafe plan for {gv.name_hint} at {dict(zip(plan.bounds, combo))}: {problems[0]}")
+                    raise RuntimeError(
+                        f"PlanMemory made an unsafe plan for {gv.name_hint} at {dict(zip(plan.bounds, combo))}: "
+                        f"{problems[0]}"
+                    )
             out.update_func(gv, planned)
         return out

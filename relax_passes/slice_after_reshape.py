@@ -12,7 +12,7 @@ Rewritten here as ``strided_slice(reshape(T, (1, U, 1, d)), [1], [0], [n])``: th
 static table folds to a constant (FoldConstant), and the slice, an injective ``T[0, s, 0, j]``
 read, fuses into its consumer, which then reads the whole table in place.
 
-Measured on the H200 (7B block, flash path, scripts/gpu_job.py): with LiftPositionTables and this
+Measured on the H200 (7B block, flash path, benchmarks/gpu_job.py): with LiftPositionTables and this
 pass, the per-call table kernel (9.7-9.9 us at n = 128 and 2048) is gone and no slice kernel took
 its place; k's rotation reads the (1, U, 1, d) tables in place (7.9 us at n = 2048 with
 RowElementwise's per-half schedule).
@@ -46,7 +46,11 @@ def _ints(expr) -> list[int] | None:
 
 
 def _static(ty) -> bool:
-    return isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr) and all(isinstance(x, tirx.IntImm) for x in ty.shape.values)
+    return (
+        isinstance(ty, relax.TensorType)
+        and isinstance(ty.shape, relax.ShapeExpr)
+        and all(isinstance(x, tirx.IntImm) for x in ty.shape.values)
+    )
 
 
 @mutator
@@ -68,7 +72,11 @@ class _Rewriter(PyExprMutator):
 
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
-        if not is_op(call, "relax.reshape") or not isinstance(call.ty, relax.TensorType) or not isinstance(call.ty.shape, relax.ShapeExpr):
+        if (
+            not is_op(call, "relax.reshape")
+            or not isinstance(call.ty, relax.TensorType)
+            or not isinstance(call.ty.shape, relax.ShapeExpr)
+        ):
             return call
         sliced = self._slice(call.args[0])
         if sliced is None:
@@ -76,9 +84,20 @@ class _Rewriter(PyExprMutator):
         table = sliced.args[0]
         axes, begin = _ints(sliced.args[1]), _ints(sliced.args[2])
         strides = _ints(sliced.args[4]) if len(sliced.args) > 4 else []
-        if axes is None or len(axes) != 1 or begin != [0] or strides is None or any(s != 1 for s in strides) or not _static(table.ty):
+        if (
+            axes is None
+            or len(axes) != 1
+            or begin != [0]
+            or strides is None
+            or any(s != 1 for s in strides)
+            or not _static(table.ty)
+        ):
             return call
-        src = list(sliced.ty.shape.values) if isinstance(sliced.ty, relax.TensorType) and isinstance(sliced.ty.shape, relax.ShapeExpr) else None
+        src = (
+            list(sliced.ty.shape.values)
+            if isinstance(sliced.ty, relax.TensorType) and isinstance(sliced.ty.shape, relax.ShapeExpr)
+            else None
+        )
         if src is None:
             return call
         axis = axes[0] % len(src)
@@ -87,7 +106,11 @@ class _Rewriter(PyExprMutator):
         kept = [i for i, x in enumerate(dst) if not (isinstance(x, tirx.IntImm) and int(x) == 1)]
         src_kept = [i for i, x in enumerate(src) if not (isinstance(x, tirx.IntImm) and int(x) == 1)]
         analyzer = tvm.sym.Analyzer()
-        if len(kept) != len(src_kept) or axis not in src_kept or not all(analyzer.can_prove_equal(dst[a], src[b]) for a, b in zip(kept, src_kept)):
+        if (
+            len(kept) != len(src_kept)
+            or axis not in src_kept
+            or not all(analyzer.can_prove_equal(dst[a], src[b]) for a, b in zip(kept, src_kept))
+        ):
             return call
         if any(isinstance(src[i], tirx.IntImm) and int(src[i]) == 1 for i in range(len(src))):
             return call  # unit dims in the slice: the mapping of axes would be ambiguous

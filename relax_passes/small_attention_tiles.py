@@ -27,7 +27,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .attention_kernel import ATTR, BOUNDS_ATTR, KIND, QUERY_TILE, KEY_TILE, ROW_GROUP, retiled
+from ..kernels.attention_tir import ATTR, BOUNDS_ATTR, KEY_TILE, KIND, QUERY_TILE, ROW_GROUP, retiled
 from .fusion_utils import is_op, upper_bound, upper_bounds
 
 logger = logging.getLogger(__name__)
@@ -52,13 +52,19 @@ class _Retiler(PyExprMutator):
 
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
-        if not is_op(call, "relax.call_tir") or not isinstance(call.args[1], relax.Tuple) or len(call.args[1].fields) < 3:
+        if (
+            not is_op(call, "relax.call_tir")
+            or not isinstance(call.args[1], relax.Tuple)
+            or len(call.args[1].fields) < 3
+        ):
             return call
         kernel = self.builder_.get()[call.args[0]]
         if not isinstance(kernel, tirx.PrimFunc) or not kernel.attrs or kernel.attrs.get(ATTR, None) != KIND:
             return call
         query, key = call.args[1].fields[:2]
-        if not all(isinstance(x.ty, relax.TensorType) and x.ty.shape is not None and x.ty.ndim == 4 for x in (query, key)):
+        if not all(
+            isinstance(x.ty, relax.TensorType) and x.ty.shape is not None and x.ty.ndim == 4 for x in (query, key)
+        ):
             return call
         n, m = (upper_bound(x.ty.shape.values[1], self.bounds) for x in (query, key))
         query_tile, key_tile = tile(n, QUERY_TILE), tile(m, KEY_TILE)
@@ -66,7 +72,11 @@ class _Retiler(PyExprMutator):
             return call
         cache_key = (call.args[0].name_hint, query_tile, key_tile, n, m)
         if cache_key not in self.copies:
-            small = retiled(kernel, query_tile, key_tile).with_attr(BOUNDS_ATTR, [n or -1, m or -1]).without_attr("global_symbol")
+            small = (
+                retiled(kernel, query_tile, key_tile)
+                .with_attr(BOUNDS_ATTR, [n or -1, m or -1])
+                .without_attr("global_symbol")
+            )
             self.copies[cache_key] = self.builder_.add_func(small, f"{call.args[0].name_hint}_n{n or 0}_m{m or 0}")
         return relax.Call(call.op, [self.copies[cache_key], *call.args[1:]], call.attrs, call.ty_args)
 
@@ -83,6 +93,10 @@ class SmallAttentionTiles:
                 retiler.builder_.update_func(gv, retiler.visit_expr(func))
         if not retiler.copies:
             return mod
-        logger.info("SmallAttentionTiles: %d attention kernel cop%s with tiles of the bucket's bounds: %s", len(retiler.copies),
-                    "y" if len(retiler.copies) == 1 else "ies", ", ".join(gv.name_hint for gv in retiler.copies.values()))
+        logger.info(
+            "SmallAttentionTiles: %d attention kernel cop%s with tiles of the bucket's bounds: %s",
+            len(retiler.copies),
+            "y" if len(retiler.copies) == 1 else "ies",
+            ", ".join(gv.name_hint for gv in retiler.copies.values()),
+        )
         return relax.transform.DeadCodeElimination()(retiler.builder_.get())

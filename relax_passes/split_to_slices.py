@@ -61,7 +61,13 @@ def _plan(func: relax.Function) -> dict:
                 break
             out, src = target.ty.shape.values, part.ty.shape.values
             d = _static(out[-1])
-            if len(out) != len(src) + 1 or d is None or head_dim not in (None, d) or _static(src[-1]) is None or _static(src[-1]) % d:
+            if (
+                len(out) != len(src) + 1
+                or d is None
+                or head_dim not in (None, d)
+                or _static(src[-1]) is None
+                or _static(src[-1]) % d
+            ):
                 break
             head_dim = d
             found.append((index, target))
@@ -96,7 +102,9 @@ class _Slicer(PyExprMutator):
         split_var, begin, end = self.replace[binding.var]
         view = self.views[split_var]
         call = relax.op.strided_slice(view, axes=[view.ty.ndim - 2], begin=[begin], end=[end], assume_inbound=True)
-        new = self.builder_.emit(call) if isinstance(binding.var, relax.DataflowVar) else self.builder_.emit_output(call)
+        new = (
+            self.builder_.emit(call) if isinstance(binding.var, relax.DataflowVar) else self.builder_.emit_output(call)
+        )
         self.set_var_remap(binding.var, new)
 
 

@@ -18,6 +18,7 @@ import tvm
 
 from .fusion_utils import rewrite_functions
 
+
 def _same(analyzer, xs, ys) -> bool:
     return len(xs) == len(ys) and all(analyzer.can_prove_equal(x, y) for x, y in zip(xs, ys))
 
@@ -61,11 +62,19 @@ def _unmerge(mod):
             inner_value = self.value(inner)
             if op_of(inner_value) == "relax.take" and int(inner_value.attrs.axis) == 0:
                 ids = self.unmerged(inner_value.args[1])
-                return None if ids is None else relax.op.take(inner_value.args[0], ids, axis=0, mode=inner_value.attrs.mode)
+                return (
+                    None
+                    if ids is None
+                    else relax.op.take(inner_value.args[0], ids, axis=0, mode=inner_value.attrs.mode)
+                )
             bias = None
             if op_of(inner_value) == "relax.add":  # torch's addmm imports as add(bias, matmul)
                 first, second = inner_value.args
-                bias, inner_value = (first, self.value(second)) if op_of(self.value(second)) == "relax.matmul" else (second, self.value(first))
+                bias, inner_value = (
+                    (first, self.value(second))
+                    if op_of(self.value(second)) == "relax.matmul"
+                    else (second, self.value(first))
+                )
             if op_of(inner_value) != "relax.matmul":
                 return None
             lhs, rhs = self.unmerged(inner_value.args[0]), inner_value.args[1]

@@ -79,7 +79,8 @@ def elementwise_inplace(func: tirx.PrimFunc, src: int, dst: int) -> bool:
         count["var_o"] += var.same_as(o)
 
     tvm_ffi.structural_walk(
-        func.body, ((tirx.BufferStore, on_store), (TensorLoad, on_load), (TensorRegion, on_region), (tvm.ir.expr.Var, on_var))
+        func.body,
+        ((tirx.BufferStore, on_store), (TensorLoad, on_load), (TensorRegion, on_region), (tvm.ir.expr.Var, on_var)),
     )
     direct = count["load_p"] + count["store_o"] + count["region"]
     return (
@@ -98,7 +99,10 @@ def _same_indices(a, b) -> bool:
 def _stores_on_one_path(stmt, buffer) -> int:
     """The most stores to `buffer` along one path through `stmt` (loops counted once)."""
     if isinstance(stmt, tirx.IfThenElse):
-        return max(_stores_on_one_path(stmt.then_case, buffer), _stores_on_one_path(stmt.else_case, buffer) if stmt.else_case else 0)
+        return max(
+            _stores_on_one_path(stmt.then_case, buffer),
+            _stores_on_one_path(stmt.else_case, buffer) if stmt.else_case else 0,
+        )
     if isinstance(stmt, tirx.BufferStore):
         return int(stmt.buffer.same_as(buffer))
     total = 0
@@ -165,7 +169,14 @@ def placements(func: relax.Function, values: dict[str, int], mod: tvm.IRModule |
             for dim in value.args[2].values:
                 nbytes *= _evaluate(dim, analyzer)
             offset = _evaluate(value.args[1], analyzer)
-            tensors[var] = {"storage": value.args[0], "begin": offset, "end": offset + nbytes, "first": i, "last": i, "access": None}
+            tensors[var] = {
+                "storage": value.args[0],
+                "begin": offset,
+                "end": offset + nbytes,
+                "first": i,
+                "last": i,
+                "access": None,
+            }
             alias[var] = {var}
             continue
         used = set().union(*(alias.get(u, set()) for u in relax.analysis.free_vars(value)))
@@ -175,16 +186,31 @@ def placements(func: relax.Function, values: dict[str, int], mod: tvm.IRModule |
             if not view and tensors[t]["access"] is None:
                 tensors[t]["access"] = i
         if isinstance(value, relax.Tuple):
-            fields[var] = [set().union(*(alias.get(u, set()) for u in relax.analysis.free_vars(f))) for f in value.fields]
-        if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var) and value.tuple_value in fields:
+            fields[var] = [
+                set().union(*(alias.get(u, set()) for u in relax.analysis.free_vars(f))) for f in value.fields
+            ]
+        if (
+            isinstance(value, relax.TupleGetItem)
+            and isinstance(value.tuple_value, relax.Var)
+            and value.tuple_value in fields
+        ):
             alias[var] = fields[value.tuple_value][value.index]
-        elif isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar) and mod is not None and isinstance(mod[value.op], tirx.PrimFunc):
+        elif (
+            isinstance(value, relax.Call)
+            and isinstance(value.op, tvm.ir.GlobalVar)
+            and mod is not None
+            and isinstance(mod[value.op], tirx.PrimFunc)
+        ):
             calls.append((i, mod[value.op], [alias.get(a) if isinstance(a, relax.Var) else None for a in value.args]))
         else:
             alias[var] = used
     problems = []
     returned = set().union(*(alias.get(u, set()) for u in relax.analysis.free_vars(func.body.body)))
-    problems += [f"tensor {t.name} lives in planned storage {tensors[t]['storage'].name} but is returned" for t in tensors if t in returned]
+    problems += [
+        f"tensor {t.name} lives in planned storage {tensors[t]['storage'].name} but is returned"
+        for t in tensors
+        if t in returned
+    ]
     inplace = set()
     for i, prim, args in calls:
         single = [next(iter(a)) if a is not None and len(a) == 1 else None for a in args]
@@ -196,10 +222,16 @@ def placements(func: relax.Function, values: dict[str, int], mod: tvm.IRModule |
                 same_bytes = s["storage"].same_as(d["storage"]) and (s["begin"], s["end"]) == (d["begin"], d["end"])
                 if same_bytes and s["last"] == i and d["access"] == i and elementwise_inplace(prim, k, m):
                     inplace.add((src, dst, i))
-    found = [Placement(v.name, t["storage"].name, t["begin"], t["end"], t["first"], t["last"], v, t["storage"]) for v, t in tensors.items()]
+    found = [
+        Placement(v.name, t["storage"].name, t["begin"], t["end"], t["first"], t["last"], v, t["storage"])
+        for v, t in tensors.items()
+    ]
     for p in found:
         if p.begin < 0 or p.begin % ALIGN or p.end > storages.get(p.storage_var, -1):
-            problems.append(f"tensor {p.name} at bytes [{p.begin}, {p.end}) is misaligned or outside storage {p.storage} ({storages.get(p.storage_var)} bytes)")
+            problems.append(
+                f"tensor {p.name} at bytes [{p.begin}, {p.end}) is misaligned or outside storage {p.storage} "
+                f"({storages.get(p.storage_var)} bytes)"
+            )
     return Layout(found, storages, problems, inplace)
 
 
@@ -213,7 +245,13 @@ def verify(func: relax.Function, values: dict[str, int], mod: tvm.IRModule | Non
     found = layout.tensors
     for k, a in enumerate(found):
         for b in found[k + 1 :]:
-            if not a.storage_var.same_as(b.storage_var) or a.begin >= b.end or b.begin >= a.end or a.first > b.last or b.first > a.last:
+            if (
+                not a.storage_var.same_as(b.storage_var)
+                or a.begin >= b.end
+                or b.begin >= a.end
+                or a.first > b.last
+                or b.first > a.last
+            ):
                 continue
             if (a.var, b.var, a.last) in layout.inplace or (b.var, a.var, b.last) in layout.inplace:
                 continue  # the output is first written where the input dies, element by element

@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 
+from . import threads, torchvision_compat
 from .errors import UserError
 
 COMMANDS = {
@@ -25,7 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     # spinning OpenMP workers then starve TVM's and the reverse (torch measured 8 ms for a 0.5 ms
     # call); passive waiting keeps both honest. Must be set before torch is first imported.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    parser = argparse.ArgumentParser(prog="relaxtune", description="A tuning compiler for dynamic-shape models on TVM Relax.")
+    threads.configure()  # before TVM's first parallel kernel sizes its pool
+    torchvision_compat.install()  # before anything imports torchvision (transformers does)
+    parser = argparse.ArgumentParser(
+        prog="relaxtune", description="A tuning compiler for dynamic-shape models on TVM Relax."
+    )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, help_text in COMMANDS.items():

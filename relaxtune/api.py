@@ -1,90 +1,38 @@
-"""The Python API the CLI calls: tune a workload into the cache, compile it into an artifact."""
+"""The Python API the CLI calls: tune a workload into the cache, compile it into an artifact.
+
+Each entry point sizes TVM's CPU thread pool first (threads.configure); importing relaxtune does
+not. The compiler's own functions (`build`, `bucket_plan`, `extract_tasks`) are re-exported here
+for programs that build without exporting.
+"""
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import time
-from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
+from . import threads
+from .compiler.build import CompileResult, bucket_plan, build, export, extract_tasks, open_cache, tuned_buckets
 from .config import JobConfig
-from .errors import UserError
+from .measure import bench as measure_bench
+from .measure.bucket_check import check_buckets
+from .schedules import cache
+from .schedules.tune import tune as run_tuning
 from .targets import ResolvedTarget
 from .workloads import Workload
+
+__all__ = ["CompileResult", "bench", "bucket_plan", "build", "compile", "extract_tasks", "tune", "tuned_buckets"]
 
 logger = logging.getLogger(__name__)
 
 
-def bucket_plan(workload: Workload, job: JobConfig):
-    from .relax_passes.bucket_dispatch import plan_buckets
-
-    bounds = {d.name: (d.lower, d.upper, d.representative) for d in workload.dims.values()}
-    return plan_buckets(bounds, job.buckets.edges, job.buckets.single)
-
-
-def tuned_buckets(workload: Workload, target: ResolvedTarget, job: JobConfig):
-    """The bucket tops the cache's job for this workload (same config) was tuned at, as a
-    `BucketConfig` (dimensions it split into several buckets; the others keep the default plan),
-    or None: then the default plan. Compiling at the tuned buckets applies each record at its own
-    tuning point and the bucket check's verdicts (keyed by the bucket's function) to their buckets;
-    at other buckets records are borrowed from the nearest tuning point and no verdict applies."""
-    from .config import BucketConfig
-    from .schedules import cache
-
-    entry = cache.read_manifest(cache.folder_for(job.cache_dir, target)).get("workloads", {}).get(workload.name, {})
-    if entry.get("config") != workload.config:
-        return None
-    # per dimension: [lo, hi, tune_at] per bucket, or (manifests of 2026-11-30) the tops only
-    tops = {dim: tuple(b[1] if isinstance(b, list) else b for b in buckets) for dim, buckets in entry.get("buckets", {}).items() if len(buckets) > 1}
-    if not tops:
-        return None
-    chosen = BucketConfig(edges=tops)
-    try:
-        bucket_plan(workload, job.with_(buckets=chosen))
-    except UserError:  # the workload's bounds changed since: the default plan
-        return None
-    return chosen
-
-
-def _open_cache(target: ResolvedTarget, job: JobConfig, writable: bool):
-    from .schedules import cache, intrin
-    from .schedules.database import CacheDatabase
-
-    intrin.register_for(target.target.kind.name)
-    folder = cache.folder_for(job.cache_dir, target)
-    if not writable and not folder.exists():
-        if not Path(job.cache_dir).exists():
-            raise UserError(f"cache directory {job.cache_dir} does not exist (run `relaxtune tune` first, or pass --no-cache)")
-        logger.warning("no tuning records for target %s in %s: every kernel uses rule-based schedules", target.slug, job.cache_dir)
-        return None, folder
-    cache.check_compatible(folder, target)
-    return CacheDatabase(folder, writable=writable), folder
-
-
-def extract_tasks(workload: Workload, target: ResolvedTarget, job: JobConfig):
-    from .relax_passes.pipeline import fuse
-    from .schedules import intrin
-    from .schedules.tasks import extract_tasks as extract
-
-    intrin.register_for(target.target.kind.name)
-    compile_ = job.compile  # the build's cuBLAS / flash rewrites too: tune only the kernels the build keeps
-    return extract(fuse(workload.mod, target.target, bucket_plan(workload, job), compile_.fusion, compile_.cublas, compile_.flash_attention))
-
-
 def tune(workload: Workload, target: ResolvedTarget, job: JobConfig, progress: bool = True):
     """Tune every contraction kernel of every bucket; records go to the target's cache folder."""
-    from .schedules import cache
-    from .schedules.tune import tune as run_tuning
-
+    threads.configure()
     tasks = extract_tasks(workload, target, job)
-    database, folder = _open_cache(target, job, writable=True)
+    database, folder = open_cache(target, job, writable=True)
     logger.info("target %s; cache %s; %d tasks", target.json, folder, len(tasks))
     result = run_tuning(tasks, target.target, database, job.tune, folder, progress=progress, workload=workload.name)
     if job.tune.check_buckets and not job.tune.rpc_tracker:
-        from .bucket_check import check_buckets
-
         # no new trial: the records are as they were, but their buckets may never have been checked
         # with the compiler that builds them now (a verdict names the bucket's kernels and records)
         result.buckets = check_buckets(workload, target, job, only_unchecked=not result.trials_run)
@@ -92,67 +40,31 @@ def tune(workload: Workload, target: ResolvedTarget, job: JobConfig, progress: b
         folder,
         target,
         workload.name,
-        {"config": workload.config, "trials_budget": job.tune.trials, "tasks": [t.name for t in tasks],
-         "buckets": {dim: [[b.lo, b.hi, b.tune_at] for b in plan] for dim, plan in bucket_plan(workload, job).items()}},  # as the artifact manifest has them
+        {
+            "config": workload.config,
+            "trials_budget": job.tune.trials,
+            "tasks": [t.name for t in tasks],
+            "buckets": {
+                dim: [[b.lo, b.hi, b.tune_at] for b in plan] for dim, plan in bucket_plan(workload, job).items()
+            },
+        },  # as the artifact manifest has them
     )
     return result
 
 
-@dataclass
-class CompileResult:
-    path: Path
-    manifest: dict
-    schedules: Counter
-    seconds: float
-
-
-def cache_fingerprint(folder: Path) -> str:
-    from .schedules.database import RECORDS, WORKLOADS, packed
-
-    digest = hashlib.sha256()
-    for name in (WORKLOADS, RECORDS):
-        path = folder / name
-        path = path if path.exists() else packed(path)
-        if path.exists():
-            digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def build(workload: Workload, target: ResolvedTarget, job: JobConfig, report: Counter | None = None, verdicts=None):
-    """The compiled executable (not exported): the full pipeline with the cache applied.
-
-    `verdicts` (schedules/verdicts.py): by default the cache's per-bucket verdicts; the bucket
-    check passes its own to build the every-record variant and learn each bucket's signature."""
-    import tvm
-
-    from .relax_passes.pipeline import pipeline
-
-    from .schedules import task_index
-    from .schedules.verdicts import Verdicts
-
-    database, folder, index = None, None, {}
-    if job.compile.use_cache:
-        database, folder = _open_cache(target, job, writable=False)
-        index = task_index.load(folder) if database is not None else {}
-    if verdicts is None:
-        verdicts = Verdicts.from_folder(folder if database is not None else None)
-    report = report if report is not None else Counter()
-    passes = pipeline(
-        target.target, bucket_plan(workload, job), database, report, index,
-        memory_planner=job.compile.memory_planner, fusion=job.compile.fusion, cublas=job.compile.cublas, verdicts=verdicts,
-        flash=job.compile.flash_attention,
-    )
-    with tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": job.compile.cuda_graphs and target.is_gpu}):
-        executable = tvm.compile(workload.mod, target=target.target, relax_pipeline=passes)
-    return executable, report, folder
-
-
 def compile(workload: Workload, target: ResolvedTarget, job: JobConfig, output: Path) -> CompileResult:
     """Compile with the cache applied and export `output` (.so) with its params and manifest."""
-    from . import artifact
+    threads.configure()
+    return export(workload, target, job, output)
 
-    start = time.perf_counter()
-    executable, report, folder = build(workload, target, job)
-    fingerprint = cache_fingerprint(folder) if folder is not None and folder.exists() else None
-    manifest = artifact.export(executable, workload, target, Path(output), bucket_plan(workload, job), fingerprint, dict(report))
-    return CompileResult(Path(output), manifest, report, time.perf_counter() - start)
+
+def bench(
+    workload: Workload,
+    target: ResolvedTarget,
+    job: JobConfig,
+    shapes: dict[str, list[int]],
+    systems=measure_bench.SYSTEMS,
+) -> list[measure_bench.Row]:
+    """Median latency of each system at each shape, in one process: relaxtune vs stock TVM vs torch."""
+    threads.configure()
+    return measure_bench.bench(workload, target, job, shapes, systems)

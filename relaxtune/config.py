@@ -39,7 +39,10 @@ class TuneConfig:
         if self.trials_per_iter < 1:
             raise UserError(f"trials per batch {self.trials_per_iter} must be at least 1")
         if self.population < self.trials_per_iter:
-            raise UserError(f"--trials-per-iter {self.trials_per_iter} is larger than the search population {self.population}: give 1-{self.population}")
+            raise UserError(
+                f"--trials-per-iter {self.trials_per_iter} is larger than the search population {self.population}: "
+                f"give 1-{self.population}"
+            )
         if self.time_limit_s < 0:
             raise UserError(f"--time-limit {self.time_limit_s} is negative: give 0 (no limit) or a number of seconds")
         if self.early_stop_batches < 0:
@@ -47,9 +50,13 @@ class TuneConfig:
         if self.rpc_tracker:
             _ = self.tracker_address  # raises UserError unless HOST:PORT
             if not self.device_key.strip():
-                raise UserError(f"--rpc {self.rpc_tracker} needs --device-key KEY: the key its servers registered under")
+                raise UserError(
+                    f"--rpc {self.rpc_tracker} needs --device-key KEY: the key its servers registered under"
+                )
         elif self.device_key:
-            raise UserError(f"--device-key {self.device_key} needs --rpc HOST:PORT, the tracker those servers registered with")
+            raise UserError(
+                f"--device-key {self.device_key} needs --rpc HOST:PORT, the tracker those servers registered with"
+            )
 
     @property
     def tracker_address(self) -> tuple[str, int] | None:
@@ -58,7 +65,9 @@ class TuneConfig:
             return None
         host, sep, port = self.rpc_tracker.strip().rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise UserError(f"--rpc {self.rpc_tracker!r} is malformed: use HOST:PORT with a port in 1-65535, e.g. 127.0.0.1:9190")
+            raise UserError(
+                f"--rpc {self.rpc_tracker!r} is malformed: use HOST:PORT with a port in 1-65535, e.g. 127.0.0.1:9190"
+            )
         return host.strip("[]"), int(port)
 
 
@@ -91,7 +100,9 @@ class BucketConfig:
             except ValueError:
                 tops = ()
             if not sep or not name or not tops or tops[0] < 1:
-                raise UserError(f"--buckets {item!r} is malformed: use NAME=TOP1,TOP2,... or NAME=@VALUE with positive integers")
+                raise UserError(
+                    f"--buckets {item!r} is malformed: use NAME=TOP1,TOP2,... or NAME=@VALUE with positive integers"
+                )
             if name not in single:
                 edges[name] = tops
         return BucketConfig(edges, single)
@@ -102,25 +113,62 @@ FUSIONS = ("relaxtune", "stock")  # relaxtune: its fusion passes, then stock Fus
 
 
 @dataclass(frozen=True)
+class CudaLibraries:
+    """cuda targets: the weight GEMMs that leave TIR for cuBLAS or relaxtune's own kernel (kernels/).
+
+    Each field is one choice of relax_passes/pipeline.py. `enabled` False keeps every GEMM in TIR
+    (`--no-cublas`); the others refine it: rows are a bucket's row count `n`.
+    """
+
+    enabled: bool = True  # weight GEMMs call cuBLAS (RewriteGemmToCublas) from `min_rows` rows
+    min_rows: int = 1
+    decode_wide: int | None = None  # single-row buckets: cuBLAS only for GEMMs at least this wide (None: all)
+    gemv: bool = True  # decode buckets' weight GEMVs on relaxtune's kernel (RewriteGemvToCuda)
+    gemv_max_rows: int = 2
+    gemv_max_cols: int | None = 16384  # the (K, N) kernel's widest output (None: any)
+    gemv_max_cols_nk: int | None = None  # the (N, K) kernel's widest output (None: any)
+    residual: bool = True  # a residual add as the cuBLASLt GEMM's epilogue (RewriteResidualAddToCublas)
+    residual_min_rows: int = 17
+    batched: bool = True  # attention's batched GEMMs on cuBLAS (RewriteBatchedGemmToCublas)
+    batched_min_rows: int = 64
+    weights_nk: bool = True  # weights only GEMMs read stay (N, K), PyTorch's layout (KeepWeightsNK)
+
+
+@dataclass(frozen=True)
+class FlashAttention:
+    """cuda sm_80+: attention as one fused flash kernel (RewriteAttentionToFlash, kernels/flash_attention)."""
+
+    enabled: bool = True
+    min_rows: int = 1  # buckets from this many rows take the kernel
+    block_m: int = 0  # query rows per block (0: the kernel's choice per arch)
+    in_place: bool = True  # read q, k, v in place from the merged projection
+    lift_tables: bool = True  # rotary tables computed once up to each bucket's bound (LiftPositionTables)
+
+
+@dataclass(frozen=True)
 class CompileConfig:
-    """How the pipeline builds: which planner, and whether tuned records are applied."""
+    """How the pipeline builds: planner, fusion, whether tuned records apply, the cuda libraries.
+
+    `cublas` and `flash_attention` also take a bool: shorthand for the defaults on, or off.
+    """
 
     # "relaxtune": PlanMemory (one arena per function, run-time offsets, verified); "tvm": StaticPlanBlockMemory
     memory_planner: str = "relaxtune"
     use_cache: bool = True
     fusion: str = "relaxtune"
-    # GPU targets only: weight GEMMs call cuBLAS (relax_passes/cublas_gemm.py: fastest in every
-    # bucket on the H200), and static regions are captured as CUDA graphs (-0.013 ms at n=1)
-    cublas: bool = True
-    cuda_graphs: bool = True
-    # CUDA sm_80+: attention as one fused flash kernel (relax_passes/flash_attention_cuda.py)
-    flash_attention: bool = True
+    cublas: CudaLibraries = CudaLibraries()
+    cuda_graphs: bool = True  # gpu: static regions captured as CUDA graphs
+    flash_attention: FlashAttention = FlashAttention()
 
     def __post_init__(self) -> None:
         if self.fusion not in FUSIONS:
             raise UserError(f"unknown fusion {self.fusion!r}: use one of {', '.join(FUSIONS)}")
         if self.memory_planner not in MEMORY_PLANNERS:
             raise UserError(f"unknown memory planner {self.memory_planner!r}: use one of {', '.join(MEMORY_PLANNERS)}")
+        if isinstance(self.cublas, bool):
+            object.__setattr__(self, "cublas", CudaLibraries(enabled=self.cublas))
+        if isinstance(self.flash_attention, bool):
+            object.__setattr__(self, "flash_attention", FlashAttention(enabled=self.flash_attention))
 
 
 @dataclass(frozen=True)

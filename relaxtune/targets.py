@@ -74,11 +74,15 @@ def resolve(spec: str) -> ResolvedTarget:
         try:
             config = json.loads(spec)
         except json.JSONDecodeError as err:
-            raise UserError(f"target {spec!r} is not valid JSON ({err.msg}); give `cpu`, `cuda` or a JSON object") from None
+            raise UserError(
+                f"target {spec!r} is not valid JSON ({err.msg}); give `cpu`, `cuda` or a JSON object"
+            ) from None
         if not isinstance(config, dict) or "kind" not in config:
-            raise UserError(f"target {spec!r} must be a JSON object with a \"kind\" key, e.g. {{\"kind\": \"llvm\"}}")
+            raise UserError(f'target {spec!r} must be a JSON object with a "kind" key, e.g. {{"kind": "llvm"}}')
     else:
-        raise UserError(f"unknown target {spec!r}: use one of {', '.join(NAMES)}, cuda:ARCH, or a TVM target JSON object")
+        raise UserError(
+            f"unknown target {spec!r}: use one of {', '.join(NAMES)}, cuda:ARCH, or a TVM target JSON object"
+        )
     try:
         target = tvm.target.Target(config)
     except Exception as err:  # TVM raises several types for a bad config

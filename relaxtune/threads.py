@@ -3,10 +3,10 @@
 With neither TVM_NUM_THREADS nor OMP_NUM_THREADS set, TVM 0.27 sizes its thread pool as
 ``std::thread::hardware_concurrency() / 2`` on x86, assuming two hyper-threads per core. Where every
 logical CPU is a core (this 2-core VM; many cloud VMs) that runs every parallel kernel on half the
-machine: relaxtune's llama-block ran on one of two cores while torch used both (measured
-2026-11-30: the same matmul at 102 GFLOP/s on the default pool, 205 with two threads).
+machine: relaxtune's llama-block ran on one of two cores while torch used both (docs/threads.md).
 
-`configure()` (run when relaxtune is imported) sets TVM_NUM_THREADS, unless the user set it or
+`configure()` (run by every entry point: the CLI, `relaxtune.api`, the benchmarks) sets TVM_NUM_THREADS, unless the
+user set it or
 OMP_NUM_THREADS, to the physical cores this process may run on. TVM reads it when the first
 parallel kernel creates the pool, and child processes (MetaSchedule's runner, build workers)
 inherit it, so what tuning measures runs with the threads the artifact runs with. A program that

@@ -13,7 +13,8 @@ else changes: the classification models (pure Python) work, and calling an opera
 missing extension raises as it would without the hook. With a torch / torchvision pair whose
 extension loads, the hook does nothing.
 
-Called when relaxtune is imported, before anything can import torchvision.
+Installed by the entry points (the CLI, the test session) and by the loaders of workloads that
+import torchvision or transformers, before they import it; importing relaxtune installs nothing.
 """
 
 from __future__ import annotations

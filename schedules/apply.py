@@ -30,8 +30,8 @@ from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from . import padding, replay, validate
-from .verdicts import Verdicts, function_digest, legacy_digest
 from .tasks import bucket_functions, bucket_of, call_sites, normalize, specialise, tune_point, workload_key
+from .verdicts import Verdicts, function_digest, legacy_digest
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,9 @@ class _CallRewriter(PyExprMutator):
                 args = [self.visit_expr(arg) for arg in call.args[1].fields]
                 if mode == "padded":
                     return padding.emit_padded_call(self.builder_, gv, args, call.ty, pads)
-                return relax.call_tir(gv, args, call.ty if isinstance(call.ty, relax.TensorType) else list(call.ty.fields))
+                return relax.call_tir(
+                    gv, args, call.ty if isinstance(call.ty, relax.TensorType) else list(call.ty.fields)
+                )
         return super().visit_call_(call)
 
 
@@ -81,7 +83,9 @@ def _alternatives(own: dict[str, int], values: dict[str, list[int]]) -> list[dic
     """Other tuning points to borrow a record from: one dimension moved, nearest (in log) first."""
     out = []
     for dim, value in own.items():
-        for other in sorted(set(values.get(dim, [])) - {value}, key=lambda v: (abs(math.log2(v) - math.log2(value)), -v)):
+        for other in sorted(
+            set(values.get(dim, [])) - {value}, key=lambda v: (abs(math.log2(v) - math.log2(value)), -v)
+        ):
             out.append({**own, dim: other})
     return sorted(out, key=lambda alt: sum(abs(math.log2(alt[d]) - math.log2(own[d])) for d in own))[:MAX_BORROW]
 
@@ -96,11 +100,14 @@ class ApplyTunedSchedules:
     applies without a guard; everything else is left to the rules.
     """
 
-    def __init__(self, database, report: Counter | None = None, index: dict[str, dict] | None = None, check=None, verdicts=None):
+    def __init__(
+        self, database, report: Counter | None = None, index: dict[str, dict] | None = None, check=None, verdicts=None
+    ):
         self.database = database
         self.report = report if report is not None else Counter()
         self.index = index or {}
-        self.check = check  # where each re-applied schedule runs once against the naive kernel (validate.check_target); None: nowhere
+        # where each re-applied schedule runs once against the naive kernel (validate.check_target); None: nowhere
+        self.check = check
         self.verdicts = verdicts if verdicts is not None else Verdicts()
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -116,7 +123,9 @@ class ApplyTunedSchedules:
                 plan, applied = self._plan_bucket(mod, gv, {d: sorted(v) for d, v in values.items()}, rewriter.builder_)
             finally:
                 bucket_report, self.report = self.report, outer
-            if plan and self.verdicts.rules_win(gv.name_hint, bucket_of(func), applied, [(legacy_digest(func), 0.0)] + applied[1:]):
+            if plan and self.verdicts.rules_win(
+                gv.name_hint, bucket_of(func), applied, [(legacy_digest(func), 0.0)] + applied[1:]
+            ):
                 logger.info("%s: its records measured slower than its rules in the compiled block: rules", gv.name_hint)
                 self.report.update({k: v for k, v in bucket_report.items() if not k.startswith("tuned")})
                 self.report["bucket faster with rules: rules"] += len(plan)
@@ -164,8 +173,11 @@ class ApplyTunedSchedules:
 
     def _checked(self, name, reference, scheduled, bounds) -> bool:
         if not replay.threads_agree(scheduled):  # a GPU kernel launches one extent per thread index: wrong anywhere
-            logger.warning("the schedule re-applied to %s binds a thread index at two extents (%s); using its rules", name,
-                           {tag: sorted(e) for tag, e in replay.thread_extents(scheduled).items() if len(e) > 1})
+            logger.warning(
+                "the schedule re-applied to %s binds a thread index at two extents (%s); using its rules",
+                name,
+                {tag: sorted(e) for tag, e in replay.thread_extents(scheduled).items() if len(e) > 1},
+            )
             self.report["thread index bound at two extents: rules"] += 1
             return False
         if self.check is None or validate.same_results(reference, scheduled, bounds, self.check):

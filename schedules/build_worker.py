@@ -48,8 +48,8 @@ def _cuda_packer(target):
     """The nvcc packer for a CUDA target where nvcc is found, else None (the runner compiles)."""
     if target.kind.name != "cuda":
         return None
-    from ..cuda_device_code import FatbinPacker, find_nvcc
     from ..errors import UserError
+    from ..kernels.device_code import FatbinPacker, find_nvcc
 
     try:
         find_nvcc()

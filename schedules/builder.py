@@ -144,9 +144,7 @@ def make_builder(config: TuneConfig) -> PersistentBuilder:
 
 def make_runner(config: TuneConfig):
     """Measures here (LocalRunner), or on the tracker's servers when `config.rpc_tracker` is set."""
-    evaluator = ms.runner.EvaluatorConfig(
-        number=config.runs_per_measure, repeat=1, min_repeat_ms=config.min_repeat_ms
-    )
+    evaluator = ms.runner.EvaluatorConfig(number=config.runs_per_measure, repeat=1, min_repeat_ms=config.min_repeat_ms)
     if config.rpc_tracker:
         from .rpc import make_rpc_runner
 

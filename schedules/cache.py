@@ -32,7 +32,9 @@ def read_manifest(folder: Path) -> dict:
     try:
         manifest = json.loads(path.read_text())
     except json.JSONDecodeError as err:
-        raise UserError(f"cache manifest {path} is damaged ({err.msg} at line {err.lineno}); it was left as is") from None
+        raise UserError(
+            f"cache manifest {path} is damaged ({err.msg} at line {err.lineno}); it was left as is"
+        ) from None
     if not isinstance(manifest, dict):
         raise UserError(f"cache manifest {path} is not a JSON object; it was left as is")
     return manifest

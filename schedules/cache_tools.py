@@ -30,7 +30,9 @@ def target_folders(cache_dir: Path) -> list[Path]:
         raise UserError(f"cache {cache_dir} does not exist")
     if (cache_dir / WORKLOADS).exists() or (cache_dir / MANIFEST).exists():
         return [cache_dir]
-    return sorted(p for p in cache_dir.iterdir() if p.is_dir() and ((p / WORKLOADS).exists() or (p / MANIFEST).exists()))
+    return sorted(
+        p for p in cache_dir.iterdir() if p.is_dir() and ((p / WORKLOADS).exists() or (p / MANIFEST).exists())
+    )
 
 
 def _secs(record) -> float:
@@ -77,7 +79,10 @@ def show(cache_dir: Path, key: str) -> str:
     row = matches[0]
     db = CacheDatabase(Path(cache_dir) if row["folder"] == Path(cache_dir).name else Path(cache_dir) / row["folder"])
     best = min(_by_workload(db)[row["key"]], key=_secs)
-    lines = [f"# {row['kernel']} ({row['workload']}, bucket {row['bucket']}): best {row['best_us']} us, rules {row['rule_us']} us, {row['trials']} trials"]
+    lines = [
+        f"# {row['kernel']} ({row['workload']}, bucket {row['bucket']}): best {row['best_us']} us, rules "
+        f"{row['rule_us']} us, {row['trials']} trials"
+    ]
     lines += ["## trace", *best.trace.as_python(), "## kernel", best.workload.mod.script()]
     return "\n".join(lines)
 
@@ -90,7 +95,11 @@ def merge(sources: list[Path], dest: Path) -> int:
             target_dir = Path(dest) / source.name
             target_dir.mkdir(parents=True, exist_ok=True)
             source_manifest, dest_manifest = read_manifest(source), read_manifest(target_dir)
-            if dest_manifest.get("target") and source_manifest.get("target") and dest_manifest["target"] != source_manifest["target"]:
+            if (
+                dest_manifest.get("target")
+                and source_manifest.get("target")
+                and dest_manifest["target"] != source_manifest["target"]
+            ):
                 raise UserError(f"cannot merge {source}: its target differs from the one in {target_dir}")
             into = CacheDatabase(target_dir, writable=True)
             seen = {json.dumps(record_json(r), sort_keys=True) for r in into.get_all_tuning_records()}

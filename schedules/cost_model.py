@@ -52,7 +52,9 @@ def new_model() -> "ms.cost_model.XGBModel":
     round that came at 20-50), on one thread (`XGB_THREADS`)."""
     from tvm.s_tir.meta_schedule.cost_model.xgb_model import XGBConfig
 
-    return ms.cost_model.XGBModel(num_warmup_samples=0, early_stopping_rounds=EARLY_STOPPING_ROUNDS, config=XGBConfig(nthread=XGB_THREADS))
+    return ms.cost_model.XGBModel(
+        num_warmup_samples=0, early_stopping_rounds=EARLY_STOPPING_ROUNDS, config=XGBConfig(nthread=XGB_THREADS)
+    )
 
 
 def load(folder: Path) -> tuple["ms.cost_model.XGBModel", bool]:
@@ -69,9 +71,17 @@ def load(folder: Path) -> tuple["ms.cost_model.XGBModel", bool]:
         model.load(str(path))
     except Exception as err:  # tarfile, numpy and xgboost raise several types on a damaged file
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        logger.warning("cost model %s is damaged (%s): starting from a fresh model; the file is moved to %s.damaged, not overwritten, when this job saves", path, reason[:160], path.name)
+        logger.warning(
+            "cost model %s is damaged (%s): starting from a fresh model; the file is moved to %s.damaged, not "
+            "overwritten, when this job saves",
+            path,
+            reason[:160],
+            path.name,
+        )
         return new_model(), False
-    logger.info("cost model %s: warm start from %d measured candidates of %d workloads", path, model.data_size, len(model.data))
+    logger.info(
+        "cost model %s: warm start from %d measured candidates of %d workloads", path, model.data_size, len(model.data)
+    )
     return model, True
 
 

@@ -21,17 +21,16 @@ them. What this class adds:
 from __future__ import annotations
 
 import fcntl
-from contextlib import contextmanager
 import json
 import logging
 import lzma
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
+from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.database import TuningRecord, Workload
-from tvm.ir.utils import derived_object
-
 
 logger = logging.getLogger(__name__)
 

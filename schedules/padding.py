@@ -3,7 +3,8 @@
 A kernel is padded along dimension `n` only when that is exact: `n` appears in its buffers as a
 whole axis and only spatial (data-parallel) block iterators range over it, so padded rows are
 computed from zeros, never mixed into real rows, and sliced off afterwards. The caller pads the
-inputs (one copy kernel that zero-fills the new rows), calls a copy of the kernel specialised to `n_tiles * multiple` rows
+inputs (one copy kernel that zero-fills the new rows), calls a copy of the kernel specialised to `n_tiles * multiple`
+rows
 (which takes `n_tiles` as a leading scalar argument), and slices the outputs back to `n`.
 """
 
@@ -78,9 +79,15 @@ def emit_padded_call(bb: relax.BlockBuilder, kernel_gv, args, out_ty: relax.Tens
         padded_args.append(arg)
     scalars = [relax.prim_value(count) for count, _ in tiles.values()]
     out_shape = out_ty.shape.values
-    result = bb.emit(relax.call_tir(kernel_gv, scalars + padded_args, relax.TensorType(_padded_shape(out_shape, tiles), out_ty.dtype)))
+    result = bb.emit(
+        relax.call_tir(
+            kernel_gv, scalars + padded_args, relax.TensorType(_padded_shape(out_shape, tiles), out_ty.dtype)
+        )
+    )
     axes = [a for a, d in enumerate(out_shape) if isinstance(d, tirx.Var) and d.name in pads]
-    return bb.emit(relax.op.strided_slice(result, axes, [0] * len(axes), [out_shape[a] for a in axes], assume_inbound=True))
+    return bb.emit(
+        relax.op.strided_slice(result, axes, [0] * len(axes), [out_shape[a] for a in axes], assume_inbound=True)
+    )
 
 
 def padded_kernel(kernel: tirx.PrimFunc, arg_types, out_ty, pads) -> tirx.PrimFunc:
@@ -94,7 +101,8 @@ def padded_kernel(kernel: tirx.PrimFunc, arg_types, out_ty, pads) -> tirx.PrimFu
     gv = bb.add_func(kernel, "kernel")
     shape_param = relax.Var("tiles", relax.ShapeType([count for count, _ in tiles.values()]))
     params = [shape_param] + [
-        relax.Var(f"arg{i}", relax.TensorType(_padded_shape(t.shape.values, tiles), t.dtype)) for i, t in enumerate(arg_types)
+        relax.Var(f"arg{i}", relax.TensorType(_padded_shape(t.shape.values, tiles), t.dtype))
+        for i, t in enumerate(arg_types)
     ]
     with bb.function("caller", params):
         out_padded = relax.TensorType(_padded_shape(out_ty.shape.values, tiles), out_ty.dtype)

@@ -116,7 +116,14 @@ class ProgressBar(ms.measure_callback.PyMeasureCallback):
             if held_out is not None and len(held_out) > self._held_out_seen:
                 scores = held_out[-1]["scores"]
                 self._held_out_seen = len(held_out)
-            self.events.write("batch", task=self.names[task_id], us=times, errors=errors, best_us=best if best < float("inf") else None, scores=scores)
+            self.events.write(
+                "batch",
+                task=self.names[task_id],
+                us=times,
+                errors=errors,
+                best_us=best if best < float("inf") else None,
+                scores=scores,
+            )
         self._early_stop(task_scheduler, task_id, before)
         self._stop_at_deadline(task_scheduler, task_id)
         gflops = self.flops[task_id] / best / 1e3 if best < float("inf") else 0.0
@@ -131,9 +138,16 @@ class ProgressBar(ms.measure_callback.PyMeasureCallback):
             if task_scheduler.tasks_[task_id].is_terminated:  # the scheduler ended it (budget spent, or its space done)
                 return
             if self._budget_sent(task_scheduler, task_id):
-                return  # no trials left to give away; and in its final drain the scheduler ends this task itself after the callback
+                # no trials left to give away; and in its final drain the scheduler ends this task itself after the
+                # callback
+                return
             name = self.names[task_id]
-            logger.info("%s: no gain over %d batches, best %.1f us: stopped; its trials go to the other tasks", name, self.patience, best)
+            logger.info(
+                "%s: no gain over %d batches, best %.1f us: stopped; its trials go to the other tasks",
+                name,
+                self.patience,
+                best,
+            )
             self.stopped.append(name)
             if self.events is not None:
                 self.events.write("stop", task=name, best_us=best if best < float("inf") else None)
@@ -159,8 +173,11 @@ class ProgressBar(ms.measure_callback.PyMeasureCallback):
         candidates, and once it stops picking tasks it joins each running task and ends it without
         checking whether a callback already did (TerminateTask: `Check failed: (!task->is_terminated)`,
         which crashed a 128-trial job of llama-block): an early stop there gains nothing and must not happen."""
-        in_flight = sum(len(t.runner_futures) for i, t in enumerate(task_scheduler.tasks_)
-                        if i != task_id and getattr(t, "runner_futures", None) is not None)
+        in_flight = sum(
+            len(t.runner_futures)
+            for i, t in enumerate(task_scheduler.tasks_)
+            if i != task_id and getattr(t, "runner_futures", None) is not None
+        )
         return sum(self.trials) + in_flight >= self.total
 
     def close(self) -> None:

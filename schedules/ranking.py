@@ -51,5 +51,3 @@ def summarize(batches: list[dict], k: int = 2) -> dict:
         "pairwise_accuracy": right / pairs if pairs else None,
         f"top{k}_recall": float(np.mean(recalls)) if recalls else None,
     }
-
-

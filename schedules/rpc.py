@@ -13,7 +13,7 @@ alone writes the cache. What this module adds to the stock `RPCRunner`:
 - before each batch the tracker is asked again; with no server left the batch fails at once
   (reason logged) instead of waiting in the tracker's queue for ever.
 
-`LocalCluster` starts a tracker and servers on 127.0.0.1 (tests, `scripts/rpc_throughput.py`).
+`LocalCluster` starts a tracker and servers on 127.0.0.1 (tests, `benchmarks/rpc_throughput.py`).
 Run `intrin.register_for(...)` before this is imported (it imports MetaSchedule). Servers must be
 able to load the host's `.so` (same OS, CPU and TVM runtime).
 """
@@ -81,7 +81,11 @@ def _servers_or_reason(host: str, port: int, key: str, wait_s: float) -> tuple[i
         time.sleep(0.25)
     if count:
         return count, ""
-    return 0, f"no RPC server is registered under key {key!r} at tracker {host}:{port} (keys there: {', '.join(_keys(summary)) or 'none'})"
+    return (
+        0,
+        f"no RPC server is registered under key {key!r} at tracker {host}:{port} (keys there: "
+        f"{', '.join(_keys(summary)) or 'none'})",
+    )
 
 
 def check_tracker(config: TuneConfig, wait_s: float = SERVER_WAIT_S) -> int:
@@ -89,7 +93,11 @@ def check_tracker(config: TuneConfig, wait_s: float = SERVER_WAIT_S) -> int:
     host, port = config.tracker_address
     count, reason = _servers_or_reason(host, port, config.device_key, wait_s)
     if not count:
-        hint = "start one (scripts/rpc_tracker.sh) or fix --rpc" if "unreachable" in reason else "start one (scripts/rpc_server.sh) or fix --device-key"
+        hint = (
+            "start one (scripts/rpc_tracker.sh) or fix --rpc"
+            if "unreachable" in reason
+            else "start one (scripts/rpc_server.sh) or fix --device-key"
+        )
         raise UserError(f"{reason}: {hint}")
     logger.debug("RPC tracker %s:%d: %d server(s) under key %r", host, port, count, config.device_key)
     return count
@@ -105,7 +113,14 @@ def _failed_future(reason: str, timeout_s: float) -> RPCRunnerFuture:
 class TrackerRunner(RPCRunner._cls):  # pylint: disable=protected-access  (how derived objects are extended)
     """RPCRunner with one connection per server, a per-candidate limit, and a tracker check per batch."""
 
-    def __init__(self, rpc_config: RPCConfig, evaluator_config, workers: int, limit_s: float, server_wait_s: float = SERVER_WAIT_S) -> None:
+    def __init__(
+        self,
+        rpc_config: RPCConfig,
+        evaluator_config,
+        workers: int,
+        limit_s: float,
+        server_wait_s: float = SERVER_WAIT_S,
+    ) -> None:
         super().__init__(rpc_config=rpc_config, evaluator_config=evaluator_config, max_workers=workers)
         self.workers = workers
         self.limit_s = limit_s
@@ -176,7 +191,14 @@ class LocalCluster:
             for key, count in self.counts.items():
                 for _ in range(count):
                     port = free_port(self.host)
-                    server = rpc.Server(self.host, port=port, port_end=port + 1, key=key, tracker_addr=(self.host, self.tracker.port), silent=True)
+                    server = rpc.Server(
+                        self.host,
+                        port=port,
+                        port_end=port + 1,
+                        key=key,
+                        tracker_addr=(self.host, self.tracker.port),
+                        silent=True,
+                    )
                     self.servers.setdefault(key, []).append(server)
             self.wait_for(self.counts)
         except BaseException:

@@ -13,7 +13,8 @@ time:
 A kernel owes nothing once the cache holds its share, whichever job (of this workload or another
 sharing the kernel) measured those trials. The job tunes only the kernels short of their share,
 for the sum of their shortfalls and never more than the budget minus every cached trial of the
-job's kernels (`plan`); within that, the gradient task scheduler spends trials where the gains are. So the same job run twice measures nothing the second time, an interrupted
+job's kernels (`plan`); within that, the gradient task scheduler spends trials where the gains are. So the same job run
+twice measures nothing the second time, an interrupted
 job measures exactly the rest, a larger budget later measures more, and a second workload whose
 kernels an earlier job already tuned to their share measures nothing for them. A kernel an earlier
 job stopped early (no gain) keeps its share and is owed nothing more.
@@ -79,8 +80,15 @@ class Plan:
         return [i for i, n in enumerate(self.needs) if n > 0]
 
 
-def plan(values: list[float], cached: list[int], trials: int, per_batch: int, cached_total: int, retired: list[bool] | None = None,
-         borrowed: list[int] | None = None) -> Plan:
+def plan(
+    values: list[float],
+    cached: list[int],
+    trials: int,
+    per_batch: int,
+    cached_total: int,
+    retired: list[bool] | None = None,
+    borrowed: list[int] | None = None,
+) -> Plan:
     """The job's plan for its kernels (`values`, `cached`, `retired`, `borrowed`: ranked, most
     valuable first). A retired kernel (stopped early by an earlier job) keeps its share and is owed
     nothing, so the others' shares do not grow when one retires. `cached_total` counts the cached

@@ -47,7 +47,7 @@ def rule_scheduled(mod, target):
     """The static kernel module scheduled by the rules (a copy: dlight schedules in place)."""
     import tvm
 
-    from ..relax_passes.pipeline import rule_schedules
+    from .rules import rule_schedules
 
     copy = tvm.ir.load_json(tvm.ir.save_json(mod))
     with target:
@@ -62,13 +62,25 @@ def measure_rules_batch(mods: list, target, builder, runner) -> list[float | Non
     from .builder import build_and_run
 
     scheduled = [rule_scheduled(m, target) for m in mods]
-    builds, runs = build_and_run([(s, ms.arg_info.ArgInfo.from_prim_func(s["main"])) for s in scheduled], target, builder, runner)
+    builds, runs = build_and_run(
+        [(s, ms.arg_info.ArgInfo.from_prim_func(s["main"])) for s in scheduled], target, builder, runner
+    )
     times: list[float | None] = [None] * len(mods)
     for i, (b, result) in enumerate(zip(builds, runs)):
         if b.error_msg:
-            logger.warning("rule schedule %d of %d does not build: %s", i + 1, len(mods), b.error_msg.strip().splitlines()[-1][:200])
+            logger.warning(
+                "rule schedule %d of %d does not build: %s",
+                i + 1,
+                len(mods),
+                b.error_msg.strip().splitlines()[-1][:200],
+            )
         elif result.error_msg or not result.run_secs:
-            logger.warning("rule schedule %d of %d does not run: %s", i + 1, len(mods), (result.error_msg or "no time").strip().splitlines()[-1][:200])
+            logger.warning(
+                "rule schedule %d of %d does not run: %s",
+                i + 1,
+                len(mods),
+                (result.error_msg or "no time").strip().splitlines()[-1][:200],
+            )
         else:
             times[i] = sum(float(x) for x in result.run_secs) / len(result.run_secs) * 1e6
     return times

@@ -18,7 +18,7 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.s_tir import analysis as s_tir_analysis
 
-from ..relax_passes.bucket_dispatch import BUCKET_ATTR
+from ..ir_attrs import BUCKET_ATTR
 
 
 @dataclass
@@ -76,7 +76,9 @@ def call_sites(func: relax.Function) -> list[relax.Call]:
 
 
 def bucket_functions(mod: tvm.IRModule) -> list[tvm.ir.GlobalVar]:
-    return [gv for gv, f in mod.functions_items() if isinstance(f, relax.Function) and f.attrs and BUCKET_ATTR in f.attrs]
+    return [
+        gv for gv, f in mod.functions_items() if isinstance(f, relax.Function) and f.attrs and BUCKET_ATTR in f.attrs
+    ]
 
 
 def bucket_of(func: relax.Function) -> dict[str, list[int]]:
@@ -89,7 +91,9 @@ def tune_point(func: relax.Function) -> dict[str, int]:
     return {name: spec[2] for name, spec in bucket_of(func).items() if name in symbolic}
 
 
-def specialise(mod: tvm.IRModule, gv: tvm.ir.GlobalVar, values: dict[str, int] | None = None) -> list[tuple[str, tirx.PrimFunc | None]]:
+def specialise(
+    mod: tvm.IRModule, gv: tvm.ir.GlobalVar, values: dict[str, int] | None = None
+) -> list[tuple[str, tirx.PrimFunc | None]]:
     """(kernel name, kernel specialised at `values`, by default the bucket's tuning point) per call
     site; None for a site TVM cannot specialise (a call with a scalar argument, e.g. `arange(n)`, or
     a kernel whose buffer shape is an expression such as `b * n`, as ONNX imports write): it keeps

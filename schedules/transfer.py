@@ -31,7 +31,6 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import meta_schedule as ms
-
 from tvm.s_tir.schedule import Trace
 
 from .builder import build_and_run
@@ -170,8 +169,15 @@ def carry(trace: Trace, mod: tvm.IRModule) -> Trace:
         trial = kept + [inst]
         sch = tvm.s_tir.Schedule(mod, debug_mask="all")
         try:
-            Trace(trial, {i: decisions[i] for i in trial if i in decisions}).apply_to_schedule(sch, remove_postproc=True, decision_provider=_refit(sch))
-        except (RuntimeError, ValueError, IndexError, TypeError):  # TVM raises InternalError (a RuntimeError) or ScheduleError
+            Trace(trial, {i: decisions[i] for i in trial if i in decisions}).apply_to_schedule(
+                sch, remove_postproc=True, decision_provider=_refit(sch)
+            )
+        except (
+            RuntimeError,
+            ValueError,
+            IndexError,
+            TypeError,
+        ):  # TVM raises InternalError (a RuntimeError) or ScheduleError
             dead.extend(inst.outputs)
             continue
         kept.append(inst)
@@ -197,7 +203,9 @@ def adapt(record, mod: tvm.IRModule, postprocs) -> "tvm.s_tir.Schedule | None":
     return None
 
 
-def seed_candidates(mod: tvm.IRModule, database, postprocs, limit: int, space: list | None = None, seed: int = 1) -> list:
+def seed_candidates(
+    mod: tvm.IRModule, database, postprocs, limit: int, space: list | None = None, seed: int = 1
+) -> list:
     """Up to `limit` distinct MeasureCandidates for `mod` from similar tasks' best records. With
     the task's design space (`space`, its sketches) and at least one transferred candidate, the
     batch is filled up to `limit` with random samples of it, as MetaSchedule samples its first

@@ -109,7 +109,13 @@ def index_tasks(tasks: list[Task], target, folder: Path, workload: str, builder=
         times = [task_index.measure_rules(t.mod, target) for t in todo]
     new = []
     for t, us in zip(todo, times):
-        entry = {"key": t.key, "kernel": t.name.split("@")[0], "workload": workload, "bucket": t.bucket, "flops": t.flops}
+        entry = {
+            "key": t.key,
+            "kernel": t.name.split("@")[0],
+            "workload": workload,
+            "bucket": t.bucket,
+            "flops": t.flops,
+        }
         if us is not None:  # a rule schedule that failed is measured again by the next job
             entry["rule_us"] = us
         new.append(entry)
@@ -131,8 +137,11 @@ def retired(task: Task, index: dict[str, dict], cached: dict[str, int]) -> bool:
     return cached.get(task.key, 0) >= index.get(task.key, {}).get("stopped_at", 1 << 62)
 
 
-def _contexts(short: list[Task], needs: dict[str, int], target, config: TuneConfig, log_dir: Path) -> tuple[list[Task], list, list]:
-    """(tasks, TuneContexts, their loggers: `task_logs.close` them) of the kernels short of their share whose design space MetaSchedule
+def _contexts(
+    short: list[Task], needs: dict[str, int], target, config: TuneConfig, log_dir: Path
+) -> tuple[list[Task], list, list]:
+    """(tasks, TuneContexts, their loggers: `task_logs.close` them) of the kernels short of their share whose design
+    space MetaSchedule
     can generate: one it cannot (a schedule rule that fails on a kernel) would abort the whole
     search, so it is skipped with one warning, keeps its rule-based schedule, and what it was owed
     goes to the others (`needs` is updated)."""
@@ -146,7 +155,9 @@ def _contexts(short: list[Task], needs: dict[str, int], target, config: TuneConf
             mod=t.mod,
             target=target,
             space_generator="post-order-apply",
-            search_strategy=ms.search_strategy.EvolutionarySearch(population_size=config.population, genetic_num_iters=config.search_generations),
+            search_strategy=ms.search_strategy.EvolutionarySearch(
+                population_size=config.population, genetic_num_iters=config.search_generations
+            ),
             task_name=t.name,
             logger=loggers[i],
             rand_state=config.seed + i + 1,
@@ -156,7 +167,11 @@ def _contexts(short: list[Task], needs: dict[str, int], target, config: TuneConf
             context.space_generator.generate_design_space(context.mod)
         except Exception as err:  # TVM raises ValueError/InternalError from inside a schedule rule
             task_logs.close([loggers[i]])
-            logger.warning("%s: MetaSchedule cannot generate its design space (%s): keeps its rules", t.name, str(err).strip().splitlines()[-1][:160])
+            logger.warning(
+                "%s: MetaSchedule cannot generate its design space (%s): keeps its rules",
+                t.name,
+                str(err).strip().splitlines()[-1][:160],
+            )
             freed += needs.pop(t.key)
             continue
         kept.append(t)
@@ -177,18 +192,33 @@ def _seed_from_similar(tasks, contexts, cached, needs, budget, config, builder, 
         if cached[task.key] or room <= 0:
             continue
         space = context.space_generator.generate_design_space(context.mod)
-        candidates = transfer.seed_candidates(task.mod, database, context.space_generator.postprocs, room, space, config.seed + i + 1)  # TVM seeds start at 1
+        candidates = transfer.seed_candidates(
+            task.mod, database, context.space_generator.postprocs, room, space, config.seed + i + 1
+        )  # TVM seeds start at 1
         if not candidates:
             continue
         builds, runs = transfer.measure(candidates, context, builder, runner, database)
         model.update(context, candidates, runs)
         bar.record(None, i, len(candidates), builds, runs)
         spent += len(candidates)
-        logger.info("%s: first batch of %d seeded from similar tasks' records, best %.1f us", task.name, len(candidates), bar.best_us[i])
+        logger.info(
+            "%s: first batch of %d seeded from similar tasks' records, best %.1f us",
+            task.name,
+            len(candidates),
+            bar.best_us[i],
+        )
     return spent
 
 
-def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig, log_dir: Path, progress: bool = True, workload: str = "") -> TuneResult:
+def tune(
+    tasks: list[Task],
+    target,
+    database: CacheDatabase,
+    config: TuneConfig,
+    log_dir: Path,
+    progress: bool = True,
+    workload: str = "",
+) -> TuneResult:
     """Measure what the job owes its kernels (`shares.plan`): nothing at all, and nothing started
     (build workers, cost model, events), when the cache already holds every kernel's share."""
     intrin.register_for(target.kind.name)
@@ -202,8 +232,15 @@ def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig,
     ranked = select(tasks)
 
     def planned(borrowed: dict[str, int]) -> shares.Plan:
-        return shares.plan([t.weight * t.flops for t in ranked], [cached[t.key] for t in ranked], config.trials, config.trials_per_iter, sum(cached.values()),
-                           [retired(t, index, cached) for t in ranked], [borrowed.get(t.key, 0) for t in ranked])
+        return shares.plan(
+            [t.weight * t.flops for t in ranked],
+            [cached[t.key] for t in ranked],
+            config.trials,
+            config.trials_per_iter,
+            sum(cached.values()),
+            [retired(t, index, cached) for t in ranked],
+            [borrowed.get(t.key, 0) for t in ranked],
+        )
 
     job = planned({})
     if config.transfer and job.budget > 0:  # credit from other jobs' kernels: scanned only where something is owed
@@ -231,39 +268,75 @@ def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig,
     if tuning and on_gpu:
         builder, runner = _start_workers(config)
     chosen, mark = {t.key for t in tasks}, time.perf_counter()
-    index = index_tasks([t for t in all_tasks if cached[t.key] or t.key in chosen], target, log_dir, workload, builder, runner)
+    index = index_tasks(
+        [t for t in all_tasks if cached[t.key] or t.key in chosen], target, log_dir, workload, builder, runner
+    )
     rules_s = time.perf_counter() - mark
     if tuning and builder is None:
         builder, runner = _start_workers(config)
     if tuning:
         holding = sum(1 for s in job.shares if s) - len(short)
-        logger.info("%d trials for the %d kernels short of their share of the %d-trial budget; %d hold theirs already or were stopped early%s", remaining, len(tasks), config.trials, holding,
-                    f"; {sum(credit.values())} trials of the same main computations credited" if credit else "")
+        logger.info(
+            "%d trials for the %d kernels short of their share of the %d-trial budget; %d hold theirs already or were "
+            "stopped early%s",
+            remaining,
+            len(tasks),
+            config.trials,
+            holding,
+            f"; {sum(credit.values())} trials of the same main computations credited" if credit else "",
+        )
         events = EventLog(log_dir)
         mark = time.perf_counter()
         inner, warm = cost_model.load(log_dir) if config.persist_cost_model else (cost_model.new_model(), False)
         load_s = time.perf_counter() - mark
         model = cost_model.RankedModel(inner)
-        bar = ProgressBar(remaining, [t.name for t in tasks], [t.flops for t in tasks], disable=not progress, events=events, cost_model=model, patience=config.early_stop_batches,
-                          deadline=start + config.time_limit_s if config.time_limit_s else 0.0)
+        bar = ProgressBar(
+            remaining,
+            [t.name for t in tasks],
+            [t.flops for t in tasks],
+            disable=not progress,
+            events=events,
+            cost_model=model,
+            patience=config.early_stop_batches,
+            deadline=start + config.time_limit_s if config.time_limit_s else 0.0,
+        )
         events.write(
             "start",
             workload=workload,
             budget=remaining,
             warm_model=warm,
             model_samples=inner.data_size,
-            tasks=[{"name": t.name, "key": t.key, "weight": t.weight, "flops": t.flops, "cached": cached[t.key], "share": result.shares.get(t.name, 0), "need": needs[t.key],
-                    "credit": credit.get(t.key, 0), "cached_best_us": _finite(_best_us(database, t)) if cached[t.key] else None,
-                    "rule_us": index.get(t.key, {}).get("rule_us")} for t in tasks],
+            tasks=[
+                {
+                    "name": t.name,
+                    "key": t.key,
+                    "weight": t.weight,
+                    "flops": t.flops,
+                    "cached": cached[t.key],
+                    "share": result.shares.get(t.name, 0),
+                    "need": needs[t.key],
+                    "credit": credit.get(t.key, 0),
+                    "cached_best_us": _finite(_best_us(database, t)) if cached[t.key] else None,
+                    "rule_us": index.get(t.key, {}).get("rule_us"),
+                }
+                for t in tasks
+            ],
         )
         setup_s = time.perf_counter() - start
         transfer_s, phases = 0.0, {}
         try:
             if config.transfer:
                 mark = (time.perf_counter(), builder.stats["seconds"], model.seconds["update"])
-                remaining -= _seed_from_similar(tasks, contexts, cached, needs, remaining, config, builder, runner, database, model, bar)
+                remaining -= _seed_from_similar(
+                    tasks, contexts, cached, needs, remaining, config, builder, runner, database, model, bar
+                )
                 # adapting traces and measuring them; their builds and the model update count there
-                transfer_s = time.perf_counter() - mark[0] - (builder.stats["seconds"] - mark[1]) - (model.seconds["update"] - mark[2])
+                transfer_s = (
+                    time.perf_counter()
+                    - mark[0]
+                    - (builder.stats["seconds"] - mark[1])
+                    - (model.seconds["update"] - mark[2])
+                )
             if remaining > 0 and not _past(bar.deadline):
                 profiler = ms.Profiler() if ms.Profiler.current() is None else contextlib.nullcontext()
                 with profiler:
@@ -277,21 +350,40 @@ def tune(tasks: list[Task], target, database: CacheDatabase, config: TuneConfig,
                 runner.shutdown()
             if config.persist_cost_model:
                 cost_model.save(inner, log_dir)
-            result.profile = {**_profile(time.perf_counter() - start, setup_s, transfer_s, builder, model), **phases,
-                              "setup_rule_timing_s": round(rules_s, 2), "setup_cost_model_load_s": round(load_s, 2)}  # parts of setup_s
+            result.profile = {
+                **_profile(time.perf_counter() - start, setup_s, transfer_s, builder, model),
+                **phases,
+                "setup_rule_timing_s": round(rules_s, 2),
+                "setup_cost_model_load_s": round(load_s, 2),
+            }  # parts of setup_s
             result.ranking = cost_model.summarize(model.held_out)
             events.write("end", profile=result.profile, ranking=result.ranking, stopped=bar.stopped)
-            logger.info("where the time went: %s; cost model ranking on held-out batches: %s", result.profile, result.ranking)
+            logger.info(
+                "where the time went: %s; cost model ranking on held-out batches: %s", result.profile, result.ranking
+            )
         stopped, counts = {t.name: t for t in tasks}, trial_counts(database, tasks)
         task_index.append(log_dir, [{"key": stopped[n].key, "stopped_at": counts[stopped[n].key]} for n in bar.stopped])
         result.trials_run = sum(bar.trials)
         result.failed = bar.failed
     else:
-        logger.info("0 trials to run: the cache holds %d trials for these %d kernels (budget %d), each kernel's share of it included", result.trials_cached, len(all_tasks), config.trials)
+        logger.info(
+            "0 trials to run: the cache holds %d trials for these %d kernels (budget %d), each kernel's share of it "
+            "included",
+            result.trials_cached,
+            len(all_tasks),
+            config.trials,
+        )
     result.wall_s = time.perf_counter() - start
     counts = trial_counts(database, all_tasks)
     result.tasks = [
-        TaskResult(t.name, counts[t.key], _best_us(database, t), t.flops, index.get(t.key, {}).get("rule_us", float("nan")), t.weight)
+        TaskResult(
+            t.name,
+            counts[t.key],
+            _best_us(database, t),
+            t.flops,
+            index.get(t.key, {}).get("rule_us", float("nan")),
+            t.weight,
+        )
         for t in all_tasks
     ]
     return result
@@ -344,7 +436,10 @@ def _phases(profiler) -> dict:
         return {}
     timers = {str(k): float(v) for k, v in profiler.get().items()}
     search = sum(v for k, v in timers.items() if k.startswith("EvoSearch/") and k.count("/") == 1)
-    return {"ms_evolutionary_search_s": round(search, 2), "ms_wait_for_runner_s": round(timers.get("JoinRunnerFutures", 0.0), 2)}
+    return {
+        "ms_evolutionary_search_s": round(search, 2),
+        "ms_wait_for_runner_s": round(timers.get("JoinRunnerFutures", 0.0), 2),
+    }
 
 
 def _profile(wall_s: float, setup_s: float, transfer_s: float, builder, model) -> dict:
@@ -362,5 +457,10 @@ def _profile(wall_s: float, setup_s: float, transfer_s: float, builder, model) -
         "cost_model_update_s": model.seconds["update"],
     }
     rest = wall_s - sum(parts.values())
-    out = {"wall_s": wall_s, **parts, "search_and_measure_s": max(0.0, rest), "worker_start_s": max(0.0, batches[0] - median) if batches else 0.0}
+    out = {
+        "wall_s": wall_s,
+        **parts,
+        "search_and_measure_s": max(0.0, rest),
+        "worker_start_s": max(0.0, batches[0] - median) if batches else 0.0,
+    }
     return {k: round(v, 2) for k, v in out.items()}

@@ -58,7 +58,9 @@ def check_target(target: tvm.target.Target) -> tvm.target.Target | None:
     return target if tvm.device(target.kind.name, 0).exist else None
 
 
-def _run(func: tirx.PrimFunc, values: dict[str, int], seed: int, target: tvm.target.Target | None = None) -> list[np.ndarray]:
+def _run(
+    func: tirx.PrimFunc, values: dict[str, int], seed: int, target: tvm.target.Target | None = None
+) -> list[np.ndarray]:
     target = target or tvm.target.Target("llvm")
     lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
     device = tvm.cpu(0) if target.kind.name == "llvm" else tvm.device(target.kind.name, 0)
@@ -74,7 +76,12 @@ def _run(func: tirx.PrimFunc, values: dict[str, int], seed: int, target: tvm.tar
     return [a.numpy() for a in args if not isinstance(a, int)]
 
 
-def same_results(reference: tirx.PrimFunc, candidate: tirx.PrimFunc, bounds: dict[str, tuple[int, int]], target: tvm.target.Target | None = None) -> bool:
+def same_results(
+    reference: tirx.PrimFunc,
+    candidate: tirx.PrimFunc,
+    bounds: dict[str, tuple[int, int]],
+    target: tvm.target.Target | None = None,
+) -> bool:
     """Whether `candidate`, run on `target` (default: the host), computes what `reference` does
     on the host at probe values of its symbolic dims."""
     try:

@@ -12,7 +12,8 @@ side, and appends one line per bucket:
      "records_ms": 8.75, "rules_ms": 3.80, "at": [{"b": 4, "n": 128}, {"b": 2, "n": 91}]}
 
 `signature` digests the bucket's function and the records ApplyTunedSchedules applies in it
-(kernel keys and the records' measured times), so a verdict holds for exactly that block and set: after more tuning changes a
+(kernel keys and the records' measured times), so a verdict holds for exactly that block and set: after more tuning
+changes a
 bucket's records, the bucket gets its records again until it is checked again. Append-only, a
 later line for the same signature wins; a damaged line is reported and skipped.
 
@@ -85,7 +86,12 @@ def load(folder: Path | None) -> dict[str, dict]:
                 raise ValueError(entry["verdict"])
             entries[str(entry["signature"])] = entry
         except (KeyError, TypeError, ValueError):  # None (not JSON), not an entry, or an unknown verdict
-            logger.warning("%s:%d: damaged bucket-verdict line skipped (verdict must be one of %s)", path, number, ", ".join(VERDICTS))
+            logger.warning(
+                "%s:%d: damaged bucket-verdict line skipped (verdict must be one of %s)",
+                path,
+                number,
+                ", ".join(VERDICTS),
+            )
     return entries
 
 
@@ -109,7 +115,13 @@ class Verdicts:
     def from_folder(folder: Path | None) -> "Verdicts":
         return Verdicts(load(folder))
 
-    def rules_win(self, bucket_function: str, bucket: dict, items: list[tuple[str, float]], legacy: list[tuple[str, float]] | None = None) -> bool:
+    def rules_win(
+        self,
+        bucket_function: str,
+        bucket: dict,
+        items: list[tuple[str, float]],
+        legacy: list[tuple[str, float]] | None = None,
+    ) -> bool:
         """`items`: the signature items; `legacy`: the same under the old function digest, whose
         verdict counts where none was written for `items` (a check then writes one for `items`)."""
         sig = signature(items)

@@ -47,7 +47,9 @@ class Worker(PopenWorker):
         main_read, worker_write = os.pipe()
         worker_read, main_write = os.pipe()
         cmd = [sys.executable, "-c", PRELUDE, str(worker_read), str(worker_write)]
-        self._proc = subprocess.Popen(cmd, pass_fds=(worker_read, worker_write), stdout=self._stdout, stderr=self._stderr)
+        self._proc = subprocess.Popen(
+            cmd, pass_fds=(worker_read, worker_write), stdout=self._stdout, stderr=self._stderr
+        )
         os.close(worker_read)
         os.close(worker_write)
         self._reader = os.fdopen(main_read, "rb")
@@ -63,7 +65,9 @@ class Pool(PopenPoolExecutor):
         with self._lock:
             tid = threading.get_ident()
             if tid not in self._worker_map:
-                self._worker_map[tid] = Worker(self._initializer, self._initargs, self._maximum_process_uses, self._stdout, self._stderr)
+                self._worker_map[tid] = Worker(
+                    self._initializer, self._initargs, self._maximum_process_uses, self._stdout, self._stderr
+                )
             proc = self._worker_map[tid]
         proc.send(fn, args, kwargs, self._timeout)
         return proc.recv()
@@ -79,8 +83,14 @@ class LocalRunner(ms.runner.PyRunner):
         super().__init__()
         self.timeout_sec = timeout_sec
         self.evaluator_config = ms.runner.EvaluatorConfig._normalized(evaluator_config)
-        self.pool = Pool(max_workers=1, timeout=timeout_sec, stderr=subprocess.DEVNULL if logging.root.level > logging.DEBUG else subprocess.STDOUT)
-        self.pool.submit(get_global_func_with_default_on_worker, None, None).result()  # MetaSchedule's sanity check: started, its modules imported
+        self.pool = Pool(
+            max_workers=1,
+            timeout=timeout_sec,
+            stderr=subprocess.DEVNULL if logging.root.level > logging.DEBUG else subprocess.STDOUT,
+        )
+        self.pool.submit(
+            get_global_func_with_default_on_worker, None, None
+        ).result()  # MetaSchedule's sanity check: started, its modules imported
 
     def shutdown(self) -> None:
         """End the worker process and wait for it (so its CPU time is its parent's children's)."""
@@ -90,13 +100,26 @@ class LocalRunner(ms.runner.PyRunner):
         results = []
         for runner_input in runner_inputs:
             future = self.pool.submit(
-                _worker_func, None, None, None, self.evaluator_config, 1,
-                str(runner_input.artifact_path), str(runner_input.device_type), tuple(a.as_json() for a in runner_input.args_info),
+                _worker_func,
+                None,
+                None,
+                None,
+                self.evaluator_config,
+                1,
+                str(runner_input.artifact_path),
+                str(runner_input.device_type),
+                tuple(a.as_json() for a in runner_input.args_info),
             )
             try:
                 results.append(LocalRunnerFuture(res=future.result(), error_message=None))
             except TimeoutError:
-                results.append(LocalRunnerFuture(res=None, error_message=f"LocalRunner: Timeout, killed after {self.timeout_sec} seconds\n"))
+                results.append(
+                    LocalRunnerFuture(
+                        res=None, error_message=f"LocalRunner: Timeout, killed after {self.timeout_sec} seconds\n"
+                    )
+                )
             except Exception as err:  # noqa: BLE001 (MetaSchedule's runner reports any failure as a failed run)
-                results.append(LocalRunnerFuture(res=None, error_message="LocalRunner: An exception occurred\n" + str(err)))
+                results.append(
+                    LocalRunnerFuture(res=None, error_message="LocalRunner: An exception occurred\n" + str(err))
+                )
         return results

@@ -53,8 +53,18 @@ def _budget(trials: int, limit_s: float, batch_s: float, per_batch: int) -> int:
     return max(per_batch, min(trials, int(limit_s / batch_s) * per_batch))
 
 
-def tune_all(names: list[str], cache: Path, minutes: float, buckets: str, trials: int, dtype: str | None, target_spec: str = "cuda",
-             config: str = "", compile_flags: dict | None = None, per_batch: int = 16) -> dict:
+def tune_all(
+    names: list[str],
+    cache: Path,
+    minutes: float,
+    buckets: str,
+    trials: int,
+    dtype: str | None,
+    target_spec: str = "cuda",
+    config: str = "",
+    compile_flags: dict | None = None,
+    per_batch: int = 16,
+) -> dict:
     """Tune `names` one after another into `cache`; returns the per-phase report."""
     start = time.perf_counter()
     deadline = start + minutes * 60
@@ -72,18 +82,31 @@ def tune_all(names: list[str], cache: Path, minutes: float, buckets: str, trials
     logger.info("imports %.1f s, %s tensor intrinsics %.1f s", report["import_s"], target.kind, report["intrinsics_s"])
     check_s, batch_s = CHECK_ESTIMATE_S, BATCH_ESTIMATE_S
     for i, name in enumerate(names):
-        limit = _share(deadline - check_s * (len(names) - 1), len(names) - i, check_s)  # the checks again (`_recheck`) at the end
+        limit = _share(
+            deadline - check_s * (len(names) - 1), len(names) - i, check_s
+        )  # the checks again (`_recheck`) at the end
         budget = _budget(trials, limit, batch_s, per_batch)
         workload = workloads.load(name, workloads.parse_config(config), dtype)
         tune = TuneConfig(trials=budget, trials_per_iter=per_batch, time_limit_s=limit, build_timeout_s=BUILD_TIMEOUT_S)
         job = _job(cache, buckets, compile_flags).with_(tune=tune)
         mark = time.perf_counter()
-        logger.info("%s: search limit %.0f s (%.0f s left in all), budget %d trials (%.1f s a batch of %d)", name, limit, deadline - mark, budget, batch_s, per_batch)
+        logger.info(
+            "%s: search limit %.0f s (%.0f s left in all), budget %d trials (%.1f s a batch of %d)",
+            name,
+            limit,
+            deadline - mark,
+            budget,
+            batch_s,
+            per_batch,
+        )
         try:
             result = api.tune(workload, target, job, progress=False)
         except Exception as err:  # noqa: BLE001 (one workload's failure must not cost the others their time)
             logger.exception("%s: tuning failed; its committed records are kept", name)
-            report["workloads"][name] = {"error": f"{type(err).__name__}: {err}"[:500], "wall_s": round(time.perf_counter() - mark, 2)}
+            report["workloads"][name] = {
+                "error": f"{type(err).__name__}: {err}"[:500],
+                "wall_s": round(time.perf_counter() - mark, 2),
+            }
             continue
         wall = time.perf_counter() - mark
         if result.buckets:
@@ -103,64 +126,137 @@ def tune_all(names: list[str], cache: Path, minutes: float, buckets: str, trials
             "with_records": sum(1 for t in result.tasks if t.trials),
             "profile": result.profile,
             "buckets": result.buckets,
-            "kernels": [{"name": t.name, "trials": t.trials, "best_us": round(t.best_us, 2) if t.best_us < float("inf") else None,
-                         "rule_us": round(t.rule_us, 2) if t.rule_us == t.rule_us else None} for t in result.tasks],
+            "kernels": [
+                {
+                    "name": t.name,
+                    "trials": t.trials,
+                    "best_us": round(t.best_us, 2) if t.best_us < float("inf") else None,
+                    "rule_us": round(t.rule_us, 2) if t.rule_us == t.rule_us else None,
+                }
+                for t in result.tasks
+            ],
         }
         report["workloads"][name] = entry
-        logger.info("%s: %d trials (%d failed) in %.0f s, %d were cached; %d of %d kernels have records; extraction + bucket check %.0f s: %s",
-                    name, result.trials_run, result.failed, wall, result.trials_cached, entry["with_records"], entry["tasks"], entry["extract_and_check_s"],
-                    _verdicts(result.buckets))
+        logger.info(
+            "%s: %d trials (%d failed) in %.0f s, %d were cached; %d of %d kernels have records; extraction + bucket "
+            "check %.0f s: %s",
+            name,
+            result.trials_run,
+            result.failed,
+            wall,
+            result.trials_cached,
+            entry["with_records"],
+            entry["tasks"],
+            entry["extract_and_check_s"],
+            _verdicts(result.buckets),
+        )
         logger.info("%s: where the time went: %s", name, result.profile)
     _recheck(report, names, cache, buckets, config, dtype, target, compile_flags, deadline)
     report["wall_s"] = round(time.perf_counter() - start, 2)
     return report
 
 
-def _recheck(report: dict, names: list[str], cache: Path, buckets: str, config: str, dtype: str | None, target, compile_flags: dict | None, deadline: float) -> None:
+def _recheck(
+    report: dict,
+    names: list[str],
+    cache: Path,
+    buckets: str,
+    config: str,
+    dtype: str | None,
+    target,
+    compile_flags: dict | None,
+    deadline: float,
+) -> None:
     """Check the buckets of every workload but the last again, while time is left: a later
     workload's records of a shared kernel (mlp's matmuls are llama-block's) change the record set
     of the earlier one's buckets, and a verdict holds only for the records it timed
     (`schedules/verdicts.py`), so `relaxtune compile` would apply the new records unchecked. A
     workload whose record sets all still have a verdict costs one build and is not timed again."""
     from relaxtune import workloads
-    from relaxtune.bucket_check import check_buckets
+    from relaxtune.measure.bucket_check import check_buckets
 
     for name in names[:-1]:
         entry = report["workloads"].get(name, {})
-        if not entry.get("buckets") or time.perf_counter() + entry.get("extract_and_check_s", CHECK_ESTIMATE_S) > deadline:
+        if (
+            not entry.get("buckets")
+            or time.perf_counter() + entry.get("extract_and_check_s", CHECK_ESTIMATE_S) > deadline
+        ):
             continue
         mark = time.perf_counter()
         workload = workloads.load(name, workloads.parse_config(config), dtype)
         entry["recheck"] = check_buckets(workload, target, _job(cache, buckets, compile_flags), only_unchecked=True)
-        logger.info("%s: buckets checked again with every workload's records in %.0f s: %s", name, time.perf_counter() - mark,
-                    _verdicts(entry["recheck"]))
+        logger.info(
+            "%s: buckets checked again with every workload's records in %.0f s: %s",
+            name,
+            time.perf_counter() - mark,
+            _verdicts(entry["recheck"]),
+        )
 
 
 def _job(cache: Path, buckets: str, compile_flags: dict | None):
     """The job every workload is tuned, and its buckets checked, with: the cache, the bucket tops, the build flags."""
     from relaxtune.config import BucketConfig, CompileConfig, JobConfig
 
-    return JobConfig(cache_dir=cache, buckets=BucketConfig.parse([buckets] if buckets else None), compile=CompileConfig(**(compile_flags or {})))
+    return JobConfig(
+        cache_dir=cache,
+        buckets=BucketConfig.parse([buckets] if buckets else None),
+        compile=CompileConfig(**(compile_flags or {})),
+    )
 
 
 def _verdicts(entries: list[dict]) -> str:
-    return ", ".join(f"{b['bucket']} {b['verdict']} ({b['records_ms']:.3f} vs {b['rules_ms']:.3f} ms)" for b in entries) or "none"
+    return (
+        ", ".join(f"{b['bucket']} {b['verdict']} ({b['records_ms']:.3f} vs {b['rules_ms']:.3f} ms)" for b in entries)
+        or "none"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cache", type=Path, required=True, help="tuning cache folder (the target's folder is made in it)")
-    parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS), help=f"comma-separated built-ins (default {','.join(DEFAULT_WORKLOADS)})")
-    parser.add_argument("--minutes", type=float, default=5.0, help="time for the whole job, bucket checks included (default 5)")
-    parser.add_argument("--buckets", default=DEFAULT_BUCKETS, help=f"bucket tops, DIM=T1,T2,... ('' for the default plan; default {DEFAULT_BUCKETS})")
-    parser.add_argument("--trials", type=int, default=256, help="most trials per workload, cached ones included (default 256; less where the time share is short)")
-    parser.add_argument("--trials-per-iter", type=int, default=16, help="candidates a batch: one per build core (default 16, the GPU machine's cores)")
+    parser.add_argument(
+        "--cache", type=Path, required=True, help="tuning cache folder (the target's folder is made in it)"
+    )
+    parser.add_argument(
+        "--workloads",
+        default=",".join(DEFAULT_WORKLOADS),
+        help=f"comma-separated built-ins (default {','.join(DEFAULT_WORKLOADS)})",
+    )
+    parser.add_argument(
+        "--minutes", type=float, default=5.0, help="time for the whole job, bucket checks included (default 5)"
+    )
+    parser.add_argument(
+        "--buckets",
+        default=DEFAULT_BUCKETS,
+        help=f"bucket tops, DIM=T1,T2,... ('' for the default plan; default {DEFAULT_BUCKETS})",
+    )
+    parser.add_argument(
+        "--trials",
+        type=int,
+        default=256,
+        help="most trials per workload, cached ones included (default 256; less where the time share is short)",
+    )
+    parser.add_argument(
+        "--trials-per-iter",
+        type=int,
+        default=16,
+        help="candidates a batch: one per build core (default 16, the GPU machine's cores)",
+    )
     parser.add_argument("--dtype", default=None, help="workload dtype (default: each built-in's, float32)")
     parser.add_argument("--target", default="cuda", help="cuda (default), cuda:sm_80, ...")
-    parser.add_argument("--config", default="", help="overrides for every workload, e.g. hidden=4096,heads=32 (default: none)")
-    parser.add_argument("--fusion", default="relaxtune", help="relaxtune (default) or stock: compile with the same to apply the records")
-    parser.add_argument("--no-cublas", action="store_true", help="fp16/bf16 weight GEMMs as TIR kernels (compile with --no-cublas too)")
-    parser.add_argument("--no-flash-attention", action="store_true", help="attention as TIR kernels (compile with --no-flash-attention too)")
+    parser.add_argument(
+        "--config", default="", help="overrides for every workload, e.g. hidden=4096,heads=32 (default: none)"
+    )
+    parser.add_argument(
+        "--fusion", default="relaxtune", help="relaxtune (default) or stock: compile with the same to apply the records"
+    )
+    parser.add_argument(
+        "--no-cublas", action="store_true", help="fp16/bf16 weight GEMMs as TIR kernels (compile with --no-cublas too)"
+    )
+    parser.add_argument(
+        "--no-flash-attention",
+        action="store_true",
+        help="attention as TIR kernels (compile with --no-flash-attention too)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the per-phase report here")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
@@ -168,7 +264,18 @@ def main() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
     flags = {"fusion": args.fusion, "cublas": not args.no_cublas, "flash_attention": not args.no_flash_attention}
-    report = tune_all(names, args.cache, args.minutes, args.buckets, args.trials, args.dtype, args.target, args.config, flags, args.trials_per_iter)
+    report = tune_all(
+        names,
+        args.cache,
+        args.minutes,
+        args.buckets,
+        args.trials,
+        args.dtype,
+        args.target,
+        args.config,
+        flags,
+        args.trials_per_iter,
+    )
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")

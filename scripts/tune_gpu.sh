@@ -3,7 +3,7 @@
 # (default 5, bucket checks included), then the cache listed. Records are appended and flushed one
 # by one, so even the backstop kill (one minute past MINUTES) keeps them all.
 #
-#   S=$(bash .device/install.sh) && export PYTHONPATH=$S:$PWD && bash scripts/tune_gpu.sh $OUT/tuning_logs [tune_gpu.py options]
+#   S=$(bash scripts/device_install.sh) && export PYTHONPATH=$S && bash scripts/tune_gpu.sh $OUT/tuning_logs [options]
 #
 # Defaults (tune_gpu.py --help): the default workloads (llama-block, gpt2-block, mlp at their
 # default fp32 configs) at buckets n=1,16,128,1024, at most 256 trials each (fewer where the time
@@ -18,15 +18,7 @@ shift
 minutes=${MINUTES:-5}
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$cache" && cache=$(cd "$cache" && pwd)
-# the package as `pip install -e .` lays it out (relaxtune.relax_passes, relaxtune.schedules), for this
-# process and the build workers it spawns: symlinks in a folder first on PYTHONPATH, run from there
-site=$(mktemp -d)
-mkdir -p "$site/relaxtune"
-ln -s "$root"/relaxtune/* "$site/relaxtune/"
-ln -s "$root/relax_passes" "$site/relaxtune/relax_passes"
-ln -s "$root/schedules" "$site/relaxtune/schedules"
-export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-cd "$site"
+cd "$(mktemp -d)"  # not the checkout: its relaxtune/ folder would shadow the installed package
 start=$(date +%s)
 timeout --signal=INT --kill-after=20 $(( minutes * 60 + 60 )) \
   python3 "$root/scripts/tune_gpu.py" --cache "$cache" --minutes "$minutes" "$@"

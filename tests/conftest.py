@@ -4,9 +4,39 @@ from __future__ import annotations
 
 import pytest
 
+from relaxtune import threads, torchvision_compat
 from relaxtune.schedules import intrin
 
+threads.configure()  # the test session is an entry point: TVM's pool as the CLI sizes it
+torchvision_compat.install()  # torchvision (and transformers, which imports it) without its C++ extension
 intrin.register_for("llvm")  # before anything imports MetaSchedule: skips the 35 s registry import
+
+# The slow tier (`-m slow`; .ci/run runs it after the fast one): CUDA device code compiled with nvcc,
+# models imported from transformers / ONNX / torch.export, RPC clusters. Everything else is the fast
+# tier, the README's test command.
+SLOW_FILES = (
+    "tests/workloads/test_hf_import.py",
+    "tests/workloads/test_hf_attention_fusion.py",
+    "tests/workloads/test_onnx_import.py",
+    "tests/relax_passes/test_fuse_attention_prologue_imported.py",
+    "tests/schedules/test_rpc.py",
+)
+SLOW_TESTS = (
+    "tests/relax_passes/test_fuse_attention.py::test_imported_attention_is_fused_and_matches_torch",
+    "tests/relaxtune/test_artifact.py::test_imported_model_runs_with_its_fills_and_reference",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        nvcc = any(
+            "nvcc" in str(m.kwargs.get("reason", "")) or "CUDA toolkit" in str(m.kwargs.get("reason", ""))
+            for m in item.iter_markers("skipif")
+        )
+        path = item.nodeid.split("::")[0]
+        if nvcc or path in SLOW_FILES or item.nodeid.split("[")[0] in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
+
 
 TINY_MLP = {"hidden": "64", "ffn": "128", "max_seq": "64", "max_batch": "2"}
 
@@ -38,3 +68,15 @@ def run_vm():
         return vm["main"](*args).numpy()
 
     return run
+
+
+@pytest.fixture(scope="session")
+def chosen_passes():
+    """`chosen_passes(target, options, *names)`: the passes of the pipeline's fusion list (for `options`,
+    a CompileConfig) whose names are in `names`, in order: what the options choose on that target."""
+    from relaxtune.relax_passes.pipeline import fusion_passes
+
+    def chosen(target, options, *names):
+        return [p for p in fusion_passes(target, {}, options) if p.info.name in names]
+
+    return chosen

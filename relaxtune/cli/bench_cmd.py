@@ -15,18 +15,23 @@ def add_arguments(parser) -> None:
     common.add_fusion(parser)
     common.add_gpu_options(parser)
     common.add_shape(parser, many=True)
-    parser.add_argument("--systems", default=None,
-                        help="comma-separated, of relaxtune,tvm-stock,torch,torch.compile,onnxruntime (default: the first four; "
-                             "torchvision: models relaxtune,torch,torch.compile,onnxruntime)")
-    parser.add_argument("--out", type=Path, default=Path("build/bench"), help="folder for the markdown table and the PNG plot")
+    parser.add_argument(
+        "--systems",
+        default=None,
+        help="comma-separated, of relaxtune,tvm-stock,torch,torch.compile,onnxruntime "
+        "(default: the first four; torchvision: models relaxtune,torch,torch.compile,onnxruntime)",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("build/bench"), help="folder for the markdown table and the PNG plot"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON")
     parser.add_argument("--no-cache", action="store_true", help="ignore the cache: rule-based schedules only")
 
 
 def run(args) -> int:
-    from .. import targets
-    from ..bench import DEFAULT_SYSTEMS, SYSTEMS, bench, markdown, plot
+    from .. import api, targets
     from ..errors import UserError
+    from ..measure.bench import DEFAULT_SYSTEMS, SYSTEMS, markdown, plot
 
     chosen = [s.strip() for s in (args.systems or "").split(",") if s.strip()]
     unknown = [s for s in chosen if s not in SYSTEMS]
@@ -37,14 +42,18 @@ def run(args) -> int:
     workload = common.load_workload(args)
     shapes = common.parse_shapes(args.shape, many=True)
     systems = chosen or list(workload.bench_systems or DEFAULT_SYSTEMS)
-    torchless = [s for s in systems if s.startswith("torch") or s == "onnxruntime"] if workload.torch_module is None else []
+    torchless = (
+        [s for s in systems if s.startswith("torch") or s == "onnxruntime"] if workload.torch_module is None else []
+    )
     if torchless and chosen:
-        raise UserError(f"{workload.name} has no torch module (ONNX files have none): drop {', '.join(torchless)} from --systems")
+        raise UserError(
+            f"{workload.name} has no torch module (ONNX files have none): drop {', '.join(torchless)} from --systems"
+        )
     if torchless:
         systems = [s for s in systems if s not in torchless]
         print(f"{workload.name} has no torch module: measuring {', '.join(systems)}")
     print(f"target: {target.json}")
-    rows = bench(workload, target, job, shapes, systems)
+    rows = api.bench(workload, target, job, shapes, systems)
     table = markdown(rows, baseline="torch" if "torch" in systems else systems[0])
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)

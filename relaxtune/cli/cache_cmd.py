@@ -43,5 +43,7 @@ def run(args) -> int:
         print(f"merged {len(args.sources)} cache(s) into {args.into}: {added} new records")
     else:
         before, after = cache_tools.prune(args.cache, args.keep)
-        print(f"pruned {args.cache}: {before} records -> {after} (best {args.keep} per kernel; originals kept as *.bak)")
+        print(
+            f"pruned {args.cache}: {before} records -> {after} (best {args.keep} per kernel; originals kept as *.bak)"
+        )
     return 0

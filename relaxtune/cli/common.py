@@ -19,9 +19,19 @@ def add_target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default="cpu", help="cpu, cuda, cuda:sm_80, or a TVM target as JSON")
 
 
-def add_cache(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cache", type=Path, default=Path("tuning_logs"), help="tuning cache folder (default tuning_logs/)")
-    parser.add_argument("--buckets", action="append", default=None, metavar="DIM=T1,T2,...", help="shape bucket tops for a dimension (compile: by default the tops the cache's job for this workload used)")
+def add_cache(parser: argparse.ArgumentParser, buckets: bool = True) -> None:
+    parser.add_argument(
+        "--cache", type=Path, default=Path("tuning_logs"), help="tuning cache folder (default tuning_logs/)"
+    )
+    if buckets:
+        parser.add_argument(
+            "--buckets",
+            action="append",
+            default=None,
+            metavar="DIM=T1,T2,...",
+            help="shape bucket tops for a dimension (compile: by default the tops the cache's job for this workload "
+            "used)",
+        )
 
 
 def add_shape(parser: argparse.ArgumentParser, many: bool) -> None:
@@ -60,33 +70,59 @@ def load_workload(args):
 
 def add_memory_planner(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--memory-planner", default=None, metavar="{relaxtune,tvm}",
-        help=f"relaxtune: one arena per function, offsets evaluated at run time; tvm: StaticPlanBlockMemory (default {CompileConfig().memory_planner})",
+        "--memory-planner",
+        default=None,
+        metavar="{relaxtune,tvm}",
+        help="relaxtune: one arena per function, offsets evaluated at run time; tvm: StaticPlanBlockMemory (default "
+        f"{CompileConfig().memory_planner})",
     )
 
 
 def add_fusion(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--fusion", default=None, metavar="{relaxtune,stock}",
-        help=f"relaxtune: its fusion passes (SwiGLU kernel, merged projections, ...) then FuseOps; stock: FuseOps only (default {CompileConfig().fusion})",
+        "--fusion",
+        default=None,
+        metavar="{relaxtune,stock}",
+        help="relaxtune: its fusion passes (SwiGLU kernel, merged projections, ...) then FuseOps; stock: FuseOps only "
+        f"(default {CompileConfig().fusion})",
     )
 
 
 def add_gpu_options(parser: argparse.ArgumentParser, graphs: bool = True) -> None:
-    """The CUDA library rewrites (tune, compile, bench: a job tunes the kernels the build keeps) and graphs (compile, bench)."""
-    parser.add_argument("--no-cublas", dest="cublas", action="store_false", default=None,
-                        help="cuda: keep weight GEMMs as TIR kernels instead of cuBLAS calls")
+    """The CUDA library rewrites (tune, compile, bench: a job tunes the kernels the build keeps) and
+    graphs (compile, bench)."""
+    parser.add_argument(
+        "--no-cublas",
+        dest="cublas",
+        action="store_false",
+        default=None,
+        help="cuda: keep weight GEMMs as TIR kernels instead of cuBLAS calls",
+    )
     if graphs:
-        parser.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", default=None,
-                            help="cuda: do not capture static regions as CUDA graphs")
-    parser.add_argument("--no-flash-attention", dest="flash_attention", action="store_false", default=None,
-                        help="cuda: attention as matmul / softmax / matmul kernels instead of the fused flash kernel")
+        parser.add_argument(
+            "--no-cuda-graphs",
+            dest="cuda_graphs",
+            action="store_false",
+            default=None,
+            help="cuda: do not capture static regions as CUDA graphs",
+        )
+    parser.add_argument(
+        "--no-flash-attention",
+        dest="flash_attention",
+        action="store_false",
+        default=None,
+        help="cuda: attention as matmul / softmax / matmul kernels instead of the fused flash kernel",
+    )
 
 
 def job_config(args, tune: TuneConfig | None = None, use_cache: bool = True) -> JobConfig:
-    chosen = {"memory_planner": getattr(args, "memory_planner", None), "fusion": getattr(args, "fusion", None),
-              "cublas": getattr(args, "cublas", None), "cuda_graphs": getattr(args, "cuda_graphs", None),
-              "flash_attention": getattr(args, "flash_attention", None)}
+    chosen = {
+        "memory_planner": getattr(args, "memory_planner", None),
+        "fusion": getattr(args, "fusion", None),
+        "cublas": getattr(args, "cublas", None),
+        "cuda_graphs": getattr(args, "cuda_graphs", None),
+        "flash_attention": getattr(args, "flash_attention", None),
+    }
     return JobConfig(
         cache_dir=args.cache,
         tune=tune or TuneConfig(),

@@ -13,7 +13,8 @@ import numpy as np
 
 from . import common
 
-# max error relative to the reference's largest value, per input dtype (8 mantissa bits for bfloat16: 2^-8 = 4e-3 per rounding)
+# max error relative to the reference's largest value, per input dtype (8 mantissa bits for bfloat16: 2^-8 = 4e-3 per
+# rounding)
 TOLERANCE = {"float32": 1e-3, "float16": 3e-2, "bfloat16": 6e-2}
 
 
@@ -37,7 +38,11 @@ def reference(manifest: dict, inputs: dict, params: dict):
 
         workload = load(spec, config)
     except Exception as err:  # noqa: BLE001 (a runtime-only host cannot build one: then the output goes unchecked, said so)
-        return None, f"no reference for {spec} here ({type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''})"
+        return (
+            None,
+            f"no reference for {spec} here ({type(err).__name__}: "
+            f"{str(err).strip().splitlines()[-1] if str(err).strip() else ''})",
+        )
     if workload.reference is None:
         return None, f"no reference for {spec}"
     return workload.reference(inputs, params), None
@@ -45,15 +50,15 @@ def reference(manifest: dict, inputs: dict, params: dict):
 
 def typed(arrays: dict, specs: list[dict]) -> dict:
     """Arrays read from an .npz with the manifest's dtypes (bfloat16 comes back as 2-byte void)."""
-    from ..tensor_spec import restore
+    from ..runtime.tensor_spec import restore
 
     dtypes = {s["name"]: s["dtype"] for s in specs}
     return {k: restore(v, dtypes[k]) if k in dtypes else v for k, v in arrays.items()}
 
 
 def run(args) -> int:
-    from ..artifact import Artifact, check_path, dims_of, paths, random_inputs, read_manifest
     from ..errors import UserError
+    from ..runtime.artifact import Artifact, check_path, dims_of, paths, random_inputs, read_manifest
 
     manifest = read_manifest(args.artifact)
     stored = check_path(args.artifact)
@@ -87,6 +92,11 @@ def run(args) -> int:
         err = float(np.max(np.abs(out.astype("float64") - ref)) / max(1.0, float(np.max(np.abs(ref)))))
         tol = TOLERANCE.get(art.manifest["inputs"][0]["dtype"], 3e-2)
         check = f"max error vs {against} {err:.2e} ({'ok' if err <= tol else 'MISMATCH'})"
-    print(f"{art.manifest['workload']} {shape}: output {tuple(out.shape)}; {check}; median {median:.3f} ms over {len(times)} calls")
-    common.write_json(args.json, {"shape": dims, "median_ms": median, "max_rel_error": err, "output_shape": list(out.shape)})
+    print(
+        f"{art.manifest['workload']} {shape}: output {tuple(out.shape)}; {check}; median {median:.3f} ms over "
+        f"{len(times)} calls"
+    )
+    common.write_json(
+        args.json, {"shape": dims, "median_ms": median, "max_rel_error": err, "output_shape": list(out.shape)}
+    )
     return 0 if ref is None or err <= tol else 1

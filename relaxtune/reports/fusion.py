@@ -13,19 +13,8 @@ runs once at load and is listed apart. `--json PATH` writes
 from __future__ import annotations
 
 import re
-from pathlib import Path
-
-from ..cli import common
 
 FUSIONS = ("stock", "relaxtune")
-
-
-def add_arguments(parser) -> None:
-    common.add_workload(parser)
-    common.add_target(parser)
-    common.add_shape(parser, many=False)
-    parser.add_argument("--out", type=Path, default=Path("build/reports"), help="folder for the markdown")
-    parser.add_argument("--json", type=Path, default=None, help="write kernels and intermediate bytes per fusion as JSON")
 
 
 def _op_name(kernel_name: str) -> str:
@@ -44,7 +33,8 @@ def fused_modules(workload, target, fusion: str):
     from ..schedules import intrin
 
     intrin.register_for(target.kind.name)
-    passes = fusion_passes(api.bucket_plan(workload, JobConfig(compile=CompileConfig(fusion=fusion))), fusion)
+    options = CompileConfig(fusion=fusion)
+    passes = fusion_passes(target, api.bucket_plan(workload, JobConfig(compile=options)), options)
     cut = next(i for i, p in enumerate(passes) if p.info.name == "FuseTIR")
     with target:
         before = tvm.transform.Sequential(passes[:cut])(workload.mod)
@@ -64,7 +54,11 @@ def _held_ops(before) -> dict[str, list[str]]:
             for block in func.body.blocks:
                 for binding in block.bindings:
                     value = binding.value
-                    if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.call_tir":
+                    if (
+                        isinstance(value, relax.Call)
+                        and isinstance(value.op, tvm.ir.Op)
+                        and value.op.name == "relax.call_tir"
+                    ):
                         ops.append(_op_name(value.args[0].name_hint))
             held[gv.name_hint] = ops
     return held
@@ -114,8 +108,16 @@ def kernels_of(func, held: dict[str, list[str]], values: dict[str, int] | None) 
             if is_call(value, "relax.call_tir"):
                 calls.append((binding.var, value.args[0].name_hint))
                 kernel_reads |= set(relax.analysis.free_vars(value.args[1]))
-            elif isinstance(value, relax.TupleGetItem) or isinstance(value, relax.Var) or is_call(value, "relax.reshape", "relax.memory.view"):
-                source = value.tuple_value if isinstance(value, relax.TupleGetItem) else (value if isinstance(value, relax.Var) else value.args[0])
+            elif (
+                isinstance(value, relax.TupleGetItem)
+                or isinstance(value, relax.Var)
+                or is_call(value, "relax.reshape", "relax.memory.view")
+            ):
+                source = (
+                    value.tuple_value
+                    if isinstance(value, relax.TupleGetItem)
+                    else (value if isinstance(value, relax.Var) else value.args[0])
+                )
                 aliases.setdefault(source, []).append(binding.var)
 
     def intermediate(var) -> bool:
@@ -124,13 +126,15 @@ def kernels_of(func, held: dict[str, list[str]], values: dict[str, int] | None) 
     rows = []
     for var, name in calls:
         used = intermediate(var)
-        rows.append({
-            "kernel": name,
-            "ops": held.get(name, [_op_name(name)]),
-            "output": _shape(var.ty),
-            "intermediate": used,
-            "bytes": _bytes(var.ty, values) if (values is not None and used) else 0,
-        })
+        rows.append(
+            {
+                "kernel": name,
+                "ops": held.get(name, [_op_name(name)]),
+                "output": _shape(var.ty),
+                "intermediate": used,
+                "bytes": _bytes(var.ty, values) if (values is not None and used) else 0,
+            }
+        )
     return rows
 
 
@@ -166,7 +170,12 @@ def measure(workload, target, values: dict[str, int]) -> dict:
 
 def markdown(workload_name: str, values: dict[str, int], result: dict) -> str:
     shape = " ".join(f"{k}={v}" for k, v in values.items())
-    lines = [f"# Fusion: {workload_name} at {shape}", "", "| fusion | kernels per call | intermediate bytes | load-time kernels |", "|---|---|---|---|"]
+    lines = [
+        f"# Fusion: {workload_name} at {shape}",
+        "",
+        "| fusion | kernels per call | intermediate bytes | load-time kernels |",
+        "|---|---|---|---|",
+    ]
     for fusion in FUSIONS:
         r = result[fusion]
         lines.append(f"| {fusion} | {r['kernels']} | {r['intermediate_bytes']:,} | {r['load_time_kernels']} |")
@@ -175,19 +184,14 @@ def markdown(workload_name: str, values: dict[str, int], result: dict) -> str:
             if not rows:
                 continue
             at = f" (bytes at {shape})" if name == result[fusion]["function"] else ""
-            lines += ["", f"## {fusion}: {name}{at}", "", "| kernel | holds | output | intermediate bytes |", "|---|---|---|---|"]
+            lines += [
+                "",
+                f"## {fusion}: {name}{at}",
+                "",
+                "| kernel | holds | output | intermediate bytes |",
+                "|---|---|---|---|",
+            ]
             for r in rows:
                 size = f"{r['bytes']:,}" if r["intermediate"] and at else ("yes" if r["intermediate"] else "-")
                 lines.append(f"| {r['kernel']} | {' + '.join(r['ops'])} | {r['output']} | {size} |")
     return "\n".join(lines) + "\n"
-
-
-def run(args) -> int:
-    from . import at_shape, save_markdown
-
-    target, workload, values = at_shape(args)
-    result = measure(workload, target, values)
-    stem = save_markdown(args, "fusion", workload, values, markdown(workload.name, values, result))
-    common.write_json(args.json, {"workload": workload.name, "shape": values, **result})
-    print(f"saved {stem}.md")
-    return 0

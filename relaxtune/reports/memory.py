@@ -20,16 +20,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..cli import common
-
-
-def add_arguments(parser) -> None:
-    common.add_workload(parser)
-    common.add_target(parser)
-    common.add_shape(parser, many=False)
-    parser.add_argument("--out", type=Path, default=Path("build/reports"), help="folder for the markdown and the PNG plot")
-    parser.add_argument("--json", type=Path, default=None, help="write the plan and the four peaks as JSON")
-
 
 def explicit_allocations(workload, target):
     """The workload's module right before memory planning (rule-based schedules only)."""
@@ -37,20 +27,23 @@ def explicit_allocations(workload, target):
 
     from .. import api
     from ..config import JobConfig
-    from ..relax_passes.pipeline import explicit_allocation_passes, fusion_passes, rule_schedules
+    from ..relax_passes.pipeline import explicit_allocation_passes, fusion_passes
     from ..schedules import intrin
+    from ..schedules.rules import rule_schedules
 
     intrin.register_for(target.kind.name)
     plan = api.bucket_plan(workload, JobConfig())
     with target:
-        return tvm.transform.Sequential([*fusion_passes(plan), rule_schedules(target), *explicit_allocation_passes()])(workload.mod)
+        return tvm.transform.Sequential(
+            [*fusion_passes(target, plan), rule_schedules(target), *explicit_allocation_passes()]
+        )(workload.mod)
 
 
 def bucket_function(mod, values: dict[str, int]) -> str:
     """The name of the function that serves these shapes (a bucket copy of main, or main)."""
     from tvm import relax
 
-    from ..relax_passes.bucket_dispatch import BUCKET_ATTR
+    from ..ir_attrs import BUCKET_ATTR
 
     for gv, func in mod.functions_items():
         ranges = (func.attrs or {}).get(BUCKET_ATTR) if isinstance(func, relax.Function) else None
@@ -88,9 +81,17 @@ def measure(workload, target, values: dict[str, int]) -> dict:
     plan = plan_function(mod[name], mod, name)
     if plan is None:
         zero = dict.fromkeys(("no_reuse", "tvm", "relaxtune", "lower_bound"), 0)
-        return {"function": name, "tensors": [], "peak_bytes": zero, "allocated_bytes": {"tvm": 0, "relaxtune": 0}, "problems": []}
+        return {
+            "function": name,
+            "tensors": [],
+            "peak_bytes": zero,
+            "allocated_bytes": {"tvm": 0, "relaxtune": 0},
+            "problems": [],
+        }
     at = plan.at(values)
-    problems = [f"relaxtune: {p}" for p in verify(ours[name], values, mod)] + [f"tvm: {p}" for p in verify(theirs[name], values, mod)]
+    problems = [f"relaxtune: {p}" for p in verify(ours[name], values, mod)] + [
+        f"tvm: {p}" for p in verify(theirs[name], values, mod)
+    ]
     slots = [t.slot for t in plan.tensors]
     writer = _writers(mod[name])
     tensors = [
@@ -98,9 +99,22 @@ def measure(workload, target, values: dict[str, int]) -> dict:
         | {"shares_with": [plan.tensors[k].name for k in range(len(slots)) if slots[k] == slot and k != i]}
         for i, ((n, s, e, size, off), slot) in enumerate(zip(at["tensors"], slots))
     ]
-    peaks = {"no_reuse": at["no_reuse"], "tvm": storage_peak(theirs[name], values, mod, True), "relaxtune": storage_peak(ours[name], values, mod, True)}
-    allocated = {"tvm": storage_peak(theirs[name], values, mod, False), "relaxtune": storage_peak(ours[name], values, mod, False)}
-    return {"function": name, "tensors": tensors, "peak_bytes": {**peaks, "lower_bound": at["lower_bound"]}, "allocated_bytes": allocated, "problems": problems}
+    peaks = {
+        "no_reuse": at["no_reuse"],
+        "tvm": storage_peak(theirs[name], values, mod, True),
+        "relaxtune": storage_peak(ours[name], values, mod, True),
+    }
+    allocated = {
+        "tvm": storage_peak(theirs[name], values, mod, False),
+        "relaxtune": storage_peak(ours[name], values, mod, False),
+    }
+    return {
+        "function": name,
+        "tensors": tensors,
+        "peak_bytes": {**peaks, "lower_bound": at["lower_bound"]},
+        "allocated_bytes": allocated,
+        "problems": problems,
+    }
 
 
 def _writers(func) -> dict:
@@ -121,16 +135,40 @@ def _writers(func) -> dict:
 
 def markdown(workload_name: str, values: dict[str, int], result: dict) -> str:
     shape = " ".join(f"{k}={v}" for k, v in values.items())
-    lines = [f"# Memory plan: {workload_name} at {shape} ({result['function']})", "", "| tensor | written by | live (bindings) | bytes | offset | shares bytes with |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"# Memory plan: {workload_name} at {shape} ({result['function']})",
+        "",
+        "| tensor | written by | live (bindings) | bytes | offset | shares bytes with |",
+        "|---|---|---|---|---|---|",
+    ]
     for t in result["tensors"]:
-        lines.append(f"| {t['name']} | {t['kernel']} | {t['first']}..{t['last']} | {t['bytes']:,} | {t['offset']:,} | {', '.join(t['shares_with']) or '-'} |")
+        lines.append(
+            f"| {t['name']} | {t['kernel']} | {t['first']}..{t['last']} | {t['bytes']:,} | {t['offset']:,} | "
+            f"{', '.join(t['shares_with']) or '-'} |"
+        )
     peaks, allocated = result["peak_bytes"], result["allocated_bytes"]
     lower = max(1, peaks["lower_bound"])
     lines += ["", "| plan | peak bytes in use at this shape | x lower bound | bytes allocated |", "|---|---|---|---|"]
-    labels = {"no_reuse": "no reuse", "tvm": "TVM StaticPlanBlockMemory", "relaxtune": "relaxtune PlanMemory", "lower_bound": "lower bound (live at one binding)"}
+    labels = {
+        "no_reuse": "no reuse",
+        "tvm": "TVM StaticPlanBlockMemory",
+        "relaxtune": "relaxtune PlanMemory",
+        "lower_bound": "lower bound (live at one binding)",
+    }
     for key, label in labels.items():
-        lines.append(f"| {label} | {peaks[key]:,} | {peaks[key] / lower:.3f} | {format(allocated[key], ',') if key in allocated else '-'} |")
-    lines += ["", "verifier: " + ("no overlap between live tensors, in both plans" if not result["problems"] else "; ".join(result["problems"]))]
+        lines.append(
+            f"| {label} | {peaks[key]:,} | {peaks[key] / lower:.3f} | "
+            f"{format(allocated[key], ',') if key in allocated else '-'} |"
+        )
+    lines += [
+        "",
+        "verifier: "
+        + (
+            "no overlap between live tensors, in both plans"
+            if not result["problems"]
+            else "; ".join(result["problems"])
+        ),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -145,7 +183,15 @@ def plot(result: dict, path: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(9, 5))
     colors = plt.get_cmap("tab20")
     for i, t in enumerate(result["tensors"]):
-        rect = Rectangle((t["first"], t["offset"] / mib), t["last"] - t["first"] + 1, t["bytes"] / mib, alpha=0.75, color=colors(i % 20), ec="black", lw=0.5)
+        rect = Rectangle(
+            (t["first"], t["offset"] / mib),
+            t["last"] - t["first"] + 1,
+            t["bytes"] / mib,
+            alpha=0.75,
+            color=colors(i % 20),
+            ec="black",
+            lw=0.5,
+        )
         ax.add_patch(rect)
         if t["bytes"] >= 0.04 * max(1, result["peak_bytes"]["relaxtune"]):
             ax.text(t["first"] + 0.2, (t["offset"] + t["bytes"] / 2) / mib, t["name"], fontsize=7, va="center")
@@ -154,9 +200,16 @@ def plot(result: dict, path: Path, title: str) -> None:
     top = max(peaks["relaxtune"], peaks["lower_bound"]) / mib * 1.3 or 1.0
     for key, style in (("relaxtune", "-"), ("lower_bound", ":"), ("tvm", "--"), ("no_reuse", "-.")):
         shown = "" if peaks[key] / mib <= top else " (above the plot)"
-        ax.axhline(peaks[key] / mib, ls=style, color="black", lw=1, label=f"{key} in use: {peaks[key] / mib:.2f} MiB{shown}")
+        ax.axhline(
+            peaks[key] / mib, ls=style, color="black", lw=1, label=f"{key} in use: {peaks[key] / mib:.2f} MiB{shown}"
+        )
     allocated = result["allocated_bytes"]
-    ax.plot([], [], " ", label=f"allocated: relaxtune {allocated['relaxtune'] / mib:.2f} MiB, tvm {allocated['tvm'] / mib:.2f} MiB")
+    ax.plot(
+        [],
+        [],
+        " ",
+        label=f"allocated: relaxtune {allocated['relaxtune'] / mib:.2f} MiB, tvm {allocated['tvm'] / mib:.2f} MiB",
+    )
     ax.set_xlim(0, last)
     ax.set_ylim(0, top)
     ax.set_xlabel("binding (program point)")
@@ -166,15 +219,3 @@ def plot(result: dict, path: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def run(args) -> int:
-    from . import at_shape, save_markdown
-
-    target, workload, values = at_shape(args)
-    result = measure(workload, target, values)
-    stem = save_markdown(args, "memory", workload, values, markdown(workload.name, values, result))
-    plot(result, stem.with_suffix(".png"), f"{workload.name} {result['function']} at {values}")
-    common.write_json(args.json, {"workload": workload.name, "shape": values, **result})
-    print(f"saved {stem}.md and .png")
-    return 0 if not result["problems"] else 1

@@ -24,17 +24,9 @@ import logging
 from collections import Counter
 from pathlib import Path
 
-from ..cli import common
 from ..errors import UserError
 
 logger = logging.getLogger(__name__)
-
-
-def add_arguments(parser) -> None:
-    parser.add_argument("--cache", type=Path, default=Path("tuning_logs"), help="tuning cache folder (default tuning_logs/)")
-    parser.add_argument("--target", default=None, help="only this target's folder (cpu, cuda, JSON); default: every target folder with events")
-    parser.add_argument("--out", type=Path, default=Path("build/reports"), help="folder for the markdown and the PNG plots")
-    parser.add_argument("--json", type=Path, default=None, help="write the figures as JSON")
 
 
 def event_files(cache: Path, target: str | None) -> list[Path]:
@@ -49,7 +41,10 @@ def event_files(cache: Path, target: str | None) -> list[Path]:
         folders = sorted(p for p in Path(cache).iterdir() if p.is_dir())
     files = sorted(f for folder in folders for f in (folder / "events").glob("*.jsonl"))
     if not files:
-        raise UserError(f"no tuning events under {', '.join(str(f) for f in folders) or cache}: run `relaxtune tune ... --cache {cache}` first")
+        raise UserError(
+            f"no tuning events under {', '.join(str(f) for f in folders) or cache}: run `relaxtune tune ... --cache "
+            f"{cache}` first"
+        )
     return files
 
 
@@ -98,7 +93,12 @@ def analyse(jobs: list[dict]) -> dict:
             for kind, reason in batch.get("errors", []):
                 failures[(kind, reason)] += 1
             if batch.get("scores"):
-                held_out.append({"scores": batch["scores"], "costs": [u * 1e-6 if u is not None else FAILED_COST for u in batch["us"]]})
+                held_out.append(
+                    {
+                        "scores": batch["scores"],
+                        "costs": [u * 1e-6 if u is not None else FAILED_COST for u in batch["us"]],
+                    }
+                )
             now = offset + batch["t"] - job["start"]["t"]
             trials_done += len(batch["us"])
             curve.append((now, name, entry["best_us"]))
@@ -124,8 +124,15 @@ def analyse(jobs: list[dict]) -> dict:
         "ranking": summarize(held_out),
         "model_us": model_curve[-1][1] if model_curve else None,
         "jobs": [
-            {"file": j["file"], "workload": j["start"].get("workload"), "wall_s": round(j["wall_s"], 2), "warm_model": j["start"].get("warm_model"),
-             "trials": sum(len(b["us"]) for b in j["batches"]), "profile": (j["end"] or {}).get("profile"), "stopped": (j["end"] or {}).get("stopped", [])}
+            {
+                "file": j["file"],
+                "workload": j["start"].get("workload"),
+                "wall_s": round(j["wall_s"], 2),
+                "warm_model": j["start"].get("warm_model"),
+                "trials": sum(len(b["us"]) for b in j["batches"]),
+                "profile": (j["end"] or {}).get("profile"),
+                "stopped": (j["end"] or {}).get("stopped", []),
+            }
             for j in jobs
         ],
         "curves": {"tasks": curve, "model": model_curve, "trials": trials_curve},
@@ -146,7 +153,11 @@ def _model_us(tasks: dict, weights: dict, rules: dict) -> float | None:
 
 def markdown(result: dict, sources: list[Path]) -> str:
     rank = result["ranking"]
-    acc = f"{rank['pairwise_accuracy']:.2f}" if rank["pairwise_accuracy"] is not None else "n/a (no batch scored by a trained model)"
+    acc = (
+        f"{rank['pairwise_accuracy']:.2f}"
+        if rank["pairwise_accuracy"] is not None
+        else "n/a (no batch scored by a trained model)"
+    )
     recall = f"{rank['top2_recall']:.2f}" if rank.get("top2_recall") is not None else "n/a"
     lines = [
         "# Tuning report",
@@ -166,10 +177,17 @@ def markdown(result: dict, sources: list[Path]) -> str:
         rules = f"{t['rules_us']:.1f}" if t.get("rules_us") else "-"
         ratio = f"{t['best_us'] / t['rules_us']:.2f}" if t["best_us"] is not None and t.get("rules_us") else "-"
         lines.append(f"| {t['name']} | {t['trials']} | {best} | {rules} | {ratio} | {t['wall_s']:.1f} |")
-    lines += ["", "| job | workload | warm model | trials | wall s | where the time went (s) | stopped early |", "|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| job | workload | warm model | trials | wall s | where the time went (s) | stopped early |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for j in result["jobs"]:
         profile = ", ".join(f"{k.removesuffix('_s')} {v}" for k, v in (j["profile"] or {}).items() if k != "wall_s")
-        lines.append(f"| {j['file']} | {j['workload']} | {j['warm_model']} | {j['trials']} | {j['wall_s']:.0f} | {profile} | {', '.join(j['stopped']) or '-'} |")
+        lines.append(
+            f"| {j['file']} | {j['workload']} | {j['warm_model']} | {j['trials']} | {j['wall_s']:.0f} | {profile} | "
+            f"{', '.join(j['stopped']) or '-'} |"
+        )
     if result["failures"]:
         lines += ["", "| failed | reason | count |", "|---|---|---|"]
         lines += [f"| {f['kind']} | {f['reason'].replace('|', '/')} | {f['count']} |" for f in result["failures"]]
@@ -213,19 +231,3 @@ def plot(result: dict, out: Path) -> list[Path]:
     fig.savefig(throughput, dpi=110)
     plt.close(fig)
     return [latency, throughput]
-
-
-def run(args) -> int:
-    sources = event_files(args.cache, args.target)
-    jobs = [j for j in (read_job(p) for p in sources) if j is not None]
-    if not jobs:
-        raise UserError(f"no complete tuning job in {len(sources)} events file(s) under {args.cache}")
-    result = analyse(jobs)
-    text = markdown(result, sources)
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "tuning.md").write_text(text)
-    pngs = plot(result, args.out)
-    common.write_json(args.json, {k: v for k, v in result.items() if k != "curves"})
-    print(f"saved {args.out / 'tuning.md'}, {', '.join(p.name for p in pngs)}")
-    return 0

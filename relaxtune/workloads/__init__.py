@@ -13,7 +13,6 @@ to the type of the default.
 from __future__ import annotations
 
 import dataclasses
-
 import os
 import re
 from typing import Mapping
@@ -111,7 +110,7 @@ def _load(spec: str, config: Mapping[str, str] | None, dtype: str | None) -> Wor
     if spec.startswith("hf:"):
         from .hf_import import load_hf
 
-        return load_hf(spec[len("hf:"):], config, dtype)
+        return load_hf(spec[len("hf:") :], config, dtype)
     if spec.startswith("torchvision:"):
         from .torchvision_import import load_torchvision
 

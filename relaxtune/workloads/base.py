@@ -8,7 +8,8 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..errors import UserError
-from ..tensor_spec import FILLS, TensorSpec, fill  # noqa: F401 (workloads name them from here)
+from ..runtime.tensor_spec import FILLS, TensorSpec, fill  # noqa: F401 (workloads name them from here)
+
 
 @dataclass(frozen=True)
 class Dim:
@@ -49,14 +50,14 @@ class Workload:
     flops: Callable[[Mapping[str, int]], float] | None = None
     spec: str = ""  # how it was named to `workloads.load` (built-in name, hf:..., torch:..., path)
     spec_config: dict[str, object] = field(default_factory=dict)  # the config given to `load` with it
-    bench_systems: tuple[str, ...] = ()  # what `relaxtune bench` runs when --systems is not given (empty: bench's default)
+    # what `relaxtune bench` runs when --systems is not given (empty: bench's default)
+    bench_systems: tuple[str, ...] = ()
 
     def check_shape(self, values: Mapping[str, int]) -> None:
         unknown = sorted(set(values) - set(self.dims))
         if unknown:
             raise UserError(
-                f"unknown dimension {unknown[0]!r} for {self.name}: its symbolic dimensions are "
-                f"{sorted(self.dims)}"
+                f"unknown dimension {unknown[0]!r} for {self.name}: its symbolic dimensions are {sorted(self.dims)}"
             )
         missing = sorted(set(self.dims) - set(values))
         if missing:

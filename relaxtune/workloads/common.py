@@ -120,17 +120,14 @@ def bounded_dims(bounds: Mapping[str, tuple[int, int]]) -> dict[str, Dim]:
 def detached_weights(mod, detached) -> dict[str, np.ndarray]:
     """The weights ``relax.frontend.detach_params`` took out of ``main``, keyed by its weight names."""
     main = mod["main"]
-    names = [v.name for v in main.params[int(main.attrs["num_input"]):]]
+    names = [v.name for v in main.params[int(main.attrs["num_input"]) :]]
     return {n: t.numpy() for n, t in zip(names, detached.get("main", []))}
 
 
 def seq_dims(max_batch: int, max_seq: int) -> dict[str, Dim]:
     """The ``b`` and ``n`` dimensions, with representative values clamped to their bounds."""
     upper = {"b": max_batch, "n": max_seq}
-    return {
-        name: Dim(name, 1, upper[name], max(1, min(REPRESENTATIVE[name], upper[name])))
-        for name in ("b", "n")
-    }
+    return {name: Dim(name, 1, upper[name], max(1, min(REPRESENTATIVE[name], upper[name]))) for name in ("b", "n")}
 
 
 def load_torch(module, params: Mapping[str, np.ndarray]):

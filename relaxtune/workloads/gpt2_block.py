@@ -93,8 +93,7 @@ class TorchAttention(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, hidden = x.shape
         q, k, v = (
-            t.view(b, n, self.heads, self.head_dim).transpose(1, 2)
-            for t in self.c_attn(x).split(hidden, dim=-1)
+            t.view(b, n, self.heads, self.head_dim).transpose(1, 2) for t in self.c_attn(x).split(hidden, dim=-1)
         )
         o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.c_proj(o.transpose(1, 2).reshape(b, n, hidden))
@@ -139,16 +138,18 @@ def build(config: dict[str, object]) -> Workload:
     check_positive(config, "hidden", "heads", "ffn", "max_seq", "max_batch", "eps")
     check_dtype(config["dtype"])
     # TVM 0.27 legalizes layer_norm for float32 and float16 only (its bfloat16 build fails deep in LegalizeOps)
-    require(config["dtype"] != "bfloat16", "gpt2-block does not support dtype 'bfloat16' (TVM's layer_norm takes float32 or float16): use one of float32, float16")
+    require(
+        config["dtype"] != "bfloat16",
+        "gpt2-block does not support dtype 'bfloat16' (TVM's layer_norm takes float32 or float16): use one of float32, "
+        "float16",
+    )
     hidden, heads = int(config["hidden"]), int(config["heads"])
     require(hidden % heads == 0, f"config hidden={hidden} is invalid: it must be a multiple of heads={heads}")
 
     def flops(dims: Mapping[str, int]) -> float:
         return block_flops(config, dims["b"], dims["n"])
 
-    return make_workload(
-        NAME, GPT2Block(config), config, lambda params: torch_reference(config, params), flops
-    )
+    return make_workload(NAME, GPT2Block(config), config, lambda params: torch_reference(config, params), flops)
 
 
 BUILTIN = Builtin(NAME, "GPT-2 block (LayerNorm, fused qkv, causal attention, gelu_tanh MLP)", DEFAULTS, build)

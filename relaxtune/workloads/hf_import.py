@@ -68,6 +68,9 @@ ALIASES = {"intermediate_size": ("n_inner",)}  # GPT-2 names its MLP width n_inn
 
 
 def _transformers():
+    from ..torchvision_compat import install
+
+    install()  # transformers imports torchvision when it is installed: without its C++ extension too
     try:
         import transformers
     except ImportError:
@@ -106,14 +109,20 @@ def resolve(model_type: str, config: Mapping[str, object] | None, transformers) 
         if key in DEFAULTS:
             settings[key] = _convert(key, value, DEFAULTS[key])
         elif key in default_config.to_dict():
-            extra[key] = _convert(key, value, getattr(default_config, key)) if getattr(default_config, key) is not None else value
+            extra[key] = (
+                _convert(key, value, getattr(default_config, key))
+                if getattr(default_config, key) is not None
+                else value
+            )
         else:
             raise UserError(
                 f"unknown config key {key!r} for hf:{model_type}: valid keys are {', '.join(DEFAULTS)} "
                 f"or an attribute of {cls.__name__}"
             )
     if settings["weights"] and set(given) & (set(ARCH_KEYS) - {"max_seq"}):
-        raise UserError(f"config weights={settings['weights']} fixes the architecture: drop {sorted(set(given) & set(ARCH_KEYS))}")
+        raise UserError(
+            f"config weights={settings['weights']} fixes the architecture: drop {sorted(set(given) & set(ARCH_KEYS))}"
+        )
     if not settings["head"]:
         settings["head"] = "base" if model_type in ENCODERS else "lm"
     if settings["head"] not in ("lm", "base"):
@@ -126,7 +135,9 @@ def resolve(model_type: str, config: Mapping[str, object] | None, transformers) 
         name = _attr_name(default_config, standard)
         if name is None:
             if key in given:
-                raise UserError(f"config key {key!r} does not apply to hf:{model_type} ({cls.__name__} has no {standard})")
+                raise UserError(
+                    f"config key {key!r} does not apply to hf:{model_type} ({cls.__name__} has no {standard})"
+                )
             continue
         kwargs[name] = int(settings[key])
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):  # GPT-2's 50256 is outside a tiny vocabulary
@@ -147,7 +158,9 @@ def _build_model(transformers, model_type: str, settings: dict, kwargs: dict):
         try:
             cfg = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
         except Exception as err:
-            raise UserError(f"config weights={directory!r} is not a local transformers model directory ({type(err).__name__})") from None
+            raise UserError(
+                f"config weights={directory!r} is not a local transformers model directory ({type(err).__name__})"
+            ) from None
         if cfg.model_type != model_type:
             raise UserError(f"config weights={directory!r} holds a {cfg.model_type} model, not hf:{model_type}")
         limit = getattr(cfg, "max_position_embeddings", None)
@@ -161,7 +174,10 @@ def _build_model(transformers, model_type: str, settings: dict, kwargs: dict):
             try:
                 model = auto.from_config(cfg)
             except ValueError as err:
-                raise UserError(f"hf:{model_type} cannot be built with {kwargs} and head={settings['head']}: {str(err).splitlines()[0]}") from None
+                raise UserError(
+                    f"hf:{model_type} cannot be built with {kwargs} and head={settings['head']}: "
+                    f"{str(err).splitlines()[0]}"
+                ) from None
     return model.float().eval()
 
 

@@ -103,9 +103,7 @@ class LlamaBlock(nn.Module):
     def __init__(self, cfg: Mapping[str, object]):
         hidden, dtype, eps = int(cfg["hidden"]), str(cfg["dtype"]), float(cfg["eps"])
         self.input_layernorm = nn.RMSNorm(hidden, -1, eps, bias=False, dtype=dtype)
-        self.self_attn = Attention(
-            hidden, int(cfg["heads"]), int(cfg["kv_heads"]), float(cfg["rope_theta"]), dtype
-        )
+        self.self_attn = Attention(hidden, int(cfg["heads"]), int(cfg["kv_heads"]), float(cfg["rope_theta"]), dtype)
         self.post_attention_layernorm = nn.RMSNorm(hidden, -1, eps, bias=False, dtype=dtype)
         self.mlp = SwiGLU(hidden, int(cfg["ffn"]), dtype)
 
@@ -154,9 +152,7 @@ class TorchLlamaBlock(torch.nn.Module):
         super().__init__()
         hidden, eps = int(cfg["hidden"]), float(cfg["eps"])
         self.input_layernorm = torch.nn.RMSNorm(hidden, eps=eps)
-        self.self_attn = TorchAttention(
-            hidden, int(cfg["heads"]), int(cfg["kv_heads"]), float(cfg["rope_theta"])
-        )
+        self.self_attn = TorchAttention(hidden, int(cfg["heads"]), int(cfg["kv_heads"]), float(cfg["rope_theta"]))
         self.post_attention_layernorm = torch.nn.RMSNorm(hidden, eps=eps)
         self.mlp = TorchSwiGLU(hidden, int(cfg["ffn"]))
 
@@ -187,9 +183,7 @@ def build(config: dict[str, object]) -> Workload:
     check_dtype(config["dtype"])
     hidden, heads, kv_heads = int(config["hidden"]), int(config["heads"]), int(config["kv_heads"])
     require(hidden % heads == 0, f"config hidden={hidden} is invalid: it must be a multiple of heads={heads}")
-    require(
-        heads % kv_heads == 0, f"config kv_heads={kv_heads} is invalid: it must divide heads={heads}"
-    )
+    require(heads % kv_heads == 0, f"config kv_heads={kv_heads} is invalid: it must divide heads={heads}")
     require(
         (hidden // heads) % 2 == 0,
         f"config hidden={hidden}, heads={heads} is invalid: head_dim=hidden/heads must be even for rotary",
@@ -199,9 +193,7 @@ def build(config: dict[str, object]) -> Workload:
     def flops(dims: Mapping[str, int]) -> float:
         return block_flops(config, dims["b"], dims["n"])
 
-    return make_workload(
-        NAME, LlamaBlock(config), config, lambda params: torch_reference(config, params), flops
-    )
+    return make_workload(NAME, LlamaBlock(config), config, lambda params: torch_reference(config, params), flops)
 
 
 BUILTIN = Builtin(NAME, "Llama decoder block (RMSNorm, RoPE, GQA causal attention, SwiGLU)", DEFAULTS, build)

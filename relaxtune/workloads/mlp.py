@@ -15,7 +15,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
 from .base import Workload
-from .common import Builtin, check_dtype, check_positive, make_workload, load_torch
+from .common import Builtin, check_dtype, check_positive, load_torch, make_workload
 
 NAME = "mlp"
 DEFAULTS: dict[str, object] = {

@@ -123,7 +123,9 @@ def _import(path: str, model):
         match = _FAILED_OP.search(printed.getvalue())
         op = match.group(1) if match else "(unknown)"
         first = (str(err).strip().splitlines() or [""])[-1][:200]
-        raise UserError(f"cannot import {path}: TVM's ONNX importer failed on operator {op}: {type(err).__name__}: {first}") from err
+        raise UserError(
+            f"cannot import {path}: TVM's ONNX importer failed on operator {op}: {type(err).__name__}: {first}"
+        ) from err
 
 
 def load_onnx(path: str, config: Mapping[str, object] | None = None, dtype: str | None = None) -> Workload:
@@ -187,6 +189,11 @@ def load_onnx(path: str, config: Mapping[str, object] | None = None, dtype: str 
 
     name = os.path.splitext(os.path.basename(path))[0]
     return Workload(
-        name=name, mod=mod, params=params, inputs=inputs, dims=dims,
-        config={"path": os.path.abspath(path), **settings}, reference=reference,
+        name=name,
+        mod=mod,
+        params=params,
+        inputs=inputs,
+        dims=dims,
+        config={"path": os.path.abspath(path), **settings},
+        reference=reference,
     )

@@ -100,7 +100,9 @@ def _export(name: str, module, inputs: tuple[TensorSpec, ...], bounds: Mapping[s
             program = torch.export.export(module, args, dynamic_shapes=dynamic)
             return program.run_decompositions()
     except Exception as err:  # torch's message is long: keep its first line
-        raise ExportError(f"torch.export of {name} with dynamic {', '.join(bounds)} failed: {_first_line(err)}") from err
+        raise ExportError(
+            f"torch.export of {name} with dynamic {', '.join(bounds)} failed: {_first_line(err)}"
+        ) from err
 
 
 def _translate(name: str, program):
@@ -113,7 +115,10 @@ def _translate(name: str, program):
         if node.op == "call_function" and node.target.__name__ not in importer.convert_map:
             missing.setdefault(node.target.__name__, []).append(node.name)
     if missing:
-        where = "; ".join(f"{op} (node {', '.join(nodes[:3])}{', ...' if len(nodes) > 3 else ''})" for op, nodes in sorted(missing.items()))
+        where = "; ".join(
+            f"{op} (node {', '.join(nodes[:3])}{', ...' if len(nodes) > 3 else ''})"
+            for op, nodes in sorted(missing.items())
+        )
         raise UserError(
             f"cannot import {name}: TVM's PyTorch importer has no converter for operator(s) {where} "
             "(rewrite them with supported torch ops)"
@@ -124,7 +129,9 @@ def _translate(name: str, program):
             try:
                 return convert(*args)
             except Exception as err:
-                raise UserError(f"cannot import {name}: TVM's PyTorch importer failed on operator {op}: {_first_line(err)}") from err
+                raise UserError(
+                    f"cannot import {name}: TVM's PyTorch importer failed on operator {op}: {_first_line(err)}"
+                ) from err
 
         return run
 
@@ -144,9 +151,13 @@ def _rename_dims(name: str, mod, inputs: tuple[TensorSpec, ...], bounds: Mapping
             if not isinstance(want, str):
                 continue
             if not isinstance(got, tirx.Var):
-                raise UserError(f"cannot import {name}: torch fixed dimension {want} of input {spec.name!r} to {got} (axis {axis})")
+                raise UserError(
+                    f"cannot import {name}: torch fixed dimension {want} of input {spec.name!r} to {got} (axis {axis})"
+                )
             if renames.setdefault(got.name, want) != want:
-                raise UserError(f"cannot import {name}: torch merged dimensions {renames[got.name]} and {want} into one")
+                raise UserError(
+                    f"cannot import {name}: torch merged dimensions {renames[got.name]} and {want} into one"
+                )
             mapping[got] = tirx.Var(want, "int64")
     mod = relax.transform.BindSymbolicVars(mapping)(mod)
     attrs = main.attrs
@@ -169,7 +180,9 @@ def _check_shapes(name: str, main) -> None:
             ty = binding.var.ty
             if isinstance(ty, relax.TensorType) and ty.shape is None and isinstance(binding.value, relax.Call):
                 op = getattr(binding.value.op, "name", str(binding.value.op))
-                raise UserError(f"cannot import {name}: TVM's importer left the output of operator {op} with an unknown shape")
+                raise UserError(
+                    f"cannot import {name}: TVM's importer left the output of operator {op} with an unknown shape"
+                )
 
 
 def from_module(
@@ -190,7 +203,9 @@ def from_module(
     mod = _translate(name, program)
     main = mod["main"]
     if not isinstance(main.ret_ty, relax.TensorType):
-        raise UserError(f"cannot import {name}: its forward returns {main.ret_ty}, relaxtune workloads return one tensor")
+        raise UserError(
+            f"cannot import {name}: its forward returns {main.ret_ty}, relaxtune workloads return one tensor"
+        )
     mod, bounds = _rename_dims(name, mod, inputs, bounds)
     mod = UnmergeLeadingDims()(mod)
     mod, detached = relax.frontend.detach_params(mod)
@@ -234,7 +249,9 @@ def _factory(spec: str):
     try:
         pymod = importlib.import_module(path)
     except Exception as err:
-        raise UserError(f"torch workload module {path!r} cannot be imported ({_first_line(err)}): it must be on sys.path") from err
+        raise UserError(
+            f"torch workload module {path!r} cannot be imported ({_first_line(err)}): it must be on sys.path"
+        ) from err
     factory = getattr(pymod, attr, None)
     if not callable(factory):
         raise UserError(f"torch workload {spec!r}: {path} has no callable {attr!r}")
@@ -275,18 +292,25 @@ def _input_specs(spec: str, factory, module, shape_text: object | None) -> tuple
     else:
         shapes = getattr(factory, "input_shapes", None)
         if not shapes:
-            raise UserError(f"torch workload {spec}: the factory has no input_shapes attribute (or give config shape=bxnx64)")
+            raise UserError(
+                f"torch workload {spec}: the factory has no input_shapes attribute (or give config shape=bxnx64)"
+            )
         dtypes = list(getattr(factory, "input_dtypes", ["float32"] * len(shapes)))
     forward = [p for p in inspect.signature(module.forward).parameters]
     names = list(getattr(factory, "input_names", forward[: len(shapes)]))
     fills = list(getattr(factory, "input_fills", [None] * len(shapes)))
     if not len(names) == len(dtypes) == len(fills) == len(shapes):
-        raise UserError(f"torch workload {spec}: input_shapes, input_dtypes, input_names and input_fills differ in length")
+        raise UserError(
+            f"torch workload {spec}: input_shapes, input_dtypes, input_names and input_fills differ in length"
+        )
     result = []
     for name, shape, dtype, fill in zip(names, shapes, dtypes, fills):
         bad = [d for d in shape if not (isinstance(d, int) and d > 0) and d not in ("b", "n")]
         if bad or not hasattr(torch, str(dtype)):
-            raise UserError(f"torch workload {spec}: input {name!r} has shape {tuple(shape)} / dtype {dtype}: sizes must be ints > 0, 'b' or 'n'")
+            raise UserError(
+                f"torch workload {spec}: input {name!r} has shape {tuple(shape)} / dtype {dtype}: sizes must be ints > "
+                "0, 'b' or 'n'"
+            )
         if fill is None:
             fill = "normal" if "float" in str(dtype) else 2
         if isinstance(fill, int):
@@ -313,14 +337,22 @@ def load_torch(spec: str, config: Mapping[str, object] | None = None, dtype: str
     shape_text = config.pop("shape", None)
     module = factory(**_factory_kwargs(spec, factory, config))
     if not hasattr(module, "forward") or not callable(module):
-        raise UserError(f"torch workload {spec}: the factory returned {type(module).__name__}, expected a torch.nn.Module")
+        raise UserError(
+            f"torch workload {spec}: the factory returned {type(module).__name__}, expected a torch.nn.Module"
+        )
     inputs = _input_specs(spec, factory, module, shape_text)
     if not 1 <= limits["min_seq"] <= limits["max_seq"] or limits["max_batch"] < 1:
         raise UserError(f"torch workload {spec}: need 1 <= min_seq <= max_seq and max_batch >= 1, got {limits}")
     used = {d for t in inputs for d in t.shape if isinstance(d, str)}
     if limits["max_batch"] == 1 and "b" in used:
-        inputs = tuple(TensorSpec(t.name, tuple(1 if d == "b" else d for d in t.shape), t.dtype, t.fill, t.high) for t in inputs)
+        inputs = tuple(
+            TensorSpec(t.name, tuple(1 if d == "b" else d for d in t.shape), t.dtype, t.fill, t.high) for t in inputs
+        )
         used.discard("b")
-    bounds = {d: b for d, b in {"b": (1, limits["max_batch"]), "n": (limits["min_seq"], limits["max_seq"])}.items() if d in used}
+    bounds = {
+        d: b
+        for d, b in {"b": (1, limits["max_batch"]), "n": (limits["min_seq"], limits["max_seq"])}.items()
+        if d in used
+    }
     name = spec.rsplit(":", 1)[1]
     return from_module(name, module, inputs, bounds, {"spec": spec, **limits, **{k: str(v) for k, v in config.items()}})

@@ -51,6 +51,9 @@ BENCH_SYSTEMS = ("relaxtune", "torch", "torch.compile", "onnxruntime")
 
 def torchvision_models():
     """``torchvision.models`` (``relaxtune.torchvision_compat`` lets it import without the C++ extension)."""
+    from ..torchvision_compat import install
+
+    install()
     try:
         return importlib.import_module("torchvision.models")
     except ImportError as err:

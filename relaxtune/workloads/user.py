@@ -96,9 +96,7 @@ def _call_workload(func, path: str, config: dict[str, str], dtype: str | None) -
             )
     result = func(**kwargs)
     if not isinstance(result, Workload):
-        raise UserError(
-            f"workload() in {path!r} returned {type(result).__name__}, expected a relaxtune Workload"
-        )
+        raise UserError(f"workload() in {path!r} returned {type(result).__name__}, expected a relaxtune Workload")
     return result
 
 

@@ -150,7 +150,7 @@ def parallel_depth(sch: s_tir.Schedule, loops: list, lane_work: int) -> int:
     for i, ext in enumerate(exts):
         if ext is None and i > 0:
             work = lane_work
-            for inner in exts[i + 1:]:
+            for inner in exts[i + 1 :]:
                 work *= inner or 1
             if work >= 256:
                 depth = i + 1

@@ -33,7 +33,7 @@ import logging
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from ...relax_passes import attention_kernel as kernel
+from ...kernels import attention_tir as kernel
 from . import _utils as U
 from . import fast_math
 
@@ -120,6 +120,8 @@ class Attention(fast_math.FastMathRule):
         try:
             schedule(sch, target)
         except Exception as err:  # pylint: disable=broad-except  # a changed kernel: leave it to the fallback
-            logger.warning("the attention rule does not apply to %s: %s", func.attrs.get("global_symbol", "kernel"), err)
+            logger.warning(
+                "the attention rule does not apply to %s: %s", func.attrs.get("global_symbol", "kernel"), err
+            )
             return None
         return sch

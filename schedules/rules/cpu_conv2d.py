@@ -3,12 +3,12 @@ gives every convolution), with its padding prologue and its element-wise epilogu
 activation, residual add), symbolic batch.
 
 Matches a PrimFunc whose only reduction block is a ``dense`` channels-last window block
-(``_window.py``): ``out[n, h, w, c] += data[n, h*s + kh*d, w*s + kw*d, ic] * weight[kh, kw, ic, c]``.
+(``conv_analysis.py``): ``out[n, h, w, c] += data[n, h*s + kh*d, w*s + kw*d, ic] * weight[kh, kw, ic, c]``.
 
 How it schedules (a direct convolution, no im2col buffer):
 1. Register tile: ``R`` output pixels of a row times ``V`` vectors of output channels
    (7 x 2 x 16 with AVX-512: 14 vector accumulators, which LLVM keeps in registers; ``R`` as
-   ``_window.pixel_tile`` sizes it for the vector registers there are). Per step of the
+   ``conv_analysis.pixel_tile`` sizes it for the vector registers there are). Per step of the
    reduction the tile loads ``V`` weight vectors (contiguous: output channels are the weight's
    innermost axis) and broadcasts ``R`` input values, for ``R x V`` vector FMAs.
 2. Loops: ``[tiles] (parallel) > kh > kw > ic > R (unrolled) > V (unrolled) > L (vector)``. Where
@@ -33,7 +33,7 @@ from tvm import s_tir, tirx
 from tvm.target import Target
 
 from . import _utils as U
-from . import _window as W
+from . import conv_analysis as W
 from . import fast_math
 
 logger = logging.getLogger(__name__)

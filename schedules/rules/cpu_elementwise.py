@@ -5,7 +5,8 @@ Matches a PrimFunc whose blocks are all spatial (no reduction), static or symbol
 How it schedules: inline every block that can be inlined (so a fused chain becomes one loop nest
 per output), then for each remaining block fuse the outer loops into one parallel loop (all static
 ones, but a symbolic loop only when outermost or with >= 256 elements of work per iteration: see
-``_utils.parallel_depth``; the others stay nested, serial) and vectorize the innermost: a static innermost loop is split by the largest power of two <= SIMD
+``_utils.parallel_depth``; the others stay nested, serial) and vectorize the innermost: a static innermost loop is
+split by the largest power of two <= SIMD
 width that divides it; a symbolic innermost loop is split by the SIMD width and its outer part gets
 ``pragma_loop_partition_hint``, so lowering peels a predicate-free vector body plus a scalar tail.
 """

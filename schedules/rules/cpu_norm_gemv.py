@@ -23,8 +23,8 @@ from tvm.target import Target
 
 from . import _utils as U
 from . import fast_math
-from .cpu_matmul import Matmul, detect
-from .cpu_reduction import Reduction
+from .analysis import detect
+from .tiling import rfactor, tiled_matmul, vectorize_rf
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def _parts(sch: s_tir.Schedule):
     if len(contractions) != 1:
         return None
     at = contractions[0]
-    before, after = stmts[:at], stmts[at + 1:]
+    before, after = stmts[:at], stmts[at + 1 :]
     if not any(_reduces(s) for s in before) or any(_reduces(s) for s in after):
         return None
     _, ai, _ = detect(stmts[at])
@@ -69,9 +69,9 @@ def _schedule_rows(sch: s_tir.Schedule, names: list[str], target: Target) -> Non
         if _reduces(stmt):
             width = U.largest_pow2_divisor(ext, vec) if ext else 1
             if width >= 2 and ext // width >= 2:
-                rf_block = Reduction._rfactor(sch, blk, loops[-1], width)  # pylint: disable=protected-access
+                rf_block = rfactor(sch, blk, loops[-1], width)
                 if rf_block is not None:
-                    Reduction._vectorize_rf(sch, rf_block, sch.get_loops(rf_block)[-2:])  # pylint: disable=protected-access
+                    vectorize_rf(sch, rf_block, sch.get_loops(rf_block)[-2:])
         elif ext and ext > 1:
             U.vectorize_inner(sch, loops[-1], vec)
 
@@ -79,7 +79,7 @@ def _schedule_rows(sch: s_tir.Schedule, names: list[str], target: Target) -> Non
 def _version(func: tirx.PrimFunc, target: Target, rows: int | None) -> tirx.PrimFunc:
     sch = s_tir.Schedule(func)
     names, main = _parts(sch)
-    Matmul(fast_math=False)._schedule(sch, sch.get_sblock(main), target, rows=rows, a_at_root=True)  # pylint: disable=protected-access
+    tiled_matmul(sch, sch.get_sblock(main), target, rows=rows, a_at_root=True)
     _schedule_rows(sch, names, target)
     return sch.mod["main"]
 
@@ -90,7 +90,9 @@ def _rows_first(func: tirx.PrimFunc) -> tuple[list, list]:
     stmts = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
     for i, stmt in enumerate(stmts):
         found = []
-        tvm_ffi.structural_walk(stmt, (tirx.For, lambda n: found.append(1) if n.kind == tirx.ForKind.PARALLEL else None))
+        tvm_ffi.structural_walk(
+            stmt, (tirx.For, lambda n: found.append(1) if n.kind == tirx.ForKind.PARALLEL else None)
+        )
         if found:
             return stmts[:i], stmts[i:]
     raise ValueError("no parallel loop in the scheduled kernel")
@@ -109,7 +111,8 @@ def _rows_then_branch(cond, small: tirx.PrimFunc, general: tirx.PrimFunc) -> tir
 
 
 class NormGemv(fast_math.FastMathRule):
-    """Row normalization + matmul + epilogue in one kernel: rows at root, the matmul as cpu_matmul (module docstring)."""
+    """Row normalization + matmul + epilogue in one kernel: rows at root, the matmul as cpu_matmul
+    (module docstring)."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
         sch = self.schedule_of(func, target)

@@ -33,14 +33,14 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.ir.expr import Call, TensorLoad
 from tvm.s_tir.dlight.analysis import normalize_prim_func
-from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.sym.analyzer import Analyzer
 from tvm.target import Target
 
 from . import _utils as U
 from . import fast_math
-from .cpu_matmul import detect as detect_matmul
+from .analysis import detect as detect_matmul
+from .tiling import rfactor, vectorize_rf
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +60,11 @@ def _leading_s(kind: str) -> int:
 
 
 def _divisible(value, factor: int) -> bool:
-    return U.static(value) is not None and U.static(value) % factor == 0 or Analyzer().can_prove_equal(
-        tirx.floormod(value, factor), 0)
+    return (
+        U.static(value) is not None
+        and U.static(value) % factor == 0
+        or Analyzer().can_prove_equal(tirx.floormod(value, factor), 0)
+    )
 
 
 def _pure_reduction(stmt) -> bool:
@@ -198,7 +201,7 @@ class Reduction(CPUScheduleRule):
             vec = U.lanes(target, self._dtype(sch, info.block_rv))
             width = U.largest_pow2_divisor(ext, vec) if U.static(ext) else (vec if _divisible(ext, vec) else 1)
             if width >= 2 and (U.static(ext) is None or U.static(ext) // width >= 2):
-                rf_block = self._rfactor(sch, info.block_rv, inner, width)
+                rf_block = rfactor(sch, info.block_rv, inner, width)
                 if rf_block is not None:
                     rf_names.add(sch.get(rf_block).name_hint)
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
@@ -213,7 +216,7 @@ class Reduction(CPUScheduleRule):
             if not inner_loops:
                 continue
             if stmt.name_hint in rf_names:
-                self._vectorize_rf(sch, blk, inner_loops)
+                vectorize_rf(sch, blk, inner_loops)
             elif all(iv.iter_type == tirx.IterVar.DataPar for iv in stmt.iter_vars):
                 split_vectorize(sch, inner_loops[-1], U.lanes(target, self._dtype(sch, blk)))
             else:
@@ -223,28 +226,3 @@ class Reduction(CPUScheduleRule):
     @staticmethod
     def _dtype(sch: s_tir.Schedule, blk) -> str:
         return sch.get(blk).writes[0].source.dtype
-
-    @staticmethod
-    def _rfactor(sch: s_tir.Schedule, blk, inner, width: int):
-        """Vector partial reduction ``rf[lane] op= x[o * width + lane]``; None if rfactor refuses."""
-        r_o, r_i = sch.split(inner, [None, width])
-        try:
-            return sch.rfactor(r_i, factor_axis=len(sch.get(blk).writes[0].region))
-        except Exception as err:  # pylint: disable=broad-except  # unknown reducer etc.
-            logger.debug("rfactor refused: %s", err)
-            sch.fuse(r_o, r_i)
-            return None
-
-    @staticmethod
-    def _vectorize_rf(sch: s_tir.Schedule, rf_block, loops) -> None:
-        """Put the lane loop innermost, vectorize it, and hoist the init out of the reduction."""
-        stmt = sch.get(rf_block)
-        values = get_sblockrealize(sch, rf_block).iter_values
-        lane_vars = [v for iv, v in zip(stmt.iter_vars, values) if iv.iter_type == tirx.IterVar.DataPar]
-        lane = [lp for lp in loops if any(sch.get(lp).loop_var.same_as(v) for v in lane_vars)]
-        red = [lp for lp in loops if not any(sch.get(lp).same_as(sch.get(x)) for x in lane)]
-        if len(lane) != 1 or len(red) != 1:
-            return
-        sch.reorder(red[0], lane[0])
-        sch.vectorize(lane[0])
-        sch.decompose_reduction(rf_block, red[0])

@@ -3,12 +3,12 @@ depthwise convolutions, max / average pooling, the mean over the image (global a
 with their padding prologue and element-wise epilogue, symbolic batch.
 
 Matches a PrimFunc whose only reduction block is a ``channelwise`` channels-last window block
-(``_window.py``): ``out[n, h, w, c] = reduce over (kh, kw) of data[n, h*s + kh, w*s + kw, c]
+(``conv_analysis.py``): ``out[n, h, w, c] = reduce over (kh, kw) of data[n, h*s + kh, w*s + kw, c]
 (* weight[kh, kw, 0, c])``.
 
 How it schedules:
 1. Register tile: ``R`` output pixels of a row times ``V`` (1 or 2) vectors of channels
-   (``_window.pixel_tile``), accumulated in registers; per window tap it loads ``V`` weight
+   (``conv_analysis.pixel_tile``), accumulated in registers; per window tap it loads ``V`` weight
    vectors and ``R x V`` input vectors (channels are innermost in both).
 2. Loops: ``[n, h, w tiles, channel tiles] (parallel) > kh > kw > R (unrolled) > V (unrolled) >
    L (vector)``; for a mean over the whole image (output 1 x 1) the window is the image.
@@ -27,7 +27,7 @@ from tvm import s_tir, tirx
 from tvm.target import Target
 
 from . import _utils as U
-from . import _window as W
+from . import conv_analysis as W
 from . import fast_math
 
 logger = logging.getLogger(__name__)

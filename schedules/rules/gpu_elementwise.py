@@ -47,7 +47,7 @@ before). The leading indices are simplified over the block's domains before the 
 so a reshape's `(v // 128 + row) % U` (the whole rotary table read in place, SliceAfterReshape)
 counts as free of the column.
 
-Measured on the H200 (scripts/gpu_job.py, llama7b-rf-cublas-flash vs -prev, per kernel):
+Measured on the H200 (benchmarks/gpu_job.py, llama7b-rf-cublas-flash vs -prev, per kernel):
 silu(gate) * up 109.9-116.5 -> 43.1-44.1 us at n = 2048 (7.4 -> 4.1-4.2 us at n = 128); the
 residual adds 29.7-29.9 + 18.0-18.1 -> 13.3-13.4 + 8.1-8.2 us at n = 2048; n = 1 unchanged
 (~3.6-5.5 us, launch-bound). The block with CUDA graphs at n = 2048: 1.721 -> 1.604 ms (second
@@ -105,7 +105,21 @@ def _contiguous(index_exprs, var, analyzer) -> bool:
     return not _uses(last, var) or not _uses(analyzer.simplify(last - var), var)
 
 
-_FIELDS = ("a", "b", "value", "args", "indices", "condition", "true_value", "false_value", "body", "seq", "then_case", "else_case", "base")
+_FIELDS = (
+    "a",
+    "b",
+    "value",
+    "args",
+    "indices",
+    "condition",
+    "true_value",
+    "false_value",
+    "body",
+    "seq",
+    "then_case",
+    "else_case",
+    "base",
+)
 
 
 def _nodes(node):
@@ -115,7 +129,7 @@ def _nodes(node):
         child = getattr(node, field, None)
         if child is None or isinstance(child, (int, float, str)):
             continue
-        for item in (child if isinstance(child, (list, tuple, tvm_ffi.Array)) else [child]):
+        for item in child if isinstance(child, (list, tuple, tvm_ffi.Array)) else [child]:
             if hasattr(item, "same_as"):
                 yield from _nodes(item)
 
@@ -149,7 +163,12 @@ def _accesses(node) -> list:
     """Every load and store under `node` (the block body): (buffer name, element type, indices)."""
     found = []
     for item in _nodes(node):
-        if type(item).__name__ not in ("BufferLoad", "BufferStore", "TensorLoad", "TensorStore"):  # 0.27: loads are TensorLoad nodes
+        if type(item).__name__ not in (
+            "BufferLoad",
+            "BufferStore",
+            "TensorLoad",
+            "TensorStore",
+        ):  # 0.27: loads are TensorLoad nodes
             continue
         if hasattr(item, "buffer"):  # a store: the buffer is a Var typed as a buffer
             found.append((item.buffer.name, str(item.buffer.dtype), list(item.indices)))
@@ -161,10 +180,21 @@ def _accesses(node) -> list:
 class RowElementwise(dl.ScheduleRule):
     """Injective kernels with a static, contiguous last axis: rows on blocks, 16-byte vectors on threads."""
 
-    def __init__(self, vector_bytes: int = 16, row_threads: tuple = (512, 256, 128, 64), pack_threads: int = 256, halves: bool = True):
+    def __init__(
+        self,
+        vector_bytes: int = 16,
+        row_threads: tuple = (512, 256, 128, 64),
+        pack_threads: int = 256,
+        halves: bool = True,
+    ):
         # halves: a select on the column that is constant on each half of the row (RoPE) is scheduled
         # per half (False: declined, the rule before issue 8's RoPE work)
-        self.vector_bytes, self.row_threads, self.pack_threads, self.halves = vector_bytes, row_threads, pack_threads, halves
+        self.vector_bytes, self.row_threads, self.pack_threads, self.halves = (
+            vector_bytes,
+            row_threads,
+            pack_threads,
+            halves,
+        )
 
     def apply(self, func, target, _tunable):
         if not isinstance(func, tirx.PrimFunc):
@@ -185,7 +215,11 @@ class RowElementwise(dl.ScheduleRule):
         # trivial binding: block var i is loop i (FuseTIR / LegalizeOps write T.axis.remap("SS..S"))
         loop_vars = [sch.get(lp).loop_var for lp in loops]
         binding = self._binding(sch, block)
-        if binding is None or len(binding) != len(loop_vars) or not all(b.same_as(v) for b, v in zip(binding, loop_vars)):
+        if (
+            binding is None
+            or len(binding) != len(loop_vars)
+            or not all(b.same_as(v) for b, v in zip(binding, loop_vars))
+        ):
             return None
         last_extent = sch.get(loops[-1]).extent
         if not isinstance(last_extent, tirx.IntImm):
@@ -242,7 +276,13 @@ class RowElementwise(dl.ScheduleRule):
         # defined twice) that a new Schedule refuses; printed and parsed back, each copy gets its own
         mod = tvm.script.from_source(sch.mod.script())
         narrow = _fits_int32(mod["main"])
-        logger.debug("RowElementwise: halves, %d rows of 2 x %d vectors per block, vector %d, %s indices", per_block, chunks, vector, "int32" if narrow else "int64")
+        logger.debug(
+            "RowElementwise: halves, %d rows of 2 x %d vectors per block, vector %d, %s indices",
+            per_block,
+            chunks,
+            vector,
+            "int32" if narrow else "int64",
+        )
         return s_tir.Schedule(tirx.transform.ForceNarrowIndexToInt32()(mod) if narrow else mod)
 
     @staticmethod
@@ -314,7 +354,13 @@ def _fits_int32(func) -> bool:
             for var in tirx.analysis.undefined_vars(dim):
                 if str(var.name) not in bounds:
                     return False
-                analyzer.bind(var, tvm.ir.Range(tirx.IntImm(str(var.ty.dtype), 0), tirx.IntImm(str(var.ty.dtype), int(bounds[str(var.name)]) + 1)))
+                analyzer.bind(
+                    var,
+                    tvm.ir.Range(
+                        tirx.IntImm(str(var.ty.dtype), 0),
+                        tirx.IntImm(str(var.ty.dtype), int(bounds[str(var.name)]) + 1),
+                    ),
+                )
         total = 1
         for dim in shape:
             total *= int(analyzer.const_int_bound(dim).max_value)
@@ -333,13 +379,21 @@ def annotate_var_bounds(mod):
     found: dict = {}  # GlobalVar name -> {dim name: bound or None (unbounded)}
 
     def shape_of(ty):
-        return list(ty.shape.values) if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr) else None
+        return (
+            list(ty.shape.values)
+            if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr)
+            else None
+        )
 
     for _gv, func in mod.functions_items():
         if not isinstance(func, relax.Function) or func.attrs is None or "tir_var_upper_bound" not in func.attrs:
             continue
         upper = {str(k): int(v) for k, v in func.attrs["tir_var_upper_bound"].items()}
-        lower = {str(k): int(v) for k, v in func.attrs["tir_var_lower_bound"].items()} if "tir_var_lower_bound" in func.attrs else {}
+        lower = (
+            {str(k): int(v) for k, v in func.attrs["tir_var_lower_bound"].items()}
+            if "tir_var_lower_bound" in func.attrs
+            else {}
+        )
         analyzer = tvm.sym.Analyzer()
         for var in relax.analysis.defined_symbolic_vars(func):
             if str(var.name) in upper:

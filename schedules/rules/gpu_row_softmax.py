@@ -16,7 +16,8 @@ reads them (the normalisation, the only output). The schedule:
   coalesced across the warp and each thread issues 8 independent loads before using them. dlight's
   GeneralReduction has the same block/thread layout but one guarded load per serial step: a GPU
   issues in order, so each thread likely waits out a memory latency per element (not yet
-  measured apart: reading 268 MB with ~4 KB in flight per SM would take about the 813 us above). Each thread folds its elements in a register,
+  measured apart: reading 268 MB with ~4 KB in flight per SM would take about the 813 us above). Each thread folds its
+  elements in a register,
   then a warp-shuffle all-reduce (TVM's cross-thread reduction) gives every thread the result;
   the reduced values live in shared memory (one per row);
 - the output loop the same way; with a static row length divisible by 8 x threads each thread
@@ -32,7 +33,7 @@ reads them (the normalisation, the only output). The schedule:
   keeps the scalar loads). The output pass of a row with fp32 math (RMSNorm's scale, the fp32
   softmax) writes 4 elements per step, not 8: TVM's CUDA codegen emits a float32 x 8 broadcast as
   an 8-argument make_ulonglong4 that nvcc rejects (`_output_vector`).
-  H200, 7B block, n = 2048 (scripts/gpu_job.py, llama7b-rf-cublas-flash vs -h8cprev): each
+  H200, 7B block, n = 2048 (benchmarks/gpu_job.py, llama7b-rf-cublas-flash vs -h8cprev): each
   RMSNorm 15.1-15.4 us (then dlight's Reduction rule, 1024 threads, scalar loads: this rule now
   runs before it, gpu_rules.ROW_SOFTMAX_FIRST) -> 7.8-7.9 us (~4.2 TB/s for the 33.5 MB read and
   written); 5.4-5.7 us at n = 1 and 128 (launch-bound) either way.
@@ -98,21 +99,28 @@ def _row_reduction(sch, block, rank: int) -> bool:
     """`block` reduces over exactly one axis, its innermost loop, and keeps `rank - 1` spatial axes."""
     kinds = _kinds(sch, block)
     loops = sch.get_loops(block)
-    if kinds.count(COMM_REDUCE) != 1 or kinds[-1] != COMM_REDUCE or any(k not in (DATA_PAR, COMM_REDUCE) for k in kinds):
+    if (
+        kinds.count(COMM_REDUCE) != 1
+        or kinds[-1] != COMM_REDUCE
+        or any(k not in (DATA_PAR, COMM_REDUCE) for k in kinds)
+    ):
         return False
     return len(kinds) == rank and len(loops) == rank
 
 
 def _same_extents(sch, loops_a, loops_b) -> bool:
     ana = tvm.sym.Analyzer()
-    return len(loops_a) == len(loops_b) and all(ana.can_prove_equal(sch.get(a).extent, sch.get(b).extent) for a, b in zip(loops_a, loops_b))
+    return len(loops_a) == len(loops_b) and all(
+        ana.can_prove_equal(sch.get(a).extent, sch.get(b).extent) for a, b in zip(loops_a, loops_b)
+    )
 
 
 class RowSoftmax(dl.ScheduleRule):
     """Softmax-shaped kernels (row reductions, then one normalising output pass): a block per row."""
 
     def __init__(self, threads: int = 256, vector: int = 8, unroll: int = 8, vector_bytes: int = 16):
-        # vector_bytes: 16-byte loads in the reduction passes of a static row (0: scalar loads, the rule before issue 8's RMSNorm work)
+        # vector_bytes: 16-byte loads in the reduction passes of a static row (0: scalar loads, the rule before issue
+        # 8's RMSNorm work)
         self.threads, self.vector, self.unroll, self.vector_bytes = threads, vector, unroll, vector_bytes
 
     def apply(self, func, target, _tunable):
@@ -184,7 +192,9 @@ class RowSoftmax(dl.ScheduleRule):
             sch.unroll(r_step)
             sch.annotate(r_o, "pragma_loop_partition_hint", 1)  # LoopPartition: whole chunks unchecked, then the tail
             sch.set_scope(red, 0, "shared")
-        logger.debug("RowSoftmax: %d reduction(s), %d threads, vector %d, unroll %d", len(reductions), threads, vector, unroll)
+        logger.debug(
+            "RowSoftmax: %d reduction(s), %d threads, vector %d, unroll %d", len(reductions), threads, vector, unroll
+        )
         return sch
 
     def _output_vector(self, sch, output) -> int:
@@ -209,7 +219,12 @@ class RowSoftmax(dl.ScheduleRule):
             if not len(region) or any(_uses(r.min, k) for r in region[:-1]):
                 return False
             last = region[-1]
-            return isinstance(last.extent, tirx.IntImm) and int(last.extent) == 1 and _uses(last.min, k) and not _uses(analyzer.simplify(last.min - k), k)
+            return (
+                isinstance(last.extent, tirx.IntImm)
+                and int(last.extent) == 1
+                and _uses(last.min, k)
+                and not _uses(analyzer.simplify(last.min - k), k)
+            )
 
         rows = [i for i, r in enumerate(reads) if along_row(r.region)]
         if not rows or any(_uses(r.region[-1].min, k) for i, r in enumerate(reads) if i not in rows):

@@ -52,21 +52,31 @@ class Declining(dl.ScheduleRule):
             return None
 
 
-# RowSoftmax before dlight's Reduction: that rule took the RMSNorms (1024 threads, scalar loads,
-# 14.5-15.4 us at n = 2048 in the 7B block); False: after it (the order before issue 8's norm work)
-ROW_SOFTMAX_FIRST = True
+DEFAULT = "default"  # a rule argument of gpu_rules: that rule with its default settings
 
 
-def gpu_rules() -> list:
-    """The CUDA rules in the order they are tried."""
-    rows = [RowSoftmax(), dl.gpu.Reduction()] if ROW_SOFTMAX_FIRST else [dl.gpu.Reduction(), RowSoftmax()]
-    rules = [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.LowBatchGEMV(), RowElementwise(), *rows, dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
-    return [Declining(rule) for rule in rules]
+def gpu_rules(softmax=DEFAULT, elementwise=DEFAULT, softmax_first: bool = True) -> list:
+    """The CUDA rules in the order they are tried. `softmax` / `elementwise`: relaxtune's row rules
+    (DEFAULT: RowSoftmax() / RowElementwise(); None: left out, dlight's rules take those kernels);
+    `softmax_first`: RowSoftmax before dlight's Reduction, which otherwise takes the RMSNorms."""
+    softmax = RowSoftmax() if softmax == DEFAULT else softmax
+    elementwise = RowElementwise() if elementwise == DEFAULT else elementwise
+    rows = [softmax, dl.gpu.Reduction()] if softmax_first else [dl.gpu.Reduction(), softmax]
+    rules = [
+        dl.gpu.Matmul(),
+        dl.gpu.GEMV(),
+        dl.gpu.LowBatchGEMV(),
+        elementwise,
+        *rows,
+        dl.gpu.GeneralReduction(),
+        dl.gpu.Fallback(),
+    ]
+    return [Declining(rule) for rule in rules if rule is not None]
 
 
-def gpu_schedule_pass():
-    """The rules as a module pass: the kernels' symbolic-dim bounds annotated first (for RowElementwise's
-    32-bit indices), then dlight's ApplyDefaultSchedule over `gpu_rules()`."""
+def gpu_schedule_pass(rules: list | None = None):
+    """The rules (default `gpu_rules()`) as a module pass: the kernels' symbolic-dim bounds annotated
+    first (for RowElementwise's 32-bit indices), then dlight's ApplyDefaultSchedule."""
     import tvm
 
     from .gpu_elementwise import annotate_var_bounds
@@ -75,7 +85,7 @@ def gpu_schedule_pass():
     def bounds(mod, _ctx):
         return annotate_var_bounds(mod)
 
-    return tvm.transform.Sequential([bounds, dl.ApplyDefaultSchedule(*gpu_rules())])
+    return tvm.transform.Sequential([bounds, dl.ApplyDefaultSchedule(*(rules if rules is not None else gpu_rules()))])
 
 
 def unscheduled_kernels(mod) -> list[str]:
@@ -83,7 +93,9 @@ def unscheduled_kernels(mod) -> list[str]:
     from tvm import tirx
 
     return sorted(
-        gv.name_hint for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc) and not (f.attrs and f.attrs.get("tirx.is_scheduled", False))
+        gv.name_hint
+        for gv, f in mod.functions_items()
+        if isinstance(f, tirx.PrimFunc) and not (f.attrs and f.attrs.get("tirx.is_scheduled", False))
     )
 
 
@@ -101,7 +113,10 @@ def require_gpu_schedules():
     def check(mod, _ctx):
         left = unscheduled_kernels(mod)
         if left:
-            raise UserError(f"no CUDA schedule for kernel(s) {', '.join(left)} (no GPU rule or tuning record applies); try --fusion stock")
+            raise UserError(
+                f"no CUDA schedule for kernel(s) {', '.join(left)} (no GPU rule or tuning record applies); try "
+                "--fusion stock"
+            )
         return mod
 
     return check

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
-from relaxtune.relax_passes.block_conv_weights import LEGALIZE, BlockConvWeights
 from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
+
+from relaxtune.relax_passes.block_conv_weights import LEGALIZE, BlockConvWeights
 
 AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})  # 16 lanes: blocks of 2 vectors, 32 channels
 

@@ -16,7 +16,9 @@ from relaxtune.relax_passes.bucket_dispatch import BUCKET_ATTR, Bucket, BucketDi
 @I.ir_module
 class Before:
     @R.function
-    def main(x: R.Tensor(("b", "n", 16), "float32"), w: R.Tensor((16, 8), "float32")) -> R.Tensor(("b", "n", 8), "float32"):
+    def main(x: R.Tensor(("b", "n", 16), "float32"), w: R.Tensor((16, 8), "float32")) -> R.Tensor(
+        ("b", "n", 8), "float32"
+    ):
         R.func_attr({"tir_var_upper_bound": {"n": 64, "b": 4}, "num_input": 1})
         with R.dataflow():
             y = R.nn.gelu(R.matmul(x, w))
@@ -27,7 +29,15 @@ class Before:
 def test_default_plan_powers_of_two_for_wide_ranges():
     plan = plan_buckets({"b": (1, 4, 1), "n": (1, 40, 32)}, {})
     assert plan["b"] == [Bucket(1, 4, 1)]
-    assert plan["n"] == [Bucket(1, 1, 1), Bucket(2, 2, 2), Bucket(3, 4, 4), Bucket(5, 8, 8), Bucket(9, 16, 16), Bucket(17, 32, 32), Bucket(33, 40, 40)]
+    assert plan["n"] == [
+        Bucket(1, 1, 1),
+        Bucket(2, 2, 2),
+        Bucket(3, 4, 4),
+        Bucket(5, 8, 8),
+        Bucket(9, 16, 16),
+        Bucket(17, 32, 32),
+        Bucket(33, 40, 40),
+    ]
 
 
 def test_explicit_tops_cover_the_range():
@@ -46,7 +56,11 @@ def test_structure_one_function_per_bucket():
     variants = {gv.name_hint: f for gv, f in mod.functions_items() if gv.name_hint != "main"}
     assert sorted(variants) == ["main_n1_b1_4", "main_n2_64_b1_4"]
     decode = variants["main_n1_b1_4"]
-    assert [int(d) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in decode.params[0].ty.shape.values] == ["b", 1, 16]
+    assert [int(d) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in decode.params[0].ty.shape.values] == [
+        "b",
+        1,
+        16,
+    ]
     assert [int(v) for v in decode.attrs[BUCKET_ATTR]["n"]] == [1, 1, 1]
     rest = variants["main_n2_64_b1_4"]
     assert int(rest.attrs["tir_var_upper_bound"]["n"]) == 64 and int(rest.attrs["tir_var_lower_bound"]["n"]) == 2

@@ -72,8 +72,11 @@ class KeyTransposesBefore:
     """kᵀ as Llama's export writes it (reshape, 3-d transpose, reshape) and as GPT-2's does (one permute)."""
 
     @R.function
-    def main(q: R.Tensor(("b", 4, "n", 16), "float32"), k: R.Tensor(("b", 4, "n", 16), "float32"),
-             k_bnhd: R.Tensor(("b", "n", 4, 16), "float32")) -> R.Tensor(("b", 4, "n", "n"), "float32"):
+    def main(
+        q: R.Tensor(("b", 4, "n", 16), "float32"),
+        k: R.Tensor(("b", 4, "n", 16), "float32"),
+        k_bnhd: R.Tensor(("b", "n", 4, 16), "float32"),
+    ) -> R.Tensor(("b", 4, "n", "n"), "float32"):
         b, n = T.int64(), T.int64()
         with R.dataflow():
             merged = R.reshape(k, R.shape([b * 4, n, 16]))
@@ -90,8 +93,11 @@ class KeyTransposesBefore:
 @I.ir_module
 class KeyTransposesExpected:
     @R.function
-    def main(q: R.Tensor(("b", 4, "n", 16), "float32"), k: R.Tensor(("b", 4, "n", 16), "float32"),
-             k_bnhd: R.Tensor(("b", "n", 4, 16), "float32")) -> R.Tensor(("b", 4, "n", "n"), "float32"):
+    def main(
+        q: R.Tensor(("b", 4, "n", 16), "float32"),
+        k: R.Tensor(("b", 4, "n", 16), "float32"),
+        k_bnhd: R.Tensor(("b", "n", 4, 16), "float32"),
+    ) -> R.Tensor(("b", 4, "n", "n"), "float32"):
         b, n = T.int64(), T.int64()
         with R.dataflow():
             k_t = R.permute_dims(k, axes=[0, 1, 3, 2])
@@ -104,8 +110,11 @@ class KeyTransposesExpected:
         return out
 
 
-@pytest.mark.parametrize("before, expected", [(MaskGatherBefore, MaskGatherExpected), (KeyTransposesBefore, KeyTransposesExpected)],
-                         ids=["mask-gather", "key-transposes"])
+@pytest.mark.parametrize(
+    "before, expected",
+    [(MaskGatherBefore, MaskGatherExpected), (KeyTransposesBefore, KeyTransposesExpected)],
+    ids=["mask-gather", "key-transposes"],
+)
 def test_onnx_idioms_become_the_torch_forms(before, expected):
     tvm.ir.assert_structural_equal(CanonicalizeOnnxAttention()(before), expected)
 
@@ -118,7 +127,10 @@ def test_rewrites_compute_the_same(before):
         if before is MaskGatherBefore:
             args = [rng.integers(0, 2, (batch, n)).astype("int64")]
         else:
-            args = [rng.standard_normal(s).astype("float32") for s in [(batch, 4, n, 16), (batch, 4, n, 16), (batch, n, 4, 16)]]
+            args = [
+                rng.standard_normal(s).astype("float32")
+                for s in [(batch, 4, n, 16), (batch, 4, n, 16), (batch, n, 4, 16)]
+            ]
         args = [tvm.runtime.tensor(a) for a in args]
         out, expected = (vm["main"](*args).numpy().astype("float64") for vm in (rewritten, source))
         np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6, err_msg=f"b={batch} n={n}")
@@ -129,7 +141,9 @@ class GatherOfInputIndices:
     """Indices read from an input may be negative: the importer's wrap is needed, nothing changes."""
 
     @R.function
-    def main(mask: R.Tensor(("b", "n"), "bool"), rows: R.Tensor(("b", "n"), "int64"), cols: R.Tensor(("b", "n"), "int64")):
+    def main(
+        mask: R.Tensor(("b", "n"), "bool"), rows: R.Tensor(("b", "n"), "int64"), cols: R.Tensor(("b", "n"), "int64")
+    ):
         with R.dataflow():
             r = R.expand_dims(rows, axis=[2])
             c = R.expand_dims(cols, axis=[2])
@@ -188,16 +202,24 @@ def onnx_attention(mask: str = "causal-pad", nan_guard: bool = True, fill: float
             causal = bb.emit(relax.op.less_equal(*((keys, queries) if mask == "causal-pad" else (queries, keys))))
             causal = bb.emit(relax.op.logical_and(relax.const(True, "bool"), causal))
             as_bool = bb.emit(relax.op.astype(attn, "bool"))
-            fields = [bb.emit(relax.op.expand_dims(bb.emit(relax.op.broadcast_to(x, relax.ShapeExpr([b, 1, 1, n]))), [4]))
-                      for x in (_position(bb, b, 0), keys)]
+            fields = [
+                bb.emit(relax.op.expand_dims(bb.emit(relax.op.broadcast_to(x, relax.ShapeExpr([b, 1, 1, n]))), [4]))
+                for x in (_position(bb, b, 0), keys)
+            ]
             idx = bb.emit(relax.op.concat(fields, axis=-1))
             extent = bb.emit(relax.op.shape_to_tensor(bb.emit(relax.op.shape_of(as_bool))))
-            idx = bb.emit(relax.op.where(bb.emit(relax.op.less(idx, relax.const(0, "int64"))), bb.emit(relax.op.add(idx, extent)), idx))
+            idx = bb.emit(
+                relax.op.where(
+                    bb.emit(relax.op.less(idx, relax.const(0, "int64"))), bb.emit(relax.op.add(idx, extent)), idx
+                )
+            )
             padded = bb.emit(relax.op.gather_nd(as_bool, idx, batch_dims=0))
             cond = bb.emit(relax.op.logical_and(causal, padded))
             bias = bb.emit(relax.op.where(cond, relax.const(0.0, "float32"), relax.const(fill, "float32")))
             k_t = bb.emit(relax.op.reshape(k, relax.ShapeExpr([b * 2, n, 16])))
-            k_t = bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(k_t, [0, 2, 1])), relax.ShapeExpr([b, 2, 16, n])))
+            k_t = bb.emit(
+                relax.op.reshape(bb.emit(relax.op.permute_dims(k_t, [0, 2, 1])), relax.ShapeExpr([b, 2, 16, n]))
+            )
             qs = bb.emit(relax.op.multiply(q, relax.const(0.5, "float32")))
             ks = bb.emit(relax.op.multiply(k_t, relax.const(0.5, "float32")))
             scores = bb.emit(relax.op.add(bb.emit(relax.op.matmul(qs, ks)), bias))
@@ -220,11 +242,15 @@ def test_onnx_attention_chain_is_fused_with_the_key_mask():
     assert len(fused_kernels(onnx_attention(nan_guard=False))) == 1  # no guard is needed with a finite fill
 
 
-@pytest.mark.parametrize("mask, nan_guard, fill", [
-    ("anti-causal", True, F32_MIN),  # query position <= key position: not causal
-    ("causal-pad", False, float("-inf")),  # no guard: rows with every key masked are NaN in the source
-    ("causal-pad", True, -1e4),  # another fill: masked keys keep a weight
-], ids=["anti-causal", "no-guard", "finite-fill"])
+@pytest.mark.parametrize(
+    "mask, nan_guard, fill",
+    [
+        ("anti-causal", True, F32_MIN),  # query position <= key position: not causal
+        ("causal-pad", False, float("-inf")),  # no guard: rows with every key masked are NaN in the source
+        ("causal-pad", True, -1e4),  # another fill: masked keys keep a weight
+    ],
+    ids=["anti-causal", "no-guard", "finite-fill"],
+)
 def test_onnx_attention_not_fused(mask, nan_guard, fill):
     assert fused_kernels(onnx_attention(mask, nan_guard, fill)) == []
 

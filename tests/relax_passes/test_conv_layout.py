@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
-from relaxtune.relax_passes.conv_layout import ConvertConvLayout
 from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
+
+from relaxtune.relax_passes.conv_layout import ConvertConvLayout
 
 
 @I.ir_module

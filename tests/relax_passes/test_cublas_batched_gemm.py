@@ -2,7 +2,7 @@
 
 The kernel's stride and transpose logic is checked on the host against a stand-in libcublas
 (tests/relax_passes/fake_cublas.c: cuBLAS's column-major semantics and leading-dimension checks
-on host memory); the GPU numbers come from scripts/gpu_job.py on the device.
+on host memory); the GPU numbers come from benchmarks/gpu_job.py on the device.
 """
 
 from __future__ import annotations
@@ -20,15 +20,20 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
 
+from relaxtune.config import CompileConfig, CudaLibraries
 from relaxtune.relax_passes.cublas_batched_gemm import RewriteBatchedGemmToCublas
-from relaxtune.relax_passes.cublas_gemm import RewriteGemmToCublas, cublas_passes
+from relaxtune.relax_passes.cublas_gemm import RewriteGemmToCublas
+from relaxtune.relax_passes.cublas_gemm_add import RewriteResidualAddToCublas
 
 
 @I.ir_module
 class AttentionBefore:  # DecomposeAttention's output for grouped-query attention (4 query heads, 2 kv heads)
     @R.function(private=True)
     def main_n65_128(
-        q: R.Tensor((1, "n", 4, 16), "float16"), k: R.Tensor((1, "n", 2, 16), "float16"), v: R.Tensor((1, "n", 2, 16), "float16"), mask: R.Tensor(("n", "n"), "float16")
+        q: R.Tensor((1, "n", 4, 16), "float16"),
+        k: R.Tensor((1, "n", 2, 16), "float16"),
+        v: R.Tensor((1, "n", 2, 16), "float16"),
+        mask: R.Tensor(("n", "n"), "float16"),
     ) -> R.Tensor((1, "n", 4, 16), "float16"):
         R.func_attr({"relaxtune.bucket": {"n": [65, 128, 128]}})
         n = T.int64()
@@ -64,28 +69,41 @@ class AttentionExpected:
         for i0, i1, i2, i3 in T.grid(T.int64(1), T.int64(4), n, n):
             with T.sblock("T_add"):
                 v_i0, v_i1, v_i2, v_i3 = T.axis.remap("SSSS", [i0, i1, i2, i3])
-                T_add[v_i0, v_i1, v_i2, v_i3] = T.Cast("float32", s[v_i0, v_i1, v_i2, v_i3]) + T.Cast("float32", bias[v_i2, v_i3])
+                T_add[v_i0, v_i1, v_i2, v_i3] = T.Cast("float32", s[v_i0, v_i1, v_i2, v_i3]) + T.Cast(
+                    "float32", bias[v_i2, v_i3]
+                )
         for i0, i1, i2, k in T.grid(T.int64(1), T.int64(4), n, n):
             with T.sblock("T_softmax_maxelem"):
                 v_i0, v_i1, v_i2, v_k = T.axis.remap("SSSR", [i0, i1, i2, k])
                 with T.init():
                     T_softmax_maxelem[v_i0, v_i1, v_i2] = T.float32(-340282346638528859811704183484516925440.0)
-                T_softmax_maxelem[v_i0, v_i1, v_i2] = T.max(T_softmax_maxelem[v_i0, v_i1, v_i2], T_add[v_i0, v_i1, v_i2, v_k])
+                T_softmax_maxelem[v_i0, v_i1, v_i2] = T.max(
+                    T_softmax_maxelem[v_i0, v_i1, v_i2], T_add[v_i0, v_i1, v_i2, v_k]
+                )
         for i0, i1, i2, k in T.grid(T.int64(1), T.int64(4), n, n):
             with T.sblock("T_softmax_expsum"):
                 v_i0, v_i1, v_i2, v_k = T.axis.remap("SSSR", [i0, i1, i2, k])
                 with T.init():
                     T_softmax_expsum[v_i0, v_i1, v_i2] = T.float32(0.0)
-                T_softmax_expsum[v_i0, v_i1, v_i2] = T_softmax_expsum[v_i0, v_i1, v_i2] + T.exp(T_add[v_i0, v_i1, v_i2, v_k] - T_softmax_maxelem[v_i0, v_i1, v_i2])
+                T_softmax_expsum[v_i0, v_i1, v_i2] = T_softmax_expsum[v_i0, v_i1, v_i2] + T.exp(
+                    T_add[v_i0, v_i1, v_i2, v_k] - T_softmax_maxelem[v_i0, v_i1, v_i2]
+                )
         for i0, i1, i2, i3 in T.grid(T.int64(1), T.int64(4), n, n):
             with T.sblock("T_softmax_norm"):
                 v_i0, v_i1, v_i2, v_i3 = T.axis.remap("SSSS", [i0, i1, i2, i3])
                 T.sblock_attr({"axis": 3})
-                T_softmax_norm[v_i0, v_i1, v_i2, v_i3] = T.Cast("float16", T.exp(T_add[v_i0, v_i1, v_i2, v_i3] - T_softmax_maxelem[v_i0, v_i1, v_i2]) / T_softmax_expsum[v_i0, v_i1, v_i2])
+                T_softmax_norm[v_i0, v_i1, v_i2, v_i3] = T.Cast(
+                    "float16",
+                    T.exp(T_add[v_i0, v_i1, v_i2, v_i3] - T_softmax_maxelem[v_i0, v_i1, v_i2])
+                    / T_softmax_expsum[v_i0, v_i1, v_i2],
+                )
 
     @R.function(private=True)
     def main_n65_128(
-        q: R.Tensor((1, "n", 4, 16), "float16"), k: R.Tensor((1, "n", 2, 16), "float16"), v: R.Tensor((1, "n", 2, 16), "float16"), mask: R.Tensor(("n", "n"), "float16")
+        q: R.Tensor((1, "n", 4, 16), "float16"),
+        k: R.Tensor((1, "n", 2, 16), "float16"),
+        v: R.Tensor((1, "n", 2, 16), "float16"),
+        mask: R.Tensor(("n", "n"), "float16"),
     ) -> R.Tensor((1, "n", 4, 16), "float16"):
         R.func_attr({"relaxtune.bucket": {"n": [65, 128, 128]}})
         n = T.int64()
@@ -96,14 +114,30 @@ class AttentionExpected:
             # q and k read in place (transpose flags), the scale is cuBLAS's alpha
             scaled = R.call_dps_packed(
                 "relaxtune_cublas_batched_gemm",
-                (q, kr, R.shape([0, 2, 1, 3]), R.shape([0, 2, 3, 1]), R.shape([0, 1, 2, 3]), R.prim_value(T.float64(0.25))),
+                (
+                    q,
+                    kr,
+                    R.shape([0, 2, 1, 3]),
+                    R.shape([0, 2, 3, 1]),
+                    R.shape([0, 1, 2, 3]),
+                    R.prim_value(T.float64(0.25)),
+                ),
                 out_ty=R.Tensor((1, 4, n, n), "float16"),
             )
-            p = R.call_tir(cls.softmax_bias, (scaled, mask), out_ty=R.Tensor((1, 4, n, n), "float16"))  # the mask inside the softmax
+            p = R.call_tir(
+                cls.softmax_bias, (scaled, mask), out_ty=R.Tensor((1, 4, n, n), "float16")
+            )  # the mask inside the softmax
             # written straight into the (b, n, h, d) layout the output permute_dims asked for
             out = R.call_dps_packed(
                 "relaxtune_cublas_batched_gemm",
-                (p, vr, R.shape([0, 1, 2, 3]), R.shape([0, 2, 1, 3]), R.shape([0, 2, 1, 3]), R.prim_value(T.float64(1.0))),
+                (
+                    p,
+                    vr,
+                    R.shape([0, 1, 2, 3]),
+                    R.shape([0, 2, 1, 3]),
+                    R.shape([0, 2, 1, 3]),
+                    R.prim_value(T.float64(1.0)),
+                ),
                 out_ty=R.Tensor((1, n, 4, 16), "float16"),
             )
             R.output(out)
@@ -113,7 +147,9 @@ class AttentionExpected:
 @I.ir_module
 class Untouched:
     @R.function(private=True)
-    def main_n2_64(q: R.Tensor((1, 4, "n", 16), "float16"), k: R.Tensor((1, 4, 16, "n"), "float16")) -> R.Tensor((1, 4, "n", "n"), "float16"):
+    def main_n2_64(q: R.Tensor((1, 4, "n", 16), "float16"), k: R.Tensor((1, 4, 16, "n"), "float16")) -> R.Tensor(
+        (1, 4, "n", "n"), "float16"
+    ):
         R.func_attr({"relaxtune.bucket": {"n": [2, 64, 64]}})  # lower bound 2 < min_rows 64: dlight's kernels stay
         with R.dataflow():
             s = R.matmul(q, k)
@@ -122,14 +158,25 @@ class Untouched:
 
     @R.function(private=True)
     def main_n65_128(
-        q: R.Tensor((1, 4, "n", 16), "float32"), k: R.Tensor((1, 4, 16, "n"), "float32"), x: R.Tensor((1, "n", 64), "float16"),
-        w: R.Tensor((64, 32), "float16"), h: R.Tensor((1, 4, "n", 16), "float16"), g: R.Tensor((1, 1, 16, "n"), "float16"),
-    ) -> R.Tuple(R.Tensor((1, 4, "n", "n"), "float32"), R.Tensor((1, "n", 32), "float16"), R.Tensor((1, "n", 32), "float16"), R.Tensor((1, 4, "n", "n"), "float16")):
+        q: R.Tensor((1, 4, "n", 16), "float32"),
+        k: R.Tensor((1, 4, 16, "n"), "float32"),
+        x: R.Tensor((1, "n", 64), "float16"),
+        w: R.Tensor((64, 32), "float16"),
+        h: R.Tensor((1, 4, "n", 16), "float16"),
+        g: R.Tensor((1, 1, 16, "n"), "float16"),
+    ) -> R.Tuple(
+        R.Tensor((1, 4, "n", "n"), "float32"),
+        R.Tensor((1, "n", 32), "float16"),
+        R.Tensor((1, "n", 32), "float16"),
+        R.Tensor((1, 4, "n", "n"), "float16"),
+    ):
         R.func_attr({"relaxtune.bucket": {"n": [65, 128, 128]}})
         n = T.int64()
         with R.dataflow():
             s = R.matmul(q, k)  # float32
-            y = R.call_dps_packed("relaxtune_cublas_gemm", (x, w), out_ty=R.Tensor((1, n, 32), "float16"))  # already cuBLAS
+            y = R.call_dps_packed(
+                "relaxtune_cublas_gemm", (x, w), out_ty=R.Tensor((1, n, 32), "float16")
+            )  # already cuBLAS
             z = R.matmul(x, w)  # a weight GEMM: RewriteGemmToCublas's
             b = R.matmul(h, g)  # broadcast batch dimension (1 vs 4)
             out = (s, y, z, b)
@@ -147,7 +194,9 @@ def test_does_not_fire_on_small_buckets_fp32_weight_gemms_or_broadcasts():
     assert "relaxtune_cublas_batched_gemm" in RewriteBatchedGemmToCublas(min_rows=2)(Untouched)["main_n2_64"].script()
     assert "relaxtune_cublas_batched_gemm" not in RewriteBatchedGemmToCublas(dim="m", min_rows=2)(Untouched).script()
     # with both rewrites the weight GEMM goes to the 2-D kernel, never to the batched one
-    both = tvm.transform.Sequential(cublas_passes(True))(Untouched)["main_n65_128"].script()
+    both = tvm.transform.Sequential(
+        [RewriteGemmToCublas(), RewriteResidualAddToCublas(), RewriteBatchedGemmToCublas()]
+    )(Untouched)["main_n65_128"].script()
     assert both.count("relaxtune_cublas_gemm") == 2 and "relaxtune_cublas_batched_gemm" not in both
 
 
@@ -159,19 +208,30 @@ def test_every_bucket_gets_its_own_softmax_kernel():
     mod[relax.GlobalVar("main_n129_256")] = func.with_attr("relaxtune.bucket", {"n": [129, 256, 256]})
     out = RewriteBatchedGemmToCublas()(mod)
     kernels = sorted(gv.name_hint for gv, f in out.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
-    assert len(kernels) in (1, 2) and all(k.startswith("softmax_bias") for k in kernels)  # shared or renamed, never clashing
+    assert len(kernels) in (1, 2) and all(
+        k.startswith("softmax_bias") for k in kernels
+    )  # shared or renamed, never clashing
     for name in ("main_n65_128", "main_n129_256"):
         assert out[name].script().count("relaxtune_cublas_batched_gemm") == 2
 
 
-def test_cublas_options():
-    from relaxtune.relax_passes.cublas_gemm_add import RewriteResidualAddToCublas
+def test_cublas_options(chosen_passes):
+    cuda, names = (
+        tvm.target.Target({"kind": "cuda", "arch": "sm_90"}),
+        ("RewriteGemmToCublas", "RewriteResidualAddToCublas", "RewriteBatchedGemmToCublas"),
+    )
 
-    assert [type(p) for p in cublas_passes(True)] == [RewriteGemmToCublas, RewriteResidualAddToCublas, RewriteBatchedGemmToCublas]
-    assert [type(p) for p in cublas_passes({"min_rows": 2, "batched": False, "residual": False})] == [RewriteGemmToCublas]
-    (_gemm, _residual, batched) = cublas_passes({"batched": {"min_rows": 17}})
+    def types(libraries):
+        return [type(p) for p in chosen_passes(cuda, CompileConfig(cublas=libraries), *names)]
+
+    assert types(CudaLibraries()) == [RewriteGemmToCublas, RewriteResidualAddToCublas, RewriteBatchedGemmToCublas]
+    assert types(CudaLibraries(min_rows=2, batched=False, residual=False)) == [RewriteGemmToCublas]
+    (_gemm, _residual, batched) = chosen_passes(cuda, CompileConfig(cublas=CudaLibraries(batched_min_rows=17)), *names)
     assert batched.min_rows == 17 and RewriteBatchedGemmToCublas().min_rows == 64
-    assert cublas_passes(False) == []
+    assert (
+        types(CudaLibraries(enabled=False)) == []
+        and chosen_passes(tvm.target.Target("llvm"), CompileConfig(), *names) == []
+    )
 
 
 # ---- the kernel on the host, through a stand-in libcublas
@@ -185,7 +245,8 @@ def case(a_shape, a_axes, b_shape, b_axes, c_axes, alpha=1.0):
     a, b = rng.standard_normal(a_shape).astype("float16"), rng.standard_normal(b_shape).astype("float16")
     want = alpha * (np.transpose(a, a_axes).astype("float32") @ np.transpose(b, b_axes).astype("float32"))
     c = tvm.runtime.empty([want.shape[c_axes.index(i)] for i in range(want.ndim)], "float16")
-    bmm(tvm.runtime.tensor(a), tvm.runtime.tensor(b), tvm_ffi.Shape(a_axes), tvm_ffi.Shape(b_axes), tvm_ffi.Shape(c_axes), alpha, c)
+    axes = (tvm_ffi.Shape(a_axes), tvm_ffi.Shape(b_axes), tvm_ffi.Shape(c_axes))
+    bmm(tvm.runtime.tensor(a), tvm.runtime.tensor(b), *axes, alpha, c)
     err = np.abs(np.transpose(c.numpy(), c_axes) - want).max() / np.abs(want).max()
     assert err < 3e-3, (a_shape, a_axes, b_shape, b_axes, c_axes, err)
 
@@ -219,7 +280,10 @@ np.save(sys.argv[4], out)
 class Attention:  # the reference: AttentionBefore with fp32 accumulation, in TIR
     @R.function
     def main(
-        q: R.Tensor((1, "n", 4, 16), "float16"), k: R.Tensor((1, "n", 2, 16), "float16"), v: R.Tensor((1, "n", 2, 16), "float16"), mask: R.Tensor(("n", "n"), "float16")
+        q: R.Tensor((1, "n", 4, 16), "float16"),
+        k: R.Tensor((1, "n", 2, 16), "float16"),
+        v: R.Tensor((1, "n", 2, 16), "float16"),
+        mask: R.Tensor(("n", "n"), "float16"),
     ) -> R.Tensor((1, "n", 4, 16), "float16"):
         with R.dataflow():
             kr = R.repeat(k, 2, axis=2)
@@ -238,23 +302,45 @@ def test_kernel_and_vm_call_against_a_host_cublas_stand_in(tmp_path):
     import tvm_ffi.libinfo
     from tvm import relax
 
-    from relaxtune.cuda_cublas import object_file
+    from relaxtune.kernels.cublas import object_file
 
     # the stand-in, under the soname the kernel dlopens
     fake = tmp_path / "libcublas.so.13"
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-Wl,-soname,libcublas.so.13", str(Path(__file__).with_name("fake_cublas.c")), "-o", str(fake)], check=True)
+    subprocess.run(
+        [
+            "gcc",
+            "-O2",
+            "-shared",
+            "-fPIC",
+            "-Wl,-soname,libcublas.so.13",
+            str(Path(__file__).with_name("fake_cublas.c")),
+            "-o",
+            str(fake),
+        ],
+        check=True,
+    )
     obj = object_file(tmp_path)  # the addon source compiles with the host compiler
     ffi_lib = Path(tvm_ffi.libinfo.find_libtvm_ffi()).parent
     kernel = tmp_path / "kernel.so"
-    subprocess.run(["g++", "-shared", str(obj), "-o", str(kernel), f"-L{ffi_lib}", "-ltvm_ffi", f"-Wl,-rpath,{ffi_lib}", "-ldl"], check=True)
+    subprocess.run(
+        ["g++", "-shared", str(obj), "-o", str(kernel), f"-L{ffi_lib}", "-ltvm_ffi", f"-Wl,-rpath,{ffi_lib}", "-ldl"],
+        check=True,
+    )
 
     rewritten = RewriteBatchedGemmToCublas()(_public(AttentionBefore["main_n65_128"]))
-    assert rewritten["main"].script().count("relaxtune_cublas_batched_gemm") == 2 and "softmax_bias" in rewritten["main"].script()
+    assert (
+        rewritten["main"].script().count("relaxtune_cublas_batched_gemm") == 2
+        and "softmax_bias" in rewritten["main"].script()
+    )
     so = tmp_path / "attention.so"
     tvm.compile(rewritten, target="llvm").export_library(str(so), addons=[str(obj)], options=["-ldl"])
 
     rng = np.random.default_rng(1)
-    inputs = {"q": rng.standard_normal((1, 70, 4, 16)), "k": rng.standard_normal((1, 70, 2, 16)), "v": rng.standard_normal((1, 70, 2, 16))}
+    inputs = {
+        "q": rng.standard_normal((1, 70, 4, 16)),
+        "k": rng.standard_normal((1, 70, 2, 16)),
+        "v": rng.standard_normal((1, 70, 2, 16)),
+    }
     inputs["mask"] = np.triu(np.full((70, 70), -np.inf), 1)  # causal
     inputs = {k: v.astype("float16") for k, v in inputs.items()}
     np.savez(tmp_path / "in.npz", **inputs)
@@ -273,5 +359,7 @@ def _public(func) -> tvm.IRModule:
     """`func` as the public `main` of a module of its own (what the VM can call)."""
     from tvm import relax
 
-    main = relax.Function(func.params, func.body, func.ret_ty, is_pure=True, attrs=func.attrs).with_attr("global_symbol", "main")
+    main = relax.Function(func.params, func.body, func.ret_ty, is_pure=True, attrs=func.attrs).with_attr(
+        "global_symbol", "main"
+    )
     return tvm.IRModule({relax.GlobalVar("main"): main})

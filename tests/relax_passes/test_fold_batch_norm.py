@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
-from relaxtune.relax_passes.fold_batch_norm import FoldBatchNorm
 from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
+
+from relaxtune.relax_passes.fold_batch_norm import FoldBatchNorm
 
 
 @I.ir_module

@@ -9,7 +9,7 @@ from tvm import relax, tirx
 from tvm.script import ir as I
 from tvm.script import relax as R
 
-from relaxtune.relax_passes.attention_kernel import Operands, attention_kernel
+from relaxtune.kernels.attention_tir import Operands, attention_kernel
 from relaxtune.relax_passes.fuse_attention import FuseAttention
 from relaxtune.schedules.rules import apply_cpu_rules
 from relaxtune.schedules.rules.cpu_attention import Attention
@@ -20,8 +20,11 @@ TARGET = {"kind": "llvm", "num-cores": 2}
 @I.ir_module
 class GQABefore:
     @R.function
-    def main(q: R.Tensor(("b", "n", 4, 16), "float32"), k: R.Tensor(("b", "n", 2, 16), "float32"),
-             v: R.Tensor(("b", "n", 2, 16), "float32")) -> R.Tensor(("b", "n", 4, 16), "float32"):
+    def main(
+        q: R.Tensor(("b", "n", 4, 16), "float32"),
+        k: R.Tensor(("b", "n", 2, 16), "float32"),
+        v: R.Tensor(("b", "n", 2, 16), "float32"),
+    ) -> R.Tensor(("b", "n", 4, 16), "float32"):
         R.func_attr({"tir_var_upper_bound": {"n": 64}})
         with R.dataflow():
             kk = R.repeat(k, 2, axis=2)
@@ -55,8 +58,12 @@ def test_gqa_attention_becomes_one_kernel_on_unrepeated_kv():
 @I.ir_module
 class WithBias:
     @R.function
-    def main(q: R.Tensor((1, "n", 4, 16), "float32"), k: R.Tensor((1, "n", 4, 16), "float32"),
-             v: R.Tensor((1, "n", 4, 16), "float32"), bias: R.Tensor((1, 4, "n", "n"), "float32")):
+    def main(
+        q: R.Tensor((1, "n", 4, 16), "float32"),
+        k: R.Tensor((1, "n", 4, 16), "float32"),
+        v: R.Tensor((1, "n", 4, 16), "float32"),
+        bias: R.Tensor((1, 4, "n", "n"), "float32"),
+    ):
         with R.dataflow():
             o = R.nn.attention(q, k, v, bias, causal_mask="TopLeft")
             R.output(o)
@@ -66,8 +73,11 @@ class WithBias:
 @I.ir_module
 class OtherValueDim:
     @R.function
-    def main(q: R.Tensor((1, "n", 4, 16), "float32"), k: R.Tensor((1, "n", 4, 16), "float32"),
-             v: R.Tensor((1, "n", 4, 8), "float32")):
+    def main(
+        q: R.Tensor((1, "n", 4, 16), "float32"),
+        k: R.Tensor((1, "n", 4, 16), "float32"),
+        v: R.Tensor((1, "n", 4, 8), "float32"),
+    ):
         with R.dataflow():
             o = R.nn.attention(q, k, v)
             R.output(o)
@@ -79,8 +89,11 @@ class SoftmaxChain:
     """Matmul / softmax over the query axis / matmul: not attention, must stay as it is."""
 
     @R.function
-    def main(q: R.Tensor((1, 4, "n", 16), "float32"), k: R.Tensor((1, 4, 16, "n"), "float32"),
-             v: R.Tensor((1, 4, "n", 16), "float32")):
+    def main(
+        q: R.Tensor((1, 4, "n", 16), "float32"),
+        k: R.Tensor((1, 4, 16, "n"), "float32"),
+        v: R.Tensor((1, 4, "n", 16), "float32"),
+    ):
         with R.dataflow():
             s = R.matmul(q, k)
             p = R.nn.softmax(s, axis=-2)
@@ -137,7 +150,9 @@ def compiled(mod, scheduled: bool):
     if scheduled:
         fused = apply_cpu_rules(fused, target)
         kernel = [f for gv, f in fused.functions_items() if gv.name_hint == "fused_attention"][0]
-        assert kernel.attrs["tirx.is_scheduled"] and "T.parallel" in kernel.script() and "T.vectorized" in kernel.script()
+        assert (
+            kernel.attrs["tirx.is_scheduled"] and "T.parallel" in kernel.script() and "T.vectorized" in kernel.script()
+        )
     return relax.VirtualMachine(tvm.compile(fused, target=target), tvm.cpu())
 
 
@@ -194,11 +209,14 @@ def assert_no_n_by_n_tensor(workload, key_mask: bool = False):
     from relaxtune.config import JobConfig
     from relaxtune.relax_passes.pipeline import fusion_passes
 
-    with tvm.target.Target(TARGET):
-        mod = tvm.transform.Sequential(fusion_passes(api.bucket_plan(workload, JobConfig()), "relaxtune"))(workload.mod)
+    target = tvm.target.Target(TARGET)
+    with target:
+        mod = tvm.transform.Sequential(fusion_passes(target, api.bucket_plan(workload, JobConfig())))(workload.mod)
     kernels = {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
     attention = [f for name, f in kernels.items() if name.startswith("fused_attention")]
-    tables = [sum(p.name in ("table_cos", "table_sin") for p in f.params) for f in attention]  # RoPE on load (FuseAttentionPrologue)
+    tables = [
+        sum(p.name in ("table_cos", "table_sin") for p in f.params) for f in attention
+    ]  # RoPE on load (FuseAttentionPrologue)
     assert attention and all(len(f.params) - t == (5 if key_mask else 4) for f, t in zip(attention, tables))
     shapes = []
 
@@ -215,10 +233,13 @@ def assert_no_n_by_n_tensor(workload, key_mask: bool = False):
 def test_no_n_by_n_tensor_in_the_llama_block():
     from relaxtune.workloads import load
 
-    assert_no_n_by_n_tensor(load("llama-block", {"hidden": "64", "heads": "4", "kv_heads": "2", "ffn": "128", "max_seq": "64"}))
+    assert_no_n_by_n_tensor(
+        load("llama-block", {"hidden": "64", "heads": "4", "kv_heads": "2", "ffn": "128", "max_seq": "64"})
+    )
 
 
 # ---- the decomposed attention of imported models (torch.export of transformers) ----
+
 
 def _position(bb, extent, axis):
     """arange(0, extent) + 0 put on `axis` of a 4-d tensor by expand_dims, as torch.export writes it."""
@@ -228,7 +249,9 @@ def _position(bb, extent, axis):
     return x
 
 
-def decomposed_module(mask: str = "causal-pad", guard: bool = True, fill: float = float("-inf"), heads=2, kv_heads=1, transposes=()):
+def decomposed_module(
+    mask: str = "causal-pad", guard: bool = True, fill: float = float("-inf"), heads=2, kv_heads=1, transposes=()
+):
     """torch's decomposed attention: (q·c)(kᵀ·c) + where(mask, 0, fill) → softmax (→ the all -inf guard) → ·v.
     `mask`: causal-pad (causal ∧ attention_mask[b, key]), input (a (b, 1, n, n) bool input), anti-causal;
     `transposes`: the axes of the model's transposes of the result."""
@@ -247,24 +270,49 @@ def decomposed_module(mask: str = "causal-pad", guard: bool = True, fill: float 
             else:
                 keys, queries = _position(bb, n, 3), _position(bb, n, 2)
                 causal = bb.emit(relax.op.less_equal(*((keys, queries) if mask == "causal-pad" else (queries, keys))))
-                both = bb.emit(relax.op.bitwise_and(bb.emit(relax.op.full(relax.ShapeExpr([]), relax.const(True, "bool"), "bool")), causal))
+                both = bb.emit(
+                    relax.op.bitwise_and(
+                        bb.emit(relax.op.full(relax.ShapeExpr([]), relax.const(True, "bool"), "bool")), causal
+                    )
+                )
                 batch = _position(bb, b, 0)
-                padded = bb.emit(relax.op.index_tensor(bb.emit(relax.op.astype(attn, "bool")), relax.Tuple([batch, keys])))
-                cond = bb.emit(relax.op.broadcast_to(bb.emit(relax.op.bitwise_and(both, padded)), relax.ShapeExpr([b, 1, n, n])))
+                padded = bb.emit(
+                    relax.op.index_tensor(bb.emit(relax.op.astype(attn, "bool")), relax.Tuple([batch, keys]))
+                )
+                cond = bb.emit(
+                    relax.op.broadcast_to(bb.emit(relax.op.bitwise_and(both, padded)), relax.ShapeExpr([b, 1, n, n]))
+                )
             bias = bb.emit(relax.op.where(cond, relax.const(0.0, "float32"), relax.const(fill, "float32")))
             if kv_heads != heads:  # repeat_kv
                 g = heads // kv_heads
-                k, v = (bb.emit(relax.op.reshape(bb.emit(relax.op.broadcast_to(bb.emit(relax.op.expand_dims(x, [2])), relax.ShapeExpr([b, kv_heads, g, n, d]))),
-                                                 relax.ShapeExpr([b, heads, n, d]))) for x in (k, v))
+                k, v = (
+                    bb.emit(
+                        relax.op.reshape(
+                            bb.emit(
+                                relax.op.broadcast_to(
+                                    bb.emit(relax.op.expand_dims(x, [2])), relax.ShapeExpr([b, kv_heads, g, n, d])
+                                )
+                            ),
+                            relax.ShapeExpr([b, heads, n, d]),
+                        )
+                    )
+                    for x in (k, v)
+                )
             qs = bb.emit(relax.op.multiply(q, relax.const(0.5, "float32")))
-            ks = bb.emit(relax.op.multiply(bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2])), relax.const(0.5, "float32")))
+            ks = bb.emit(
+                relax.op.multiply(bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2])), relax.const(0.5, "float32"))
+            )
             scores = bb.emit(relax.op.add(bb.emit(relax.op.matmul(qs, ks, out_dtype="float32")), bias))
             probs = bb.emit(relax.op.nn.softmax(scores, axis=-1))
             if guard:
-                finite = bb.emit(relax.op.logical_not(bb.emit(relax.op.equal(scores, relax.const(float("-inf"), "float32")))))
+                finite = bb.emit(
+                    relax.op.logical_not(bb.emit(relax.op.equal(scores, relax.const(float("-inf"), "float32"))))
+                )
                 row = bb.emit(relax.op.max(bb.emit(relax.op.astype(finite, "int8")), [-1], keepdims=True))
                 empty = bb.emit(relax.op.logical_not(bb.emit(relax.op.astype(row, "bool"))))
-                probs = bb.emit(relax.op.where(empty, bb.emit(relax.op.full_like(probs, relax.const(0.0, "float32"))), probs))
+                probs = bb.emit(
+                    relax.op.where(empty, bb.emit(relax.op.full_like(probs, relax.const(0.0, "float32"))), probs)
+                )
             o = relax.op.matmul(probs, v, out_dtype="float32")
             for axes in transposes:
                 o = relax.op.permute_dims(bb.emit(o), axes)
@@ -280,7 +328,9 @@ def decomposed_expected(heads=2, kv_heads=1, key_mask="zero", back=(0, 2, 1, 3))
     k = relax.Var("k", relax.TensorType((b, kv_heads, n, 16), "float32"))
     v = relax.Var("v", relax.TensorType((b, kv_heads, n, 16), "float32"))
     attn = relax.Var("attention_mask", relax.TensorType((b, n), "int64"))
-    kernel = attention_kernel(heads, kv_heads, 16, "float32", "TopLeft", 0.25, key_mask=key_mask).with_attr("op_pattern", 8)
+    kernel = attention_kernel(heads, kv_heads, 16, "float32", "TopLeft", 0.25, key_mask=key_mask).with_attr(
+        "op_pattern", 8
+    )
     bb = relax.BlockBuilder()
     with bb.function("main", [q, k, v, attn], {"tir_var_upper_bound": {"n": 64}}):
         with bb.dataflow():
@@ -306,12 +356,16 @@ def test_transposes_of_the_result_are_composed():
     tvm.ir.assert_structural_equal(other, decomposed_expected(back=(0, 2, 3, 1)))
 
 
-@pytest.mark.parametrize("mask, guard, fill", [
-    ("input", True, float("-inf")),  # an arbitrary (non-causal) additive mask
-    ("anti-causal", True, float("-inf")),  # query position <= key position
-    ("causal-pad", False, float("-inf")),  # no guard: rows with every key masked are NaN in the source
-    ("causal-pad", True, -1e4),  # another fill: masked keys keep a weight
-], ids=["input-mask", "anti-causal", "no-guard", "finite-fill"])
+@pytest.mark.parametrize(
+    "mask, guard, fill",
+    [
+        ("input", True, float("-inf")),  # an arbitrary (non-causal) additive mask
+        ("anti-causal", True, float("-inf")),  # query position <= key position
+        ("causal-pad", False, float("-inf")),  # no guard: rows with every key masked are NaN in the source
+        ("causal-pad", True, -1e4),  # another fill: masked keys keep a weight
+    ],
+    ids=["input-mask", "anti-causal", "no-guard", "finite-fill"],
+)
 def test_decomposed_does_not_fire(mask, guard, fill):
     mod = decomposed_module(mask, guard, fill)
     tvm.ir.assert_structural_equal(FuseAttention()(mod), mod)
@@ -334,7 +388,9 @@ def numpy_decomposed(q, k, v, attention_mask, fill, guard):
     return np.einsum("bhij,bhjd->bhid", p, v)
 
 
-@pytest.mark.parametrize("fill, guard", [(float("-inf"), True), (-3.4028234663852886e38, False)], ids=["zero-rows", "uniform-rows"])
+@pytest.mark.parametrize(
+    "fill, guard", [(float("-inf"), True), (-3.4028234663852886e38, False)], ids=["zero-rows", "uniform-rows"]
+)
 def test_decomposed_matches_numpy_with_left_padding(fill, guard):
     """Left padding in one row: its first queries see no key (what they give depends on the source)."""
     vm = compiled(decomposed_module("causal-pad", guard, fill), scheduled=True)
@@ -360,13 +416,15 @@ def test_imported_attention_is_fused_and_matches_torch(family, target):
     import torch
 
     from relaxtune import api
-    from relaxtune.artifact import prepare_params
     from relaxtune.config import CompileConfig, JobConfig
+    from relaxtune.runtime.artifact import prepare_params
     from relaxtune.workloads import load
 
     workload = load(f"hf:{family}", {**HF, **({"kv_heads": "2"} if family == "llama" else {})})
     assert_no_n_by_n_tensor(workload, key_mask=True)
-    vm = relax.VirtualMachine(api.build(workload, target, JobConfig(compile=CompileConfig(use_cache=False)))[0], tvm.cpu())
+    vm = relax.VirtualMachine(
+        api.build(workload, target, JobConfig(compile=CompileConfig(use_cache=False)))[0], tvm.cpu()
+    )
     weights = prepare_params(vm, [tvm.runtime.tensor(v) for v in workload.params.values()])
     model = workload.torch_module()
     for batch, n in [(1, 1), (2, 1), (2, 19), (1, 40), (2, 40)]:
@@ -376,4 +434,6 @@ def test_imported_attention_is_fused_and_matches_torch(family, target):
             expected = model(*(torch.from_numpy(inputs[t.name]) for t in workload.inputs)).numpy()
         out = vm["main"](*(tvm.runtime.tensor(inputs[t.name]) for t in workload.inputs), *weights).numpy()
         assert np.isfinite(expected).all()
-        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(expected).max()), err_msg=f"{family} b={batch} n={n}")
+        np.testing.assert_allclose(
+            out, expected, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(expected).max()), err_msg=f"{family} b={batch} n={n}"
+        )

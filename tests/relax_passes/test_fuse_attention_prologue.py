@@ -8,7 +8,7 @@ import pytest
 import tvm
 from tvm import relax, tirx
 
-from relaxtune.relax_passes.attention_kernel import Operands, attention_kernel
+from relaxtune.kernels.attention_tir import Operands, attention_kernel
 from relaxtune.relax_passes.fuse_attention import FuseAttention
 from relaxtune.relax_passes.fuse_attention_prologue import NAME, FuseAttentionPrologue, in_place
 from relaxtune.schedules.rules import apply_cpu_rules
@@ -35,11 +35,18 @@ def llama_module(rotation: str = "half", reuse: str | None = None, k_tables: str
     bb = relax.BlockBuilder()
     with bb.function("main", [qkv, *tables], {"tir_var_upper_bound": {"n": 64}}):
         with bb.dataflow():
-            q, k, v = (bb.emit(relax.op.strided_slice(qkv, [2], [lo], [hi], assume_inbound=True))
-                       for lo, hi in ((0, HEADS), (HEADS, HEADS + KV_HEADS), (HEADS + KV_HEADS, HEADS + 2 * KV_HEADS)))
+            q, k, v = (
+                bb.emit(relax.op.strided_slice(qkv, [2], [lo], [hi], assume_inbound=True))
+                for lo, hi in ((0, HEADS), (HEADS, HEADS + KV_HEADS), (HEADS + KV_HEADS, HEADS + 2 * KV_HEADS))
+            )
 
             def rope(x, cos, sin):
-                return bb.emit(relax.op.add(bb.emit(relax.op.multiply(x, cos)), bb.emit(relax.op.multiply(_rotate_half(bb, x, rotation), sin))))
+                return bb.emit(
+                    relax.op.add(
+                        bb.emit(relax.op.multiply(x, cos)),
+                        bb.emit(relax.op.multiply(_rotate_half(bb, x, rotation), sin)),
+                    )
+                )
 
             qr = rope(q, tables[0], tables[1])
             kr = rope(k, *(tables[:2] if k_tables == "same" else tables[2:]))
@@ -62,7 +69,9 @@ def llama_expected() -> tvm.IRModule:
         with bb.dataflow():
             gv = bb.add_func(in_place(kernel, ["strided_slice"] * 3 + ["rotate_half"] * 2), NAME)
             rows = [bb.emit(relax.op.reshape(t, (n, D))) for t in tables[:2]]  # (1, n, 1, d) tables as (rows, d) views
-            o = bb.emit_output(relax.call_tir(gv, [qkv, qkv, qkv, *rows], relax.TensorType((b, n, HEADS, D), "float32")))
+            o = bb.emit_output(
+                relax.call_tir(gv, [qkv, qkv, qkv, *rows], relax.TensorType((b, n, HEADS, D), "float32"))
+            )
         bb.emit_func_output(o)
     return bb.get()
 
@@ -81,16 +90,23 @@ def _kernels(mod):
 
 def _ops(mod) -> list[str]:
     names = []
-    relax.analysis.post_order_visit(mod["main"], lambda e: names.append(e.op.name) if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None)
+    relax.analysis.post_order_visit(
+        mod["main"],
+        lambda e: names.append(e.op.name) if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None,
+    )
     return names
 
 
-@pytest.mark.parametrize("rotation,reuse,k_tables,slices_left", [
-    ("inverse", None, "same", 2),  # not rotate-half: q and k stay rotated copies; only v is read in place
-    ("half", "q", "same", 2),  # the q slice is also returned: neither rotation is taken
-    ("half", None, "other", 2),  # k rotated with other tables than q: neither rotation is taken
-    ("half", "v", "same", 1),  # the v slice is also returned: v stays a copy, q and k are rotated in the kernel
-], ids=["not-rotate-half", "q-slice-reused", "other-tables", "v-slice-reused"])
+@pytest.mark.parametrize(
+    "rotation,reuse,k_tables,slices_left",
+    [
+        ("inverse", None, "same", 2),  # not rotate-half: q and k stay rotated copies; only v is read in place
+        ("half", "q", "same", 2),  # the q slice is also returned: neither rotation is taken
+        ("half", None, "other", 2),  # k rotated with other tables than q: neither rotation is taken
+        ("half", "v", "same", 1),  # the v slice is also returned: v stays a copy, q and k are rotated in the kernel
+    ],
+    ids=["not-rotate-half", "q-slice-reused", "other-tables", "v-slice-reused"],
+)
 def test_does_not_fire(rotation, reuse, k_tables, slices_left):
     after = fused(llama_module(rotation, reuse, k_tables))
     (kernel,) = _kernels(after)
@@ -113,12 +129,28 @@ def test_mask_kernels_read_slices_in_place():
         with bb.function("main", [qkv, mask]):
             with bb.dataflow():
                 if read_in_place:
-                    kernel = attention_kernel(HEADS, HEADS, D, "float32", "TopLeft", key_mask="zero", operands=Operands(12, 12, 12, 0, HEADS, 2 * HEADS))
+                    kernel = attention_kernel(
+                        HEADS,
+                        HEADS,
+                        D,
+                        "float32",
+                        "TopLeft",
+                        key_mask="zero",
+                        operands=Operands(12, 12, 12, 0, HEADS, 2 * HEADS),
+                    )
                     gv = bb.add_func(in_place(kernel, ["strided_slice"] * 3), NAME)
                     args = [qkv, qkv, qkv, mask]
                 else:
-                    gv = bb.add_func(attention_kernel(HEADS, HEADS, D, "float32", "TopLeft", key_mask="zero").with_attr("op_pattern", 8), "fused_attention")
-                    args = [bb.emit(relax.op.strided_slice(qkv, [2], [i * HEADS], [(i + 1) * HEADS], assume_inbound=True)) for i in range(3)] + [mask]
+                    gv = bb.add_func(
+                        attention_kernel(HEADS, HEADS, D, "float32", "TopLeft", key_mask="zero").with_attr(
+                            "op_pattern", 8
+                        ),
+                        "fused_attention",
+                    )
+                    args = [
+                        bb.emit(relax.op.strided_slice(qkv, [2], [i * HEADS], [(i + 1) * HEADS], assume_inbound=True))
+                        for i in range(3)
+                    ] + [mask]
                 o = bb.emit_output(relax.call_tir(gv, args, relax.TensorType((b, n, HEADS, D), "float32")))
             bb.emit_func_output(o)
         return bb.get()
@@ -134,7 +166,9 @@ def gpt2_module() -> tvm.IRModule:
     with bb.function("main", [qkv], {"tir_var_upper_bound": {"n": 64}}):
         with bb.dataflow():
             parts = bb.emit(relax.op.split(qkv, 3, axis=-1))
-            q, k, v = (bb.emit(relax.op.reshape(bb.emit(relax.TupleGetItem(parts, i)), (b, n, HEADS, D))) for i in range(3))
+            q, k, v = (
+                bb.emit(relax.op.reshape(bb.emit(relax.TupleGetItem(parts, i)), (b, n, HEADS, D))) for i in range(3)
+            )
             o = bb.emit_output(relax.op.nn.attention(q, k, v, causal_mask="TopLeft"))
         bb.emit_func_output(o)
     return bb.get()
@@ -181,7 +215,11 @@ def test_matches_numpy(scheduled):
         mod = relax.transform.LegalizeOps()(mod)
     if scheduled:
         mod = apply_cpu_rules(mod, target)
-        (kernel,) = [f for f in _kernels(mod) if NAME in str(f.attrs.get("global_symbol", "")) or f.attrs.get("relaxtune.kernel", None)]
+        (kernel,) = [
+            f
+            for f in _kernels(mod)
+            if NAME in str(f.attrs.get("global_symbol", "")) or f.attrs.get("relaxtune.kernel", None)
+        ]
         assert "T.parallel" in kernel.script() and "T.vectorized" in kernel.script()
     vm = relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
     rng = np.random.default_rng(0)
@@ -191,7 +229,7 @@ def test_matches_numpy(scheduled):
         cos, sin = (f(angle).astype("float32").reshape(1, n, 1, D) for f in (np.cos, np.sin))
         other = np.zeros_like(cos)
         out = vm["main"](*[tvm.runtime.tensor(x) for x in (qkv, cos, sin, other, other)]).numpy()
-        q, k, v = qkv[:, :, :HEADS], qkv[:, :, HEADS:HEADS + KV_HEADS], qkv[:, :, HEADS + KV_HEADS:]
+        q, k, v = qkv[:, :, :HEADS], qkv[:, :, HEADS : HEADS + KV_HEADS], qkv[:, :, HEADS + KV_HEADS :]
         expected = _numpy_attention(_numpy_rope(q, cos, sin), _numpy_rope(k, cos, sin), v)
         np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-5, err_msg=f"b={batch} n={n}")
 
@@ -203,14 +241,16 @@ SMALL = {"hidden": "64", "heads": "4", "kv_heads": "2", "ffn": "128", "max_seq":
 def test_blocks_match_torch(name):
     """Whole blocks through relaxtune's pipeline (rules only) against the torch reference, n = 1 .. 64."""
     from relaxtune import api, targets
-    from relaxtune.artifact import prepare_params
     from relaxtune.config import CompileConfig, JobConfig
+    from relaxtune.runtime.artifact import prepare_params
     from relaxtune.workloads import load
 
     config = SMALL if name == "llama-block" else {"hidden": "64", "heads": "4", "ffn": "128", "max_seq": "64"}
     workload = load(name, config)
     params = {k: v * 10 if v.ndim == 2 else v for k, v in workload.params.items()}  # sharp attention: RoPE matters
-    ex = api.build(workload, targets.resolve("cpu"), JobConfig(compile=CompileConfig(use_cache=False, fusion="relaxtune")))[0]
+    ex = api.build(
+        workload, targets.resolve("cpu"), JobConfig(compile=CompileConfig(use_cache=False, fusion="relaxtune"))
+    )[0]
     vm = relax.VirtualMachine(ex, tvm.cpu())
     weights = prepare_params(vm, [tvm.runtime.tensor(v) for v in params.values()])
     # n <= 16: SmallAttentionTiles' buckets (and gpt2's FuseNormIntoGemv at n <= 4)

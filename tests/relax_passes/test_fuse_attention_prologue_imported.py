@@ -10,7 +10,7 @@ import pytest
 import tvm
 from tvm import relax, tirx
 
-from relaxtune.relax_passes.attention_kernel import Operands, attention_kernel
+from relaxtune.kernels.attention_tir import Operands, attention_kernel
 from relaxtune.relax_passes.fuse_attention_prologue import NAME, FuseAttentionPrologue, in_place
 from relaxtune.schedules.rules import apply_cpu_rules
 
@@ -25,7 +25,10 @@ def _vars(lifted: bool = False, per_batch: bool = False):
     b, n = tirx.Var("b", "int64"), tirx.Var("n", "int64")
     qkv = relax.Var("qkv", relax.TensorType((b, n, HEADS + 2 * KV_HEADS, D), "float32"))
     rows = 64 if lifted else n
-    tables = [relax.Var(name, relax.TensorType((b if per_batch else 1, 1, rows, D), "float32")) for name in ("cos", "sin", "cos2", "sin2")]
+    tables = [
+        relax.Var(name, relax.TensorType((b if per_batch else 1, 1, rows, D), "float32"))
+        for name in ("cos", "sin", "cos2", "sin2")
+    ]
     mask = relax.Var("mask", relax.TensorType((b, n), "int64"))
     return b, n, qkv, tables, mask
 
@@ -40,7 +43,9 @@ def _rotate_half(bb, x, rotation: str):
     return bb.emit(relax.op.concat([second, bb.emit(relax.op.negative(first))], axis=-1))  # the inverse rotation
 
 
-def hf_module(rotation: str = "half", reuse: bool = False, k_tables: str = "same", lifted: bool = False, per_batch: bool = False) -> tvm.IRModule:
+def hf_module(
+    rotation: str = "half", reuse: bool = False, k_tables: str = "same", lifted: bool = False, per_batch: bool = False
+) -> tvm.IRModule:
     """What FuseAttention leaves of HF Llama: head slices of the merged qkv, transposed heads first,
     rotated with (1, 1, n, d) tables, transposed back into the key-mask kernel. `reuse`: q's
     heads-first copy also returned; `k_tables` "other": k rotated with other tables; `lifted`: the
@@ -51,9 +56,15 @@ def hf_module(rotation: str = "half", reuse: bool = False, k_tables: str = "same
     with bb.function("main", [qkv, *params, mask], {"tir_var_upper_bound": {"n": 64}}):
         with bb.dataflow():
             gv = bb.add_func(kernel, "fused_attention")
-            tables = [bb.emit(relax.op.strided_slice(t, [2], [0], [n], assume_inbound=True)) for t in params] if lifted else params
-            q, k, v = (bb.emit(relax.op.strided_slice(qkv, [2], [lo], [hi], assume_inbound=True))
-                       for lo, hi in ((0, HEADS), (HEADS, HEADS + KV_HEADS), (HEADS + KV_HEADS, HEADS + 2 * KV_HEADS)))
+            tables = (
+                [bb.emit(relax.op.strided_slice(t, [2], [0], [n], assume_inbound=True)) for t in params]
+                if lifted
+                else params
+            )
+            q, k, v = (
+                bb.emit(relax.op.strided_slice(qkv, [2], [lo], [hi], assume_inbound=True))
+                for lo, hi in ((0, HEADS), (HEADS, HEADS + KV_HEADS), (HEADS + KV_HEADS, HEADS + 2 * KV_HEADS))
+            )
             q_t, k_t = (bb.emit(relax.op.permute_dims(x, [0, 2, 1, 3])) for x in (q, k))
 
             def rope(x, cos, sin):
@@ -61,7 +72,9 @@ def hf_module(rotation: str = "half", reuse: bool = False, k_tables: str = "same
                 return bb.emit(relax.op.add(bb.emit(relax.op.multiply(x, cos)), turned))
 
             qr = bb.emit(relax.op.permute_dims(rope(q_t, *tables[:2]), [0, 2, 1, 3]))
-            kr = bb.emit(relax.op.permute_dims(rope(k_t, *(tables[:2] if k_tables == "same" else tables[2:])), [0, 2, 1, 3]))
+            kr = bb.emit(
+                relax.op.permute_dims(rope(k_t, *(tables[:2] if k_tables == "same" else tables[2:])), [0, 2, 1, 3])
+            )
             o = relax.call_tir(gv, [qr, kr, v, mask], relax.TensorType((b, n, HEADS, D), "float32"))
             out = bb.emit_output(relax.Tuple([bb.emit(o), q_t]) if reuse else o)
         bb.emit_func_output(out)
@@ -77,8 +90,12 @@ def hf_expected(lifted: bool = False) -> tvm.IRModule:
     with bb.function("main", [qkv, *tables, mask], {"tir_var_upper_bound": {"n": 64}}):
         with bb.dataflow():
             gv = bb.add_func(in_place(kernel, ["strided_slice"] * 3 + ["rotate_half"] * 2), NAME)
-            rows = [bb.emit(relax.op.reshape(t, (64 if lifted else n, D))) for t in tables[:2]]  # tables as (rows, d) views
-            o = bb.emit_output(relax.call_tir(gv, [qkv, qkv, qkv, *rows, mask], relax.TensorType((b, n, HEADS, D), "float32")))
+            rows = [
+                bb.emit(relax.op.reshape(t, (64 if lifted else n, D))) for t in tables[:2]
+            ]  # tables as (rows, d) views
+            o = bb.emit_output(
+                relax.call_tir(gv, [qkv, qkv, qkv, *rows, mask], relax.TensorType((b, n, HEADS, D), "float32"))
+            )
         bb.emit_func_output(o)
     return bb.get()
 
@@ -98,17 +115,24 @@ def _kernels(mod):
 
 def _ops(mod) -> list[str]:
     names = []
-    relax.analysis.post_order_visit(mod["main"], lambda e: names.append(e.op.name) if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None)
+    relax.analysis.post_order_visit(
+        mod["main"],
+        lambda e: names.append(e.op.name) if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None,
+    )
     return names
 
 
-@pytest.mark.parametrize("variant", [
-    {"rotation": "inverse"},  # not rotate-half: q and k stay rotated copies
-    {"rotation": "quarter"},  # slices that are not the halves of d
-    {"reuse": True},  # q's heads-first copy is also returned: neither rotation is taken
-    {"k_tables": "other"},  # k rotated with other tables than q: neither rotation is taken
-    {"per_batch": True},  # (b, 1, n, d) tables (position_ids an input): the kernel's tables have no batch
-], ids=["not-rotate-half", "not-halves", "q-reused", "other-tables", "per-batch-tables"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {"rotation": "inverse"},  # not rotate-half: q and k stay rotated copies
+        {"rotation": "quarter"},  # slices that are not the halves of d
+        {"reuse": True},  # q's heads-first copy is also returned: neither rotation is taken
+        {"k_tables": "other"},  # k rotated with other tables than q: neither rotation is taken
+        {"per_batch": True},  # (b, 1, n, d) tables (position_ids an input): the kernel's tables have no batch
+    ],
+    ids=["not-rotate-half", "not-halves", "q-reused", "other-tables", "per-batch-tables"],
+)
 def test_rotation_is_not_taken(variant):
     """Only v is read in place (its slice is gone); q and k are read as the transposed rotated copies."""
     after = FuseAttentionPrologue()(hf_module(**variant))
@@ -169,7 +193,7 @@ def test_matches_numpy_with_left_padding(scheduled):
         mask[-1, : min(3, n)] = 0  # left padding in the last row (the whole row at n = 1)
         other = np.zeros_like(cos)
         out = vm["main"](*[tvm.runtime.tensor(x) for x in (qkv, cos, sin, other, other, mask)]).numpy()
-        q, k, v = qkv[:, :, :HEADS], qkv[:, :, HEADS:HEADS + KV_HEADS], qkv[:, :, HEADS + KV_HEADS:]
+        q, k, v = qkv[:, :, :HEADS], qkv[:, :, HEADS : HEADS + KV_HEADS], qkv[:, :, HEADS + KV_HEADS :]
         bnhd = (cos.reshape(1, n, 1, D), sin.reshape(1, n, 1, D))
         expected = _numpy_attention(_numpy_rope(q, *bnhd), _numpy_rope(k, *bnhd), v, mask)
         np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-5, err_msg=f"b={batch} n={n}")

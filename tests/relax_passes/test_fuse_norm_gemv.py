@@ -34,7 +34,9 @@ def before(n=1, bound=None, axis=-1, other_use=False) -> tvm.IRModule:
         with bb.dataflow():
             y = bb.emit(relax.op.nn.layer_norm(x, gamma, beta, axes=[axis]))
             z = bb.emit(relax.op.add(bb.emit(relax.op.matmul(y, w)), bias))
-            out = bb.emit_output(relax.Tuple([bb.emit(relax.op.nn.gelu_tanh(z)), y]) if other_use else relax.op.nn.gelu_tanh(z))
+            out = bb.emit_output(
+                relax.Tuple([bb.emit(relax.op.nn.gelu_tanh(z)), y]) if other_use else relax.op.nn.gelu_tanh(z)
+            )
         bb.emit_func_output(out)
     return bb.get()
 
@@ -65,14 +67,22 @@ def test_norm_projection_and_epilogue_become_one_function():
 @pytest.mark.parametrize("case", ["rows_above_max", "unbounded_rows", "other_axis", "normalized_rows_read_twice"])
 def test_does_not_fire(case):
     n = tirx.Var("n", "int64")
-    mod = {"rows_above_max": lambda: before(n, bound=MAX_ROWS // 4 + 1), "unbounded_rows": lambda: before(n),
-           "other_axis": lambda: before(tirx.IntImm("int64", 4), axis=1),  # over the n axis (4 x 4 rows: few enough)
-           "normalized_rows_read_twice": lambda: before(other_use=True)}[case]()
+    mod = {
+        "rows_above_max": lambda: before(n, bound=MAX_ROWS // 4 + 1),
+        "unbounded_rows": lambda: before(n),
+        "other_axis": lambda: before(tirx.IntImm("int64", 4), axis=1),  # over the n axis (4 x 4 rows: few enough)
+        "normalized_rows_read_twice": lambda: before(other_use=True),
+    }[case]()
     tvm.ir.assert_structural_equal(FuseNormIntoGemv()(mod), mod)
 
 
 def _legalized(mod):
-    seq = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    seq = [
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ]
     with tvm.target.Target(TARGET):
         return tvm.transform.Sequential(seq)(FuseNormIntoGemv()(mod))
 
@@ -84,7 +94,9 @@ def test_one_kernel_scheduled_by_the_rule():
     assert sch is not None
     script = sch.mod["main"].script()
     # the rows' pass (vector partial sums) before the branch on rows == 1, each branch one parallel GEMV
-    assert script.count("T.parallel") == 2 and script.index("_rf") < script.index("if b == T.int64(1)") < script.index("T.parallel")
+    assert script.count("T.parallel") == 2 and script.index("_rf") < script.index("if b == T.int64(1)") < script.index(
+        "T.parallel"
+    )
 
 
 @pytest.mark.parametrize("n,bound", [(1, None), (3, 4)])
@@ -101,5 +113,5 @@ def test_matches_numpy(n, bound):
         x64 = x.astype(np.float64)
         y = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5) * gamma + beta
         z = y @ w + bias
-        ref = 0.5 * z * (1 + np.tanh(0.7978845608028654 * (z + 0.044715 * z ** 3)))
+        ref = 0.5 * z * (1 + np.tanh(0.7978845608028654 * (z + 0.044715 * z**3)))
         np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max(), err_msg=f"b={b} n={n}")

@@ -18,7 +18,9 @@ from relaxtune.schedules.rules.cpu_matmul import Matmul
 @I.ir_module
 class Before:
     @R.function
-    def main(x: R.Tensor(("n", 16), "float32"), wg: R.Tensor((16, 8), "float32"), wu: R.Tensor((16, 8), "float32")) -> R.Tensor(("n", 8), "float32"):
+    def main(
+        x: R.Tensor(("n", 16), "float32"), wg: R.Tensor((16, 8), "float32"), wu: R.Tensor((16, 8), "float32")
+    ) -> R.Tensor(("n", 8), "float32"):
         R.func_attr({"num_input": 1})
         with R.dataflow():
             g = R.matmul(x, wg)
@@ -32,7 +34,9 @@ class Before:
 @I.ir_module
 class Expected:
     @T.prim_func(private=True, s_tir=True)
-    def matmul_silu_multiply(x_handle: T.handle, swiglu_weight: T.Buffer((T.int64(16), T.int64(16)), "float32"), out_handle: T.handle):
+    def matmul_silu_multiply(
+        x_handle: T.handle, swiglu_weight: T.Buffer((T.int64(16), T.int64(16)), "float32"), out_handle: T.handle
+    ):
         T.func_attr({"relaxtune.fused_ops": ["matmul", "matmul", "silu", "multiply"], "tirx.noalias": True})
         n = T.int64()
         x = T.match_buffer(x_handle, (n, T.int64(16)))
@@ -48,11 +52,15 @@ class Expected:
             with T.sblock("silu_multiply"):
                 v_i0, v_i1 = T.axis.remap("SS", [i0, i1])
                 silu_multiply[v_i0, v_i1] = (
-                    matmul[v_i0, v_i1 * T.int64(2)] * T.sigmoid(matmul[v_i0, v_i1 * T.int64(2)]) * matmul[v_i0, v_i1 * T.int64(2) + T.int64(1)]
+                    matmul[v_i0, v_i1 * T.int64(2)]
+                    * T.sigmoid(matmul[v_i0, v_i1 * T.int64(2)])
+                    * matmul[v_i0, v_i1 * T.int64(2) + T.int64(1)]
                 )
 
     @R.function
-    def main(x: R.Tensor(("n", 16), "float32"), wg: R.Tensor((16, 8), "float32"), wu: R.Tensor((16, 8), "float32")) -> R.Tensor(("n", 8), "float32"):
+    def main(
+        x: R.Tensor(("n", 16), "float32"), wg: R.Tensor((16, 8), "float32"), wu: R.Tensor((16, 8), "float32")
+    ) -> R.Tensor(("n", 8), "float32"):
         n = T.int64()
         R.func_attr({"num_input": 1})
         cls = Expected
@@ -76,7 +84,9 @@ def test_stacking_is_lifted_to_load_time():
 @I.ir_module
 class GateUsedTwice:
     @R.function
-    def main(x: R.Tensor(("n", 16), "float32"), wg: R.Tensor((16, 8), "float32"), wu: R.Tensor((16, 8), "float32")) -> R.Tuple(R.Tensor(("n", 8), "float32"), R.Tensor(("n", 8), "float32")):
+    def main(
+        x: R.Tensor(("n", 16), "float32"), wg: R.Tensor((16, 8), "float32"), wu: R.Tensor((16, 8), "float32")
+    ) -> R.Tuple(R.Tensor(("n", 8), "float32"), R.Tensor(("n", 8), "float32")):
         R.func_attr({"num_input": 1})
         with R.dataflow():
             g = R.matmul(x, wg)
@@ -89,7 +99,9 @@ class GateUsedTwice:
 @I.ir_module
 class WeightIsAnInput:
     @R.function
-    def main(x: R.Tensor(("n", 16), "float32"), wg: R.Tensor((16, 8), "float32"), wu: R.Tensor((16, 8), "float32")) -> R.Tensor(("n", 8), "float32"):
+    def main(
+        x: R.Tensor(("n", 16), "float32"), wg: R.Tensor((16, 8), "float32"), wu: R.Tensor((16, 8), "float32")
+    ) -> R.Tensor(("n", 8), "float32"):
         R.func_attr({"num_input": 2})  # wg is an activation: stacking it would run per call
         with R.dataflow():
             y = R.multiply(R.nn.silu(R.matmul(x, wg)), R.matmul(x, wu))
@@ -100,7 +112,12 @@ class WeightIsAnInput:
 @I.ir_module
 class DifferentInputs:
     @R.function
-    def main(x: R.Tensor(("n", 16), "float32"), z: R.Tensor(("n", 16), "float32"), wg: R.Tensor((16, 8), "float32"), wu: R.Tensor((16, 8), "float32")) -> R.Tensor(("n", 8), "float32"):
+    def main(
+        x: R.Tensor(("n", 16), "float32"),
+        z: R.Tensor(("n", 16), "float32"),
+        wg: R.Tensor((16, 8), "float32"),
+        wu: R.Tensor((16, 8), "float32"),
+    ) -> R.Tensor(("n", 8), "float32"):
         R.func_attr({"num_input": 2})
         with R.dataflow():
             y = R.multiply(R.nn.silu(R.matmul(x, wg)), R.matmul(z, wu))
@@ -131,10 +148,15 @@ def _swiglu_module(hidden: int, ffn: int, bound: int) -> tvm.IRModule:
 def scheduled(target):
     mod = relax.transform.LiftTransformParams()(FuseSwiGLU()(_swiglu_module(64, 96, 128)))
     with target.target:
-        mod = tvm.transform.Sequential([
-            relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FuseOps(), relax.transform.FuseTIR(), relax.transform.DeadCodeElimination(),
-        ])(mod)
+        mod = tvm.transform.Sequential(
+            [
+                relax.transform.LegalizeOps(),
+                relax.transform.AnnotateTIROpPattern(),
+                relax.transform.FuseOps(),
+                relax.transform.FuseTIR(),
+                relax.transform.DeadCodeElimination(),
+            ]
+        )(mod)
     return mod
 
 
@@ -168,5 +190,7 @@ def test_task_extraction_and_metaschedule_design_space(tiny_mlp, target):
     tasks = api.extract_tasks(tiny_mlp, target, JobConfig(buckets=BucketConfig.parse(["n=@32"])))
     fused = [t for t in tasks if t.name.startswith("matmul_silu_multiply")]
     assert len(fused) == 1, [t.name for t in tasks]
-    context = ms.TuneContext(mod=fused[0].mod, target=target.target, space_generator="post-order-apply", search_strategy="evolutionary")
+    context = ms.TuneContext(
+        mod=fused[0].mod, target=target.target, space_generator="post-order-apply", search_strategy="evolutionary"
+    )
     assert context.space_generator.generate_design_space(context.mod)  # tunable as one contraction

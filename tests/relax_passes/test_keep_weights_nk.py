@@ -13,10 +13,10 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 from relaxtune import api, targets
-from relaxtune.config import CompileConfig, JobConfig
-from relaxtune.relax_passes.keep_weights_nk import KeepWeightsNK, weights_nk_passes
+from relaxtune.config import CompileConfig, CudaLibraries, JobConfig
+from relaxtune.relax_passes.keep_weights_nk import KeepWeightsNK
 from relaxtune.relax_passes.merge_projections import MergeProjections
-from relaxtune.relax_passes.pipeline import target_fusion_passes
+from relaxtune.relax_passes.pipeline import fusion_passes
 from relaxtune.workloads import load, parse_config
 
 
@@ -24,8 +24,11 @@ from relaxtune.workloads import load, parse_config
 class Before:  # after LiftTransformParams: q/k merged (MergeProjections), o, and a weight read twice
     @R.function
     def main(
-        x: R.Tensor((1, "n", 16), "float16"), g: R.Tensor((16,), "float16"), wqk: R.Tensor((16, 32), "float16"),
-        wo: R.Tensor((16, 16), "float16"), ws: R.Tensor((16, 16), "float16"),
+        x: R.Tensor((1, "n", 16), "float16"),
+        g: R.Tensor((16,), "float16"),
+        wqk: R.Tensor((16, 32), "float16"),
+        wo: R.Tensor((16, 16), "float16"),
+        ws: R.Tensor((16, 16), "float16"),
     ) -> R.Tensor((1, "n", 16), "float16"):
         R.func_attr({"num_input": 1})
         with R.dataflow():
@@ -40,8 +43,19 @@ class Before:  # after LiftTransformParams: q/k merged (MergeProjections), o, an
 
     @R.function
     def main_transform_params(
-        params: R.Tuple(R.Tensor((16,), "float16"), R.Tensor((16, 16), "float16"), R.Tensor((16, 16), "float16"), R.Tensor((16, 16), "float16"), R.Tensor((16, 16), "float16")),
-    ) -> R.Tuple(R.Tensor((16,), "float16"), R.Tensor((16, 32), "float16"), R.Tensor((16, 16), "float16"), R.Tensor((16, 16), "float16")):
+        params: R.Tuple(
+            R.Tensor((16,), "float16"),
+            R.Tensor((16, 16), "float16"),
+            R.Tensor((16, 16), "float16"),
+            R.Tensor((16, 16), "float16"),
+            R.Tensor((16, 16), "float16"),
+        ),
+    ) -> R.Tuple(
+        R.Tensor((16,), "float16"),
+        R.Tensor((16, 32), "float16"),
+        R.Tensor((16, 16), "float16"),
+        R.Tensor((16, 16), "float16"),
+    ):
         R.func_attr({"num_input": 0})
         with R.dataflow():
             g = params[0]
@@ -63,8 +77,11 @@ class Before:  # after LiftTransformParams: q/k merged (MergeProjections), o, an
 class Expected:
     @R.function
     def main(
-        x: R.Tensor((1, "n", 16), "float16"), g: R.Tensor((16,), "float16"), wqk: R.Tensor((32, 16), "float16"),
-        wo: R.Tensor((16, 16), "float16"), ws: R.Tensor((16, 16), "float16"),
+        x: R.Tensor((1, "n", 16), "float16"),
+        g: R.Tensor((16,), "float16"),
+        wqk: R.Tensor((32, 16), "float16"),
+        wo: R.Tensor((16, 16), "float16"),
+        ws: R.Tensor((16, 16), "float16"),
     ) -> R.Tensor((1, "n", 16), "float16"):
         R.func_attr({"num_input": 1})
         with R.dataflow():
@@ -81,8 +98,19 @@ class Expected:
 
     @R.function
     def main_transform_params(
-        params: R.Tuple(R.Tensor((16,), "float16"), R.Tensor((16, 16), "float16"), R.Tensor((16, 16), "float16"), R.Tensor((16, 16), "float16"), R.Tensor((16, 16), "float16")),
-    ) -> R.Tuple(R.Tensor((16,), "float16"), R.Tensor((32, 16), "float16"), R.Tensor((16, 16), "float16"), R.Tensor((16, 16), "float16")):
+        params: R.Tuple(
+            R.Tensor((16,), "float16"),
+            R.Tensor((16, 16), "float16"),
+            R.Tensor((16, 16), "float16"),
+            R.Tensor((16, 16), "float16"),
+            R.Tensor((16, 16), "float16"),
+        ),
+    ) -> R.Tuple(
+        R.Tensor((16,), "float16"),
+        R.Tensor((32, 16), "float16"),
+        R.Tensor((16, 16), "float16"),
+        R.Tensor((16, 16), "float16"),
+    ):
         R.func_attr({"num_input": 0})
         with R.dataflow():
             g = params[0]
@@ -91,7 +119,9 @@ class Expected:
             wo = params[3]
             ws = params[4]
             ws_t = R.permute_dims(ws)
-            wqk = R.concat((wq, wk), axis=0)  # the transposes' concatenation along N, untransposed: no copy of a transpose
+            wqk = R.concat(
+                (wq, wk), axis=0
+            )  # the transposes' concatenation along N, untransposed: no copy of a transpose
             out = (g, wqk, wo, ws_t)
             R.output(out)
         return out
@@ -130,7 +160,10 @@ def test_llama_block_numerics_match_the_kn_layout_at_several_n():
     fused = relax.transform.FuseTransposeMatmul()(nk)  # what the pipeline leaves to TIR: NT matmul kernels
     assert "NT_matmul" in fused.script() and len(names) == len(mod["main"].params)
     rng = np.random.default_rng(0)
-    params = [(rng.standard_normal([int(d) for d in t.shape.values]) * 0.2).astype("float16") for t in mod["main_transform_params"].params[0].ty.fields]
+    params = [
+        (rng.standard_normal([int(d) for d in t.shape.values]) * 0.2).astype("float16")
+        for t in mod["main_transform_params"].params[0].ty.fields
+    ]
     for n in (1, 5, 9):
         x = rng.standard_normal((1, n, 64)).astype("float16")
         want, got = _run(mod, params, x).astype("float32"), _run(fused, params, x).astype("float32")
@@ -138,26 +171,38 @@ def test_llama_block_numerics_match_the_kn_layout_at_several_n():
 
 
 def test_cuda_pipeline_reads_every_weight_gemm_as_nk():
-    workload = load("llama-block", parse_config("hidden=64,heads=4,kv_heads=2,ffn=128,max_seq=64,max_batch=1"), "float16")
+    workload = load(
+        "llama-block", parse_config("hidden=64,heads=4,kv_heads=2,ffn=128,max_seq=64,max_batch=1"), "float16"
+    )
     target = targets.resolve("cuda")
     plan = api.bucket_plan(workload, JobConfig(compile=CompileConfig(use_cache=False)))
     with target.target:
-        mod = tvm.transform.Sequential(target_fusion_passes(target.target, plan, "relaxtune", True, True))(workload.mod)
-        old = tvm.transform.Sequential(target_fusion_passes(target.target, plan, "relaxtune", {"weights_nk": False}, True))(workload.mod)
+        mod = tvm.transform.Sequential(fusion_passes(target.target, plan, CompileConfig()))(workload.mod)
+        old = tvm.transform.Sequential(
+            fusion_passes(target.target, plan, CompileConfig(cublas=CudaLibraries(weights_nk=False)))
+        )(workload.mod)
     calls = re.findall(r'"(relaxtune_(?:gemv|cublas_gemm)\w*)"', mod.script())
     assert calls and all(c.endswith("_nk") or c.endswith("_nk_add") for c in calls), sorted(set(calls))
-    assert {"relaxtune_gemv_nk", "relaxtune_gemv_nk_add", "relaxtune_cublas_gemm_nk", "relaxtune_cublas_gemm_add_nk"} <= set(calls)
+    assert {
+        "relaxtune_gemv_nk",
+        "relaxtune_gemv_nk_add",
+        "relaxtune_cublas_gemm_nk",
+        "relaxtune_cublas_gemm_add_nk",
+    } <= set(calls)
     # nothing left to TIR: no NT matmul, and the transpose kernels are attention's, as in the (K, N) build
     assert not any("NT_matmul" in gv.name_hint for gv in mod.get_global_vars())
-    assert len(re.findall(r"call_tir\(\w*transpose", mod.script())) == len(re.findall(r"call_tir\(\w*transpose", old.script()))
+    assert len(re.findall(r"call_tir\(\w*transpose", mod.script())) == len(
+        re.findall(r"call_tir\(\w*transpose", old.script())
+    )
     assert "permute_dims" not in mod["main_transform_params"].script()
     old_calls = set(re.findall(r'"(relaxtune_(?:gemv|cublas_gemm)\w*)"', old.script()))
     assert old_calls and not any("_nk" in c for c in old_calls), old_calls  # "weights_nk": False keeps (K, N)
 
 
-def test_weights_nk_passes_follow_the_cublas_option_and_the_target():
-    cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    before, after = weights_nk_passes(cuda, True)
-    assert [type(p) for p in before] == [KeepWeightsNK] and len(after) == 1
-    assert weights_nk_passes(cuda, {"weights_nk": False}) == ([], []) and weights_nk_passes(cuda, False) == ([], [])
-    assert weights_nk_passes(tvm.target.Target("llvm"), True) == ([], [])
+def test_weights_nk_passes_follow_the_cublas_option_and_the_target(chosen_passes):
+    cuda, names = tvm.target.Target({"kind": "cuda", "arch": "sm_90"}), ("KeepWeightsNK", "FuseTransposeMatmul")
+    keep, fuse_nt = chosen_passes(cuda, CompileConfig(), *names)
+    assert isinstance(keep, KeepWeightsNK) and fuse_nt.info.name == "FuseTransposeMatmul"
+    assert chosen_passes(cuda, CompileConfig(cublas=CudaLibraries(weights_nk=False)), *names) == []
+    assert chosen_passes(cuda, CompileConfig(cublas=False), *names) == []
+    assert chosen_passes(tvm.target.Target("llvm"), CompileConfig(), *names) == []

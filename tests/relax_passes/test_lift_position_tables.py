@@ -20,7 +20,9 @@ def table_module(row=lambda i, j, n: (i * 2 + j).astype("float32"), bound: int |
     bb = relax.BlockBuilder()
     with bb.function("main", [x], {"tir_var_upper_bound": {"n": bound}} if bound else None):
         with bb.dataflow():
-            t = bb.emit_te(lambda: te.compute((n, 4), lambda i, j: row(i, j, n), name="table"), primfunc_name_hint="table")
+            t = bb.emit_te(
+                lambda: te.compute((n, 4), lambda i, j: row(i, j, n), name="table"), primfunc_name_hint="table"
+            )
             o = bb.emit_output(relax.op.add(x, t))
         bb.emit_func_output(o)
     return bb.get()
@@ -41,10 +43,14 @@ def test_table_is_computed_up_to_the_bound_and_sliced():
     tvm.ir.assert_structural_equal(LiftPositionTables()(before), bb.get())
 
 
-@pytest.mark.parametrize("mod", [
-    table_module(row=lambda i, j, n: (i * 2 + j).astype("float32") / n.astype("float32")),  # rows depend on n
-    table_module(bound=None),  # no upper bound to compute up to
-], ids=["rows-depend-on-n", "no-bound"])
+@pytest.mark.parametrize(
+    "mod",
+    [
+        table_module(row=lambda i, j, n: (i * 2 + j).astype("float32") / n.astype("float32")),  # rows depend on n
+        table_module(bound=None),  # no upper bound to compute up to
+    ],
+    ids=["rows-depend-on-n", "no-bound"],
+)
 def test_does_not_fire(mod):
     tvm.ir.assert_structural_equal(LiftPositionTables()(mod), mod)
 
@@ -52,7 +58,9 @@ def test_does_not_fire(mod):
 def test_matches_numpy():
     target = tvm.target.Target(TARGET)
     with target:
-        mod = tvm.transform.Sequential([LiftPositionTables(), relax.transform.LegalizeOps(), relax.transform.FoldConstant()])(table_module())
+        mod = tvm.transform.Sequential(
+            [LiftPositionTables(), relax.transform.LegalizeOps(), relax.transform.FoldConstant()]
+        )(table_module())
     assert "call_tir(cls.table" not in mod["main"].script()  # folded: computed at compile time
     vm = relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
     for n in (1, 23, 64):
@@ -109,6 +117,7 @@ def test_hf_tables_are_computed_up_to_the_bound_and_sliced():
     bb = relax.BlockBuilder()
     with bb.function("main", [x], {"tir_var_upper_bound": {"n": 64}}):
         with bb.dataflow():
+
             def sliced(table):
                 return bb.emit(relax.op.strided_slice(table, [2], [0], [n], assume_inbound=True))
 
@@ -134,12 +143,16 @@ def two_axes_module() -> tvm.IRModule:
     return bb.get()
 
 
-@pytest.mark.parametrize("mod", [
-    hf_module(positions="input"),  # position_ids is an input: not constant
-    hf_module(inv_freq="weight"),  # inv_freq a weight (the ONNX import): not constant
-    hf_module(bound=None),  # no upper bound to compute up to
-    two_axes_module(),  # n on two axes: row i depends on n
-], ids=["position-ids-input", "inv-freq-weight", "no-bound", "two-axes"])
+@pytest.mark.parametrize(
+    "mod",
+    [
+        hf_module(positions="input"),  # position_ids is an input: not constant
+        hf_module(inv_freq="weight"),  # inv_freq a weight (the ONNX import): not constant
+        hf_module(bound=None),  # no upper bound to compute up to
+        two_axes_module(),  # n on two axes: row i depends on n
+    ],
+    ids=["position-ids-input", "inv-freq-weight", "no-bound", "two-axes"],
+)
 def test_hf_tables_not_lifted(mod):
     tvm.ir.assert_structural_equal(LiftPositionTables()(mod), mod)
 
@@ -147,7 +160,9 @@ def test_hf_tables_not_lifted(mod):
 def test_hf_tables_match_numpy():
     target = tvm.target.Target(TARGET)
     with target:
-        mod = tvm.transform.Sequential([LiftPositionTables(), relax.transform.LegalizeOps(), relax.transform.FoldConstant()])(hf_module())
+        mod = tvm.transform.Sequential(
+            [LiftPositionTables(), relax.transform.LegalizeOps(), relax.transform.FoldConstant()]
+        )(hf_module())
     assert "arange" not in mod["main"].script()  # folded: computed at compile time
     vm = relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
     for n in (1, 23, 64):

@@ -17,7 +17,12 @@ from relaxtune.schedules.rules import apply_cpu_rules
 @I.ir_module
 class Before:
     @R.function
-    def main(x: R.Tensor(("n", 16), "float32"), wq: R.Tensor((8, 16), "float32"), wk: R.Tensor((4, 16), "float32"), wv: R.Tensor((4, 16), "float32")) -> R.Tuple(R.Tensor(("n", 2, 4), "float32"), R.Tensor(("n", 1, 4), "float32"), R.Tensor(("n", 1, 4), "float32")):
+    def main(
+        x: R.Tensor(("n", 16), "float32"),
+        wq: R.Tensor((8, 16), "float32"),
+        wk: R.Tensor((4, 16), "float32"),
+        wv: R.Tensor((4, 16), "float32"),
+    ) -> R.Tuple(R.Tensor(("n", 2, 4), "float32"), R.Tensor(("n", 1, 4), "float32"), R.Tensor(("n", 1, 4), "float32")):
         n = T.int64()
         R.func_attr({"num_input": 1})
         with R.dataflow():
@@ -35,7 +40,12 @@ class Before:
 @I.ir_module
 class Expected:
     @R.function
-    def main(x: R.Tensor(("n", 16), "float32"), wq: R.Tensor((8, 16), "float32"), wk: R.Tensor((4, 16), "float32"), wv: R.Tensor((4, 16), "float32")) -> R.Tuple(R.Tensor(("n", 2, 4), "float32"), R.Tensor(("n", 1, 4), "float32"), R.Tensor(("n", 1, 4), "float32")):
+    def main(
+        x: R.Tensor(("n", 16), "float32"),
+        wq: R.Tensor((8, 16), "float32"),
+        wk: R.Tensor((4, 16), "float32"),
+        wv: R.Tensor((4, 16), "float32"),
+    ) -> R.Tuple(R.Tensor(("n", 2, 4), "float32"), R.Tensor(("n", 1, 4), "float32"), R.Tensor(("n", 1, 4), "float32")):
         n = T.int64()
         R.func_attr({"num_input": 1})
         with R.dataflow():
@@ -60,7 +70,9 @@ def test_qkv_become_one_matmul_sliced_on_heads():
 @I.ir_module
 class Plain:
     @R.function
-    def main(x: R.Tensor(("n", 16), "float32"), w1: R.Tensor((16, 8), "float32"), w2: R.Tensor((16, 4), "float32")) -> R.Tensor(("n", 8), "float32"):
+    def main(
+        x: R.Tensor(("n", 16), "float32"), w1: R.Tensor((16, 8), "float32"), w2: R.Tensor((16, 4), "float32")
+    ) -> R.Tensor(("n", 8), "float32"):
         R.func_attr({"num_input": 1})
         with R.dataflow():
             a = R.matmul(x, w1)
@@ -73,7 +85,9 @@ class Plain:
 @I.ir_module
 class PlainExpected:
     @R.function
-    def main(x: R.Tensor(("n", 16), "float32"), w1: R.Tensor((16, 8), "float32"), w2: R.Tensor((16, 4), "float32")) -> R.Tensor(("n", 8), "float32"):
+    def main(
+        x: R.Tensor(("n", 16), "float32"), w1: R.Tensor((16, 8), "float32"), w2: R.Tensor((16, 4), "float32")
+    ) -> R.Tensor(("n", 8), "float32"):
         R.func_attr({"num_input": 1})
         with R.dataflow():
             w = R.concat((w1, w2), axis=1)
@@ -92,7 +106,9 @@ def test_projections_without_head_reshape_are_sliced_on_columns():
 @I.ir_module
 class WeightIsAnInput:
     @R.function
-    def main(x: R.Tensor(("n", 16), "float32"), w1: R.Tensor((16, 8), "float32"), w2: R.Tensor((16, 8), "float32")) -> R.Tensor(("n", 8), "float32"):
+    def main(
+        x: R.Tensor(("n", 16), "float32"), w1: R.Tensor((16, 8), "float32"), w2: R.Tensor((16, 8), "float32")
+    ) -> R.Tensor(("n", 8), "float32"):
         R.func_attr({"num_input": 2})  # w1 is an activation: concatenating it would run per call
         with R.dataflow():
             y = R.add(R.matmul(x, w1), R.matmul(x, w2))
@@ -103,7 +119,12 @@ class WeightIsAnInput:
 @I.ir_module
 class DifferentInputs:
     @R.function
-    def main(x: R.Tensor(("n", 16), "float32"), z: R.Tensor(("n", 16), "float32"), w1: R.Tensor((16, 8), "float32"), w2: R.Tensor((16, 8), "float32")) -> R.Tensor(("n", 8), "float32"):
+    def main(
+        x: R.Tensor(("n", 16), "float32"),
+        z: R.Tensor(("n", 16), "float32"),
+        w1: R.Tensor((16, 8), "float32"),
+        w2: R.Tensor((16, 8), "float32"),
+    ) -> R.Tensor(("n", 8), "float32"):
         R.func_attr({"num_input": 2})
         with R.dataflow():
             y = R.add(R.matmul(x, w1), R.matmul(z, w2))
@@ -125,7 +146,12 @@ class OneProjection:
 @I.ir_module
 class ReadByAttention:
     @R.function
-    def main(x: R.Tensor((1, "n", 16), "float32"), wq: R.Tensor((16, 8), "float32"), wk: R.Tensor((16, 8), "float32"), wv: R.Tensor((16, 8), "float32")) -> R.Tensor((1, "n", 2, 4), "float32"):
+    def main(
+        x: R.Tensor((1, "n", 16), "float32"),
+        wq: R.Tensor((16, 8), "float32"),
+        wk: R.Tensor((16, 8), "float32"),
+        wv: R.Tensor((16, 8), "float32"),
+    ) -> R.Tensor((1, "n", 2, 4), "float32"):
         n = T.int64()
         R.func_attr({"num_input": 1})
         with R.dataflow():
@@ -137,7 +163,9 @@ class ReadByAttention:
         return out
 
 
-@pytest.mark.parametrize("mod", [WeightIsAnInput, DifferentInputs, OneProjection, ReadByAttention], ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+    "mod", [WeightIsAnInput, DifferentInputs, OneProjection, ReadByAttention], ids=lambda m: m.__name__
+)
 def test_does_not_fire(mod):
     tvm.ir.assert_structural_equal(MergeProjections()(mod), mod)
 
@@ -148,13 +176,18 @@ def _attention_inputs(hidden: int, heads: int, kv_heads: int, bound: int) -> tvm
     b, n = tvm.tirx.Var("b", "int64"), tvm.tirx.Var("n", "int64")
     d = hidden // heads
     x = relax.Var("x", relax.TensorType((b, n, hidden), "float32"))
-    ws = [relax.Var(f"w{i}", relax.TensorType((h * d, hidden), "float32")) for i, h in enumerate((heads, kv_heads, kv_heads))]
+    ws = [
+        relax.Var(f"w{i}", relax.TensorType((h * d, hidden), "float32"))
+        for i, h in enumerate((heads, kv_heads, kv_heads))
+    ]
     with bb.function("main", [x, *ws], attrs={"num_input": 1, "tir_var_upper_bound": {"n": bound, "b": 2}}):
         with bb.dataflow():
             outs = []
             for w, h in zip(ws, (heads, kv_heads, kv_heads)):
                 y = bb.emit(relax.op.reshape(relax.op.matmul(x, relax.op.permute_dims(w)), (b, n, h, d)))
-                outs.append(bb.emit(relax.op.permute_dims(relax.op.multiply(y, relax.const(2.0, "float32")), [0, 2, 1, 3])))
+                outs.append(
+                    bb.emit(relax.op.permute_dims(relax.op.multiply(y, relax.const(2.0, "float32")), [0, 2, 1, 3]))
+                )
             out = bb.emit_output(relax.Tuple(outs))
         bb.emit_func_output(out)
     return bb.get()
@@ -164,10 +197,15 @@ def _attention_inputs(hidden: int, heads: int, kv_heads: int, bound: int) -> tvm
 def compiled(target):
     mod = relax.transform.LiftTransformParams()(MergeProjections()(_attention_inputs(64, 4, 2, 96)))
     with target.target:
-        mod = tvm.transform.Sequential([
-            relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FuseOps(), relax.transform.FuseTIR(), relax.transform.DeadCodeElimination(),
-        ])(mod)
+        mod = tvm.transform.Sequential(
+            [
+                relax.transform.LegalizeOps(),
+                relax.transform.AnnotateTIROpPattern(),
+                relax.transform.FuseOps(),
+                relax.transform.FuseTIR(),
+                relax.transform.DeadCodeElimination(),
+            ]
+        )(mod)
     kernels = [gv.name_hint for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     return tvm.compile(apply_cpu_rules(mod, target.target), target=target.target), kernels
 
@@ -176,7 +214,9 @@ def test_one_matmul_and_no_slice_kernel(compiled):
     _, kernels = compiled
     assert sum("matmul" in k for k in kernels) == 1, kernels
     sliced = [k for k in kernels if "strided_slice" in k]
-    assert len(sliced) == 3 and all("multiply" in k and "transpose" in k for k in sliced), kernels  # fused into consumers
+    assert len(sliced) == 3 and all("multiply" in k and "transpose" in k for k in sliced), (
+        kernels
+    )  # fused into consumers
 
 
 @pytest.mark.parametrize("b,n", [(1, 1), (2, 37), (2, 96)])  # n: 1, a middle value, the upper bound

@@ -8,9 +8,9 @@ import tvm
 from tvm import relax
 
 from relaxtune import api
-from relaxtune.artifact import prepare_params
 from relaxtune.config import CompileConfig, JobConfig
 from relaxtune.relax_passes.pipeline import pipeline
+from relaxtune.runtime.artifact import prepare_params
 from relaxtune.workloads import load
 
 SMALL = {
@@ -39,10 +39,13 @@ def test_no_kernel_is_left_unscheduled(target):
     plan = api.bucket_plan(workload, JobConfig())
     passes = pipeline(target.target, plan)
     # stop before lowering: run the stages up to the rules and inspect every PrimFunc
-    from relaxtune.relax_passes.pipeline import fusion_passes, rule_schedules
+    from relaxtune.relax_passes.pipeline import fusion_passes
+    from relaxtune.schedules.rules import rule_schedules
 
     with target.target:
-        mod = tvm.transform.Sequential([*fusion_passes(plan), rule_schedules(target.target)])(workload.mod)
+        mod = tvm.transform.Sequential([*fusion_passes(target.target, plan), rule_schedules(target.target)])(
+            workload.mod
+        )
     kernels = [(gv.name_hint, f) for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     assert kernels
     unscheduled = [name for name, f in kernels if not (f.attrs and f.attrs.get("tirx.is_scheduled"))]

@@ -10,17 +10,20 @@ import tvm
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tvm import relax, tirx
-from tvm.script import ir as I, relax as R, tirx as T
+from tvm.script import ir as I
+from tvm.script import relax as R
+from tvm.script import tirx as T
 
 from relaxtune import api
-from relaxtune.artifact import prepare_params
 from relaxtune.config import BucketConfig, CompileConfig, JobConfig
 from relaxtune.errors import UserError
-from relaxtune.relax_passes.bucket_dispatch import BUCKET_ATTR
 from relaxtune.relax_passes import plan_memory
-from relaxtune.relax_passes.pipeline import explicit_allocation_passes, fusion_passes, lowering_passes, memory_planning, rule_schedules
+from relaxtune.relax_passes.bucket_dispatch import BUCKET_ATTR
+from relaxtune.relax_passes.pipeline import explicit_allocation_passes, fusion_passes, lowering_passes, memory_planning
 from relaxtune.relax_passes.plan_memory import PlanMemory, plan_function
 from relaxtune.relax_passes.verify_memory_plan import verify
+from relaxtune.runtime.artifact import prepare_params
+from relaxtune.schedules.rules import rule_schedules
 from relaxtune.workloads import load
 
 SMALL = {
@@ -32,7 +35,9 @@ SMALL = {
 
 def _explicit(mod, target, plan):
     with target:
-        return tvm.transform.Sequential([*fusion_passes(plan), rule_schedules(target), *explicit_allocation_passes()])(mod)
+        return tvm.transform.Sequential(
+            [*fusion_passes(target, plan), rule_schedules(target), *explicit_allocation_passes()]
+        )(mod)
 
 
 def _allocs(func, name="relax.builtin.alloc_tensor") -> list[str]:
@@ -58,7 +63,11 @@ def test_builtin_plans_pass_the_verifier_near_the_lower_bound(name, explicit, ta
     mod = explicit[name]
     with target.target:
         planned = PlanMemory(check=False)(mod)
-    buckets = [(gv.name_hint, f.attrs[BUCKET_ATTR]) for gv, f in mod.functions_items() if isinstance(f, relax.Function) and f.attrs and BUCKET_ATTR in f.attrs]
+    buckets = [
+        (gv.name_hint, f.attrs[BUCKET_ATTR])
+        for gv, f in mod.functions_items()
+        if isinstance(f, relax.Function) and f.attrs and BUCKET_ATTR in f.attrs
+    ]
     assert len(buckets) > 2
     checked = 0
     for fname, ranges in buckets:
@@ -68,7 +77,9 @@ def test_builtin_plans_pass_the_verifier_near_the_lower_bound(name, explicit, ta
             assert verify(planned[fname], {"n": n, "b": b}, mod) == [], (fname, n, b)
             at = plan.at({"n": n, "b": b})
             assert at["arena"] <= 1.05 * at["lower_bound"], (fname, n, b, at["arena"], at["lower_bound"])
-            assert at["arena"] <= at["allocated"] == plan.at({"n": hi, "b": 2})["arena"]  # one size: the VM pool reuses it
+            assert (
+                at["arena"] <= at["allocated"] == plan.at({"n": hi, "b": 2})["arena"]
+            )  # one size: the VM pool reuses it
             checked += 1
     assert checked >= 2 * len(buckets)
 
@@ -78,7 +89,11 @@ def test_one_arena_and_outputs_params_untouched(name, explicit, target):
     mod = explicit[name]
     with target.target:
         planned = PlanMemory()(mod)
-    fname = next(gv.name_hint for gv, f in mod.functions_items() if isinstance(f, relax.Function) and f.attrs and BUCKET_ATTR in f.attrs)
+    fname = next(
+        gv.name_hint
+        for gv, f in mod.functions_items()
+        if isinstance(f, relax.Function) and f.attrs and BUCKET_ATTR in f.attrs
+    )
     before, after = mod[fname], planned[fname]
     assert len(_allocs(after, "relax.memory.alloc_storage")) == 1
     left = _allocs(after)
@@ -173,7 +188,13 @@ def test_does_not_fire_without_an_intermediate():
     main = Before["main"]
     bindings = main.body.blocks[0].bindings[:2]  # a = alloc; double(x, a); return a
     only_output = Before.clone()
-    only_output["main"] = relax.Function(main.params, relax.SeqExpr([relax.BindingBlock(bindings)], bindings[0].var), main.ret_ty, main.is_pure, main.attrs)
+    only_output["main"] = relax.Function(
+        main.params,
+        relax.SeqExpr([relax.BindingBlock(bindings)], bindings[0].var),
+        main.ret_ty,
+        main.is_pure,
+        main.attrs,
+    )
     tvm.ir.assert_structural_equal(PlanMemory()(only_output), only_output)
 
 
@@ -190,7 +211,12 @@ def test_inplace_for_an_elementwise_kernel_whose_input_dies(target):
             h = bb.emit(relax.op.multiply(relax.op.nn.silu(relax.op.matmul(x, wg)), up))
             out = bb.emit_output(relax.op.matmul(h, wd))
         bb.emit_func_output(out)
-    fuse = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    fuse = [
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ]
     with target.target:
         mod = tvm.transform.Sequential([*fuse, *explicit_allocation_passes()])(bb.get())
     plan = plan_function(mod["main"], mod)
@@ -222,7 +248,9 @@ def test_reuse_across_binding_blocks(target):
     bindings = list(func.body.blocks[0].bindings)
     half = len(bindings) // 2
     blocks = [relax.BindingBlock(bindings[:half]), relax.BindingBlock(bindings[half:])]
-    mod["main"] = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure, func.attrs)
+    mod["main"] = relax.Function(
+        func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure, func.attrs
+    )
     plan = plan_function(mod["main"], mod)
     at = plan.at({"n": 100})
     assert len(plan.tensors) == 3 and at["arena"] == 2 * 100 * 32 * 4 == at["lower_bound"] < at["no_reuse"]
@@ -284,7 +312,10 @@ def test_padded_call_and_a_repeated_name_keep_the_right_rows(target):
     for values in ({"b": 2, "n": 5}, {"b": 2, "n": 17}, {"b": 1, "n": 40}):
         assert verify(ours["main"], values, mod) == [] and verify(theirs["main"], values, mod) == []
     lower = tvm.transform.Sequential(lowering_passes())
-    vms = [relax.VirtualMachine(tvm.compile(m, target=target.target, relax_pipeline=lower), tvm.cpu()) for m in (ours, theirs)]
+    vms = [
+        relax.VirtualMachine(tvm.compile(m, target=target.target, relax_pipeline=lower), tvm.cpu())
+        for m in (ours, theirs)
+    ]
     rng = np.random.default_rng(3)
     wv = (rng.standard_normal((16, 16)) * 0.25).astype("float32")
     for b, n in [(2, 1), (2, 5), (2, 17), (1, 17), (2, 32), (2, 40)]:
@@ -293,7 +324,9 @@ def test_padded_call_and_a_repeated_name_keep_the_right_rows(target):
         want = t @ wv @ wv @ wv + t
         got = [vm["main"](tvm.runtime.tensor(xv), tvm.runtime.tensor(wv)).numpy() for vm in vms]
         np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-5, err_msg=f"PlanMemory at b={b}, n={n}")
-        np.testing.assert_allclose(got[0], got[1], rtol=1e-5, atol=1e-6, err_msg=f"against StaticPlanBlockMemory at b={b}, n={n}")
+        np.testing.assert_allclose(
+            got[0], got[1], rtol=1e-5, atol=1e-6, err_msg=f"against StaticPlanBlockMemory at b={b}, n={n}"
+        )
 
 
 _OPS = ("add", "multiply", "subtract", "tanh", "sigmoid", "matmul")
@@ -304,7 +337,10 @@ def graphs(draw):
     """A random DAG over (n, 16) tensors: element-wise ops and matmuls, 1-2 outputs; fused or not;
     its bindings named apart or all named "t" (rewrites repeat names; the plan must not care)."""
     steps = [("matmul", 0, 0)]  # every graph reads the weight
-    steps += [(draw(st.sampled_from(_OPS)), draw(st.integers(0, i)), draw(st.integers(0, i))) for i in range(1, draw(st.integers(2, 8)))]
+    steps += [
+        (draw(st.sampled_from(_OPS)), draw(st.integers(0, i)), draw(st.integers(0, i)))
+        for i in range(1, draw(st.integers(2, 8)))
+    ]
     extra = draw(st.none() | st.integers(0, len(steps)))
     return steps, extra, draw(st.booleans()), draw(st.booleans())
 
@@ -322,7 +358,9 @@ def _build(steps, extra, upper=64, one_name=False):
                 a, b = values[i], values[j]
                 unary = {"tanh": relax.op.tanh, "sigmoid": relax.op.sigmoid}
                 binary = {"add": relax.op.add, "multiply": relax.op.multiply, "subtract": relax.op.subtract}
-                expr = bb.normalize(unary[op](a) if op in unary else binary[op](a, b) if op in binary else relax.op.matmul(a, w))
+                expr = bb.normalize(
+                    unary[op](a) if op in unary else binary[op](a, b) if op in binary else relax.op.matmul(a, w)
+                )
                 if one_name:  # the builder would rename a repeated "t": bind it directly
                     values.append(relax.DataflowVar("t", expr.ty))
                     bb.emit_normalized(relax.VarBinding(values[-1], expr))
@@ -339,13 +377,21 @@ def _reference(steps, extra, x, w):
     for op, i, j in steps:
         a, b = values[i], values[j]
         values.append(
-            {"add": lambda: a + b, "multiply": lambda: a * b, "subtract": lambda: a - b, "tanh": lambda: np.tanh(a),
-             "sigmoid": lambda: 1 / (1 + np.exp(-a)), "matmul": lambda: a @ w}[op]()
+            {
+                "add": lambda: a + b,
+                "multiply": lambda: a * b,
+                "subtract": lambda: a - b,
+                "tanh": lambda: np.tanh(a),
+                "sigmoid": lambda: 1 / (1 + np.exp(-a)),
+                "matmul": lambda: a @ w,
+            }[op]()
         )
     return [values[-1]] if extra is None else [values[-1], values[extra]]
 
 
-@settings(max_examples=25, deadline=None, database=None, derandomize=False, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=25, deadline=None, database=None, derandomize=False, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(graphs())
 def test_random_graphs_pass_the_verifier_at_every_checked_n(target, graph):
     steps, extra, fused, one_name = graph
@@ -373,7 +419,9 @@ def test_random_graphs_compute_the_same_values(target, graph):
     if fused:
         prep += [relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
     passes = tvm.transform.Sequential([*prep, *explicit_allocation_passes(), PlanMemory(), *lowering_passes()])
-    vm = relax.VirtualMachine(tvm.compile(_build(steps, extra, one_name=one_name), target=target.target, relax_pipeline=passes), tvm.cpu())
+    vm = relax.VirtualMachine(
+        tvm.compile(_build(steps, extra, one_name=one_name), target=target.target, relax_pipeline=passes), tvm.cpu()
+    )
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((16, 16)) * 0.25).astype("float32")
     for n in (1, 13, 64):
@@ -404,10 +452,14 @@ def test_run_time_choice_between_layouts(target, monkeypatch):
         p = bb.emit(relax.op.nn.softmax(relax.op.matmul(a, relax.op.permute_dims(a)), axis=-1))
         bb.emit_func_output(bb.emit(relax.op.add(relax.op.matmul(p, a), relax.op.tanh(a))))
     with target.target:
-        small = tvm.transform.Sequential([relax.transform.LegalizeOps(), *explicit_allocation_passes(), PlanMemory()])(bb.get())
+        small = tvm.transform.Sequential([relax.transform.LegalizeOps(), *explicit_allocation_passes(), PlanMemory()])(
+            bb.get()
+        )
     assert "T.Select" in small["main"].script()
     assert all(verify(small["main"], {"n": rows}, small) == [] for rows in range(1, 65, 3))
-    vm = relax.VirtualMachine(tvm.compile(small, target=target.target, relax_pipeline=tvm.transform.Sequential(lowering_passes())), tvm.cpu())
+    vm = relax.VirtualMachine(
+        tvm.compile(small, target=target.target, relax_pipeline=tvm.transform.Sequential(lowering_passes())), tvm.cpu()
+    )
     rng = np.random.default_rng(1)
     wv = (rng.standard_normal((16, 16)) * 0.25).astype("float32")
     for rows in (1, 5, 16, 40, 64):
@@ -416,13 +468,17 @@ def test_run_time_choice_between_layouts(target, monkeypatch):
         scores = av @ av.T
         pv = np.exp(scores - scores.max(-1, keepdims=True))
         want = (pv / pv.sum(-1, keepdims=True)) @ av + np.tanh(av)
-        np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(xv), tvm.runtime.tensor(wv)).numpy(), want, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(
+            vm["main"](tvm.runtime.tensor(xv), tvm.runtime.tensor(wv)).numpy(), want, rtol=1e-4, atol=1e-4
+        )
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))
 def test_results_unchanged_against_torch(name, target):
     workload = load(name, dict(SMALL[name]))
-    job = JobConfig(buckets=BucketConfig({"n": (1, 64)}), compile=CompileConfig(use_cache=False, memory_planner="relaxtune"))
+    job = JobConfig(
+        buckets=BucketConfig({"n": (1, 64)}), compile=CompileConfig(use_cache=False, memory_planner="relaxtune")
+    )
     executable, _, _ = api.build(workload, target, job)  # buckets n=1 and n=2..64
     vm = relax.VirtualMachine(executable, tvm.cpu())
     params = prepare_params(vm, [tvm.runtime.tensor(v) for v in workload.params.values()])

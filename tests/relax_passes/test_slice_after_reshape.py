@@ -32,7 +32,10 @@ def _module(through_tuple: bool = False, shape=None):
 
 def _ops(mod) -> list[str]:
     found = []
-    relax.analysis.post_order_visit(mod["main"].body, lambda e: isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and found.append(e.op.name))
+    relax.analysis.post_order_visit(
+        mod["main"].body,
+        lambda e: isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and found.append(e.op.name),
+    )
     return found
 
 
@@ -41,18 +44,31 @@ def test_the_reshape_moves_before_the_slice():
         mod, _table = _module(through_tuple)
         ops = _ops(SliceAfterReshape()(mod))
         # reshape of the whole (16, 8) table, then the slice on its axis 1
-        assert ops.index("relax.reshape") < ops.index("relax.strided_slice") and ops.count("relax.strided_slice") == 1, ops
+        assert (
+            ops.index("relax.reshape") < ops.index("relax.strided_slice") and ops.count("relax.strided_slice") == 1
+        ), ops
         script = SliceAfterReshape()(mod)["main"].script()
-        assert "R.reshape(metadata" in script and "R.strided_slice(lv, (1,), (0,), (n,)" in script and "R.shape([1, 16, 1, 8])" in script, script
+        assert (
+            "R.reshape(metadata" in script
+            and "R.strided_slice(lv, (1,), (0,), (n,)" in script
+            and "R.shape([1, 16, 1, 8])" in script
+        ), script
 
 
 def test_the_slice_fuses_into_its_consumer_and_the_numbers_hold():
     mod, table = _module()
     target = tvm.target.Target("llvm")
-    seq = tvm.transform.Sequential([
-        SliceAfterReshape(), relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
-        relax.transform.FuseOps(), relax.transform.FuseTIR(), relax.transform.DeadCodeElimination(),
-    ])
+    seq = tvm.transform.Sequential(
+        [
+            SliceAfterReshape(),
+            relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FoldConstant(),
+            relax.transform.FuseOps(),
+            relax.transform.FuseTIR(),
+            relax.transform.DeadCodeElimination(),
+        ]
+    )
     fused = seq(mod)
     kernels = [gv.name_hint for gv, f in fused.functions_items() if isinstance(f, tirx.PrimFunc)]
     assert len(kernels) == 1 and "strided_slice" in kernels[0] and "multiply" in kernels[0], kernels
@@ -69,7 +85,9 @@ def test_does_not_apply_to_a_reshape_that_mixes_axes():
     x = relax.Var("x", relax.TensorType((n,), "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
-            sliced = bb.emit(relax.op.strided_slice(relax.const(np.zeros((16, 8), "float32")), [0], [0], [n], assume_inbound=True))
+            sliced = bb.emit(
+                relax.op.strided_slice(relax.const(np.zeros((16, 8), "float32")), [0], [0], [n], assume_inbound=True)
+            )
             flat = bb.emit(relax.op.reshape(sliced, (n * 8,)))  # rows and columns merged
             out = bb.emit_output(relax.op.sum(flat))
         bb.emit_func_output(out)

@@ -10,7 +10,7 @@ import pytest
 import tvm
 from tvm import relax, tirx
 
-from relaxtune.relax_passes.attention_kernel import ARGS_ATTR, BOUNDS_ATTR, Operands, attention_kernel, retiled
+from relaxtune.kernels.attention_tir import ARGS_ATTR, BOUNDS_ATTR, Operands, attention_kernel, retiled
 from relaxtune.relax_passes.fuse_attention_prologue import NAME, in_place
 from relaxtune.relax_passes.small_attention_tiles import SmallAttentionTiles
 from relaxtune.schedules.rules.cpu_attention import Attention
@@ -21,10 +21,17 @@ OPERANDS = Operands(12, 12, 12, 0, 4, 8)  # gpt2's merged q/k/v projection, head
 
 
 def _kernel(query_tile: int = 32, key_tile: int = 32) -> tirx.PrimFunc:
-    return in_place(attention_kernel(HEADS, HEADS, D, "float32", "TopLeft", operands=OPERANDS, query_tile=query_tile, key_tile=key_tile), ["split"] * 3)
+    return in_place(
+        attention_kernel(
+            HEADS, HEADS, D, "float32", "TopLeft", operands=OPERANDS, query_tile=query_tile, key_tile=key_tile
+        ),
+        ["split"] * 3,
+    )
 
 
-def _module(n, m=None, bounds: dict | None = None, kernel: tirx.PrimFunc | None = None, name: str = NAME) -> tvm.IRModule:
+def _module(
+    n, m=None, bounds: dict | None = None, kernel: tirx.PrimFunc | None = None, name: str = NAME
+) -> tvm.IRModule:
     """main(qkv (b, n, 12, d)[, kv (b, m, 12, d)]) calling the kernel on q from qkv and k, v from kv (or qkv)."""
     b = tirx.Var("b", "int64")
     qkv = relax.Var("qkv", relax.TensorType((b, n, 12, D), "float32"))
@@ -58,14 +65,22 @@ def test_exact_bucket_constant_lengths():
     after = SmallAttentionTiles()(_module(tirx.IntImm("int64", 1)))
     (kernel,) = _kernels(after).values()
     args = kernel.attrs[ARGS_ATTR]
-    assert (int(args["query_tile"]), int(args["key_tile"])) == (4, 4) and [int(x) for x in kernel.attrs[BOUNDS_ATTR]] == [1, 1]
-    assert [int(x) for x in args["operands"]] == [12, 12, 12, 0, 4, 8, 0] and kernel.attrs["relaxtune.attention_operands"]
+    assert (int(args["query_tile"]), int(args["key_tile"])) == (4, 4) and [
+        int(x) for x in kernel.attrs[BOUNDS_ATTR]
+    ] == [1, 1]
+    assert [int(x) for x in args["operands"]] == [12, 12, 12, 0, 4, 8, 0] and kernel.attrs[
+        "relaxtune.attention_operands"
+    ]
 
 
 @pytest.mark.parametrize("case", ["unbounded", "at_tile", "free_key_length"])
 def test_does_not_fire(case):
     n, m = tirx.Var("n", "int64"), tirx.Var("m", "int64")
-    before = {"unbounded": _module(n), "at_tile": _module(n, bounds={"n": 32}), "free_key_length": _module(n, m, bounds={"n": 1})}[case]
+    before = {
+        "unbounded": _module(n),
+        "at_tile": _module(n, bounds={"n": 32}),
+        "free_key_length": _module(n, m, bounds={"n": 1}),
+    }[case]
     after = SmallAttentionTiles()(before)
     if case == "free_key_length":  # short queries against keys of any length: small query tiles, default key tiles
         (kernel,) = _kernels(after).values()
@@ -93,13 +108,15 @@ def test_tiny_bounds_run_on_one_thread():
 def test_small_tile_kernels_match_numpy(tile, bound):
     kernel = retiled(_kernel(), tile, tile).with_attr(BOUNDS_ATTR, [bound, bound])
     sch = Attention().apply(kernel, tvm.target.Target(TARGET), False)
-    run = tvm.compile(tvm.IRModule({"attn": sch.mod["main"].with_attr("global_symbol", "attn")}), target=tvm.target.Target(TARGET))["attn"]
+    run = tvm.compile(
+        tvm.IRModule({"attn": sch.mod["main"].with_attr("global_symbol", "attn")}), target=tvm.target.Target(TARGET)
+    )["attn"]
     rng = np.random.default_rng(bound)
     for batch, n in sorted({(1, 1), (2, max(1, bound - 1)), (2, bound)}):
         qkv = rng.standard_normal((batch, n, 12, D)).astype("float32") * 2
         out = tvm.runtime.tensor(np.full((batch, n, HEADS, D), np.nan, "float32"))
         run(*[tvm.runtime.tensor(qkv)] * 3, out)
-        q, k, v = (qkv[:, :, o:o + HEADS].astype(np.float64) for o in (0, 4, 8))
+        q, k, v = (qkv[:, :, o : o + HEADS].astype(np.float64) for o in (0, 4, 8))
         s = np.einsum("bihd,bjhd->bhij", q, k) / np.sqrt(D)
         s = np.where(np.arange(n)[None, :] <= np.arange(n)[:, None], s, -np.inf)
         p = np.exp(s - s.max(-1, keepdims=True))

@@ -17,7 +17,9 @@ from relaxtune.schedules.rules import apply_cpu_rules
 @I.ir_module
 class Before:
     @R.function
-    def main(x: R.Tensor(("n", 12), "float32")) -> R.Tuple(R.Tensor((2, "n", 2), "float32"), R.Tensor((2, "n", 2), "float32"), R.Tensor((2, "n", 2), "float32")):
+    def main(x: R.Tensor(("n", 12), "float32")) -> R.Tuple(
+        R.Tensor((2, "n", 2), "float32"), R.Tensor((2, "n", 2), "float32"), R.Tensor((2, "n", 2), "float32")
+    ):
         n = T.int64()
         with R.dataflow():
             parts = R.split(x, 3, axis=-1)
@@ -32,7 +34,9 @@ class Before:
 @I.ir_module
 class Expected:
     @R.function
-    def main(x: R.Tensor(("n", 12), "float32")) -> R.Tuple(R.Tensor((2, "n", 2), "float32"), R.Tensor((2, "n", 2), "float32"), R.Tensor((2, "n", 2), "float32")):
+    def main(x: R.Tensor(("n", 12), "float32")) -> R.Tuple(
+        R.Tensor((2, "n", 2), "float32"), R.Tensor((2, "n", 2), "float32"), R.Tensor((2, "n", 2), "float32")
+    ):
         n = T.int64()
         with R.dataflow():
             heads = R.reshape(x, R.shape([n, 6, 2]))  # a view
@@ -51,7 +55,9 @@ def test_split_into_heads_becomes_view_and_slices():
 @I.ir_module
 class PartUsedTwice:
     @R.function
-    def main(x: R.Tensor(("n", 12), "float32")) -> R.Tuple(R.Tensor(("n", 2, 2), "float32"), R.Tensor(("n", 2, 2), "float32"), R.Tensor(("n", 4), "float32")):
+    def main(x: R.Tensor(("n", 12), "float32")) -> R.Tuple(
+        R.Tensor(("n", 2, 2), "float32"), R.Tensor(("n", 2, 2), "float32"), R.Tensor(("n", 4), "float32")
+    ):
         n = T.int64()
         with R.dataflow():
             parts = R.split(x, 3, axis=-1)
@@ -119,10 +125,16 @@ def _gpt2_qkv(hidden: int, heads: int, bound: int) -> tvm.IRModule:
 @pytest.fixture(scope="module")
 def compiled(target):
     with target.target:
-        mod = tvm.transform.Sequential([
-            SplitToSlices(), relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FuseOps(), relax.transform.FuseTIR(), relax.transform.DeadCodeElimination(),
-        ])(_gpt2_qkv(32, 4, 80))
+        mod = tvm.transform.Sequential(
+            [
+                SplitToSlices(),
+                relax.transform.LegalizeOps(),
+                relax.transform.AnnotateTIROpPattern(),
+                relax.transform.FuseOps(),
+                relax.transform.FuseTIR(),
+                relax.transform.DeadCodeElimination(),
+            ]
+        )(_gpt2_qkv(32, 4, 80))
     kernels = [gv.name_hint for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     return tvm.compile(apply_cpu_rules(mod, target.target), target=target.target), kernels
 

@@ -42,7 +42,13 @@ def _by_hand(func, offsets: list, arena) -> relax.Function:
             if offset is not None:
                 value = bb.normalize(relax.op.memory.alloc_tensor(store, offset, value.args[0], value.args[1]))
         bindings.append(relax.VarBinding(binding.var, value))
-    return relax.Function(func.params, relax.SeqExpr([relax.BindingBlock(bindings)], func.body.body), func.ret_ty, func.is_pure, func.attrs)
+    return relax.Function(
+        func.params,
+        relax.SeqExpr([relax.BindingBlock(bindings)], func.body.body),
+        func.ret_ty,
+        func.is_pure,
+        func.attrs,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +114,9 @@ def test_overlap_behind_a_repeated_name_is_caught(target):
     size = [v for v in relax.analysis.defined_symbolic_vars(mod["main"]) if v.name == "n"][0] * tirx.const(64, "int64")
     arena = size * tirx.const(3, "int64")
     assert verify(_by_hand(mod["main"], [0, size, size * 2, None], arena), {"n": 9}, mod) == []
-    problems = verify(_by_hand(mod["main"], [0, size, 0, None], arena), {"n": 9}, mod)  # second t in the first t's bytes
+    problems = verify(
+        _by_hand(mod["main"], [0, size, 0, None], arena), {"n": 9}, mod
+    )  # second t in the first t's bytes
     assert len(problems) == 1 and problems[0].startswith("alloc (") and "overlaps alloc2 (" in problems[0], problems
 
 

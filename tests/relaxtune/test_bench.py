@@ -2,8 +2,8 @@
 
 import pytest
 
-from relaxtune import bench
-from relaxtune.bench_remote import TorchProcess
+from relaxtune.measure import bench
+from relaxtune.measure.torch_process import TorchProcess
 
 
 class _FakeSampler:
@@ -54,6 +54,12 @@ def test_torch_arm_runs_in_the_workload_dtype(dtype):
     workload = load("mlp", {"hidden": "32", "ffn": "64", "max_seq": "16", "max_batch": "2"}, dtype)
     assert str(bench.torch_dtype(workload)) == f"torch.{dtype}"
     assert next(bench.torch_model(workload).parameters()).dtype == bench.torch_dtype(workload)
-    rows = bench.bench(workload, targets.resolve("cpu"), JobConfig(compile=CompileConfig(use_cache=False)), {"n": [3]}, ("relaxtune", "torch"))
+    rows = bench.bench(
+        workload,
+        targets.resolve("cpu"),
+        JobConfig(compile=CompileConfig(use_cache=False)),
+        {"n": [3]},
+        ("relaxtune", "torch"),
+    )
     assert [r.system for r in rows] == ["relaxtune", "torch"]
     assert all(r.max_error is not None and r.max_error < 2e-2 for r in rows), rows  # both against the float32 reference

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from relaxtune import api
-from relaxtune.artifact import prepare_params
-from relaxtune.bucket_check import _points, mismatch
 from relaxtune.config import BucketConfig, JobConfig, TuneConfig
+from relaxtune.measure.bucket_check import _points, mismatch
+from relaxtune.runtime.artifact import prepare_params
 from relaxtune.schedules import cache, verdicts
 
 pytestmark = pytest.mark.integration
@@ -19,10 +19,14 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def checked(tmp_path_factory, tiny_mlp, target):
     """A tuned cache whose records all get applied (their rule times forgotten), then checked."""
-    from relaxtune.bucket_check import check_buckets
+    from relaxtune.measure.bucket_check import check_buckets
     from relaxtune.schedules import task_index
 
-    job = JobConfig(cache_dir=tmp_path_factory.mktemp("cache"), tune=TuneConfig(trials=16, trials_per_iter=8), buckets=BucketConfig({"n": (1, 16, 64)}))
+    job = JobConfig(
+        cache_dir=tmp_path_factory.mktemp("cache"),
+        tune=TuneConfig(trials=16, trials_per_iter=8),
+        buckets=BucketConfig({"n": (1, 16, 64)}),
+    )
     result = api.tune(tiny_mlp, target, job, progress=False)
     folder = cache.folder_for(job.cache_dir, target)
     task_index.append(folder, [{"key": key, "rule_us": None} for key in task_index.load(folder)])
@@ -91,8 +95,23 @@ def test_cli_tune_prints_and_writes_the_verdicts(checked, tiny_mlp, target, tmp_
     from relaxtune.__main__ import main
 
     out = tmp_path / "tune.json"
-    code = main(["tune", "mlp", "--config", "hidden=32,ffn=64,max_seq=64,max_batch=2", "--buckets", "n=1,16,64",
-                 "--trials", "8", "--cache", str(tmp_path / "c"), "--no-progress", "--json", str(out)])
+    code = main(
+        [
+            "tune",
+            "mlp",
+            "--config",
+            "hidden=32,ffn=64,max_seq=64,max_batch=2",
+            "--buckets",
+            "n=1,16,64",
+            "--trials",
+            "8",
+            "--cache",
+            str(tmp_path / "c"),
+            "--no-progress",
+            "--json",
+            str(out),
+        ]
+    )
     assert code == 0
     data = json.loads(out.read_text())
     assert all(b["verdict"] in verdicts.VERDICTS for b in data["buckets"])  # none where every record lost to its rules
@@ -102,7 +121,7 @@ def test_cli_tune_prints_and_writes_the_verdicts(checked, tiny_mlp, target, tmp_
 
 def test_records_with_other_outputs_than_the_rules_lose(checked, tiny_mlp, target, monkeypatch):
     """The only correctness check a cuda schedule gets: outputs off by more than the dtype allows -> rules."""
-    from relaxtune import bucket_check
+    from relaxtune.measure import bucket_check
 
     job, _, _ = checked
     monkeypatch.setattr(bucket_check, "mismatch", lambda got, want: float("inf"))
@@ -111,16 +130,19 @@ def test_records_with_other_outputs_than_the_rules_lose(checked, tiny_mlp, targe
 
 
 def test_a_job_without_new_trials_checks_only_buckets_without_a_verdict(checked, tiny_mlp, target, tmp_path):
-    """Verdicts name the bucket's kernels: a cache checked with another compiler gets checked, even when no trial runs."""
+    """Verdicts name the bucket's kernels: a cache checked with another compiler gets checked, even
+    when no trial runs."""
     import dataclasses
     import shutil
 
-    from relaxtune.bucket_check import check_buckets
+    from relaxtune.measure.bucket_check import check_buckets
 
     job, _, _ = checked
     folder = cache.folder_for(job.cache_dir, target)
     lines = (folder / verdicts.FILE).read_text()
-    assert check_buckets(tiny_mlp, target, job, only_unchecked=True) == []  # every bucket has its verdict: one build, no timing
+    assert (
+        check_buckets(tiny_mlp, target, job, only_unchecked=True) == []
+    )  # every bucket has its verdict: one build, no timing
     assert (folder / verdicts.FILE).read_text() == lines
     shutil.copytree(job.cache_dir, tmp_path / "c")
     (cache.folder_for(tmp_path / "c", target) / verdicts.FILE).unlink()  # as if checked under other kernel names

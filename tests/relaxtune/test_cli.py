@@ -47,7 +47,9 @@ def test_bad_input_is_one_clear_line(capsys, argv, words):
 
 
 def test_compile_with_a_missing_cache_dir_is_refused(capsys, tmp_path):
-    line = _error_line(capsys, ["compile", "mlp", "--config", SMALL, "--cache", str(tmp_path / "nope"), "-o", str(tmp_path / "m.so")])
+    line = _error_line(
+        capsys, ["compile", "mlp", "--config", SMALL, "--cache", str(tmp_path / "nope"), "-o", str(tmp_path / "m.so")]
+    )
     assert "does not exist" in line
 
 
@@ -77,18 +79,22 @@ def test_run_refuses_out_of_bounds_and_wrong_dtype(capsys, artifact, tmp_path):
 def test_manifest_describes_the_artifact(artifact):
     manifest = json.loads(artifact.with_name("mlp.json").read_text())
     assert manifest["entry"] == "main"
-    assert manifest["inputs"] == [{"name": "x", "shape": ["b", "n", 64], "dtype": "float32", "fill": "normal", "high": 0}]
+    assert manifest["inputs"] == [
+        {"name": "x", "shape": ["b", "n", 64], "dtype": "float32", "fill": "normal", "high": 0}
+    ]
     assert manifest["dims"] == {"b": {"lower": 1, "upper": 2}, "n": {"lower": 1, "upper": 64}}
     assert manifest["target"]["kind"] == "llvm" and manifest["tvm_version"]
     assert len(manifest["params"]) == 3
 
 
-def test_run_without_a_shape_checks_against_the_reference_stored_at_compile_time(capsys, artifact, tmp_path, monkeypatch):
+def test_run_without_a_shape_checks_against_the_reference_stored_at_compile_time(
+    capsys, artifact, tmp_path, monkeypatch
+):
     """A host with the TVM runtime only cannot rebuild the workload; the artifact brings its own check."""
     import shutil
 
-    from relaxtune.artifact import check_path
     from relaxtune.cli import run_cmd
+    from relaxtune.runtime.artifact import check_path
 
     stored = dict(np.load(check_path(artifact)))
     assert set(stored) == {"x", "expected"} and stored["x"].shape[:2] == (2, 3)  # b = 3 clipped to max_batch 2, n = 3
@@ -100,7 +106,9 @@ def test_run_without_a_shape_checks_against_the_reference_stored_at_compile_time
     wrong = tmp_path / "wrong.so"
     for src in artifact.parent.glob(artifact.stem + ".*"):
         shutil.copy(src, tmp_path / src.name.replace(artifact.stem, "wrong", 1))
-    np.savez(check_path(wrong), x=stored["x"], expected=stored["expected"] + 1.0)  # a stored output that is not the model's
+    np.savez(
+        check_path(wrong), x=stored["x"], expected=stored["expected"] + 1.0
+    )  # a stored output that is not the model's
     assert main(["run", str(wrong), "--repeat", "2"]) == 1 and "MISMATCH" in capsys.readouterr().out
 
 
@@ -108,22 +116,27 @@ def test_a_reference_that_fails_at_compile_time_leaves_no_check_and_compile_succ
     import dataclasses
 
     from relaxtune import workloads
-    from relaxtune.artifact import check_path, write_check
+    from relaxtune.runtime.artifact import check_path, write_check
 
     def broken(inputs, params):
         raise ImportError("no onnxruntime here")
 
-    workload = dataclasses.replace(workloads.load("mlp", {"hidden": "64", "ffn": "128", "max_seq": "64", "max_batch": "2"}), reference=broken)
+    workload = dataclasses.replace(
+        workloads.load("mlp", {"hidden": "64", "ffn": "128", "max_seq": "64", "max_batch": "2"}), reference=broken
+    )
     assert write_check(workload, tmp_path / "m.so") is None and not check_path(tmp_path / "m.so").exists()
     assert "no stored reference check for m.so" in caplog.text and "onnxruntime" in caplog.text
 
 
-@pytest.mark.parametrize("workload, config", [("mlp", SMALL), ("llama-block", "hidden=64,heads=2,kv_heads=2,ffn=128,max_seq=64,max_batch=2")])
+@pytest.mark.parametrize(
+    "workload, config", [("mlp", SMALL), ("llama-block", "hidden=64,heads=2,kv_heads=2,ffn=128,max_seq=64,max_batch=2")]
+)
 def test_bfloat16_artifacts_keep_their_dtype_and_pass_their_checks(capsys, tmp_path, workload, config):
-    """numpy writes bfloat16 arrays to .npz as 2-byte void: params, the stored check and --inputs come back as bfloat16."""
+    """numpy writes bfloat16 arrays to .npz as 2-byte void: params, the stored check and --inputs
+    come back as bfloat16."""
     import ml_dtypes
 
-    from relaxtune.artifact import check_path, paths
+    from relaxtune.runtime.artifact import check_path, paths
 
     so = tmp_path / "bf.so"
     assert main(["compile", workload, "--config", config, "--dtype", "bfloat16", "--no-cache", "-o", str(so)]) == 0
@@ -132,7 +145,9 @@ def test_bfloat16_artifacts_keep_their_dtype_and_pass_their_checks(capsys, tmp_p
     assert np.load(paths(so)[0])[manifest["params"][0]["name"]].dtype.kind == "V"  # what numpy keeps of bfloat16
     capsys.readouterr()
     assert main(["run", str(so), "--repeat", "2"]) == 0  # the stored check
-    assert main(["run", str(so), "--repeat", "2", "--shape", "b=1", "--shape", "n=17"]) == 0  # the reference rebuilt here
+    assert (
+        main(["run", str(so), "--repeat", "2", "--shape", "b=1", "--shape", "n=17"]) == 0
+    )  # the reference rebuilt here
     inputs = tmp_path / "in.npz"
     np.savez(inputs, x=np.load(check_path(so))["x"])
     assert main(["run", str(so), "--repeat", "2", "--inputs", str(inputs)]) == 0

@@ -11,13 +11,15 @@ import sys
 
 import pytest
 
-from relaxtune import cuda_device_code as cdc
 from relaxtune import targets
 from relaxtune.__main__ import main
 from relaxtune.errors import UserError
+from relaxtune.kernels import device_code as cdc
 
 SMALL = "hidden=64,ffn=128,max_seq=64,max_batch=2"
-needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None and not cdc.os.path.exists("/usr/local/cuda/bin/nvcc"), reason="no CUDA toolkit")
+needs_nvcc = pytest.mark.skipif(
+    shutil.which("nvcc") is None and not cdc.os.path.exists("/usr/local/cuda/bin/nvcc"), reason="no CUDA toolkit"
+)
 
 
 @pytest.mark.parametrize("spec, arch", [("cuda", "sm_90"), ("cuda:sm_80", "sm_80")])
@@ -26,7 +28,12 @@ def test_cuda_target_has_every_metaschedule_limit(spec, arch):
     assert resolved.is_gpu and resolved.slug.startswith(f"cuda-{arch}-")
     t = resolved.target
     assert t.kind.name == "cuda" and str(t.attrs["arch"]) == arch and "gpu" in t.keys
-    for key, value in {"max_threads_per_block": 1024, "max_shared_memory_per_block": 49152, "thread_warp_size": 32, "registers_per_block": 65536}.items():
+    for key, value in {
+        "max_threads_per_block": 1024,
+        "max_shared_memory_per_block": 49152,
+        "thread_warp_size": 32,
+        "registers_per_block": 65536,
+    }.items():
         assert int(t.attrs[key]) == value, key
 
 
@@ -75,8 +82,8 @@ def test_device_code_built_by_tvm_at_build_time_is_kept(tmp_path):
 @needs_nvcc
 def test_tiny_workload_cross_compiles_to_a_fatbin(tmp_path):
     from relaxtune import api
-    from relaxtune.workloads import load
     from relaxtune.config import CompileConfig, JobConfig
+    from relaxtune.workloads import load
 
     target = targets.resolve("cuda")
     workload = load("mlp", dict(item.split("=") for item in SMALL.split(",")))
@@ -131,7 +138,7 @@ def test_cli_artifact_names_arch_and_loads_only_where_cuda_is(tmp_path):
     assert len(err) == 1 and "cuda" in err[0], err
 
 
-# ---- RewriteGemmToCublas (relax_passes/cublas_gemm.py); its numbers are checked on the GPU by scripts/gpu_job.py
+# ---- RewriteGemmToCublas (relax_passes/cublas_gemm.py); its numbers are checked on the GPU by benchmarks/gpu_job.py
 from tvm.script import ir as I  # noqa: E402
 from tvm.script import relax as R  # noqa: E402
 from tvm.script import tirx as T  # noqa: E402
@@ -140,7 +147,9 @@ from tvm.script import tirx as T  # noqa: E402
 @I.ir_module
 class GemmBefore:
     @R.function(private=True)
-    def main_n17_128(x: R.Tensor((1, "n", 64), "float16"), w: R.Tensor((64, 32), "float16")) -> R.Tensor((1, "n", 32), "float16"):
+    def main_n17_128(x: R.Tensor((1, "n", 64), "float16"), w: R.Tensor((64, 32), "float16")) -> R.Tensor(
+        (1, "n", 32), "float16"
+    ):
         R.func_attr({"relaxtune.bucket": {"n": [17, 128, 128]}})
         n = T.int64()
         with R.dataflow():
@@ -153,7 +162,9 @@ class GemmBefore:
 @I.ir_module
 class GemmExpected:
     @R.function(private=True)
-    def main_n17_128(x: R.Tensor((1, "n", 64), "float16"), w: R.Tensor((64, 32), "float16")) -> R.Tensor((1, "n", 32), "float16"):
+    def main_n17_128(x: R.Tensor((1, "n", 64), "float16"), w: R.Tensor((64, 32), "float16")) -> R.Tensor(
+        (1, "n", 32), "float16"
+    ):
         R.func_attr({"relaxtune.bucket": {"n": [17, 128, 128]}})
         n = T.int64()
         with R.dataflow():
@@ -166,7 +177,9 @@ class GemmExpected:
 @I.ir_module
 class GemmUntouched:
     @R.function(private=True)
-    def main_n1(x: R.Tensor((1, 1, 64), "float16"), w: R.Tensor((64, 32), "float16")) -> R.Tensor((1, 1, 32), "float16"):
+    def main_n1(x: R.Tensor((1, 1, 64), "float16"), w: R.Tensor((64, 32), "float16")) -> R.Tensor(
+        (1, 1, 32), "float16"
+    ):
         R.func_attr({"relaxtune.bucket": {"n": [1, 1, 1]}})  # decode bucket: the TIR GEMV stays
         with R.dataflow():
             y = R.matmul(x, w)
@@ -174,7 +187,9 @@ class GemmUntouched:
         return y
 
     @R.function(private=True)
-    def main_n2_16(x: R.Tensor((1, "n", 64), "float32"), w: R.Tensor((64, 32), "float32"), v: R.Tensor((1, "n", 64), "float16")) -> R.Tensor((1, "n", "n"), "float16"):
+    def main_n2_16(
+        x: R.Tensor((1, "n", 64), "float32"), w: R.Tensor((64, 32), "float32"), v: R.Tensor((1, "n", 64), "float16")
+    ) -> R.Tensor((1, "n", "n"), "float16"):
         R.func_attr({"relaxtune.bucket": {"n": [2, 16, 16]}})
         n = T.int64()
         with R.dataflow():
@@ -231,11 +246,13 @@ class OneKernel:
 
 
 def test_an_unscheduled_gpu_kernel_is_an_error_naming_it():
-    from relaxtune.schedules.rules.gpu_rules import gpu_rules, require_gpu_schedules, unscheduled_kernels
-
     from tvm.s_tir import dlight as dl
 
-    with pytest.raises((UserError, RuntimeError), match="no CUDA schedule for kernel.s. add_one"):  # TVM re-raises across its pass boundary
+    from relaxtune.schedules.rules.gpu_rules import gpu_rules, require_gpu_schedules, unscheduled_kernels
+
+    with pytest.raises(
+        (UserError, RuntimeError), match="no CUDA schedule for kernel.s. add_one"
+    ):  # TVM re-raises across its pass boundary
         require_gpu_schedules()(OneKernel)
     with targets.resolve("cuda").target:
         scheduled = dl.ApplyDefaultSchedule(*gpu_rules())(OneKernel)
@@ -260,13 +277,28 @@ def test_cuda_build_calls_cublas_unless_told_not_to():
 @needs_nvcc
 def test_cli_gpu_flags(tmp_path):
     so = tmp_path / "mlp.so"
-    argv = ["compile", "mlp", "--config", SMALL, "--dtype", "float16", "--target", "cuda", "--no-cache", "-o", str(so), "--no-cublas", "--no-cuda-graphs", "--no-flash-attention"]
+    argv = [
+        "compile",
+        "mlp",
+        "--config",
+        SMALL,
+        "--dtype",
+        "float16",
+        "--target",
+        "cuda",
+        "--no-cache",
+        "-o",
+        str(so),
+        "--no-cublas",
+        "--no-cuda-graphs",
+        "--no-flash-attention",
+    ]
     assert main(argv) == 0 and so.exists()
     from relaxtune.cli.common import job_config
     from relaxtune.config import CompileConfig
 
     args = type("Args", (), {"cache": tmp_path, "buckets": None, "flash_attention": False})()  # --no-flash-attention
-    assert job_config(args).compile.flash_attention is False and CompileConfig().flash_attention is True
+    assert job_config(args).compile.flash_attention.enabled is False and CompileConfig().flash_attention.enabled is True
 
 
 # ---- RewriteBatchedGemmToCublas (relax_passes/cublas_batched_gemm.py): attention's GEMMs on cuBLAS
@@ -274,7 +306,7 @@ TINY_LLAMA = "hidden=64,heads=4,kv_heads=2,ffn=128,max_seq=128,max_batch=1"  # g
 
 
 def test_cublas_addon_compiles_and_exports_both_kernels(tmp_path):
-    from relaxtune.cuda_cublas import BATCHED_FUNCTION, FUNCTION, object_file
+    from relaxtune.kernels.cublas import BATCHED_FUNCTION, FUNCTION, object_file
 
     obj = object_file(tmp_path)
     symbols = subprocess.run(["nm", "-g", "--defined-only", str(obj)], capture_output=True, text=True).stdout
@@ -286,8 +318,9 @@ def test_cublas_addon_compiles_and_exports_both_kernels(tmp_path):
 def test_tiny_llama_cross_compiles_with_attention_on_cublas(tmp_path):
     """fp16 llama-block for cuda: the 65..128 bucket's attention calls the batched kernel, the mask
     is inside its softmax; smaller buckets keep dlight's kernels; the artifact links the addon."""
-    from relaxtune import api, artifact, targets
+    from relaxtune import api, targets
     from relaxtune.config import CompileConfig, JobConfig
+    from relaxtune.runtime import artifact
     from relaxtune.workloads import load, parse_config
 
     workload = load("llama-block", parse_config(TINY_LLAMA), "float16")
@@ -296,10 +329,16 @@ def test_tiny_llama_cross_compiles_with_attention_on_cublas(tmp_path):
     executable = api.build(workload, target, job)[0]
     text = executable.as_text()
     assert "relaxtune_cublas_batched_gemm" in text and "relaxtune_cublas_gemm" in text
-    kernels = [name for src in cdc.cuda_sources(executable.mod) for name in re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", src.decode())]
+    kernels = [
+        name
+        for src in cdc.cuda_sources(executable.mod)
+        for name in re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", src.decode())
+    ]
     assert any(k.startswith("softmax_bias") for k in kernels), kernels
     assert any(k.startswith("softmax") and "bias" not in k for k in kernels), "smaller buckets keep the plain softmax"
-    manifest = artifact.export(executable, workload, target, tmp_path / "llama.so", api.bucket_plan(workload, job), None, {})
+    manifest = artifact.export(
+        executable, workload, target, tmp_path / "llama.so", api.bucket_plan(workload, job), None, {}
+    )
     assert manifest["device_code"]["format"] == "fatbin"
     assert b"__tvm_ffi_relaxtune_cublas_batched_gemm" in (tmp_path / "llama.so").read_bytes()
 
@@ -310,7 +349,24 @@ def test_bfloat16_llama_cross_compiles_with_the_nk_library_calls(tmp_path):
     # -inf TVM 0.27 prints as `inff` (cuda_device_code.INF_PRELUDE; nvcc failed on it before)
     so = tmp_path / "bf.so"
     config = "hidden=64,heads=2,kv_heads=2,ffn=128,max_seq=64"
-    assert main(["compile", "llama-block", "--config", config, "--dtype", "bfloat16", "--target", "cuda", "--no-cache", "-o", str(so)]) == 0
+    assert (
+        main(
+            [
+                "compile",
+                "llama-block",
+                "--config",
+                config,
+                "--dtype",
+                "bfloat16",
+                "--target",
+                "cuda",
+                "--no-cache",
+                "-o",
+                str(so),
+            ]
+        )
+        == 0
+    )
     library = so.read_bytes()
     for name in (b"relaxtune_gemv_nk", b"relaxtune_cublas_gemm_nk", b"relaxtune_cublas_gemm_add_nk"):
         assert name in library, name

@@ -22,7 +22,18 @@ def _records(folder):
 
 
 def test_kill_then_continue(tmp_path):
-    cmd = [sys.executable, "-m", "relaxtune", "tune", "mlp", "--config", SMALL, "--cache", str(tmp_path), "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "relaxtune",
+        "tune",
+        "mlp",
+        "--config",
+        SMALL,
+        "--cache",
+        str(tmp_path),
+        "--no-progress",
+    ]
     proc = subprocess.Popen([*cmd, "--trials", "24"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
     folder = None

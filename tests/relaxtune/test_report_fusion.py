@@ -15,7 +15,23 @@ SMALL = "hidden=64,heads=4,kv_heads=2,ffn=128,max_seq=64,max_batch=2"
 def llama_report(tmp_path_factory):
     folder = tmp_path_factory.mktemp("fusion")
     out = folder / "fusion.json"
-    code = main(["report", "fusion", "llama-block", "--config", SMALL, "--shape", "n=40", "--shape", "b=2", "--json", str(out), "--out", str(folder)])
+    code = main(
+        [
+            "report",
+            "fusion",
+            "llama-block",
+            "--config",
+            SMALL,
+            "--shape",
+            "n=40",
+            "--shape",
+            "b=2",
+            "--json",
+            str(out),
+            "--out",
+            str(folder),
+        ]
+    )
     assert code == 0
     return json.loads(out.read_text()), folder
 
@@ -56,7 +72,24 @@ def test_markdown_is_printed_and_saved(llama_report, capsys):
 
 def test_gpt2_block_never_more_kernels(tmp_path):
     out = tmp_path / "gpt2.json"
-    assert main(["report", "fusion", "gpt2-block", "--config", "hidden=64,heads=4,max_seq=64", "--shape", "n=8", "--json", str(out), "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "report",
+                "fusion",
+                "gpt2-block",
+                "--config",
+                "hidden=64,heads=4,max_seq=64",
+                "--shape",
+                "n=8",
+                "--json",
+                str(out),
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     assert report["relaxtune"]["kernels"] <= report["stock"]["kernels"]
     assert report["relaxtune"]["intermediate_bytes"] <= report["stock"]["intermediate_bytes"]

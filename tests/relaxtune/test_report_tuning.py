@@ -19,8 +19,14 @@ def cache(tmp_path_factory, tiny_mlp, target):
     from relaxtune.schedules import cache as cache_folder
     from relaxtune.schedules import cost_model
 
-    small = dict(trials_per_iter=4, population=16, search_generations=1, build_workers=1, runs_per_measure=1, min_repeat_ms=1)
-    job = JobConfig(cache_dir=tmp_path_factory.mktemp("cache"), tune=TuneConfig(trials=4, **small), buckets=BucketConfig(single={"n": 16}))
+    small = dict(
+        trials_per_iter=4, population=16, search_generations=1, build_workers=1, runs_per_measure=1, min_repeat_ms=1
+    )
+    job = JobConfig(
+        cache_dir=tmp_path_factory.mktemp("cache"),
+        tune=TuneConfig(trials=4, **small),
+        buckets=BucketConfig(single={"n": 16}),
+    )
     first = api.tune(tiny_mlp, target, job, progress=False)
     folder = cache_folder.folder_for(job.cache_dir, target)
     saved = (folder / cost_model.MODEL_FILE).read_bytes()
@@ -39,13 +45,31 @@ def test_jobs_save_and_warm_start_the_cost_model(cache):
     model, warm = cost_model.load(folder)
     assert warm and model.data_size == 8 and (folder / cost_model.MODEL_FILE).read_bytes() != saved
     assert set(first.profile) >= {"wall_s", "build_s", "cost_model_update_s", "search_and_measure_s"}
-    assert sum(v for k, v in first.profile.items() if k in {"setup_s", "transfer_s", "build_s", "cost_model_predict_s", "cost_model_update_s", "search_and_measure_s"}) == pytest.approx(first.profile["wall_s"], abs=0.1)
+    assert sum(
+        v
+        for k, v in first.profile.items()
+        if k
+        in {"setup_s", "transfer_s", "build_s", "cost_model_predict_s", "cost_model_update_s", "search_and_measure_s"}
+    ) == pytest.approx(first.profile["wall_s"], abs=0.1)
 
 
 def test_report_json_markdown_and_plots(cache, tmp_path, capsys):
     cache_dir, _, first, second, _ = cache
     out = tmp_path / "report"
-    code = main(["report", "tuning", "--cache", str(cache_dir), "--target", "cpu", "--out", str(out), "--json", str(out / "t.json")])
+    code = main(
+        [
+            "report",
+            "tuning",
+            "--cache",
+            str(cache_dir),
+            "--target",
+            "cpu",
+            "--out",
+            str(out),
+            "--json",
+            str(out / "t.json"),
+        ]
+    )
     printed = capsys.readouterr().out
     assert code == 0, printed
     report = json.loads((out / "t.json").read_text())

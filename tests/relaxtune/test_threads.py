@@ -7,8 +7,8 @@ import sys
 from relaxtune import threads
 
 PROBE = (
-    "import relaxtune, tvm, json, os; "
-    "print(json.dumps([relaxtune.RUNTIME_THREADS, os.environ.get('TVM_NUM_THREADS'), "
+    "import relaxtune.threads, tvm, json, os; "
+    "print(json.dumps([relaxtune.threads.configure(), os.environ.get('TVM_NUM_THREADS'), "
     "int(tvm.get_global_func('runtime.NumThreads')())]))"
 )
 
@@ -41,3 +41,10 @@ def test_configure_does_not_override(monkeypatch):
     monkeypatch.delenv("TVM_NUM_THREADS")
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert threads.configure() == threads.physical_cores() == int(os.environ["TVM_NUM_THREADS"])
+
+
+def test_importing_relaxtune_changes_nothing():
+    env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
+    probe = "import os, relaxtune, relaxtune.api; print(os.environ.get('TVM_NUM_THREADS'))"
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "None"

@@ -23,7 +23,9 @@ def cache(tmp_path):
     for secs in (3e-6, 1e-6, 2e-6):
         db.commit_tuning_record(_record(db, secs))
     key = workload_key(tvm.IRModule({"main": add_one}))
-    task_index.append(folder, [{"key": key, "kernel": "add_one", "workload": "toy", "bucket": {"n": [1, 16, 16]}, "rule_us": 5.0}])
+    task_index.append(
+        folder, [{"key": key, "kernel": "add_one", "workload": "toy", "bucket": {"n": [1, 16, 16]}, "rule_us": 5.0}]
+    )
     return tmp_path / "cache"
 
 

@@ -29,7 +29,9 @@ def cuda_cache():
 
     target = targets.resolve("cuda")
     folder = cache.folder_for(ROOT / "tuning_logs", target)
-    assert folder.is_dir(), f"no committed cuda cache at {folder}: run scripts/tune_gpu.sh on the GPU machine and commit its folder"
+    assert folder.is_dir(), (
+        f"no committed cuda cache at {folder}: run scripts/tune_gpu.sh on the GPU machine and commit its folder"
+    )
     manifest = cache.check_compatible(folder, target)  # raises for another target or TVM version
     assert manifest.get("target") == target.config and manifest.get("tvm_version")
     database = CacheDatabase(folder)
@@ -52,7 +54,7 @@ def _fused(name: str, manifest: dict, target):
     if all(isinstance(b, list) for buckets in tuned.values() for b in buckets):  # [lo, hi, tune_at] per bucket
         plan = {dim: [Bucket(*b) for b in buckets] for dim, buckets in tuned.items()}
     assert [b.hi for b in plan["n"]] == list(TUNED_AT), plan
-    return fuse(workload.mod, target.target, plan, job.compile.fusion, job.compile.cublas, job.compile.flash_attention)
+    return fuse(workload.mod, target.target, plan, job.compile)
 
 
 @pytest.mark.parametrize("name", DEFAULT_WORKLOADS)
@@ -66,7 +68,9 @@ def test_records_apply_to_the_default_workload(cuda_cache, name):
     mod = _fused(name, manifest, target)
     tasks = extract_tasks(mod)
     measured = [t for t in tasks if any(r.run_secs for r in database.records_for(t.mod))]
-    assert measured, f"no measured record of {name}'s {len(tasks)} kernels in {folder}: the kernels changed since it was tuned"
+    assert measured, (
+        f"no measured record of {name}'s {len(tasks)} kernels in {folder}: the kernels changed since it was tuned"
+    )
     index = task_index.load(folder)
     assert all("rule_us" in index.get(t.key, {}) for t in measured)  # the bar a record must beat, measured there
     report = Counter()
@@ -94,8 +98,11 @@ def test_only_records_checked_on_the_device_apply(cuda_cache, name):
     with target.target:
         out = ApplyTunedSchedules(database, report, task_index.load(folder), check=None, verdicts=verdicts)(mod)
     scheduled = re.compile(r"_(tuned|direct|padded|guarded)\d*$")  # ApplyTunedSchedules' names for the kernels it adds
-    tuned_buckets = {gv.name_hint for gv in bucket_functions(out)
-                     if any(scheduled.search(c.args[0].name_hint) for c in call_sites(out[gv]))}
+    tuned_buckets = {
+        gv.name_hint
+        for gv in bucket_functions(out)
+        if any(scheduled.search(c.args[0].name_hint) for c in call_sites(out[gv]))
+    }
     assert len(tuned_buckets) == CHECKED[name], (tuned_buckets, dict(report))
     if CHECKED[name] == 0:
         assert not any(k.startswith("tuned") for k in report), dict(report)

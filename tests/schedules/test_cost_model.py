@@ -35,7 +35,14 @@ def trained(target):
     args = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
     candidates = []
     for seed in range(6):
-        context = ms.TuneContext(mod=mod, target=target.target, space_generator="post-order-apply", search_strategy="evolutionary", task_name="mm", rand_state=seed + 1)
+        context = ms.TuneContext(
+            mod=mod,
+            target=target.target,
+            space_generator="post-order-apply",
+            search_strategy="evolutionary",
+            task_name="mm",
+            rand_state=seed + 1,
+        )
         for sch in context.space_generator.generate_design_space(mod):
             candidates.append(ms.MeasureCandidate(sch, args))
     candidates = candidates[:6]
@@ -54,7 +61,9 @@ def test_ranking_metrics_on_known_orders():
     assert ranking.top_k_recall([4, 3, 2, 1], costs, 2) == 1.0
     assert ranking.top_k_recall([1, 2, 3, 4], costs, 2) == 0.0
     assert ranking.top_k_recall([4, 1, 3, 2], costs, 2) == 0.5
-    summary = ranking.summarize([{"scores": [4, 3, 2, 1], "costs": costs}, {"scores": [1, 2, 3], "costs": [1.0, 2.0, 3.0]}])
+    summary = ranking.summarize(
+        [{"scores": [4, 3, 2, 1], "costs": costs}, {"scores": [1, 2, 3], "costs": [1.0, 2.0, 3.0]}]
+    )
     assert summary["pairs"] == 9 and summary["pairwise_accuracy"] == pytest.approx(6 / 9)
     assert summary["top2_recall"] == pytest.approx((1.0 + 0.5) / 2)
 
@@ -73,7 +82,8 @@ def test_saved_model_warm_starts_with_the_same_predictions(tmp_path, trained):
 
 
 def test_models_train_on_one_thread(tmp_path, trained):
-    """Fresh and loaded models both train with XGB_THREADS (stock: every core, 10x slower per update when one is busy)."""
+    """Fresh and loaded models both train with XGB_THREADS (stock: every core, 10x slower per update
+    when one is busy)."""
     from relaxtune.schedules import cost_model
 
     model, _, _ = trained

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 
 import pytest
 import tvm
 from tvm.s_tir import meta_schedule as ms
-from tvm.s_tir.schedule import Trace
 from tvm.script import tirx as T
 
 from relaxtune.errors import UserError
@@ -31,7 +29,13 @@ def _record(db, secs: float):
     (loop,) = sch.get_loops(sch.get_sblock("b"))
     sch.split(loop, [None, 4])
     workload = db.commit_workload(mod)
-    return ms.database.TuningRecord(sch.trace, workload, [tvm.tirx.FloatImm("float64", secs)], tvm.target.Target("llvm"), ms.arg_info.ArgInfo.from_prim_func(add_one))
+    return ms.database.TuningRecord(
+        sch.trace,
+        workload,
+        [tvm.tirx.FloatImm("float64", secs)],
+        tvm.target.Target("llvm"),
+        ms.arg_info.ArgInfo.from_prim_func(add_one),
+    )
 
 
 def test_records_persist_and_reopen(tmp_path):

@@ -2,7 +2,7 @@
 structure of its CUDA schedule (rows on blocks, 16-byte vectors on threads, int32 indices where
 the bounds allow), and its source through nvcc for sm_90.
 
-Its speed comes from scripts/gpu_job.py on the device (the llama7b-rf-cublas-flash vs -prev rows).
+Its speed comes from benchmarks/gpu_job.py on the device (the llama7b-rf-cublas-flash vs -prev rows).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 import tvm
 from tvm import te, tirx, topi
 
-from relaxtune import cuda_device_code as cdc
 from relaxtune import targets
+from relaxtune.kernels import device_code as cdc
 from relaxtune.schedules.rules.gpu_elementwise import BOUND_ATTR, RowElementwise, annotate_var_bounds
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="no CUDA toolkit")
@@ -121,7 +121,10 @@ def test_rope_is_scheduled_per_half_with_16_byte_vectors():
     assert mod is not None
     script = mod.script()
     # 32 rows (head rows) per block on threadIdx.y, each half's 8 vectors of 8 on threadIdx.x
-    assert 'T.thread_binding(32, thread="threadIdx.y")' in script and script.count('T.thread_binding(8, thread="threadIdx.x")') == 2, script
+    assert (
+        'T.thread_binding(32, thread="threadIdx.y")' in script
+        and script.count('T.thread_binding(8, thread="threadIdx.x")') == 2
+    ), script
     assert script.count("T.vectorized(8)") == 2 and "int64" not in script
     body = _kernel_body(_cuda(mod))
     assert "?" not in body and "if_then_else" not in body, "each half's select folded away"
@@ -136,11 +139,17 @@ def test_rope_halves_off_declines_it():
 
 
 @needs_nvcc
-@pytest.mark.parametrize("make", [_silu_mul, _add, lambda: _add(width=128), _rope], ids=["silu_mul", "add", "short-rows", "rope"])
+@pytest.mark.parametrize(
+    "make", [_silu_mul, _add, lambda: _add(width=128), _rope], ids=["silu_mul", "add", "short-rows", "rope"]
+)
 def test_generated_cuda_compiles_for_sm_90(make, tmp_path):
     src = _cuda(_schedule(make()))
     (tmp_path / "k.cu").write_text(src)
-    done = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-o", str(tmp_path / "k.cubin"), str(tmp_path / "k.cu")], capture_output=True, text=True)
+    done = subprocess.run(
+        ["nvcc", "-arch=sm_90", "-cubin", "-o", str(tmp_path / "k.cubin"), str(tmp_path / "k.cu")],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
 
 
@@ -176,8 +185,16 @@ def _strided_last() -> tirx.PrimFunc:
 
 
 @pytest.mark.parametrize(
-    "make", [_row_sum, _rms_norm, _transpose, _symbolic_last, _strided_last, lambda: _rope(split=32)],
-    ids=["reduction", "rms_norm", "transpose", "symbolic-last-axis", "strided-last-axis", "select-not-constant-per-half"],
+    "make",
+    [_row_sum, _rms_norm, _transpose, _symbolic_last, _strided_last, lambda: _rope(split=32)],
+    ids=[
+        "reduction",
+        "rms_norm",
+        "transpose",
+        "symbolic-last-axis",
+        "strided-last-axis",
+        "select-not-constant-per-half",
+    ],
 )
 def test_does_not_apply(make):
     assert _schedule(make()) is None
@@ -213,8 +230,9 @@ def test_annotate_var_bounds_takes_the_largest_caller_bound():
 def test_tiny_llama_elementwise_kernels_use_the_rule(tmp_path, monkeypatch):
     """fp16 llama-block for cuda: silu(gate) * up, the residual adds and k's RoPE are scheduled by
     RowElementwise with int32 indices, and the artifact builds for sm_90."""
-    from relaxtune import api, artifact
+    from relaxtune import api
     from relaxtune.config import CompileConfig, JobConfig
+    from relaxtune.runtime import artifact
     from relaxtune.schedules.rules import gpu_rules
     from relaxtune.workloads import load, parse_config
 
@@ -228,7 +246,9 @@ def test_tiny_llama_elementwise_kernels_use_the_rule(tmp_path, monkeypatch):
             return sch
 
     monkeypatch.setattr(gpu_rules, "RowElementwise", Recording)
-    workload = load("llama-block", parse_config("hidden=64,heads=4,kv_heads=2,ffn=128,max_seq=128,max_batch=1"), "float16")
+    workload = load(
+        "llama-block", parse_config("hidden=64,heads=4,kv_heads=2,ffn=128,max_seq=128,max_batch=1"), "float16"
+    )
     target = targets.resolve("cuda")
     job = JobConfig(compile=CompileConfig(use_cache=False))
     executable = api.build(workload, target, job)[0]
@@ -240,5 +260,7 @@ def test_tiny_llama_elementwise_kernels_use_the_rule(tmp_path, monkeypatch):
     assert all("int64" not in s for s in scheduled if "n: T.int64," not in s), "max_seq 128: int32 indices"
     src = "".join(s.decode() for s in cdc.cuda_sources(executable.mod))
     assert "uint4" in src
-    manifest = artifact.export(executable, workload, target, tmp_path / "llama.so", api.bucket_plan(workload, job), None, {})
+    manifest = artifact.export(
+        executable, workload, target, tmp_path / "llama.so", api.bucket_plan(workload, job), None, {}
+    )
     assert manifest["device_code"]["format"] == "fatbin"

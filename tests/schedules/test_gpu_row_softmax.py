@@ -1,7 +1,7 @@
 """RowSoftmax (schedules/rules/gpu_row_softmax.py) without a GPU: the compute definition's numbers
 on the CPU, the CUDA schedule's structure, and its source through nvcc for sm_90.
 
-Its speed comes from scripts/gpu_job.py on the device (the softmax_bias row of the kernel table).
+Its speed comes from benchmarks/gpu_job.py on the device (the softmax_bias row of the kernel table).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 import tvm
 from tvm import te, tirx, topi
 
-from relaxtune import cuda_device_code as cdc
 from relaxtune import targets
+from relaxtune.kernels import device_code as cdc
 from relaxtune.relax_passes.cublas_batched_gemm import _softmax_bias
 from relaxtune.schedules.rules.gpu_row_softmax import RowSoftmax
 
@@ -116,7 +116,9 @@ def test_vector_bytes_0_keeps_scalar_reduction_loads():
     target = targets.resolve("cuda").target
     with target:
         sch = RowSoftmax(vector_bytes=0).apply(_rms_norm().with_attr("global_symbol", "main"), target, False)
-    assert sch is not None and 'scope="local"' not in sch.mod.script() and sch.mod.script().count("T.vectorized") == 1  # the output pass only
+    assert (
+        sch is not None and 'scope="local"' not in sch.mod.script() and sch.mod.script().count("T.vectorized") == 1
+    )  # the output pass only
 
 
 def test_row_not_a_multiple_of_the_vectors_keeps_scalar_loads():
@@ -133,12 +135,20 @@ def _kernel_body(src: str) -> str:
 
 
 @needs_nvcc
-@pytest.mark.parametrize("make", [lambda: _biased(heads=32), _rms_norm, lambda: _biased(static=4096)], ids=["softmax_bias", "rms_norm", "static-softmax"])
+@pytest.mark.parametrize(
+    "make",
+    [lambda: _biased(heads=32), _rms_norm, lambda: _biased(static=4096)],
+    ids=["softmax_bias", "rms_norm", "static-softmax"],
+)
 def test_generated_cuda_compiles_for_sm_90(make, tmp_path):
     mod = _schedule(make())
     src = cdc.cuda_sources(tvm.compile(mod, target=targets.resolve("cuda").target).mod)[0].decode()
     (tmp_path / "k.cu").write_text(src)
-    done = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-o", str(tmp_path / "k.cubin"), str(tmp_path / "k.cu")], capture_output=True, text=True)
+    done = subprocess.run(
+        ["nvcc", "-arch=sm_90", "-cubin", "-o", str(tmp_path / "k.cubin"), str(tmp_path / "k.cu")],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
 
 
@@ -162,7 +172,11 @@ def _col_sum_normalise() -> tirx.PrimFunc:
     return te.create_prim_func([x, te.compute(x.shape, lambda i, j: x[i, j] / total[j], name="norm")])
 
 
-@pytest.mark.parametrize("make", [_row_sum, _add, _col_sum_normalise, lambda: _plain(axis=1)], ids=["reduction", "elementwise", "column", "softmax-axis1"])
+@pytest.mark.parametrize(
+    "make",
+    [_row_sum, _add, _col_sum_normalise, lambda: _plain(axis=1)],
+    ids=["reduction", "elementwise", "column", "softmax-axis1"],
+)
 def test_does_not_apply(make):
     assert _schedule(make()) is None
 
@@ -178,8 +192,9 @@ def test_gpu_rules_try_it_before_general_reduction():
 def test_tiny_llama_softmax_kernels_use_the_rule(tmp_path, monkeypatch):
     """fp16 llama-block for cuda: every softmax kernel (plain in small buckets, softmax_bias where
     attention is on cuBLAS) is scheduled by RowSoftmax, and the artifact builds for sm_90."""
-    from relaxtune import api, artifact
+    from relaxtune import api
     from relaxtune.config import CompileConfig, JobConfig
+    from relaxtune.runtime import artifact
     from relaxtune.schedules.rules import gpu_rules
     from relaxtune.workloads import load, parse_config
 
@@ -193,7 +208,9 @@ def test_tiny_llama_softmax_kernels_use_the_rule(tmp_path, monkeypatch):
             return sch
 
     monkeypatch.setattr(gpu_rules, "RowSoftmax", Recording)
-    workload = load("llama-block", parse_config("hidden=64,heads=4,kv_heads=2,ffn=128,max_seq=128,max_batch=1"), "float16")
+    workload = load(
+        "llama-block", parse_config("hidden=64,heads=4,kv_heads=2,ffn=128,max_seq=128,max_batch=1"), "float16"
+    )
     target = targets.resolve("cuda")
     job = JobConfig(compile=CompileConfig(use_cache=False))
     executable = api.build(workload, target, job)[0]
@@ -201,5 +218,7 @@ def test_tiny_llama_softmax_kernels_use_the_rule(tmp_path, monkeypatch):
     softmax = set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(softmax\w*)\(", src))
     assert {name.startswith("softmax_bias") for name in softmax} == {True, False}, softmax
     assert scheduled.count(True) == len(softmax), (scheduled, softmax)
-    manifest = artifact.export(executable, workload, target, tmp_path / "llama.so", api.bucket_plan(workload, job), None, {})
+    manifest = artifact.export(
+        executable, workload, target, tmp_path / "llama.so", api.bucket_plan(workload, job), None, {}
+    )
     assert manifest["device_code"]["format"] == "fatbin"  # nvcc compiled every kernel for sm_90

@@ -73,7 +73,9 @@ def test_rule_times_through_the_builder_and_runner(tiny_mlp, target):
     assert len(times) == 2 and all(t is not None and 0 < t < 1e6 for t in times)
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None and not __import__("os").path.exists("/usr/local/cuda/bin/nvcc"), reason="needs nvcc")
+@pytest.mark.skipif(
+    shutil.which("nvcc") is None and not __import__("os").path.exists("/usr/local/cuda/bin/nvcc"), reason="needs nvcc"
+)
 def test_cuda_candidates_carry_compiled_device_code():
     import tvm
     from tvm import te
@@ -99,7 +101,12 @@ def test_compile_uses_the_buckets_the_cache_was_tuned_at(tmp_path, tiny_mlp, tar
     folder = cache.folder_for(tmp_path, target)
     folder.mkdir(parents=True)
     assert api.tuned_buckets(tiny_mlp, target, job) is None  # nothing tuned: the default plan
-    cache.write_manifest(folder, target, tiny_mlp.name, {"config": tiny_mlp.config, "buckets": {"n": [[1, 1, 1], [2, 16, 16], [17, 64, 64]], "b": [[1, 2, 1]]}})
+    cache.write_manifest(
+        folder,
+        target,
+        tiny_mlp.name,
+        {"config": tiny_mlp.config, "buckets": {"n": [[1, 1, 1], [2, 16, 16], [17, 64, 64]], "b": [[1, 2, 1]]}},
+    )
     assert api.tuned_buckets(tiny_mlp, target, job).edges == {"n": (1, 16, 64)}
     cache.write_manifest(folder, target, tiny_mlp.name, {"config": {**tiny_mlp.config, "hidden": 128}})
     assert api.tuned_buckets(tiny_mlp, target, job) is None  # tuned for another config
@@ -113,7 +120,11 @@ def test_a_job_past_its_time_limit_ends_after_the_first_round(tmp_path, tiny_mlp
     from relaxtune.schedules import tune as tune_module
 
     monkeypatch.setattr(tune_module, "_past", lambda deadline: False)  # let the search start despite the limit
-    job = JobConfig(cache_dir=tmp_path, tune=TuneConfig(trials=64, time_limit_s=1e-3, check_buckets=False, transfer=False), buckets=BucketConfig({"n": (1, 64)}))
+    job = JobConfig(
+        cache_dir=tmp_path,
+        tune=TuneConfig(trials=64, time_limit_s=1e-3, check_buckets=False, transfer=False),
+        buckets=BucketConfig({"n": (1, 64)}),
+    )
     result = api.tune(tiny_mlp, target, job, progress=False)
     shares = len(result.shares)
     assert result.trials_run == 8 * shares < 64, (result.trials_run, result.shares)

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import tvm
 from tvm import relax, te, tirx
-from tvm.s_tir.schedule import Trace
 from tvm.script import tirx as T
 
 from relaxtune.schedules import padding, replay
@@ -14,7 +12,11 @@ from relaxtune.schedules import padding, replay
 
 def _matmul(rows):
     @T.prim_func(s_tir=True)
-    def matmul(x: T.Buffer((rows, T.int64(64)), "float32"), w: T.Buffer((T.int64(64), T.int64(32)), "float32"), y: T.Buffer((rows, T.int64(32)), "float32")):
+    def matmul(
+        x: T.Buffer((rows, T.int64(64)), "float32"),
+        w: T.Buffer((T.int64(64), T.int64(32)), "float32"),
+        y: T.Buffer((rows, T.int64(32)), "float32"),
+    ):
         for i, j, k in T.grid(rows, T.int64(32), T.int64(64)):
             with T.sblock("matmul"):
                 vi, vj, vk = T.axis.remap("SSR", [i, j, k])

@@ -30,7 +30,9 @@ def cluster():
 
 
 def _job(tmp_path, cluster) -> JobConfig:
-    return JobConfig(cache_dir=tmp_path, tune=TuneConfig(trials=16, trials_per_iter=8, rpc_tracker=cluster.address, device_key=KEY))
+    return JobConfig(
+        cache_dir=tmp_path, tune=TuneConfig(trials=16, trials_per_iter=8, rpc_tracker=cluster.address, device_key=KEY)
+    )
 
 
 def _check_cache(folder, trials: int, failed: int) -> None:
@@ -44,7 +46,9 @@ def _check_cache(folder, trials: int, failed: int) -> None:
     assert all(0 < s < 1 for s in secs[: trials - failed]) and secs[trials - failed :] == [1e10] * failed
 
 
-@pytest.mark.parametrize("address", ["localhost", "127.0.0.1:", ":9190", "127.0.0.1:http", "127.0.0.1:0", "127.0.0.1:70000"])
+@pytest.mark.parametrize(
+    "address", ["localhost", "127.0.0.1:", ":9190", "127.0.0.1:http", "127.0.0.1:0", "127.0.0.1:70000"]
+)
 def test_malformed_tracker_address_is_refused(address):
     with pytest.raises(UserError, match="HOST:PORT") as err:
         TuneConfig(rpc_tracker=address, device_key=KEY)
@@ -68,7 +72,9 @@ def test_unreachable_tracker_is_one_line_naming_it(capsys):
     message = str(err.value)
     assert address in message and "unreachable" in message and "\n" not in message
     assert time.monotonic() - start < 10
-    code = main(["tune", "mlp", "--config", "hidden=64,ffn=128,max_seq=64,max_batch=2", "--rpc", address, "--device-key", KEY])
+    code = main(
+        ["tune", "mlp", "--config", "hidden=64,ffn=128,max_seq=64,max_batch=2", "--rpc", address, "--device-key", KEY]
+    )
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and address in lines[0], lines
 
@@ -91,7 +97,9 @@ def test_a_batch_with_no_server_left_fails_at_once_with_the_reason(cluster):
     from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, RPCConfig, RunnerInput
 
     host, _, port = cluster.address.rpartition(":")
-    runner = TrackerRunner(RPCConfig(host, int(port), "gone-key"), EvaluatorConfig(), workers=1, limit_s=5, server_wait_s=0)
+    runner = TrackerRunner(
+        RPCConfig(host, int(port), "gone-key"), EvaluatorConfig(), workers=1, limit_s=5, server_wait_s=0
+    )
     start = time.monotonic()
     results = [f.result() for f in runner.run([RunnerInput("/nonexistent/mod.so", "cpu", []) for _ in range(3)])]
     assert time.monotonic() - start < 5

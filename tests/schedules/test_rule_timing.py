@@ -35,7 +35,9 @@ def test_rules_are_timed_on_a_quiet_machine(tmp_path, tiny_mlp, target, monkeypa
 
     monkeypatch.setattr(tune_module, "make_builder", make_builder)
     monkeypatch.setattr(task_index, "measure_rules", measure_rules)
-    job = JobConfig(cache_dir=tmp_path, tune=TuneConfig(trials=8, check_buckets=False), buckets=BucketConfig({"n": (1, 64)}))
+    job = JobConfig(
+        cache_dir=tmp_path, tune=TuneConfig(trials=8, check_buckets=False), buckets=BucketConfig({"n": (1, 64)})
+    )
     result = api.tune(tiny_mlp, target, job, progress=False)
     assert result.trials_run == 8 and state["started"]
     assert state["timed"] >= 1 and state["timed_while_started"] == 0

@@ -27,7 +27,9 @@ def unnamed_handlers():
 
 
 def test_tuning_with_unnamed_handlers_on_the_tvm_loggers(unnamed_handlers, tmp_path, tiny_mlp, target):
-    job = JobConfig(cache_dir=tmp_path, tune=TuneConfig(trials=8, trials_per_iter=8), buckets=BucketConfig({"n": (64,)}))
+    job = JobConfig(
+        cache_dir=tmp_path, tune=TuneConfig(trials=8, trials_per_iter=8), buckets=BucketConfig({"n": (64,)})
+    )
     result = api.tune(tiny_mlp, target, job, progress=False)
     assert result.trials_run == 8
     logs = sorted((tmp_path / target_folder(tmp_path)).glob("logs/task_*.log"))

@@ -29,7 +29,14 @@ def _matmul(n: int, relu: bool = False, add: bool = False, depth: int = 64):
 def _context(mod, target):
     from tvm.s_tir import meta_schedule as ms
 
-    return ms.TuneContext(mod=mod, target=target.target, space_generator="post-order-apply", search_strategy="evolutionary", task_name="t", rand_state=3)
+    return ms.TuneContext(
+        mod=mod,
+        target=target.target,
+        space_generator="post-order-apply",
+        search_strategy="evolutionary",
+        task_name="t",
+        rand_state=3,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +49,18 @@ def database(target):
     workload = db.commit_workload(source)
     args = ms.arg_info.ArgInfo.from_prim_func(source["main"])
     for seed in range(3):
-        context = ms.TuneContext(mod=source, target=target.target, space_generator="post-order-apply", search_strategy="evolutionary", task_name="s", rand_state=seed + 1)
+        context = ms.TuneContext(
+            mod=source,
+            target=target.target,
+            space_generator="post-order-apply",
+            search_strategy="evolutionary",
+            task_name="s",
+            rand_state=seed + 1,
+        )
         for i, sch in enumerate(context.space_generator.generate_design_space(source)):
-            db.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, [1e-5 / (seed + i + 1)], target.target, args))
+            db.commit_tuning_record(
+                ms.database.TuningRecord(sch.trace, workload, [1e-5 / (seed + i + 1)], target.target, args)
+            )
     return db
 
 
@@ -93,9 +109,18 @@ def _records(source, target, seeds: int = 3):
     workload = db.commit_workload(source)
     args = ms.arg_info.ArgInfo.from_prim_func(source["main"])
     for seed in range(seeds):
-        context = ms.TuneContext(mod=source, target=target.target, space_generator="post-order-apply", search_strategy="evolutionary", task_name="s", rand_state=seed + 1)
+        context = ms.TuneContext(
+            mod=source,
+            target=target.target,
+            space_generator="post-order-apply",
+            search_strategy="evolutionary",
+            task_name="s",
+            rand_state=seed + 1,
+        )
         for i, sch in enumerate(context.space_generator.generate_design_space(source)):
-            db.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, [1e-5 / (seed + i + 1)], target.target, args))
+            db.commit_tuning_record(
+                ms.database.TuningRecord(sch.trace, workload, [1e-5 / (seed + i + 1)], target.target, args)
+            )
     return db
 
 
@@ -129,7 +154,14 @@ def test_carry_drops_what_names_an_absent_block(target):
     from tvm.s_tir import meta_schedule as ms
 
     fused = _matmul(16, add=True)
-    context = ms.TuneContext(mod=fused, target=target.target, space_generator="post-order-apply", search_strategy="evolutionary", task_name="s", rand_state=1)
+    context = ms.TuneContext(
+        mod=fused,
+        target=target.target,
+        space_generator="post-order-apply",
+        search_strategy="evolutionary",
+        task_name="s",
+        rand_state=1,
+    )
     for sketch in context.space_generator.generate_design_space(fused):
         carried = transfer.carry(sketch.trace, _matmul(16))
         names = [i.kind.name for i in carried.insts]
@@ -142,7 +174,9 @@ def test_same_task_is_not_its_own_source(database):
 
 
 def test_nearest_shapes_come_first():
-    assert transfer.distance(transfer.shape(_matmul(24)), transfer.shape(_matmul(16))) < transfer.distance(transfer.shape(_matmul(128)), transfer.shape(_matmul(16)))
+    assert transfer.distance(transfer.shape(_matmul(24)), transfer.shape(_matmul(16))) < transfer.distance(
+        transfer.shape(_matmul(128)), transfer.shape(_matmul(16))
+    )
 
 
 def test_transfer_batch_is_filled_from_the_design_space(database, target):
@@ -157,7 +191,16 @@ def test_transfer_batch_is_filled_from_the_design_space(database, target):
     assert len({str(c.sch.trace) for c in filled}) == 8
     other = _matmul(16, add=True, depth=32)  # nothing transfers: no batch at all, not a random one
     other_context = _context(other, target)
-    assert transfer.seed_candidates(other, database, other_context.space_generator.postprocs, 8, other_context.space_generator.generate_design_space(other)) == []
+    assert (
+        transfer.seed_candidates(
+            other,
+            database,
+            other_context.space_generator.postprocs,
+            8,
+            other_context.space_generator.generate_design_space(other),
+        )
+        == []
+    )
 
 
 def test_transferred_candidates_are_measured(database, target):

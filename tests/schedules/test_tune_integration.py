@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from relaxtune import api
-from relaxtune.artifact import prepare_params
 from relaxtune.config import BucketConfig, JobConfig, TuneConfig
+from relaxtune.runtime.artifact import prepare_params
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +50,11 @@ def test_compiled_with_cache_matches_reference_at_every_n(tuned, tiny_mlp, targe
     executable, report, _ = api.build(tiny_mlp, target, job)
     # every call site with a record used it, or kept its rules because they measured faster (the
     # kernel alone, or the bucket's block in the check after tuning)
-    consulted = sum(v for k, v in report.items() if k.startswith("tuned") or k in ("rules faster than record", "bucket faster with rules: rules"))
+    consulted = sum(
+        v
+        for k, v in report.items()
+        if k.startswith("tuned") or k in ("rules faster than record", "bucket faster with rules: rules")
+    )
     assert consulted >= 1, report
     vm = relax.VirtualMachine(executable, tvm.cpu())
     params = prepare_params(vm, [tvm.runtime.tensor(v) for v in tiny_mlp.params.values()])
@@ -66,7 +70,9 @@ def test_another_workload_reuses_shared_kernels(tuned, tiny_mlp, target):
     from relaxtune.workloads import load
 
     job, _ = tuned
-    llama = load("llama-block", {"hidden": "64", "heads": "4", "kv_heads": "2", "ffn": "128", "max_seq": "64", "max_batch": "2"})
+    llama = load(
+        "llama-block", {"hidden": "64", "heads": "4", "kv_heads": "2", "ffn": "128", "max_seq": "64", "max_batch": "2"}
+    )
     mlp_keys = {t.key for t in api.extract_tasks(tiny_mlp, target, job)}
     shared = [t for t in api.extract_tasks(llama, target, job) if t.key in mlp_keys]
     assert shared, "the SwiGLU kernels of llama-block are the mlp's kernels"

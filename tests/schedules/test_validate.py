@@ -45,6 +45,7 @@ def test_same_results_tells_a_schedule_from_another_computation():
     reference = _kernel(1.0)
     bounds = {"n": (3, 64)}
     assert validate.same_results(reference, _split(reference), bounds)
-    assert validate.same_results(reference, _split(reference), bounds, validate.check_target(targets.resolve("cpu").target))
+    assert validate.same_results(
+        reference, _split(reference), bounds, validate.check_target(targets.resolve("cpu").target)
+    )
     assert not validate.same_results(reference, _split(_kernel(1.5)), bounds)  # off by 0.5 everywhere
-

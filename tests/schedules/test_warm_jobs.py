@@ -9,27 +9,40 @@ from __future__ import annotations
 import pytest
 
 from relaxtune.config import BucketConfig, CompileConfig, JobConfig, TuneConfig
-from relaxtune.schedules import cache, tune as tune_module
+from relaxtune.schedules import cache
+from relaxtune.schedules import tune as tune_module
 from relaxtune.schedules.database import CacheDatabase
 
 pytestmark = pytest.mark.integration
 
 # transfer off: what the tests count is the share rule, not the seeded first batch
-SMALL = dict(trials_per_iter=4, population=16, search_generations=1, build_workers=1, runs_per_measure=1, min_repeat_ms=1, transfer=False)
+SMALL = dict(
+    trials_per_iter=4,
+    population=16,
+    search_generations=1,
+    build_workers=1,
+    runs_per_measure=1,
+    min_repeat_ms=1,
+    transfer=False,
+)
 
 
 @pytest.fixture(scope="module")
 def kernels(tiny_mlp, target):
     from relaxtune import api
 
-    tasks = api.extract_tasks(tiny_mlp, target, JobConfig(buckets=BucketConfig(single={"n": 16}), compile=CompileConfig(fusion="stock")))
+    tasks = api.extract_tasks(
+        tiny_mlp, target, JobConfig(buckets=BucketConfig(single={"n": 16}), compile=CompileConfig(fusion="stock"))
+    )
     assert len(tasks) >= 3, [t.name for t in tasks]
     return tasks[:3]
 
 
 def _job(tasks, folder, target, trials):
     database = CacheDatabase(folder, writable=True)
-    result = tune_module.tune(tasks, target.target, database, TuneConfig(trials=trials, **SMALL), folder, progress=False, workload="test")
+    result = tune_module.tune(
+        tasks, target.target, database, TuneConfig(trials=trials, **SMALL), folder, progress=False, workload="test"
+    )
     return result, {t.name: t.trials for t in result.tasks}
 
 
@@ -85,9 +98,13 @@ def _matmul_task(add: bool):
     if add:
         r = te.placeholder((16, 32), name="r")
         out, args = te.compute((16, 32), lambda i, j: out[i, j] + r[i, j], name="T_add"), [a, b, r]
-    mod = tvm.IRModule({"main": te.create_prim_func([*args, out]).with_attr("global_symbol", "main").with_attr("tirx.noalias", True)})
+    mod = tvm.IRModule(
+        {"main": te.create_prim_func([*args, out]).with_attr("global_symbol", "main").with_attr("tirx.noalias", True)}
+    )
     name = "fused_matmul_add@n16" if add else "matmul@n16"
-    return Task(name=name, mod=mod, key=str(tvm_ffi.structural_hash(mod)), flops=2.0 * 16 * 64 * 32, bucket={}, weight=1.0)
+    return Task(
+        name=name, mod=mod, key=str(tvm_ffi.structural_hash(mod)), flops=2.0 * 16 * 64 * 32, bucket={}, weight=1.0
+    )
 
 
 def test_another_jobs_trials_of_the_same_main_computation_are_credited(target, tmp_path):

@@ -11,10 +11,10 @@ import tvm
 from tvm import relax, tirx
 
 from relaxtune import api
-from relaxtune.artifact import prepare_params
 from relaxtune.config import CompileConfig, JobConfig
-from relaxtune.relax_passes.attention_kernel import ATTR, KEY_MASK_ATTR, KIND, ROPE_ATTR
+from relaxtune.kernels.attention_tir import ATTR, KEY_MASK_ATTR, KIND, ROPE_ATTR
 from relaxtune.relax_passes.pipeline import fuse
+from relaxtune.runtime.artifact import prepare_params
 from relaxtune.workloads import load
 
 MAX_SEQ = 48
@@ -37,7 +37,14 @@ def test_attention_reads_in_place_and_rotates_with_constant_tables(imported, tar
     called = set()
     for _, func in fused.functions_items():
         if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, lambda e: called.add(e.args[0]) if isinstance(e, relax.Call) and getattr(e.op, "name", "") == "relax.call_tir" else None)
+            relax.analysis.post_order_visit(
+                func,
+                lambda e: (
+                    called.add(e.args[0])
+                    if isinstance(e, relax.Call) and getattr(e.op, "name", "") == "relax.call_tir"
+                    else None
+                ),
+            )
     per_call = [kernels[gv] for gv in called if gv in kernels]
     assert not any("T.cos(" in f.script() or "T.sin(" in f.script() for f in per_call)  # the tables are constants
 
@@ -54,4 +61,6 @@ def test_matches_torch_with_left_padding(imported, b):
         with torch.no_grad():
             expected = model(*(torch.from_numpy(inputs[t.name]) for t in workload.inputs)).numpy()
         out = vm["main"](*(tvm.runtime.tensor(inputs[t.name]) for t in workload.inputs), *weights).numpy()
-        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(expected).max()), err_msg=f"{family} b={b} n={n}")
+        np.testing.assert_allclose(
+            out, expected, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(expected).max()), err_msg=f"{family} b={b} n={n}"
+        )

@@ -11,14 +11,14 @@ import tvm
 from tvm import relax
 
 from relaxtune import api
-from relaxtune.artifact import prepare_params
 from relaxtune.config import CompileConfig, JobConfig
 from relaxtune.errors import UserError
+from relaxtune.runtime.artifact import prepare_params
 from relaxtune.workloads import load
 
 MAX_SEQ = 48
 # family -> (output width, has a dynamic batch). One layer keeps the file short; numerics are
-# checked here for two decoders and the encoder, scripts/import_table.py checks every family at two.
+# checked here for two decoders and the encoder, benchmarks/import_table.py checks every family at two.
 FAMILIES = {"llama": (128, True), "bert": (64, True), "gpt2": (128, True)}
 
 
@@ -52,7 +52,9 @@ def test_imports_and_matches_torch_eager(compiled):
             expected = model(*(torch.from_numpy(inputs[t.name]) for t in workload.inputs)).numpy()
         out = vm["main"](*(tvm.runtime.tensor(inputs[t.name]) for t in workload.inputs), *weights).numpy()
         assert out.shape == (batch, n, width)
-        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(expected).max()), err_msg=f"{family} n={n}")
+        np.testing.assert_allclose(
+            out, expected, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(expected).max()), err_msg=f"{family} n={n}"
+        )
 
 
 def test_gpt2_gets_a_dynamic_batch_through_eager_attention():
@@ -66,7 +68,9 @@ def test_gpt2_gets_a_dynamic_batch_through_eager_attention():
 
 
 def test_config_maps_onto_a_relative():
-    qwen = load("hf:qwen2", {"hidden": "32", "heads": "2", "kv_heads": "1", "ffn": "48", "max_seq": "16", "layers": "1"})
+    qwen = load(
+        "hf:qwen2", {"hidden": "32", "heads": "2", "kv_heads": "1", "ffn": "48", "max_seq": "16", "layers": "1"}
+    )
     cfg = qwen.torch_module().model.config
     assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size) == (32, 2, 1, 48)
     assert qwen.params["p_model_model_layers_0_self_attn_k_proj_weight"].shape == (16, 32)
@@ -79,13 +83,22 @@ def test_config_maps_onto_a_relative():
 def test_local_weights_directory(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=2, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(5)
     original = LlamaForCausalLM(cfg).eval()
     original.save_pretrained(tmp_path)
     workload = load("hf:llama", {"weights": str(tmp_path), "max_seq": "16", "max_batch": "1"})
-    np.testing.assert_array_equal(workload.params["p_model_model_embed_tokens_weight"], original.model.embed_tokens.weight.detach().numpy())
+    np.testing.assert_array_equal(
+        workload.params["p_model_model_embed_tokens_weight"], original.model.embed_tokens.weight.detach().numpy()
+    )
     assert workload.inputs[0].high == 96 and sorted(workload.dims) == ["n"]
     inputs = workload.random_inputs({"n": 7})
     with torch.no_grad():

@@ -29,8 +29,16 @@ def test_parse_config():
     assert parse_config("") == {}
 
 
-@pytest.mark.parametrize("text,item", [("hidden", "hidden"), ("hidden=512,heads", "heads"),
-                                       ("hidden=", "hidden="), ("=5", "=5"), ("hid den=3", "hid den=3")])
+@pytest.mark.parametrize(
+    "text,item",
+    [
+        ("hidden", "hidden"),
+        ("hidden=512,heads", "heads"),
+        ("hidden=", "hidden="),
+        ("=5", "=5"),
+        ("hid den=3", "hid den=3"),
+    ],
+)
 def test_parse_config_rejects_malformed_items(text, item):
     with pytest.raises(UserError, match=f"malformed config item '{item}'.*key=value"):
         parse_config(text)
@@ -85,7 +93,10 @@ def test_user_tvmscript_file_loads_with_derived_dims():
     w = load(USER_MLP)
     assert isinstance(w, Workload) and w.name == "user_mlp"
     assert [(t.name, t.shape, t.dtype) for t in w.inputs] == [
-        ("x", ("n", 32), "float32"), ("w1", (32, 64), "float32"), ("w2", (64, 32), "float32")]
+        ("x", ("n", 32), "float32"),
+        ("w1", (32, 64), "float32"),
+        ("w2", (64, 32), "float32"),
+    ]
     dim = w.dims["n"]
     assert (dim.name, dim.lower, dim.upper, dim.representative) == ("n", 2, 256, 128)
     assert w.params == {} and w.reference is None
@@ -112,11 +123,15 @@ def write(tmp_path, name, source):
 
 
 def test_user_workload_function_gets_config(tmp_path):
-    path = write(tmp_path, "mine.py", """
+    path = write(
+        tmp_path,
+        "mine.py",
+        """
         from relaxtune.workloads import load
         def workload(hidden="32"):
             return load("mlp", {"hidden": hidden, "ffn": "16", "max_seq": "8"})
-    """)
+    """,
+    )
     assert load(path, {"hidden": "16"}).config["hidden"] == 16
     with pytest.raises(UserError, match="config key 'ffn' is not accepted by workload"):
         load(path, {"ffn": "8"})
@@ -135,7 +150,10 @@ def test_user_file_that_fails_to_import(tmp_path):
 
 
 def test_user_mod_without_upper_bound(tmp_path):
-    path = write(tmp_path, "unbounded.py", """
+    path = write(
+        tmp_path,
+        "unbounded.py",
+        """
         from tvm.script import ir as I, relax as R, tirx as T
 
         @I.ir_module
@@ -143,6 +161,7 @@ def test_user_mod_without_upper_bound(tmp_path):
             @R.function
             def main(x: R.Tensor(("m", 4), "float32")) -> R.Tensor(("m", 4), "float32"):
                 return x
-    """)
+    """,
+    )
     with pytest.raises(UserError, match="dimension 'm' of main.*has no upper bound"):
         load(path)

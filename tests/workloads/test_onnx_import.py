@@ -13,9 +13,9 @@ from onnx import TensorProto, helper
 from tvm import relax
 
 from relaxtune import api
-from relaxtune.artifact import prepare_params
 from relaxtune.config import CompileConfig, JobConfig
 from relaxtune.errors import UserError
+from relaxtune.runtime.artifact import prepare_params
 from relaxtune.workloads import load
 
 VOCAB, HIDDEN, MAX_SEQ = 50, 32, 40
@@ -50,7 +50,11 @@ def exported(tmp_path_factory):
     ids, mask = torch.randint(0, VOCAB, (2, 7)), torch.ones(2, 7, dtype=torch.int64)
     axes = {0: "batch", 1: "seq"}
     torch.onnx.export(
-        model, (ids, mask), str(path), input_names=["input_ids", "attention_mask"], output_names=["tags"],
+        model,
+        (ids, mask),
+        str(path),
+        input_names=["input_ids", "attention_mask"],
+        output_names=["tags"],
         dynamic_axes={"input_ids": axes, "attention_mask": axes, "tags": axes},
     )
     return model, str(path)
@@ -105,7 +109,9 @@ def test_unsupported_operator_is_named(tmp_path):
 
 def test_unknown_dynamic_axis_and_config(tmp_path, exported):
     _, path = exported
-    with pytest.raises(UserError, match="unknown config key 'hidden'.*max_seq, min_seq, max_batch, batch_name, seq_name"):
+    with pytest.raises(
+        UserError, match="unknown config key 'hidden'.*max_seq, min_seq, max_batch, batch_name, seq_name"
+    ):
         load(path, {"hidden": "3"})
     model = onnx.load(path)
     model.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "tokens"
@@ -127,8 +133,14 @@ def _hf_onnx(family, tmp_path_factory, target):
     path = tmp_path_factory.mktemp("hf") / f"{family}.onnx"
     ids, mask = torch.randint(0, 64, (2, 7)), torch.ones(2, 7, dtype=torch.int64)
     axes = {0: "batch", 1: "seq"}
-    torch.onnx.export(module, (ids, mask), str(path), input_names=["input_ids", "attention_mask"], output_names=["out"],
-                      dynamic_axes={"input_ids": axes, "attention_mask": axes, "out": axes})
+    torch.onnx.export(
+        module,
+        (ids, mask),
+        str(path),
+        input_names=["input_ids", "attention_mask"],
+        output_names=["out"],
+        dynamic_axes={"input_ids": axes, "attention_mask": axes, "out": axes},
+    )
     workload = load(str(path), {"max_seq": HF_TINY["max_seq"], "max_batch": "2"})
     ex = api.build(workload, target, JobConfig(compile=CompileConfig(use_cache=False)))[0]
     return module, workload, relax.VirtualMachine(ex, tvm.cpu())
@@ -167,7 +179,9 @@ def test_hf_export_attention_is_fused_and_matches_onnx_with_left_padding(family,
     kernels = [f for gv, f in fused.functions_items() if gv.name_hint.startswith("fused_attention")]
     # q, k, v, key mask, out; Llama's RoPE applied on load (FuseAttentionPrologue): cos and sin tables too
     rope = family == "llama"
-    assert kernels and all(len(f.params) == 5 + 2 * rope and f.attrs.get("relaxtune.rope", False) == rope for f in kernels)
+    assert kernels and all(
+        len(f.params) == 5 + 2 * rope and f.attrs.get("relaxtune.rope", False) == rope for f in kernels
+    )
     weights = prepare_params(vm, [tvm.runtime.tensor(v) for v in workload.params.values()])
     for b, n in [(1, 1), (2, 1), (2, 17), (1, 48), (2, 48)]:
         inputs = workload.random_inputs({"b": b, "n": n}, seed=n)

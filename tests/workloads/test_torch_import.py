@@ -13,9 +13,9 @@ import tvm
 from tvm import relax
 
 from relaxtune import api
-from relaxtune.artifact import prepare_params
 from relaxtune.config import CompileConfig, JobConfig
 from relaxtune.errors import UserError
+from relaxtune.runtime.artifact import prepare_params
 from relaxtune.workloads import load
 
 MODELS = textwrap.dedent(
@@ -168,7 +168,9 @@ def test_integer_inputs_with_fills(models, target):
     for n in (1, 11, 24):
         inputs = workload.random_inputs({"n": n}, seed=n)
         inputs["mask"][0, : n // 2] = 0
-        np.testing.assert_allclose(run(vm, workload, inputs), workload.reference(inputs, workload.params), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            run(vm, workload, inputs), workload.reference(inputs, workload.params), rtol=1e-5, atol=1e-6
+        )
 
 
 def test_unsupported_operator_is_named(models):
@@ -182,7 +184,11 @@ def test_unsupported_operator_is_named(models):
         ("torch:nosuch_pkg_x.models:block", {}, "'nosuch_pkg_x.models' cannot be imported"),
         ("torch:{m}:missing", {}, "has no callable 'missing'"),
         ("torch:{m}", {}, "malformed: use torch:package.module:Factory"),
-        ("torch:{m}:block", {"width": "3"}, "config key 'width' is not accepted.*max_seq, min_seq, max_batch, shape, hidden, heads"),
+        (
+            "torch:{m}:block",
+            {"width": "3"},
+            "config key 'width' is not accepted.*max_seq, min_seq, max_batch, shape, hidden, heads",
+        ),
         ("torch:{m}:block", {"max_seq": "many"}, "config max_seq='many' is not an integer"),
         ("torch:{m}:block", {"shape": "bxkx32"}, "config shape='bxkx32' is malformed"),
     ],

@@ -2,9 +2,10 @@
 norms folded, NHWC, relaxtune's rules; against torch at batch 1, 3 and 16 (small models, small
 images); the same top-1 class; bad input as one line, exit code 2.
 
-ResNet-18 at 32 x 32 runs in one bucket (b = 1..16 tuned at 16); a tiny net of every block the
-ImageNet models use (batch norm, depthwise, squeeze-excitation, hard-swish, max pool, residual,
-concatenation, pooling + linear) runs through the default buckets (b = 1, 2, 3..4, 5..8, 9..16).
+ResNet-18 at 32 x 32 runs in one bucket (b = 1..16 tuned at 16; the slow tier); a tiny net of
+every block the ImageNet models use (batch norm, depthwise, squeeze-excitation, hard-swish, max
+pool, residual, concatenation, pooling + linear) runs through the default buckets (b = 1, 2,
+3..4, 5..8, 9..16).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from tvm import relax
 
 from relaxtune import api
 from relaxtune.__main__ import main
-from relaxtune.artifact import prepare_params
 from relaxtune.config import BucketConfig, CompileConfig, JobConfig
 from relaxtune.errors import UserError
+from relaxtune.runtime.artifact import prepare_params
 from relaxtune.workloads import load
 from relaxtune.workloads.torchvision_import import available
 
@@ -104,6 +105,7 @@ def resnet18(target):
     return workload, api.build(workload, target, job)[0]
 
 
+@pytest.mark.slow
 def test_resnet18_is_imported_with_a_dynamic_batch(resnet18):
     workload, _ = resnet18
     main_fn = workload.mod["main"]
@@ -112,6 +114,7 @@ def test_resnet18_is_imported_with_a_dynamic_batch(resnet18):
     assert workload.bench_systems == ("relaxtune", "torch", "torch.compile", "onnxruntime")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [1, 3, 16])
 def test_resnet18_matches_torch(resnet18, batch):
     workload, ex = resnet18
@@ -119,6 +122,7 @@ def test_resnet18_matches_torch(resnet18, batch):
     _close(_run(ex, workload, inputs), workload.reference(inputs, workload.params))
 
 
+@pytest.mark.slow
 def test_resnet18_same_top1_on_fixed_inputs(resnet18):
     workload, ex = resnet18
     inputs = workload.random_inputs({"b": 16}, seed=123)
@@ -152,7 +156,7 @@ def test_tiny_net_kernels_and_transposes(tiny, target):
     from relaxtune.relax_passes.pipeline import fuse
 
     workload, _ = tiny
-    fused = fuse(workload.mod, target.target, api.bucket_plan(workload, JobConfig()))
+    fused = fuse(workload.mod, target.target, api.bucket_plan(workload, JobConfig()), CompileConfig())
     bucket = fused["main_b3_4"]
     kernels = [c.args[0].name_hint for c in _calls(bucket, "relax.call_tir")]
     assert not any("batch_norm" in k for k in kernels), kernels
@@ -232,7 +236,7 @@ def test_bad_input_shape_or_config_is_one_line(capsys, tmp_path, config, words):
 def test_wrong_input_to_an_artifact_is_one_line(capsys, tmp_path, tiny, target):
     """A compiled net refuses an image of the wrong rank or channel count in one line."""
     workload, ex = tiny
-    from relaxtune import artifact
+    from relaxtune.runtime import artifact
 
     so = tmp_path / "tiny.so"
     artifact.export(ex, workload, target, so, api.bucket_plan(workload, JobConfig()), None, {})

@@ -42,14 +42,16 @@ def build(params: list, body) -> tvm.IRModule:
 
 
 def fuse(mod: tvm.IRModule, target) -> tvm.IRModule:
-    seq = tvm.transform.Sequential([
-        relax.transform.LegalizeOps(),
-        relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FoldConstant(),
-        relax.transform.FuseOps(),
-        relax.transform.FuseTIR(),
-        relax.transform.DeadCodeElimination(),
-    ])
+    seq = tvm.transform.Sequential(
+        [
+            relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FoldConstant(),
+            relax.transform.FuseOps(),
+            relax.transform.FuseTIR(),
+            relax.transform.DeadCodeElimination(),
+        ]
+    )
     with target:
         return seq(mod)
 

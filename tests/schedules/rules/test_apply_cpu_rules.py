@@ -23,17 +23,32 @@ D = HID // HEADS
 def _block(kit):
     """rms_norm -> qkv matmul -> causal attention -> out proj + residual -> layer_norm -> gelu MLP + residual."""
     R, b, n = kit.R, kit.B, kit.N
-    names = [("x", (b, n, HID)), ("g", (HID,)), ("wqkv", (HID, 3 * HID)), ("wo", (HID, HID)),
-             ("w1", (HID, FFN)), ("b1", (FFN,)), ("w2", (FFN, HID)), ("mask", (n, n))]
+    names = [
+        ("x", (b, n, HID)),
+        ("g", (HID,)),
+        ("wqkv", (HID, 3 * HID)),
+        ("wo", (HID, HID)),
+        ("w1", (HID, FFN)),
+        ("b1", (FFN,)),
+        ("w2", (FFN, HID)),
+        ("mask", (n, n)),
+    ]
     params = [kit.tensor(name, shape) for name, shape in names]
 
     def body(bb, x, g, wqkv, wo, w1, b1, w2, mask):
         h = bb.emit(R.nn.rms_norm(x, g, axes=[-1], epsilon=1e-5))
         qkv = bb.emit(R.reshape(R.matmul(h, wqkv), (b, n, 3 * HEADS, D)))
-        q, k, v = (bb.emit(R.permute_dims(R.strided_slice(qkv, axes=[2], begin=[i * HEADS], end=[(i + 1) * HEADS]),
-                                          [0, 2, 1, 3])) for i in range(3))
-        scores = bb.emit(R.add(R.multiply(R.matmul(q, R.permute_dims(k, [0, 1, 3, 2])),
-                                          relax.const(1 / np.sqrt(D), "float32")), mask))
+        q, k, v = (
+            bb.emit(
+                R.permute_dims(R.strided_slice(qkv, axes=[2], begin=[i * HEADS], end=[(i + 1) * HEADS]), [0, 2, 1, 3])
+            )
+            for i in range(3)
+        )
+        scores = bb.emit(
+            R.add(
+                R.multiply(R.matmul(q, R.permute_dims(k, [0, 1, 3, 2])), relax.const(1 / np.sqrt(D), "float32")), mask
+            )
+        )
         o = bb.emit(R.matmul(R.nn.softmax(scores, axis=-1), v))
         x1 = bb.emit(R.add(x, R.matmul(R.reshape(R.permute_dims(o, [0, 2, 1, 3]), (b, n, HID)), wo)))
         h2 = bb.emit(R.nn.layer_norm(x1, g, g, axes=[-1], epsilon=1e-5))
@@ -46,7 +61,7 @@ def _reference(kit, x, g, wqkv, wo, w1, b1, w2, mask):
     b, n, _ = x.shape
     h = kit.np_rms_norm(x, g)
     qkv = (h @ wqkv).reshape(b, n, 3 * HEADS, D)
-    q, k, v = (qkv[:, :, i * HEADS:(i + 1) * HEADS].transpose(0, 2, 1, 3) for i in range(3))
+    q, k, v = (qkv[:, :, i * HEADS : (i + 1) * HEADS].transpose(0, 2, 1, 3) for i in range(3))
     p = kit.np_softmax(q @ k.transpose(0, 1, 3, 2) / np.sqrt(D) + mask)
     x1 = x + (p @ v).transpose(0, 2, 1, 3).reshape(b, n, HID) @ wo
     return x1 + kit.np_gelu(kit.np_layer_norm(x1, g, g) @ w1 + b1) @ w2
@@ -69,8 +84,14 @@ def test_every_prim_func_is_scheduled_and_every_rule_is_used(kit, cpu_target):
 def test_block_numerics_at_several_symbolic_sizes(kit, cpu_target):
     run = kit.Runner(apply_cpu_rules(kit.fuse(_block(kit), cpu_target), cpu_target), cpu_target)
     rng = np.random.default_rng(0)
-    weights = [kit.rand(rng, HID) + 1.0, kit.rand(rng, HID, 3 * HID, scale=0.15), kit.rand(rng, HID, HID, scale=0.15),
-               kit.rand(rng, HID, FFN, scale=0.15), kit.rand(rng, FFN, scale=0.1), kit.rand(rng, FFN, HID, scale=0.1)]
+    weights = [
+        kit.rand(rng, HID) + 1.0,
+        kit.rand(rng, HID, 3 * HID, scale=0.15),
+        kit.rand(rng, HID, HID, scale=0.15),
+        kit.rand(rng, HID, FFN, scale=0.15),
+        kit.rand(rng, FFN, scale=0.1),
+        kit.rand(rng, FFN, HID, scale=0.1),
+    ]
     for b, n in [(1, 1), (2, 37), (1, 128)]:
         x = kit.rand(rng, b, n, HID)
         args = [x, *weights, kit.causal_mask(n)]

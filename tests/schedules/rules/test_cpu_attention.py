@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tvm
 
-from relaxtune.relax_passes.attention_kernel import Operands, attention_kernel
+from relaxtune.kernels.attention_tir import Operands, attention_kernel
 from relaxtune.schedules.rules.cpu_attention import Attention
 
 TARGET = {"kind": "llvm", "num-cores": 2}
@@ -24,7 +24,11 @@ BOUND = 1024  # both blocks' max_seq
 
 def scheduled(name: str):
     heads, kv_heads, head_dim, operands = SHAPES[name]
-    sch = Attention().apply(attention_kernel(heads, kv_heads, head_dim, "float32", "TopLeft", operands=operands), tvm.target.Target(TARGET), False)
+    sch = Attention().apply(
+        attention_kernel(heads, kv_heads, head_dim, "float32", "TopLeft", operands=operands),
+        tvm.target.Target(TARGET),
+        False,
+    )
     assert sch is not None
     return sch.mod["main"]
 
@@ -33,7 +37,7 @@ def test_keys_transposed_in_parallel_along_head_dim():
     """The keys' transpose is a parallel loop of its own, each key row read along head_dim (the old
     schedule ran it on one thread with gathers along the key tile: a third of the kernel at n = 128)."""
     script = scheduled("gpt2").script()
-    transpose = script[:script.index('T.sblock("k_transpose")')].splitlines()
+    transpose = script[: script.index('T.sblock("k_transpose")')].splitlines()
     assert script.count("T.parallel") == 2 and "T.parallel" in "".join(transpose)
     innermost = transpose[-2].strip()  # the loop right above the block: head_dim, vectorized (key rows read along d)
     assert innermost.startswith("for dd") and "T.vectorized" in innermost
@@ -41,7 +45,7 @@ def test_keys_transposed_in_parallel_along_head_dim():
 
 def numpy_reference(qkv, operands, heads, kv_heads, head_dim, cos, sin):
     n = qkv.shape[1]
-    take = lambda offset, count: qkv[:, :, offset:offset + count].astype(np.float64)  # noqa: E731
+    take = lambda offset, count: qkv[:, :, offset : offset + count].astype(np.float64)  # noqa: E731
     q, k, v = take(operands.q_offset, heads), take(operands.k_offset, kv_heads), take(operands.v_offset, kv_heads)
     if operands.rope:
         half = head_dim // 2
@@ -57,7 +61,9 @@ def numpy_reference(qkv, operands, heads, kv_heads, head_dim, cos, sin):
 @pytest.mark.parametrize("name", sorted(SHAPES))
 def test_in_place_kernel_matches_numpy(name):
     heads, kv_heads, head_dim, operands = SHAPES[name]
-    kernel = tvm.compile(tvm.IRModule({"attn": scheduled(name).with_attr("global_symbol", "attn")}), target=tvm.target.Target(TARGET))["attn"]
+    kernel = tvm.compile(
+        tvm.IRModule({"attn": scheduled(name).with_attr("global_symbol", "attn")}), target=tvm.target.Target(TARGET)
+    )["attn"]
     rng = np.random.default_rng(0)
     angles = np.arange(BOUND)[:, None] * 10000.0 ** (-np.arange(0, head_dim, 2) / head_dim)[None]
     cos, sin = (f(np.concatenate([angles, angles], -1)).astype("float32") for f in (np.cos, np.sin))

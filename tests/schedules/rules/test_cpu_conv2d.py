@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 import torch
 import tvm
+from tvm import relax
+
 from relaxtune.relax_passes.block_conv_weights import LEGALIZE
 from relaxtune.schedules.rules import apply_cpu_rules
 from relaxtune.schedules.rules.cpu_conv2d import Conv2d
-from tvm import relax
 
 
 def _conv_module(kit, ic, oc, size, kernel, stride, blocked=0, residual=False):

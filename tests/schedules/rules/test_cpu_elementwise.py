@@ -12,7 +12,11 @@ HEADS, D = 2, 16
 
 def _rotary(kit):
     """rotate-half RoPE on x(b, n, h, d), then (b, h, d, n) transpose: the q/k prologue of attention."""
-    x, cos, sin = kit.tensor("x", (kit.B, kit.N, HEADS, D)), kit.tensor("cos", (kit.N, D)), kit.tensor("sin", (kit.N, D))
+    x, cos, sin = (
+        kit.tensor("x", (kit.B, kit.N, HEADS, D)),
+        kit.tensor("cos", (kit.N, D)),
+        kit.tensor("sin", (kit.N, D)),
+    )
     R = kit.R
 
     def body(bb, x, cos, sin):
@@ -29,7 +33,7 @@ def _rotary(kit):
 
 def _np_rotary(x, cos, sin):
     x = x.astype("float64")
-    rot = np.concatenate([-x[..., D // 2:], x[..., : D // 2]], axis=-1)
+    rot = np.concatenate([-x[..., D // 2 :], x[..., : D // 2]], axis=-1)
     y = x * cos[None, :, None, :] + rot * sin[None, :, None, :]
     return y.transpose(0, 2, 3, 1)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from relaxtune.schedules.rules import apply_cpu_rules
 from relaxtune.schedules.rules.cpu_window import Window
 

@@ -1,0 +1,85 @@
+"""cuBLAS GEMMs as external kernels linked into CUDA artifacts (fp16/bf16, fp32 accumulation).
+
+- `relaxtune_cublas_gemm(x, w, y)`: `y[..., N] = x[..., K] @ w[K, N]` (row-major) by `cublasGemmEx`;
+  emitted by `RewriteGemmToCublas` (relax_passes/cublas_gemm.py) for weight GEMMs.
+- `relaxtune_cublas_gemm_nk(x, w, y)` / `relaxtune_cublas_gemm_add_nk(x, w, r, y)`: the same for a
+  weight kept as (N, K) (relax_passes/keep_weights_nk.py), `y = x @ w^T (+ r)`: cuBLAS reads w with
+  a transpose flag (PyTorch Linear's "TN" GEMM), no copy.
+- `relaxtune_cublas_gemm_add(x, w, r, y)`: `y = x @ w + r` (r shaped like y) by `cublasLtMatmul` with
+  C = r, beta = 1 and D = y: the residual add is the GEMM's epilogue (no add kernel, r read once
+  there); the algorithm is cuBLASLt's heuristic first pick, cached per shape, with up to 32 MiB of
+  workspace taken from the stream-ordered pool (`cuMemAllocAsync` / `cuMemFreeAsync` around the
+  call, so CUDA graphs capture it). Emitted by `RewriteResidualAddToCublas`
+  (relax_passes/cublas_gemm_add.py).
+- `relaxtune_cublas_batched_gemm(a, b, a_axes, b_axes, c_axes, alpha, c)`: the batched
+  `permute_dims(c, c_axes) = alpha * permute_dims(a, a_axes) @ permute_dims(b, b_axes)` by
+  `cublasGemmStridedBatchedEx`, where the three tensors are compact and each permutation is a
+  view: a matrix whose rows are contiguous is read with a transpose flag, row and batch strides
+  come from the permutation, so attention's `q`, `k^T`, `v` and its output need no transpose
+  kernel. Batch dimensions that do not merge into one stride are looped over (one call each).
+  Emitted by `RewriteBatchedGemmToCublas` (relax_passes/cublas_batched_gemm.py) for attention.
+
+Both run on TVM's current CUDA stream (so they are captured in CUDA graphs). cuBLAS is opened with
+`dlopen` on the first call, not linked: the TVM wheel has no cuBLAS integration and the compiling
+host needs no cuBLAS; the GPU host needs `libcublas.so` on the loader path (or already loaded,
+e.g. by torch). `object_file()` compiles this source with the host C++ compiler and
+`artifact.export` links it into the `.so`, where the VM finds the functions as library functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import subprocess
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+FUNCTION = "relaxtune_cublas_gemm"
+GEMM_ADD_FUNCTION = "relaxtune_cublas_gemm_add"
+NK_FUNCTION = "relaxtune_cublas_gemm_nk"  # the weight as (N, K): y = x @ w^T
+GEMM_ADD_NK_FUNCTION = "relaxtune_cublas_gemm_add_nk"
+BATCHED_FUNCTION = "relaxtune_cublas_batched_gemm"
+
+SOURCE = Path(__file__).with_name("cublas_host.cc").read_text()  # the host code: cuBLAS / cuBLASLt by dlopen
+
+
+def object_file(cache_dir: Path | None = None) -> Path:
+    """The compiled object (cached by the hash of the source and the tvm-ffi headers' location)."""
+    import tvm_ffi.libinfo
+
+    include = tvm_ffi.libinfo.find_include_path()
+    digest = hashlib.sha1((SOURCE + include).encode()).hexdigest()[:12]
+    folder = Path(cache_dir or os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "relaxtune"
+    obj = folder / f"cublas_gemm_{digest}.o"
+    if obj.exists():
+        return obj
+    folder.mkdir(parents=True, exist_ok=True)
+    return compile_host_object(SOURCE, folder / f"cublas_gemm_{digest}.cc", obj, "the cuBLAS kernel")
+
+
+def compile_host_object(source: str, src: Path, obj: Path, what: str) -> Path:
+    """Compile C++ `source` (written to `src`) against the tvm-ffi headers into `obj` with the host
+    compiler ($CXX, else g++); written to a temporary name and renamed, so a reader never sees half a file."""
+    import tvm_ffi.libinfo
+
+    src.write_text(source)
+    includes = {tvm_ffi.libinfo.find_include_path(), tvm_ffi.libinfo.find_dlpack_include_path()}
+    cmd = [
+        os.environ.get("CXX", "g++"),
+        "-std=c++17",
+        "-O2",
+        "-fPIC",
+        *(f"-I{p}" for p in includes),
+        "-c",
+        str(src),
+        "-o",
+        str(obj) + ".tmp",
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"compiling {what} failed ({' '.join(cmd)}):\n{done.stderr[-3000:]}")
+    os.replace(str(obj) + ".tmp", obj)
+    logger.info("compiled %s", obj)
+    return obj

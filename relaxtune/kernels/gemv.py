@@ -1,0 +1,110 @@
+"""relaxtune's decode GEMV for CUDA artifacts: an nvcc-compiled kernel launched through the driver API.
+
+- `relaxtune_gemv(x, w, y)`: `y[..., N] = x[..., K] @ w[K, N]` for the few rows of a decode step
+  (w row-major, as LiftTransformParams left it), fp16 or bf16, fp32 accumulation;
+- `relaxtune_gemv_add(x, w, r, y)`: the same plus `r` (shaped like y), added in fp32 before the
+  one rounding: the residual add as the GEMV's epilogue;
+- `relaxtune_gemv_config(x, w, splits, y)`: `relaxtune_gemv` with the split of K chosen by the
+  caller (benchmarks/gemv_check.py times each; 0 = the default below);
+- `relaxtune_gemv_nk(x, w, y)` and `relaxtune_gemv_nk_add(x, w, r, y)`: the same products for a
+  weight kept as (N, K) (`y = x @ w^T`, PyTorch Linear's layout; relax_passes/keep_weights_nk.py):
+  a warp reads whole weight rows and reduces with shuffles, 16 warps x 2 features per block, the
+  8 products of each 16-byte fp16 vector summed in fp16 (HFMA2), then in fp32; 512-thread blocks
+  for grids of one wave, 256-thread ones (two per SM) beyond. H200, fp16, 1 row, weights from
+  memory (benchmarks/gemv_check.py in gpu_job.py run, 2026-12-01), eager / in a graph, % of the 4268
+  GB/s copy: o_proj 4096 x 4096 9.77 / 9.65 us (80.5% / 81.5%; the (K, N) kernel below 10.53 /
+  10.33), down 22.17 / 22.06 (95%; 23.18 / 22.95), gate/up 42.9 / 42.7 (99%; cuBLAS 47.4 / 46.7),
+  qkv 25.3 / 25.1 (93%; 25.3 / 25.2). Up to 4 rows of x per launch (from 4 rows cuBLAS is faster).
+Emitted by `RewriteGemvToCuda` (relax_passes/gemv_cuda.py) in the small (decode) buckets.
+
+The (K, N) kernel (cuda_gemv.cu) gives each block 64 output columns: 8 threads x 16-byte vectors per
+weight row, 32 or 64 K lanes per block each taking 8 consecutive rows (x: one vector load per row),
+the next 8 rows' loads in flight while the current ones are multiplied, up to 8 rows of x sharing
+one pass over the weights (more rows: one launch per 8). cuBLAS reaches 48% of the copy bandwidth
+at N = 4096 outputs on an H200: 64 column tiles are too few for 132 SMs. Here, on compute
+capability 9.0+, the K range of a tile is split over the blocks of a thread-block cluster, whose
+partial sums go to the leader block's shared memory (DSMEM; no workspace, nothing zeroed, no
+atomics): the default split is the smallest power of two up to 8 that gives a block to 7/8 of the
+SMs while every block keeps >= 256 weight rows. A grid that then fits the SMs in one wave (tiles x
+splits <= SMs: o_proj and down, 64 x 2) takes the 512-thread kernel (one block per SM, twice the
+loads in flight per SM), 1 and 2 rows; others the 256-thread one (two blocks per SM).
+On 9.0+ the launch is a programmatic dependent one (cuLaunchKernelEx attribute): the kernel's
+blocks may start as the previous kernel's blocks exit and issue their first weight loads, then
+wait (griddepcontrol.wait) before they read x or the residual or write y. So the weight must not
+be written by the kernel launched just before (RewriteGemvToCuda passes function parameters only).
+H200, fp16, 1 row, weights from memory (benchmarks/gemv_check.py, eager launches; notes s15/gemv):
+qkv 25.3 us, o_proj 10.4, down 23.2 (93% / 75% / 91% of the 4269 GB/s copy bandwidth); graph-
+captured block at n = 1: 0.1274 ms (0.1396 with every GEMV on cuBLAS; with the 256-thread kernel
+only 0.1267, with a plain launch 0.1274, splits 1 / 4 forced 0.1269 / 0.1324).
+RELAXTUNE_GEMV_SPLITS=1|2|4|8 replaces the default split, RELAXTUNE_GEMV_WIDE=0 keeps the
+256-thread kernel, RELAXTUNE_GEMV_PDL=0 launches plainly (read at each launch; for measurements).
+Launched with `cuLaunchKernelEx` (cluster dimension, programmatic serialization) on TVM's current
+stream, no allocation and no sync, so CUDA graphs capture it; libcuda is opened with `dlopen`.
+`object_file(arch)` embeds the fatbin in a host object (`.incbin`) that `artifact.export` links
+into CUDA artifacts, as for the flash attention kernel (cuda_flash_attention.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from .device_code import arch_number, embedded_fatbin_object, extern_host_source, find_nvcc, run_nvcc
+
+logger = logging.getLogger(__name__)
+
+FUNCTION = "relaxtune_gemv"
+ADD_FUNCTION = "relaxtune_gemv_add"
+NK_FUNCTION = "relaxtune_gemv_nk"  # the weight as (N, K)
+NK_ADD_FUNCTION = "relaxtune_gemv_nk_add"
+CONFIG_FUNCTION = "relaxtune_gemv_config"
+MIN_ARCH = 80
+VECTOR = 8  # columns per 16-byte load: N must be a multiple of it
+KERNEL_SOURCE = Path(__file__).with_name("gemv.cu").read_text()
+
+HOST_SOURCE = extern_host_source(
+    "relaxtune gemv",
+    Path(__file__).with_name("gemv_host.cc").read_text(),
+)
+
+NVCC_FLAGS = ("-O3", "-std=c++17")
+
+
+def supports(arch: str) -> bool:
+    """Whether the kernel runs on `arch` (e.g. "sm_90"); the cluster split needs compute capability 9.0+ at run time."""
+    try:
+        return arch_number(arch) >= MIN_ARCH
+    except ValueError:
+        return False
+
+
+def nvcc_command(arch: str, src: Path, out: Path, kind: str = "--fatbin", extra: tuple = ()) -> list[str]:
+    """nvcc for `arch`: SASS for it and its PTX (newer GPUs JIT that)."""
+    number = arch_number(arch)
+    return [
+        find_nvcc(),
+        kind,
+        f"-gencode=arch=compute_{number},code=[sm_{number},compute_{number}]",
+        *NVCC_FLAGS,
+        *extra,
+        "-o",
+        str(out),
+        str(src),
+    ]
+
+
+def compile_fatbin(arch: str, workdir: Path) -> Path:
+    workdir.mkdir(parents=True, exist_ok=True)
+    src, out = workdir / "gemv.cu", workdir / "gemv.fatbin"
+    src.write_text(KERNEL_SOURCE)
+    run_nvcc(nvcc_command(arch, src, out), "the gemv kernel")
+    return out
+
+
+def object_file(arch: str, cache_dir: Path | None = None) -> Path:
+    """The host object with the fatbin for `arch` embedded (cached by sources, arch and headers)."""
+    if not supports(arch):
+        raise ValueError(f"the gemv kernel needs sm_{MIN_ARCH} or newer, not {arch}")
+    return embedded_fatbin_object(
+        "gemv", "gemv", arch, KERNEL_SOURCE, HOST_SOURCE, compile_fatbin, cache_dir, "the gemv host object"
+    )

@@ -1,0 +1,154 @@
+#include <algorithm>
+#include <cstdlib>
+
+extern "C" const char relaxtune_gemv_fatbin[];  // the nvcc fatbin, linked in by .incbin below
+
+namespace {
+struct Params {  // must match cuda_gemv.cu
+  const void *x, *w, *res;
+  void* y;
+  int rows, k, n, k_per_split;
+};
+constexpr int kCols = 64, kMaxRows = 8, kMaxSplits = 8, kMinRowsPerSplit = 256;
+constexpr int kNkFeatures = 32, kNkMaxRows = 4;  // the nk kernel's features per 512-thread block (16 warps x 2), rows per launch
+
+// RELAXTUNE_GEMV_SPLITS=1|2|4|8 replaces the default split of K (benchmarks/gpu_job.py measures each in the block); read per launch
+int64_t ForcedSplits() {
+  const char* value = std::getenv("RELAXTUNE_GEMV_SPLITS");
+  int64_t splits = value != nullptr ? std::atoll(value) : 0;
+  return splits == 1 || splits == 2 || splits == 4 || splits == 8 ? splits : 0;
+}
+
+// on compute capability 9.0+ the kernel is launched as a programmatic dependent of the previous one
+// (its first weight loads overlap that kernel's end); RELAXTUNE_GEMV_PDL=0: a plain launch (for measurements)
+bool ProgrammaticLaunch() {
+  const char* value = std::getenv("RELAXTUNE_GEMV_PDL");
+  return value == nullptr || value[0] != '0';
+}
+// RELAXTUNE_GEMV_WIDE=0: never the 512-thread kernels (for measurements)
+bool WideAllowed() {
+  const char* value = std::getenv("RELAXTUNE_GEMV_WIDE");
+  return value == nullptr || value[0] != '0';
+}
+
+// the checks both layouts share (messages prefixed with `what`): x (..., K), y (..., N) with x's rows, r
+// shaped like y, all compact fp16 or bf16 of one type, x and w 16-byte aligned; returns x's rows
+int64_t CheckOperands(const char* what, const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const tvm::ffi::TensorView* r,
+                      const tvm::ffi::TensorView& y, int64_t k, int64_t n) {
+  int64_t m = 1;
+  for (int i = 0; i + 1 < x.ndim(); ++i) m *= x.size(i);
+  TVM_FFI_ICHECK(x.ndim() >= 1 && x.size(x.ndim() - 1) == k) << what << ": x's last dimension must be K = " << k;
+  TVM_FFI_ICHECK(y.size(y.ndim() - 1) == n && y.numel() == m * n) << what << ": y must be (..., N) with x's rows";
+  TVM_FFI_ICHECK(k <= INT32_MAX / 2 && n <= INT32_MAX / 2) << what << ": too large";
+  DLDataType dt = x.dtype();
+  TVM_FFI_ICHECK(dt.bits == 16 && dt.lanes == 1 && (dt.code == kDLFloat || dt.code == kDLBfloat)) << what << ": fp16 or bf16 only";
+  for (const auto* t : {&x, &w, &y, r}) {
+    if (t == nullptr) continue;
+    TVM_FFI_ICHECK(t->dtype().code == dt.code && t->dtype().bits == 16 && t->dtype().lanes == 1) << what << ": mixed dtypes";
+    TVM_FFI_ICHECK(t->IsContiguous()) << what << ": operands must be compact";
+  }
+  TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(Data(w)) % 16 == 0 && reinterpret_cast<uintptr_t>(Data(x)) % 16 == 0)
+      << what << ": the weight and x must be 16-byte aligned";
+  if (r != nullptr) TVM_FFI_ICHECK_EQ(r->numel(), m * n) << what << ": the residual must be shaped like y";
+  return m;
+}
+
+// one launch on `stream`: a plain one, or cuLaunchKernelEx with a (1, splits, 1) cluster and/or as a
+// programmatic dependent of the previous kernel (compute capability 9.0+)
+void Start(Driver* d, Ptr fn, unsigned blocks, unsigned splits, unsigned threads, bool pdl, void* stream, void** args) {
+  if (splits == 1 && !pdl) {
+    Check(d, d->launch(fn, blocks, 1, 1, threads, 1, 1, 0, stream, args, nullptr), "cuLaunchKernel");
+    return;
+  }
+  LaunchAttribute attrs[2]{};
+  unsigned count = 0;
+  if (splits > 1) {
+    attrs[count].id = kClusterDimension;
+    attrs[count].value.cluster.x = 1, attrs[count].value.cluster.y = splits, attrs[count].value.cluster.z = 1;
+    ++count;
+  }
+  if (pdl) attrs[count].id = kProgrammaticSerialization, attrs[count].value.cluster.x = 1, ++count;  // the union's first int: allowed = 1
+  TVM_FFI_ICHECK(d->launch_ex != nullptr) << "gemv: a cluster or programmatic launch needs cuLaunchKernelEx (a CUDA 12+ driver)";
+  LaunchConfig config{blocks, splits, 1, threads, 1, 1, 0, stream, attrs, count};
+  Check(d, d->launch_ex(&config, fn, args, nullptr), "cuLaunchKernelEx (cluster / programmatic)");
+}
+
+// y = x @ w (+ r); splits: blocks per cluster that share a column tile's K range (0: the default)
+void Launch(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const tvm::ffi::TensorView* r, const tvm::ffi::TensorView& y,
+            int64_t splits) {
+  TVM_FFI_ICHECK_EQ(w.ndim(), 2) << "gemv: the weight must be (K, N)";
+  int64_t k = w.size(0), n = w.size(1);
+  TVM_FFI_ICHECK(n % 8 == 0 && k % 8 == 0) << "gemv: N = " << n << " and K = " << k << " must be multiples of 8 (16-byte vectors)";
+  int64_t m = CheckOperands("gemv", x, w, r, y, k, n);
+  DLDataType dt = x.dtype();
+  TVM_FFI_ICHECK(splits >= 0 && splits <= kMaxSplits) << "gemv: splits " << splits << " (0 = default, 1.." << kMaxSplits << ")";
+  if (m == 0 || n == 0) return;
+  Driver* d = LoadDriver();
+  DLDevice dev = y.device();
+  const int major = Attribute(d, dev.device_id, kComputeMajor), sms = Attribute(d, dev.device_id, kMultiprocessors);
+  unsigned tiles = static_cast<unsigned>((n + kCols - 1) / kCols);
+  if (splits == 0) splits = ForcedSplits();
+  if (splits == 0) {  // clusters (compute capability 9.0+) until 7/8 of the SMs have a block
+    splits = 1;
+    while (major >= 9 && splits < kMaxSplits && 8 * tiles * splits < static_cast<unsigned>(7 * sms) &&
+           k / (2 * splits) >= kMinRowsPerSplit)
+      splits *= 2;
+  }
+  TVM_FFI_ICHECK(splits == 1 || major >= 9) << "gemv: splitting K over a cluster needs compute capability 9.0+";
+  int k_per_split = static_cast<int>((k + 8 * splits - 1) / (8 * splits) * 8);  // a multiple of 8: chunks never straddle blocks
+  const char* type = dt.code == kDLBfloat ? "bf16" : "f16";
+  // a grid that fits the SMs in one wave takes the 512-thread kernel (one block per SM, 16 loads in flight per thread)
+  bool wide = major >= 9 && tiles * splits <= static_cast<unsigned>(sms) && WideAllowed();
+  bool pdl = major >= 9 && ProgrammaticLaunch();
+  void* stream = TVMFFIEnvGetStream(dev.device_type, dev.device_id);
+  for (int64_t r0 = 0; r0 < m; r0 += kMaxRows) {  // up to 8 rows share one pass over the weights
+    int rows = static_cast<int>(std::min<int64_t>(kMaxRows, m - r0));
+    int tile = rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8;
+    bool wide_here = wide && tile <= 2;
+    Ptr fn = Kernel(d, relaxtune_gemv_fatbin, dev.device_id, std::string("relaxtune_gemv_") + type + "_m" + std::to_string(tile) + (wide_here ? "_wide" : ""));
+    Params p{Data(x) + r0 * k * 2, Data(w), r != nullptr ? Data(*r) + r0 * n * 2 : nullptr, Data(y) + r0 * n * 2,
+             rows, static_cast<int>(k), static_cast<int>(n), k_per_split};
+    void* args[] = {&p};
+    Start(d, fn, tiles, static_cast<unsigned>(splits), wide_here ? 512 : 256, pdl, stream, args);
+  }
+}
+
+// y = x @ w^T (+ r) for w (N, K): warps of the "nk" kernel own 2 features each, up to 4 rows of x per launch
+void LaunchNk(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const tvm::ffi::TensorView* r, const tvm::ffi::TensorView& y) {
+  TVM_FFI_ICHECK_EQ(w.ndim(), 2) << "gemv_nk: the weight must be (N, K)";
+  int64_t n = w.size(0), k = w.size(1);
+  TVM_FFI_ICHECK(k % 8 == 0) << "gemv_nk: K = " << k << " must be a multiple of 8 (16-byte vectors)";
+  int64_t m = CheckOperands("gemv_nk", x, w, r, y, k, n);
+  DLDataType dt = x.dtype();
+  if (m == 0 || n == 0) return;
+  Driver* d = LoadDriver();
+  DLDevice dev = y.device();
+  const bool pdl = Attribute(d, dev.device_id, kComputeMajor) >= 9 && ProgrammaticLaunch();
+  // a grid of 512-thread blocks that fits the SMs in one wave keeps them; larger ones take 256-thread blocks, two per SM
+  const bool narrow = (n + kNkFeatures - 1) / kNkFeatures > Attribute(d, dev.device_id, kMultiprocessors) || !WideAllowed();
+  const unsigned threads = narrow ? 256 : 512, blocks = static_cast<unsigned>((n + threads / 16 - 1) / (threads / 16));
+  const char* type = dt.code == kDLBfloat ? "bf16" : "f16";
+  void* stream = TVMFFIEnvGetStream(dev.device_type, dev.device_id);
+  for (int64_t r0 = 0; r0 < m; r0 += kNkMaxRows) {
+    int rows = static_cast<int>(std::min<int64_t>(kNkMaxRows, m - r0));
+    int tile = rows <= 1 ? 1 : rows <= 2 ? 2 : 4;
+    Ptr fn = Kernel(d, relaxtune_gemv_fatbin, dev.device_id, std::string("relaxtune_gemv_nk_") + type + "_m" + std::to_string(tile) + (narrow ? "_narrow" : ""));
+    Params p{Data(x) + r0 * k * 2, Data(w), r != nullptr ? Data(*r) + r0 * n * 2 : nullptr, Data(y) + r0 * n * 2,
+             rows, static_cast<int>(k), static_cast<int>(n), static_cast<int>(k)};
+    void* args[] = {&p};
+    Start(d, fn, blocks, 1, threads, pdl, stream, args);
+  }
+}
+
+void Gemv(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView y) { Launch(x, w, nullptr, y, 0); }
+void GemvNk(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView y) { LaunchNk(x, w, nullptr, y); }
+void GemvNkAdd(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView r, tvm::ffi::TensorView y) { LaunchNk(x, w, &r, y); }
+void GemvAdd(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView r, tvm::ffi::TensorView y) { Launch(x, w, &r, y, 0); }
+void GemvConfig(tvm::ffi::TensorView x, tvm::ffi::TensorView w, int64_t splits, tvm::ffi::TensorView y) { Launch(x, w, nullptr, y, splits); }
+}  // namespace
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv, Gemv);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_add, GemvAdd);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_config, GemvConfig);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_nk, GemvNk);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_nk_add, GemvNkAdd);
