@@ -19,13 +19,16 @@ from ..schedules.apply import ApplyTunedSchedules
 from ..schedules.rules import rule_schedules
 from ..schedules.rules.gpu_rules import require_gpu_schedules
 from ..schedules.validate import check_target
+from .block_conv_weights import LEGALIZE, BlockConvWeights
 from .bucket_dispatch import Bucket, BucketDispatch
 from .canonicalize_onnx_attention import CanonicalizeOnnxAttention
+from .conv_layout import ConvertConvLayout
 from .cublas_batched_gemm import RewriteBatchedGemmToCublas
 from .cublas_gemm import RewriteGemmToCublas
 from .cublas_gemm_add import RewriteResidualAddToCublas
 from .decompose_attention import DecomposeAttention
 from .flash_attention_cuda import RewriteAttentionToFlash
+from .fold_batch_norm import FoldBatchNorm
 from .fuse_attention import FuseAttention
 from .fuse_attention_prologue import FuseAttentionPrologue
 from .fuse_norm_gemv import FuseNormIntoGemv
@@ -64,6 +67,8 @@ def fusion_passes(
     return [
         *([] if gpu else [PagedKVKernels()]),  # a paged KV cache's CPU kernels: relaxtune's, scheduled by its rules
         # Phase 1: graph fusion before the weights are lifted, so their packing runs once, at load
+        # convolutions (CPU): batch norms folded into the weights, NHWC, weights in blocks of the rule's tile
+        *([FoldBatchNorm(), ConvertConvLayout(), BlockConvWeights()] if ours and not gpu else []),
         *([FuseSwiGLU(), MergeProjections(), SplitToSlices()] if ours and not gpu else []),
         *([MergeProjections(copy_slices=True)] if ours and gpu else []),  # q/k/v, gate/up: one GEMM each
         relax.transform.LiftTransformParams(),  # weight-only work (transposes, packing) runs at load
@@ -104,7 +109,7 @@ def fusion_passes(
         # Phase 5: every op a TIR kernel (shapes stay symbolic), stock fusion of the element-wise rest
         relax.backend.DispatchSampling(),
         relax.backend.DispatchSortScan(),
-        relax.transform.LegalizeOps(),
+        relax.transform.LegalizeOps(LEGALIZE),  # BlockConvWeights' convolutions by their own TE kernel
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),

@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-from . import threads
+from . import threads, torchvision_compat
 from .errors import UserError
 
 COMMANDS = {
@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     # call); passive waiting keeps both honest. Must be set before torch is first imported.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     threads.configure()  # before TVM's first parallel kernel sizes its pool
+    torchvision_compat.install()  # before anything imports torchvision (transformers does)
     parser = argparse.ArgumentParser(
         prog="relaxtune", description="A tuning compiler for dynamic-shape models on TVM Relax."
     )

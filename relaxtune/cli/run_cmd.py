@@ -57,7 +57,16 @@ def typed(arrays: dict, specs: list[dict]) -> dict:
 
 def run(args) -> int:
     from ..errors import UserError
-    from ..runtime.artifact import TOLERANCE, Artifact, check_path, paths, random_inputs, read_manifest, relative_error
+    from ..runtime.artifact import (
+        TOLERANCE,
+        Artifact,
+        check_path,
+        dims_of,
+        paths,
+        random_inputs,
+        read_manifest,
+        relative_error,
+    )
 
     manifest = read_manifest(args.artifact)
     stored = check_path(args.artifact)
@@ -75,6 +84,7 @@ def run(args) -> int:
         # the reference before the artifact: rebuilding the workload imports tvm.relax, which registers the
         # VM's relax.run.assert_op itself, where loading first had registered relaxtune's runtime-only one
         # (measured: "Global Function relax.run.assert_op is already registered" with TVM_USE_RUNTIME_LIB=1)
+        dims_of(manifest, inputs)  # a wrong name, rank or size is one line before the reference is rebuilt
         params = typed(dict(np.load(paths(args.artifact)[0])), manifest["params"])
         ref, why = reference(manifest, inputs, params)
         against = "reference"

@@ -10,7 +10,7 @@ scores; see `schedules/progress.py`) and writes markdown plus two PNG plots to -
 - `tuning-throughput.png`: trials done versus wall time, and failed builds and runs by reason.
 
 Jobs are laid end to end on the time axis in the order they ran. `--json PATH` holds
-`{"tasks": [{"name", "trials", "best_us", "wall_s"}], "trials_per_s", "failed_builds",
+`{"tasks": [{"name", "trials", "best_us", "rules_us", "wall_s"}], "trials_per_s", "failed_builds",
 "failed_runs", "failures", "ranking", "jobs", "model_us"}`; a task's `wall_s` is the wall time
 from the job's previous measured batch to its own. That attribution is approximate: MetaSchedule
 collects a batch's results when it next picks the task (or at the end), so a batch reported
@@ -112,6 +112,7 @@ def analyse(jobs: list[dict]) -> dict:
     for row in rows:
         row["best_us"] = row["best_us"] if row["best_us"] < float("inf") else None
         row["wall_s"] = round(row["wall_s"], 2)
+        row["rules_us"] = rules.get(row["name"])  # the kernel's rule-based schedule, which a record must beat
     return {
         "tasks": rows,
         "trials_per_s": trials_done / total if total > 0 else 0.0,
@@ -168,12 +169,14 @@ def markdown(result: dict, sources: list[Path]) -> str:
         f"Cost model on held-out batches (scored before it trained on them): pairwise ranking accuracy {acc} "
         f"over {rank['pairs']} pairs in {rank['batches']} batches, top-2 recall {recall}.",
         "",
-        "| task | trials | best us | wall s |",
-        "|---|---|---|---|",
+        "| task | trials | best us | rules us | tuned / rules | wall s |",
+        "|---|---|---|---|---|---|",
     ]
     for t in result["tasks"]:
         best = f"{t['best_us']:.1f}" if t["best_us"] is not None else "failed"
-        lines.append(f"| {t['name']} | {t['trials']} | {best} | {t['wall_s']:.1f} |")
+        rules = f"{t['rules_us']:.1f}" if t.get("rules_us") else "-"
+        ratio = f"{t['best_us'] / t['rules_us']:.2f}" if t["best_us"] is not None and t.get("rules_us") else "-"
+        lines.append(f"| {t['name']} | {t['trials']} | {best} | {rules} | {ratio} | {t['wall_s']:.1f} |")
     lines += [
         "",
         "| job | workload | warm model | trials | wall s | where the time went (s) | stopped early |",

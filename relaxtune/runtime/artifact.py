@@ -237,6 +237,32 @@ def check_dims(manifest: dict, values: dict[str, int]) -> None:
             )
 
 
+def dims_of(manifest: dict, inputs: dict[str, np.ndarray]) -> dict[str, int]:
+    """Check inputs against the manifest (names, dtypes, ranks, static sizes, bounds); return the
+    value of every symbolic dimension."""
+    specs = {t["name"]: t for t in manifest["inputs"]}
+    unknown = sorted(set(inputs) - set(specs))
+    if unknown:
+        raise UserError(f"unknown input {unknown[0]!r}: the inputs are {sorted(specs)}")
+    values: dict[str, int] = {}
+    for name, spec in specs.items():
+        if name not in inputs:
+            raise UserError(f"missing input {name!r} (shape {spec['shape']}, {spec['dtype']})")
+        array = inputs[name]
+        if str(array.dtype) != spec["dtype"]:
+            raise UserError(f"input {name!r} has dtype {array.dtype}; the artifact takes {spec['dtype']}")
+        if array.ndim != len(spec["shape"]):
+            raise UserError(f"input {name!r} has {array.ndim} dimensions; the artifact takes shape {spec['shape']}")
+        for axis, (want, got) in enumerate(zip(spec["shape"], array.shape)):
+            if isinstance(want, str):
+                if values.setdefault(want, got) != got:
+                    raise UserError(f"dimension {want} is {values[want]} in one input and {got} in {name!r}")
+            elif want != got:
+                raise UserError(f"input {name!r} has size {got} on axis {axis}; the artifact takes {want}")
+    check_dims(manifest, values)
+    return values
+
+
 def random_inputs(manifest: dict, dims: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
     """Inputs for the manifest's signature at `dims` (token ids within the vocabulary, masks of ones)."""
     check_dims(manifest, dims)
@@ -314,27 +340,7 @@ class Artifact:
 
     def dims_of(self, inputs: dict[str, np.ndarray]) -> dict[str, int]:
         """Check inputs against the manifest; return the value of every symbolic dimension."""
-        specs = {t["name"]: t for t in self.manifest["inputs"]}
-        unknown = sorted(set(inputs) - set(specs))
-        if unknown:
-            raise UserError(f"unknown input {unknown[0]!r}: the inputs are {sorted(specs)}")
-        values: dict[str, int] = {}
-        for name, spec in specs.items():
-            if name not in inputs:
-                raise UserError(f"missing input {name!r} (shape {spec['shape']}, {spec['dtype']})")
-            array = inputs[name]
-            if str(array.dtype) != spec["dtype"]:
-                raise UserError(f"input {name!r} has dtype {array.dtype}; the artifact takes {spec['dtype']}")
-            if array.ndim != len(spec["shape"]):
-                raise UserError(f"input {name!r} has {array.ndim} dimensions; the artifact takes shape {spec['shape']}")
-            for axis, (want, got) in enumerate(zip(spec["shape"], array.shape)):
-                if isinstance(want, str):
-                    if values.setdefault(want, got) != got:
-                        raise UserError(f"dimension {want} is {values[want]} in one input and {got} in {name!r}")
-                elif want != got:
-                    raise UserError(f"input {name!r} has size {got} on axis {axis}; the artifact takes {want}")
-        self.check_dims(values)
-        return values
+        return dims_of(self.manifest, inputs)
 
     def check_dims(self, values: dict[str, int]) -> None:
         check_dims(self.manifest, values)

@@ -3,9 +3,10 @@
 ``load(spec, config, dtype)`` returns a :class:`Workload`: ``spec`` is a built-in name from
 :data:`BUILTIN` (``llama-block``, ``gpt2-block``, ``mlp``), the path of a user ``.py`` file
 (see :mod:`relaxtune.workloads.user`), or an imported model: ``torch:package.module:Factory``
-(:mod:`.torch_import`), ``hf:MODEL_TYPE`` (:mod:`.hf_import`) or a path ending in ``.onnx``
-(:mod:`.onnx_import`), or a language model: ``gguf:PATH``, ``hf:DIR`` (a local transformers
-checkpoint) or a packaged model's name such as ``smollm2`` (:mod:`.language_model`).
+(:mod:`.torch_import`), ``hf:MODEL_TYPE`` (:mod:`.hf_import`), ``torchvision:NAME``
+(:mod:`.torchvision_import`) or a path ending in ``.onnx`` (:mod:`.onnx_import`), or a language
+model: ``gguf:PATH``, ``hf:DIR`` (a local transformers checkpoint) or a packaged model's name such
+as ``smollm2`` (:mod:`.language_model`).
 ``config`` overrides a built-in's defaults; its values
 may be strings (as parsed by :func:`parse_config` from ``hidden=512,heads=8``) and are converted
 to the type of the default.
@@ -118,6 +119,10 @@ def _load(spec: str, config: Mapping[str, str] | None, dtype: str | None) -> Wor
         from .hf_import import load_hf
 
         return load_hf(spec[len("hf:") :], config, dtype)
+    if spec.startswith("torchvision:"):
+        from .torchvision_import import load_torchvision
+
+        return load_torchvision(spec, config, dtype)
     if spec.endswith(".onnx"):
         from .onnx_import import load_onnx
 
@@ -128,5 +133,5 @@ def _load(spec: str, config: Mapping[str, str] | None, dtype: str | None) -> Wor
         raise UserError(f"user workload file {spec!r} does not exist: give a built-in name or a path to a .py file")
     raise UserError(
         f"unknown workload {spec!r}: use one of {', '.join(BUILTIN)}, a path to a .py or .onnx file, "
-        "torch:package.module:Factory, hf:MODEL_TYPE, hf:DIR, gguf:PATH or smollm2"
+        "torch:package.module:Factory, hf:MODEL_TYPE, hf:DIR, torchvision:NAME, gguf:PATH or smollm2"
     )

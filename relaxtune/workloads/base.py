@@ -58,6 +58,8 @@ class Workload:
     entries: tuple[str, ...] = ("main",)
     weights_nk: bool = False
     exporter: Callable[..., dict] | None = None
+    # what `relaxtune bench` runs when --systems is not given (empty: bench's default)
+    bench_systems: tuple[str, ...] = ()
 
     def check_shape(self, values: Mapping[str, int]) -> None:
         unknown = sorted(set(values) - set(self.dims))

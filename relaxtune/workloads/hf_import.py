@@ -69,6 +69,9 @@ ALIASES = {"intermediate_size": ("n_inner",)}  # GPT-2 names its MLP width n_inn
 
 
 def _transformers():
+    from ..torchvision_compat import install
+
+    install()  # transformers imports torchvision when it is installed: without its C++ extension too
     try:
         import transformers
     except ImportError:
