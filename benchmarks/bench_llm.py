@@ -106,6 +106,10 @@ def llamacpp_system(args):
 
 def transformers_system(args, compiled: bool):
     import torch
+
+    from relaxtune import torchvision_compat
+
+    torchvision_compat.install()  # transformers imports torchvision when installed; its extension may not load
     import transformers
 
     torch.set_num_threads(args.threads)

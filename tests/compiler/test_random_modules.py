@@ -1,6 +1,6 @@
 """Property: for random small Relax modules over relaxtune's supported operators, with a symbolic row
-count `n` in [0, upper], relaxtune's build (buckets, fusion, rules, memory plan) computes what stock
-TVM's build of the same module computes, at n = 0, 1, the upper bound and values between.
+count `n` in [0, upper] (and sometimes a batch `b`), relaxtune's build (buckets, fusion, rules, memory
+plan) computes what stock TVM's build of the same module computes, at 0, 1, the bounds and between.
 
 A fixed budget (derandomized, so CI runs the same examples); `RELAXTUNE_PROPERTY_EXAMPLES=N` runs more.
 """
@@ -29,8 +29,10 @@ SHAPED = ("matmul", "sum", "concat_rows", "transpose2", "empty_slice", "self_att
 
 @st.composite
 def modules(draw):
-    """(the IRModule, its upper bound of n, a description): a chain of ops on (n, C) tensors."""
+    """(the IRModule, the upper bounds of its dims, a description): a chain of ops on (n, C) tensors, or
+    on (b, n, C) with a second symbolic dimension."""
     upper = draw(st.sampled_from([1, 5, 16, 33, 64]))
+    batch = draw(st.sampled_from([0, 0, 2, 4]))  # 0: no batch dimension
     width = draw(st.sampled_from([1, 3, 8, 16, 24]))
     steps = draw(
         st.lists(
@@ -40,9 +42,10 @@ def modules(draw):
         )
     )
     bb = relax.BlockBuilder()
-    n = tirx.Var("n", "int64")
-    x = relax.Var("x", relax.TensorType((n, width), "float32"))
-    y_in = relax.Var("y", relax.TensorType((n, width), "float32"))
+    n, b = tirx.Var("n", "int64"), tirx.Var("b", "int64")
+    lead = (b, n) if batch else (n,)
+    x = relax.Var("x", relax.TensorType((*lead, width), "float32"))
+    y_in = relax.Var("y", relax.TensorType((*lead, width), "float32"))
     params, weights = [x, y_in], []
     with bb.function("main"):
         with bb.dataflow():
@@ -77,16 +80,17 @@ def modules(draw):
                     cur = bb.emit(relax.op.sum(cur, axis=[-1], keepdims=True))
                     cols = 1
                 elif step == "concat_rows":
-                    cur = bb.emit(relax.op.concat([cur, cur], axis=0))
+                    cur = bb.emit(relax.op.concat([cur, cur], axis=-2))
                     rows = None  # 2n rows: binary ops with y no longer line up
                 elif step == "empty_slice":  # a zero-width slice concatenated (a full-width partial RoPE)
-                    empty = relax.op.strided_slice(cur, axes=[1], begin=[cols], end=[cols])
-                    cur = bb.emit(relax.op.concat([cur, empty], axis=1))
+                    empty = relax.op.strided_slice(cur, axes=[len(lead)], begin=[cols], end=[cols])
+                    cur = bb.emit(relax.op.concat([cur, empty], axis=-1))
                 elif step == "self_attention":  # (rows, rows) scores over a symbolic axis, softmax, back to cols
-                    scores = relax.op.matmul(cur, relax.op.permute_dims(cur))
+                    swap = [0, 2, 1] if batch else [1, 0]
+                    scores = relax.op.matmul(cur, relax.op.permute_dims(cur, swap))
                     cur = bb.emit(relax.op.matmul(relax.op.nn.softmax(scores, axis=-1), cur))
                 elif step == "column_mean":  # a reduction over the symbolic axis, broadcast back
-                    cur = bb.emit(relax.op.subtract(cur, relax.op.mean(cur, axis=[0], keepdims=True)))
+                    cur = bb.emit(relax.op.subtract(cur, relax.op.mean(cur, axis=[-2], keepdims=True)))
                 elif step == "row_max":
                     cur = bb.emit(relax.op.max(cur, axis=[-1], keepdims=True))
                     cols = 1
@@ -95,23 +99,27 @@ def modules(draw):
             out = bb.emit_output(cur)
         bb.emit_func_output(out, params=params + weights)
     mod = bb.get()
-    mod["main"] = mod["main"].with_attr("tir_var_upper_bound", {"n": upper})
-    return mod, upper, f"upper={upper} width={width} steps={steps}"
+    bounds = {"n": upper, **({"b": batch} if batch else {})}
+    mod["main"] = mod["main"].with_attr("tir_var_upper_bound", bounds)
+    return mod, bounds, f"bounds={bounds} width={width} steps={steps}"
 
 
 @pytest.mark.integration
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(case=modules(), picks=st.lists(st.integers(0, 10**6), min_size=2, max_size=2))
 def test_relaxtune_matches_stock_tvm(case, picks):
-    mod, upper, description = case
+    mod, bounds, description = case
     workload = workload_from_mod(mod, "random")
     target = targets.resolve("cpu")
     ours, _, _ = api.build(workload, target, JobConfig(compile=CompileConfig(use_cache=False)))
     stock = relax.VirtualMachine(tvm.compile(mod, target=tvm.target.Target("llvm")), tvm.cpu())
     runner = VMRunner.for_workload(ours, tvm.cpu(), workload)
-    for n in sorted({0, 1, upper, *(p % (upper + 1) for p in picks)}):
-        inputs = workload.random_inputs({"n": n})
+    upper, batch = bounds["n"], bounds.get("b")
+    ns = sorted({0, 1, upper, *(p % (upper + 1) for p in picks)})
+    points = [{"n": n} for n in ns] if batch is None else [{"b": b, "n": n} for b in (0, 1, batch) for n in ns]
+    for point in points:
+        inputs = workload.random_inputs(point)
         want = stock["main"](*[tvm.runtime.tensor(inputs[t.name]) for t in workload.inputs]).numpy()
         got = runner.outputs(inputs)
-        assert got.shape == want.shape, (description, n)
-        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=f"{description} at n={n}")
+        assert got.shape == want.shape, (description, point)
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=f"{description} at {point}")
