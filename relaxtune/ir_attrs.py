@@ -3,3 +3,7 @@
 # on each bucket function (relax_passes/bucket_dispatch.py): {dim: [lo, hi, tune_at]}; read by
 # task extraction (schedules/tasks.py), the library rewrites and the reports
 BUCKET_ATTR = "relaxtune.bucket"
+
+# on the block of a kernel that dequantizes a weight as it reads it (relaxtune/kernels/quant_tir.py): the
+# weight format's name (kernels/quant_formats.py); read by the quantized kernels' rules (schedules/rules)
+DEQUANTIZE_ATTR = "relaxtune.dequantize"
