@@ -7,3 +7,6 @@ BUCKET_ATTR = "relaxtune.bucket"
 # on the block of a kernel that dequantizes a weight as it reads it (relaxtune/kernels/quant_tir.py): the
 # weight format's name (kernels/quant_formats.py); read by the quantized kernels' rules (schedules/rules)
 DEQUANTIZE_ATTR = "relaxtune.dequantize"
+# on a kernel's block that converts a quantized weight's float16 scales (or mins) to float32 before the
+# dequantization reads them (kernels/quant_tir.py); the GEMV rule converts a tile's scales as one vector
+DEQUANTIZE_SCALE_ATTR = "relaxtune.dequantize_scale"

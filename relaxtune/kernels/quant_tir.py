@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from tvm import te, tirx
 
-from ..ir_attrs import DEQUANTIZE_ATTR
+from ..ir_attrs import DEQUANTIZE_ATTR, DEQUANTIZE_SCALE_ATTR
 from .quant_formats import CHUNK, WeightFormat
 
 
@@ -46,6 +46,22 @@ def dequantize(fmt: WeightFormat, parts: dict[str, te.Tensor], cols: int, name: 
     )
 
 
+def float32_scales(parts: dict[str, te.Tensor]) -> dict[str, te.Tensor]:
+    """`parts` with the float16 ``scale`` / ``min`` read through float32 stages (annotated
+    ``DEQUANTIZE_SCALE_ATTR``): the same values, converted where a rule chooses (a tile's at once)."""
+
+    def to_float32(name: str) -> te.Tensor:
+        part = parts[name]
+        return te.compute(
+            part.shape,
+            lambda j, g: part[j, g].astype("float32"),
+            name=f"dequantize_{name}",
+            attrs={DEQUANTIZE_SCALE_ATTR: 1},
+        )
+
+    return {name: to_float32(name) if name in ("scale", "min") else part for name, part in parts.items()}
+
+
 def linear(
     fmt: WeightFormat,
     x: te.Tensor,
@@ -56,7 +72,7 @@ def linear(
     """``x (..., K) @ W(N, K)^T (+ bias)`` with W dequantized in the kernel; float32 accumulation, the
     result in `out_dtype` (default: x's dtype)."""
     cols = x.shape[-1]
-    w = dequantize(fmt, parts, cols)
+    w = dequantize(fmt, float32_scales(parts), cols)
     k = te.reduce_axis((0, cols), "k")
     lead = tuple(x.shape[:-1])
 

@@ -22,6 +22,7 @@ import logging
 from tvm import s_tir, tirx
 from tvm.target import Target
 
+from ...ir_attrs import DEQUANTIZE_SCALE_ATTR
 from . import _utils as U
 from . import fast_math
 from .analysis import dot_eligible, normalize, row_extent
@@ -93,8 +94,9 @@ class QuantGemv(fast_math.FastMathRule):
         k_o, k_m, k_v = sch.split(k_loop, [None, unit * units // vec, vec])
         sch.reorder(s_loop, i_o, j_o, k_o, i_i, j_i, k_m, k_v)
         sch.parallel(sch.fuse(s_loop, i_o, j_o))
+        scales = [b for b in U.root_children(sch) if DEQUANTIZE_SCALE_ATTR in sch.get(b).annotations]
         for prod in sch.get_producers(main):  # reindex copies, the dequantization, prologues: read in place
-            U.inline_producers(sch, prod)
+            _inline_producers_but(sch, prod, scales)
             sch.compute_inline(prod)
         partial = sch.rfactor(k_v, factor_axis=3)
         sch.set_scope(partial, 0, "global")
@@ -106,4 +108,40 @@ class QuantGemv(fast_math.FastMathRule):
         tile = loops[0]
         sch.reverse_compute_at(main, tile, preserve_unit_loops=True)
         epilogue_at(sch, main, tile, vec)
+        _convert_scales_per_tile(sch, scales, sch.get_loops(partial), ext_k // unit // units, vec)
         return True
+
+
+SCALE_GROUPS = 8  # groups whose scales one tile converts at a time (8 columns x 8 x 2 float32: the stack)
+
+
+def _inline_producers_but(sch: s_tir.Schedule, block, keep: list) -> None:
+    """compute_inline every producer of `block` (recursively) except the blocks in `keep`."""
+    names = {sch.get(b).name_hint for b in keep}
+    changed = True
+    while changed:
+        changed = False
+        for prod in sch.get_producers(block):
+            if sch.get(prod).name_hint in names:
+                continue
+            try:
+                sch.compute_inline(prod)
+                changed = True
+            except Exception:  # pylint: disable=broad-except  # not inlinable: keep it
+                continue
+
+
+def _convert_scales_per_tile(sch: s_tir.Schedule, scales: list, loops: list, units: int, vec: int) -> None:
+    """Each tile's float16 scales / mins converted to float32 as vectors, `SCALE_GROUPS` groups at a time,
+    before the dot products read them (instead of a scalar load, conversion and broadcast per group and
+    column inside them)."""
+    tile, k_o = loops[0], loops[1]
+    at = tile
+    if units > SCALE_GROUPS and units % SCALE_GROUPS == 0:
+        k_oo, _ = sch.split(k_o, [None, SCALE_GROUPS])
+        at = k_oo
+    for blk in scales:
+        sch.compute_at(blk, at, preserve_unit_loops=True)
+        cols, groups = sch.get_loops(blk)[-2:]
+        # a tile's whole rows are one contiguous run of the scale array: vectorized across its columns
+        U.vectorize_inner(sch, sch.fuse(cols, groups) if at.same_as(tile) else groups, vec)

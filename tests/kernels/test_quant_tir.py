@@ -12,7 +12,7 @@ from tvm.target import codegen
 
 from relaxtune.kernels import quant_formats as qf
 from relaxtune.kernels import quant_tir
-from relaxtune.schedules.rules import apply_cpu_rules
+from relaxtune.schedules.rules import QuantGemv, apply_cpu_rules
 
 gguf = pytest.importorskip("gguf")
 
@@ -83,15 +83,20 @@ def reference(fmt, parts, x, bias=None):
 
 
 @pytest.mark.parametrize("name", FORMATS)
-@pytest.mark.parametrize("rows", [1, 2, 4])
-def test_gemv_rows_against_numpy(name, rows):
-    """Static few-row kernels (a decode step, the n = 1 / 2 / 3..4 buckets): the QuantGemv rule."""
+@pytest.mark.parametrize(("rows", "cols"), [(1, K), (2, K), (4, K), (1, 512), (1, 576)])
+def test_gemv_rows_against_numpy(name, rows, cols):
+    """Static few-row kernels (a decode step, the n = 1 / 2 / 3..4 buckets): the QuantGemv rule; 512 and 576
+    input features: scales converted 8 groups at a time, and a tile's whole rows at once (18 groups)."""
     fmt = qf.format_named(name)
-    parts = parts_for(name, N_OUT, K)
-    x_ph = te.placeholder((1, rows, K), "float32", name="x")
-    ph = placeholders(fmt, N_OUT, K)
-    fn = compiled([x_ph, *ph.values(), quant_tir.linear(fmt, x_ph, ph)])
-    x = np.random.default_rng(rows).standard_normal((1, rows, K)).astype(np.float32)
+    if cols % max(fmt.group, 32):
+        pytest.skip(f"{name} takes a multiple of {fmt.group} input features")
+    parts = parts_for(name, N_OUT, cols)
+    x_ph = te.placeholder((1, rows, cols), "float32", name="x")
+    ph = placeholders(fmt, N_OUT, cols)
+    tensors = [x_ph, *ph.values(), quant_tir.linear(fmt, x_ph, ph)]
+    assert QuantGemv().apply(te.create_prim_func(tensors), target(), False) is not None
+    fn = compiled(tensors)
+    x = np.random.default_rng(rows).standard_normal((1, rows, cols)).astype(np.float32)
     got = run(fn, x, *parts.values(), out_shape=(1, rows, N_OUT))
     np.testing.assert_allclose(got, reference(fmt, parts, x), rtol=1e-5, atol=1e-4)
 
