@@ -1,13 +1,13 @@
-"""SpecializeStaticCalls: a quantized kernel with symbolic buffer shapes called with static shapes gets a
-copy specialised to them.
+"""SpecializeStaticCalls: a quantized kernel with symbolic buffer shapes called where some of them are
+constants gets a copy specialised to the call's shapes.
 
 Kernels a model emits itself (`call_tir` of a TE function, e.g. the quantized projections of
 `models/quant_linear.py`) are made once with the model's symbolic dimensions. `BucketDispatch` then
 binds a dimension to a constant in an exact bucket (n = 1), where operators legalised later get
 static kernels but these keep their symbolic ones; FuseTIR refuses to fuse such a call with a static
 neighbour (an output buffer of shape (1, n, d) read as (1, 1, d): "Inconsistent buffers"). Run after
-`BucketDispatch` and before `FuseOps`. Calls with a symbolic shape, or with extra TIR arguments, are
-left as they are, and so are kernels that dequantize nothing (no block annotated
+`BucketDispatch` and before `FuseOps`. Calls whose output has no constant dimension, or with extra TIR
+arguments, are left as they are, and so are kernels that dequantize nothing (no block annotated
 ``ir_attrs.DEQUANTIZE_ATTR``): the other kernels passes emit keep the form their tuning records match.
 """
 
@@ -25,13 +25,20 @@ from ..ir_attrs import DEQUANTIZE_ATTR
 logger = logging.getLogger(__name__)
 
 
-def _static_type(ty) -> bool:
+def _known_shape(ty) -> bool:
     if isinstance(ty, relax.TupleType):
-        return all(_static_type(f) for f in ty.fields)
-    return (
-        isinstance(ty, relax.TensorType)
-        and ty.shape is not None
-        and all(isinstance(d, tirx.IntImm) for d in ty.shape.values)
+        return all(_known_shape(f) for f in ty.fields)
+    return isinstance(ty, relax.TensorType) and ty.shape is not None
+
+
+def _binds_constant(kernel: tirx.PrimFunc, ty) -> bool:
+    """Whether the call's output type `ty` has a constant where the kernel's output buffer is symbolic."""
+    outs = list(ty.fields) if isinstance(ty, relax.TupleType) else [ty]
+    buffers = kernel.params[len(kernel.params) - len(outs) :]
+    return any(
+        not isinstance(k, tirx.IntImm) and isinstance(c, tirx.IntImm)
+        for out, buf in zip(outs, buffers)
+        for k, c in zip(buf.shape, out.shape.values)
     )
 
 
@@ -73,7 +80,9 @@ class _Rewriter(PyExprMutator):
         args = list(call.args[1].fields)
         if not isinstance(kernel, tirx.PrimFunc) or not _symbolic(kernel) or not _dequantizes(kernel):
             return call
-        if not all(_static_type(a.ty) for a in args) or not _static_type(call.ty):
+        if not all(_known_shape(a.ty) for a in args) or not _known_shape(call.ty):
+            return call
+        if not _binds_constant(kernel, call.ty):  # nothing bound to a constant: the symbolic kernel fits
             return call
         try:
             static = specialise(kernel, args, call.ty)

@@ -116,13 +116,13 @@ def quantize_workload(workload: Workload, quantize: QuantizeConfig) -> Workload:
         parts_of[var] = []
         for part, array in parts.items():
             params[f"{name}.{part}"] = array
-            pvar = relax.Var(f"{var.name_hint}_{part}", relax.TensorType(array.shape, str(array.dtype)))
+            pvar = relax.Var(f"{var.name}_{part}", relax.TensorType(array.shape, str(array.dtype)))
             parts_of[var].append(pvar)
             new_params.append(pvar)
     rewriter = _Rewriter(workload.mod, fmt, chosen, parts_of)
     body = rewriter.visit_expr(func.body)
     new_func = relax.Function(list(func.params[:num_input]) + new_params, body, func.ret_ty, func.is_pure, func.attrs)
-    mod = workload.mod.clone()
+    mod = rewriter.builder_.get()  # the module with the quantized kernels the rewriter emitted
     mod[entry] = new_func
     mod = relax.transform.DeadCodeElimination()(mod)
     logger.info("%s: %d of %d weights quantized to %s", workload.name, len(chosen), len(names), fmt.name)
