@@ -4,10 +4,11 @@ embedding lookup that dequantizes only the rows it gathers. The weights are neve
 
 `linear` is two blocks: ``dequantize`` (spatial, W[j, k] from the parts, annotated with
 ``ir_attrs.DEQUANTIZE_ATTR`` = the format's name) and ``matmul`` (``y[..., j] += x[..., k] * W[j, k]``,
-accumulated in float32), plus ``bias`` / ``cast`` when asked. In that form every scheduler handles it: the
-rules inline ``dequantize`` into the register tiles of the GEMV or into the packed weight panels of the
-matmul (`schedules/rules/cpu_quant_gemv.py`, `cpu_quant_matmul.py`), MetaSchedule's AutoInline into its
-tiles, dlight's GEMV and matmul rules likewise on cuda. A Relax caller emits them with
+accumulated in float32), plus ``bias`` / ``cast`` when asked; `linear` reads the float16 scales through
+float32 stages (`float32_scales`). In that form every scheduler handles it: the rules inline ``dequantize``
+into the vector dot products of the GEMV (`schedules/rules/cpu_quant_gemv.py`, which converts a tile's
+scales at once) or into the packed weight panels of the matmul (`cpu_matmul.py`), MetaSchedule's
+AutoInline into its tiles. A Relax caller emits them with
 ``relax.frontend.nn.op.tensor_expr_op`` (or ``BlockBuilder.emit_te``); leading dimensions may be symbolic.
 
 `take_rows` is one spatial block, ``out[..., k] = W[ids[...], k]``, with the dequantization of that row inline.
