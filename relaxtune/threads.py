@@ -14,8 +14,8 @@ loads a relaxtune `.so` with the bare TVM runtime should set TVM_NUM_THREADS its
 
 It also sets TVM_BIND_THREADS=0 unless the user set it: TVM otherwise pins each worker thread to one core,
 and on a machine shared with other jobs a pinned worker waits for its core at every parallel kernel, which
-then waits for it. SmolLM2 decode on this 2-core box under load 5-8 (5 alternating runs of 3 x 32 tokens,
-ms per token, medians): pinned 18-57, unpinned 16-27, one thread 18-26 (docs/results.md).
+then waits for it: on the shared 2-core box pinned workers made SmolLM2's decode intermittently 2x slower,
+unpinned ones never (benchmarks/decode_threads.py, docs/results.md).
 """
 
 from __future__ import annotations
