@@ -41,6 +41,7 @@ from .paged_kv_kernels import PagedKVKernels
 from .plan_memory import PlanMemory
 from .slice_after_reshape import SliceAfterReshape
 from .small_attention_tiles import SmallAttentionTiles
+from .specialize_static_calls import SpecializeStaticCalls
 from .split_to_slices import SplitToSlices
 
 
@@ -83,6 +84,7 @@ def fusion_passes(
         *([] if flash_on else [DecomposeAttention()]),  # attention left: matmul / masked softmax / matmul
         # Phase 3: one function per shape bucket; main checks the bounds and dispatches
         BucketDispatch(plan, entries),
+        SpecializeStaticCalls(),  # quantized kernels (a model's own call_tir) static where the bucket is
         *([SmallAttentionTiles(), FuseNormIntoGemv()] if ours and not gpu else []),  # short-sequence buckets
         *([LiftPositionTables()] if lift_tables else []),  # rotary tables once up to each bucket's bound
         *(

@@ -172,6 +172,36 @@ class CompileConfig:
             object.__setattr__(self, "flash_attention", FlashAttention(enabled=self.flash_attention))
 
 
+QUANTIZE_MODES = ("auto", "f32", "q4f32", "q8f32")
+GROUP_SIZES = (32, 128)
+
+
+@dataclass(frozen=True)
+class QuantizeConfig:
+    """How a model's weights are stored and multiplied (`--quantize`, `--group-size`).
+
+    ``auto``: a GGUF file's Q4_0 / Q4_1 / Q8_0 / F16 blocks are kept as they are and dequantized inside the
+    kernels (other sources stay float32); ``f32``: every weight dequantized to float32 at compile time;
+    ``q4f32`` / ``q8f32``: relaxtune's own 4- or 8-bit weight-only groups of `group_size` (float32 activations).
+    """
+
+    mode: str = "auto"
+    group_size: int = 32
+
+    def __post_init__(self) -> None:
+        if self.mode not in QUANTIZE_MODES:
+            raise UserError(f"--quantize {self.mode!r} is not supported: use one of {', '.join(QUANTIZE_MODES)}")
+        if self.group_size not in GROUP_SIZES:
+            raise UserError(
+                f"--group-size {self.group_size} is not supported: use one of {', '.join(map(str, GROUP_SIZES))}"
+            )
+
+    @property
+    def bits(self) -> int | None:
+        """4 or 8 for relaxtune's own formats; None for ``auto`` and ``f32``."""
+        return int(self.mode[1]) if self.mode.startswith("q") else None
+
+
 CACHE_VARIABLE = "RELAXTUNE_CACHE"
 
 

@@ -3,3 +3,10 @@
 # on each bucket function (relax_passes/bucket_dispatch.py): {dim: [lo, hi, tune_at]}; read by
 # task extraction (schedules/tasks.py), the library rewrites and the reports
 BUCKET_ATTR = "relaxtune.bucket"
+
+# on the block of a kernel that dequantizes a weight as it reads it (relaxtune/kernels/quant_tir.py): the
+# weight format's name (kernels/quant_formats.py); read by the quantized kernels' rules (schedules/rules)
+DEQUANTIZE_ATTR = "relaxtune.dequantize"
+# on a kernel's block that converts a quantized weight's float16 scales (or mins) to float32 before the
+# dequantization reads them (kernels/quant_tir.py); the GEMV rule converts a tile's scales as one vector
+DEQUANTIZE_SCALE_ATTR = "relaxtune.dequantize_scale"

@@ -11,6 +11,11 @@ OMP_NUM_THREADS, to the physical cores this process may run on. TVM reads it whe
 parallel kernel creates the pool, and child processes (MetaSchedule's runner, build workers)
 inherit it, so what tuning measures runs with the threads the artifact runs with. A program that
 loads a relaxtune `.so` with the bare TVM runtime should set TVM_NUM_THREADS itself.
+
+It also sets TVM_BIND_THREADS=0 unless the user set it: TVM otherwise pins each worker thread to one core,
+and on a machine shared with other jobs a pinned worker waits for its core at every parallel kernel, which
+then waits for it: on the shared 2-core box pinned workers made SmolLM2's decode intermittently 2x slower,
+unpinned ones never (benchmarks/decode_threads.py, docs/results.md).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import os
 logger = logging.getLogger(__name__)
 
 VARIABLE = "TVM_NUM_THREADS"
+BIND_VARIABLE = "TVM_BIND_THREADS"
 
 
 def physical_cores() -> int:
@@ -33,7 +39,9 @@ def physical_cores() -> int:
 
 
 def configure() -> int:
-    """Set TVM_NUM_THREADS to the physical core count unless the user chose a count; returns the count in force."""
+    """Set TVM_NUM_THREADS to the physical core count unless the user chose a count, and TVM_BIND_THREADS to 0
+    (workers not pinned) unless set; returns the thread count in force."""
+    os.environ.setdefault(BIND_VARIABLE, "0")
     for name in (VARIABLE, "OMP_NUM_THREADS"):
         value = os.environ.get(name, "")
         if value.strip().isdigit() and int(value) > 0:

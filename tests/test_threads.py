@@ -48,3 +48,12 @@ def test_importing_relaxtune_changes_nothing():
     probe = "import os, relaxtune, relaxtune.api; print(os.environ.get('TVM_NUM_THREADS'))"
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "None"
+
+
+def test_workers_not_pinned_unless_chosen(monkeypatch):
+    monkeypatch.delenv("TVM_BIND_THREADS", raising=False)
+    threads.configure()
+    assert os.environ["TVM_BIND_THREADS"] == "0"
+    monkeypatch.setenv("TVM_BIND_THREADS", "1")
+    threads.configure()
+    assert os.environ["TVM_BIND_THREADS"] == "1"

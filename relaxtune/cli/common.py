@@ -5,7 +5,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..config import CACHE_VARIABLE, BucketConfig, CompileConfig, JobConfig, TuneConfig, default_cache_dir
+from ..config import (
+    CACHE_VARIABLE,
+    GROUP_SIZES,
+    QUANTIZE_MODES,
+    BucketConfig,
+    CompileConfig,
+    JobConfig,
+    QuantizeConfig,
+    TuneConfig,
+    default_cache_dir,
+)
 from ..errors import UserError
 
 
@@ -13,6 +23,18 @@ def add_workload(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workload", help="built-in name (llama-block, gpt2-block, mlp) or a user .py file")
     parser.add_argument("--config", default="", help="overrides, e.g. hidden=512,heads=8,max_seq=2048")
     parser.add_argument("--dtype", default=None, help="float32 (default), float16 or bfloat16")
+    parser.add_argument(
+        "--quantize",
+        default="auto",
+        help=f"weights: {' | '.join(QUANTIZE_MODES)} (auto: a GGUF's Q4_0/Q4_1/Q8_0 blocks kept, the rest float32; "
+        "f32: all dequantized; q4f32 / q8f32: relaxtune's 4- / 8-bit groups, float32 activations)",
+    )
+    parser.add_argument(
+        "--group-size",
+        type=int,
+        default=32,
+        help=f"weights per scale of q4f32 / q8f32: {' or '.join(map(str, GROUP_SIZES))}",
+    )
 
 
 CACHE_HELP = (
@@ -75,7 +97,8 @@ def parse_shapes(items: list[str], many: bool) -> dict[str, list[int]]:
 def load_workload(args):
     from ..workloads import load, parse_config
 
-    return load(args.workload, parse_config(args.config), args.dtype)
+    quantize = QuantizeConfig(getattr(args, "quantize", "auto"), getattr(args, "group_size", 32))
+    return load(args.workload, parse_config(args.config), args.dtype, quantize)
 
 
 def add_memory_planner(parser: argparse.ArgumentParser) -> None:

@@ -8,7 +8,8 @@ quants, ...) all come back as float32 in numpy's (rows, columns) order, which fo
 ``attn_q`` / ``attn_k`` of llama-architecture models permuted for its rotary form (pairs of
 adjacent features); `tensor` undoes it (as transformers' GGUF loader does), so the model applies
 the rotate-half form to the stored weights. Quantized blocks are also available as they are
-(`raw`, `quant_type`) for kernels that read them.
+(`raw`, `quant_type`), and `blocks` splits a Q4_0 / Q4_1 / Q8_0 / F16 tensor into the per-row parts the
+quantized kernels read (`kernels/quant_formats.py`: the same bytes, q/k rows unpermuted likewise).
 """
 
 from __future__ import annotations
@@ -115,6 +116,21 @@ class GGUFModel:
     def raw(self, name: str) -> np.ndarray:
         """The tensor's stored data as the reader maps it (quantized blocks as uint8 rows), no copy."""
         return self._get(name).data
+
+    def blocks(self, name: str) -> dict[str, np.ndarray]:
+        """The tensor's stored blocks split into parts (`quant_formats.from_gguf`), rows as `tensor` orders them."""
+        from ..kernels.quant_formats import GGUF, from_gguf
+
+        info = self._get(name)
+        kind = info.tensor_type.name
+        if kind not in GGUF:
+            raise UserError(f"{self.path}: tensor {name} is stored as {kind}: kept as blocks are {', '.join(GGUF)}")
+        rows, cols = (int(d) for d in reversed(info.shape))
+        parts = from_gguf(kind, info.data, rows, cols)
+        if self.config.architecture in PERMUTED_QK and (".attn_q." in name or ".attn_k." in name):
+            heads = self.config.num_heads if ".attn_q." in name else self.config.num_kv_heads
+            parts = {k: np.ascontiguousarray(unpermute_rows(v, heads)) for k, v in parts.items()}
+        return parts
 
     def tensor(self, name: str) -> np.ndarray:
         """The tensor as float32, (rows, columns) like PyTorch, q/k rows in the rotate-half order."""

@@ -10,10 +10,12 @@ Exported functions (`SPEC`; every one but `create_paged_kv_cache` takes the weig
   support_sliding_window) -> kv_cache``: a `TIRPagedKVCache` whose state (pages, sequences) lives in
   the runtime; q and k are rotated (rotate-half RoPE) as the cache splits the merged q/k/v.
 
-Each projection is a `Linear` (the one module type to swap for another weight format) whose weight
-is stored (out features, in features), PyTorch's layout; q/k/v are one `Linear` of rows q, k, v and
-gate/up one of rows gate, up. A module's `sources` maps its parameters (relative names) to the
-tensors of the model file they are made of, rows concatenated (`weights.load_params` reads them).
+Each projection is a `Linear` whose weight is stored (out features, in features), PyTorch's layout, or,
+where `formats` names a weight format for its tensors, a `QuantLinear` over the weight's blocks
+(`quant_linear.py`: dequantized inside its kernel); q/k/v are one projection of rows q, k, v and gate/up
+one of rows gate, up. The token embedding is likewise an `nn.Embedding` or a `QuantEmbedding`, whose
+blocks the tied output projection reads too. A module's `sources` maps its parameters (relative names)
+to the tensors of the model file they are made of, rows concatenated (`weights.load_params` reads them).
 """
 
 from __future__ import annotations
@@ -24,8 +26,21 @@ from tvm.relax.frontend.nn import op, spec
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, RopeMode, TIRPagedKVCache
 
 from .config import ModelConfig
+from .quant_linear import QuantEmbedding, QuantLinear
 
 DTYPE = "float32"
+
+
+def _float32(_tensors: tuple[str, ...]):
+    return None  # every weight float32
+
+
+def projection(formats, in_features: int, out_features: int, sources: tuple[str, ...], bias: bool = False):
+    """A `Linear` or, where `formats(tensor names)` gives a weight format, a `QuantLinear`."""
+    fmt = formats(tuple(f"{s}.weight" for s in sources))
+    if fmt is None:
+        return Linear(in_features, out_features, sources, bias)
+    return QuantLinear(in_features, out_features, sources, fmt, bias)
 
 
 class Linear(nn.Module):
@@ -45,11 +60,11 @@ class Linear(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, c: ModelConfig, layer: int):
+    def __init__(self, c: ModelConfig, layer: int, formats=_float32):
         self.c = c
         names = tuple(f"blk.{layer}.attn_{p}" for p in "qkv")
-        self.qkv_proj = Linear(c.hidden_size, c.qkv_heads * c.head_dim, names, bias=c.attention_bias)
-        self.o_proj = Linear(c.num_heads * c.head_dim, c.hidden_size, (f"blk.{layer}.attn_output",))
+        self.qkv_proj = projection(formats, c.hidden_size, c.qkv_heads * c.head_dim, names, bias=c.attention_bias)
+        self.o_proj = projection(formats, c.num_heads * c.head_dim, c.hidden_size, (f"blk.{layer}.attn_output",))
 
     def forward(self, x: nn.Tensor, cache: PagedKVCache, layer: int) -> nn.Tensor:
         b, n, _ = x.shape
@@ -68,11 +83,11 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, c: ModelConfig, layer: int):
-        self.gate_up_proj = Linear(
-            c.hidden_size, 2 * c.intermediate_size, (f"blk.{layer}.ffn_gate", f"blk.{layer}.ffn_up")
+    def __init__(self, c: ModelConfig, layer: int, formats=_float32):
+        self.gate_up_proj = projection(
+            formats, c.hidden_size, 2 * c.intermediate_size, (f"blk.{layer}.ffn_gate", f"blk.{layer}.ffn_up")
         )
-        self.down_proj = Linear(c.intermediate_size, c.hidden_size, (f"blk.{layer}.ffn_down",))
+        self.down_proj = projection(formats, c.intermediate_size, c.hidden_size, (f"blk.{layer}.ffn_down",))
 
     def forward(self, x: nn.Tensor) -> nn.Tensor:
         gate, up = op.split(self.gate_up_proj(x), 2, axis=-1)
@@ -80,11 +95,11 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, c: ModelConfig, layer: int):
+    def __init__(self, c: ModelConfig, layer: int, formats=_float32):
         self.input_layernorm = nn.RMSNorm(c.hidden_size, -1, c.rms_norm_eps, bias=False)
-        self.self_attn = Attention(c, layer)
+        self.self_attn = Attention(c, layer, formats)
         self.post_attention_layernorm = nn.RMSNorm(c.hidden_size, -1, c.rms_norm_eps, bias=False)
-        self.mlp = MLP(c, layer)
+        self.mlp = MLP(c, layer, formats)
         self.sources = {
             "input_layernorm.weight": (f"blk.{layer}.attn_norm.weight",),
             "post_attention_layernorm.weight": (f"blk.{layer}.ffn_norm.weight",),
@@ -101,21 +116,30 @@ def _last_position(x: te.Tensor) -> te.Tensor:
 
 
 class LlamaModel(nn.Module):
-    """The whole model (see the module docstring)."""
+    """The whole model (see the module docstring); `formats(tensor names)`: the weight format a weight is
+    kept in (None: float32)."""
 
-    def __init__(self, c: ModelConfig, kv_target):
+    def __init__(self, c: ModelConfig, kv_target, formats=_float32):
         self.c, self.kv_target = c, kv_target  # TIRPagedKVCache picks its kernels by the target's kind
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size, DTYPE)
-        self.layers = nn.ModuleList([DecoderLayer(c, i) for i in range(c.num_layers)])
+        embed_fmt = formats(("token_embd.weight",))
+        if embed_fmt is None:
+            self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size, DTYPE)
+            self.sources = {"embed_tokens.weight": ("token_embd.weight",)}
+        else:
+            self.embed_tokens = QuantEmbedding(c.vocab_size, c.hidden_size, "token_embd.weight", embed_fmt, DTYPE)
+            self.sources = {}
+        self.sources["norm.weight"] = ("output_norm.weight",)
+        self.layers = nn.ModuleList([DecoderLayer(c, i, formats) for i in range(c.num_layers)])
         self.norm = nn.RMSNorm(c.hidden_size, -1, c.rms_norm_eps, bias=False)
-        self.lm_head = None if c.tie_embeddings else Linear(c.hidden_size, c.vocab_size, ("output",))
-        self.sources = {"embed_tokens.weight": ("token_embd.weight",), "norm.weight": ("output_norm.weight",)}
+        self.lm_head = None if c.tie_embeddings else projection(formats, c.hidden_size, c.vocab_size, ("output",))
 
     def _logits(self, x: nn.Tensor) -> nn.Tensor:
         x = self.norm(x)
-        if self.lm_head is None:  # tied: the embedding table, (vocab, hidden), read as the output projection
-            return op.matmul(x, op.permute_dims(self.embed_tokens.weight))
-        return self.lm_head(x)
+        if self.lm_head is not None:
+            return self.lm_head(x)
+        if isinstance(self.embed_tokens, QuantEmbedding):  # tied: the output projection over the same blocks
+            return self.embed_tokens.project(x)
+        return op.matmul(x, op.permute_dims(self.embed_tokens.weight))  # the (vocab, hidden) table
 
     def _layers(self, x: nn.Tensor, cache: PagedKVCache) -> nn.Tensor:
         for i, layer in enumerate(self.layers):
@@ -168,12 +192,13 @@ class LlamaModel(nn.Module):
         )
 
 
-def export(c: ModelConfig, max_prefill: int):
+def export(c: ModelConfig, max_prefill: int, formats=_float32):
     """(IRModule, parameter names in the order the functions take them, model) for `c` on the CPU,
-    with `n` in [1, max_prefill] for `embed` and `prefill` (their `tir_var_upper_bound`)."""
+    with `n` in [1, max_prefill] for `embed` and `prefill` (their `tir_var_upper_bound`); `formats` as
+    `LlamaModel` takes it."""
     import tvm
 
-    model = LlamaModel(c, tvm.target.Target("llvm"))
+    model = LlamaModel(c, tvm.target.Target("llvm"), formats)
     plain = {"param_mode": "plain", "effect_mode": "none"}
     specs = {
         "embed": {"input_ids": spec.Tensor([1, "n"], "int32"), "$": plain},

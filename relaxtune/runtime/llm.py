@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import threads
 from ..errors import UserError
 from . import llm_files, weight_file
 from .kv_cache import KVCache
@@ -54,6 +55,7 @@ class LLM:
     generation may hold (prompt + new tokens; default the model's context)."""
 
     def __init__(self, artifact: str | Path, context: int | None = None):
+        threads.configure()  # before the first parallel kernel starts TVM's pool: its size, workers not pinned
         import tvm
         from tvm.runtime.vm import VirtualMachine
 

@@ -19,6 +19,7 @@ import os
 import re
 from typing import Mapping
 
+from ..config import QuantizeConfig
 from ..errors import UserError
 from . import gpt2_block, llama_block, mlp
 from .base import Dim, TensorSpec, Workload
@@ -90,12 +91,30 @@ def resolve_config(
     return resolved
 
 
-def load(spec: str, config: Mapping[str, str] | None = None, dtype: str | None = None) -> Workload:
-    """Build a built-in workload by name, or load a user ``.py`` file (see module docstring).
+def load(
+    spec: str,
+    config: Mapping[str, str] | None = None,
+    dtype: str | None = None,
+    quantize: QuantizeConfig = QuantizeConfig(),
+) -> Workload:
+    """Build a built-in workload by name, or load a user ``.py`` file (see module docstring); `quantize`:
+    how a language model keeps its weights (`QuantizeConfig`), or relaxtune's own weight-only quantization
+    of any other workload's projections (``q4f32`` / ``q8f32``, `quantize.quantize_workload`).
 
     The workload remembers ``spec`` (artifact manifests store it, so ``relaxtune run`` can rebuild
     the reference of an imported model)."""
-    workload = _load(spec, config, dtype)
+    from .language_model import is_model_spec
+
+    if is_model_spec(spec):
+        from .language_model import load as load_model
+
+        workload = load_model(spec, config, dtype, quantize)
+    else:
+        workload = _load(spec, config, dtype)
+        if quantize.bits is not None:
+            from .quantize import quantize_workload
+
+            workload = quantize_workload(workload, quantize)
     return workload if workload.spec else dataclasses.replace(workload, spec=spec, spec_config=dict(config or {}))
 
 
@@ -105,12 +124,6 @@ def _load(spec: str, config: Mapping[str, str] | None, dtype: str | None) -> Wor
     if spec in BUILTIN:
         builtin = BUILTIN[spec]
         return builtin.build(resolve_config(builtin, config, dtype))
-    from .language_model import is_model_spec
-
-    if is_model_spec(spec):
-        from .language_model import load as load_model
-
-        return load_model(spec, config, dtype)
     if spec.startswith("torch:"):
         from .torch_import import load_torch
 

@@ -5,6 +5,8 @@ The workload's module has the functions `llama.py` describes; `prefill` is split
 over its token count ``n`` (1..``max_prefill``), `decode` is the n = 1 step, and every GEMM reads its
 weight as stored, (out, in) (`Workload.weights_nk`). `relaxtune compile` exports it with
 `export.export` (weights, tokenizer, manifest) instead of the single-function artifact.
+`--quantize` (`QuantizeConfig`) says how the weights are kept: by default a GGUF's Q4_0 / Q4_1 / Q8_0 / F16
+blocks as they are, multiplied by kernels that dequantize them as they read them (`models/quant_linear.py`).
 Config keys: ``max_prefill`` (the most tokens one prefill call takes; longer prompts are prefilled
 in chunks of it; default 1024, at most the model's context).
 """
@@ -18,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..config import QuantizeConfig
 from ..errors import UserError
 from ..models.config import ModelConfig
 from ..models.tokenizer import TokenizerSpec
@@ -95,22 +98,28 @@ def open_source(spec: str):
     return source, path, tokenizer.from_gguf(source)
 
 
-def load(spec: str, config: Mapping[str, object] | None = None, dtype: str | None = None) -> Workload:
+def load(
+    spec: str,
+    config: Mapping[str, object] | None = None,
+    dtype: str | None = None,
+    quantize: QuantizeConfig = QuantizeConfig(),
+) -> Workload:
     """The workload of a language-model spec (see the module docstring)."""
     from ..models.chat_template import wrap_parts
     from ..models.export import export
     from ..models.llama import export as export_module
+    from ..models.quant_linear import weight_format
     from ..models.weights import load_params
 
     if dtype not in (None, "float32"):
-        raise UserError(f"--dtype {dtype}: language models compile in float32 (their weights dequantized at load)")
+        raise UserError(f"--dtype {dtype}: language models compile with float32 activations")
     options = _options(config)
     source, path, tok = open_source(spec)
     c = source.config
     max_prefill = options["max_prefill"]
     if not 1 <= max_prefill <= c.context_length:
         raise UserError(f"config max_prefill={max_prefill} must be in [1, {c.context_length}] (the model's context)")
-    mod, names, model = export_module(c, max_prefill)
+    mod, names, model = export_module(c, max_prefill, lambda tensors: weight_format(source, tensors, quantize))
     params = load_params(model, names, source)
     info = ModelInfo(path, c, tok, wrap_parts(tok.chat_template, tok.special), max_prefill)
     name = spec if spec in PACKAGED else path.stem if spec.startswith("gguf:") else path.name
@@ -120,7 +129,12 @@ def load(spec: str, config: Mapping[str, object] | None = None, dtype: str | Non
         params=params,
         inputs=(TensorSpec("input_ids", (1, "n"), "int32", "index", c.vocab_size),),
         dims={"n": Dim("n", 1, max_prefill, min(REPRESENTATIVE, max_prefill))},
-        config={"max_prefill": max_prefill, **{f"model.{k}": v for k, v in asdict(c).items()}},
+        config={
+            "max_prefill": max_prefill,
+            "quantize": quantize.mode,
+            **({"group_size": quantize.group_size} if quantize.bits else {}),
+            **{f"model.{k}": v for k, v in asdict(c).items()},
+        },
         spec=spec,
         spec_config=dict(config or {}),
         entries=("prefill",),

@@ -23,6 +23,7 @@ from .cpu_matmul import Matmul
 from .cpu_norm_gemv import NormGemv
 from .cpu_paged_attention import PagedAttention
 from .cpu_paged_copy import PagedCopy
+from .cpu_quant_gemv import QuantGemv
 from .cpu_reduction import Reduction
 from .cpu_window import Window
 
@@ -38,6 +39,7 @@ __all__ = [
     "NormGemv",
     "PagedAttention",
     "PagedCopy",
+    "QuantGemv",
     "Reduction",
     "Window",
     "apply_cpu_rules",
@@ -58,8 +60,8 @@ def rule_schedules(target, rules: list | None = None) -> tvm.transform.Pass:
 
 def cpu_rules(fast_math: bool = True) -> list:
     """The CPU rules in the order they are tried: fused attention, the paged KV cache's kernels,
-    normalization + GEMV, GEMV, convolution and window reductions (NHWC: depthwise, pooling, image
-    means), matmul, row reductions, element-wise, fallback.
+    GEMV over a quantized weight, normalization + GEMV, GEMV, convolution and window reductions (NHWC:
+    depthwise, pooling, image means), matmul, row reductions, element-wise, fallback.
 
     ``fast_math`` replaces float32 exp / erf / tanh / sigmoid by vectorizable approximations
     (error < 4e-7, see ``fast_math``); TVM otherwise calls scalar libm for each element.
@@ -68,6 +70,7 @@ def cpu_rules(fast_math: bool = True) -> list:
         Attention(fast_math=fast_math),
         PagedAttention(fast_math=fast_math),
         PagedCopy(fast_math=fast_math),
+        QuantGemv(fast_math=fast_math),
         NormGemv(fast_math=fast_math),
         Gemv(fast_math=fast_math),
         Conv2d(fast_math=fast_math),
