@@ -143,11 +143,14 @@ def _kernel_key(name: str, func) -> str:
     weight = next((s for s in shapes if len(s) == 5), None) or next(
         (s for s in shapes[1:] if len(s) == 4 and s[0] == s[1] and s[0] <= 11), None
     )
-    data = shapes[0]
+    in_channels = (weight[3] if len(weight) == 5 else weight[2]) if weight else 0
+    wanted = in_channels if in_channels > 1 else out[3]  # a depthwise weight has one input channel
+    data = max(
+        (s for s in shapes[:-1] if len(s) == 4 and s is not weight and s[3] == wanted), key=lambda s: s[1], default=[]
+    )
     if weight is None or len(out) != 4 or len(data) != 4:
         return name
     kernel = weight[1] if len(weight) == 5 else weight[0]
-    in_channels = weight[3] if len(weight) == 5 else weight[2]
     groups = data[3] if in_channels == 1 else 1
     stride = max(1, round(data[1] / out[1])) if data[1] != out[1] + kernel - 1 else 1
     return conv_key((out[3], out[1]), data[3], kernel, stride, groups)
