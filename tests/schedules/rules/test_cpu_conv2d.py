@@ -70,7 +70,17 @@ def test_fires_vectorised_over_output_channels_register_tiled_parallel(kit, cpu_
     assert "T.parallel" in script and "T.vectorized" in script and "T.unroll" in script
     assert kit.block_predicates(sch.mod["main"])["conv2d_nhwc_update"] == "T.bool(True)"
     update = script[script.index('T.sblock("conv2d_nhwc_update")') :]
-    assert "if_then_else" not in update.split("T.sblock(")[1]  # the padding is a stage of its own, not in the FMA loop
+    assert "if_then_else" in update.split("T.sblock(")[1]  # 16 input channels: the padding read in place
+    assert 'T.sblock("pad_temp")' not in script
+
+
+def test_stem_pads_its_input_in_a_stage(kit, cpu_target):
+    """3 input channels (a stem): the input padded once, whole; no bounds check in the FMA loop."""
+    func = kit.only_prim_func(_fuse(_conv_module(kit, 3, 32, 16, 7, 2), cpu_target), "conv2d")
+    script = kit.apply_rule(Conv2d(), func, cpu_target).mod["main"].script()
+    assert 'T.sblock("pad_temp")' in script
+    update = script[script.index('T.sblock("conv2d_nhwc_update")') :]
+    assert "if_then_else" not in update.split("T.sblock(")[1]
 
 
 @pytest.mark.parametrize(
@@ -94,7 +104,7 @@ def test_numerics_symbolic_batch(kit, cpu_target, ic, oc, size, kernel, stride, 
     w = kit.rand(rng, kernel, kernel, ic, oc, scale=0.2)
     packed = w.reshape(kernel, kernel, ic, oc // blocked, blocked).transpose(3, 0, 1, 2, 4).copy() if blocked else w
     bias = kit.rand(rng, 1, 1, 1, oc)
-    for b in (1, 3):
+    for b in (1, 3, 16):
         x = kit.rand(rng, b, size, size, ic)
         kit.assert_close(run(x, packed, bias), _reference(x, w, bias, stride))
 
