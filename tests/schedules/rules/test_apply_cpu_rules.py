@@ -9,6 +9,7 @@ from tvm.script import tirx as T
 
 from relaxtune.schedules.rules import apply_cpu_rules, cpu_rules
 from relaxtune.schedules.rules.cpu_attention import Attention
+from relaxtune.schedules.rules.cpu_conv2d import Conv2d
 from relaxtune.schedules.rules.cpu_elementwise import Elementwise
 from relaxtune.schedules.rules.cpu_fallback import Fallback
 from relaxtune.schedules.rules.cpu_gemv import Gemv
@@ -17,6 +18,7 @@ from relaxtune.schedules.rules.cpu_norm_gemv import NormGemv
 from relaxtune.schedules.rules.cpu_paged_attention import PagedAttention
 from relaxtune.schedules.rules.cpu_paged_copy import PagedCopy
 from relaxtune.schedules.rules.cpu_reduction import Reduction
+from relaxtune.schedules.rules.cpu_window import Window
 
 HID, HEADS, FFN = 64, 4, 96
 D = HID // HEADS
@@ -122,6 +124,8 @@ def test_rule_order_most_specific_first():
         PagedCopy,
         NormGemv,
         Gemv,
+        Conv2d,
+        Window,
         Matmul,
         Reduction,
         Elementwise,
