@@ -1,16 +1,19 @@
-"""Per-kernel times of a torchvision model: relaxtune's kernels against ONNX Runtime's nodes, each
-with its GFLOP/s, and the whole call on 1 and N threads for both.
+"""Per-kernel times of a torchvision model on 1 and N threads: relaxtune's kernels against ONNX
+Runtime's nodes, each with its GFLOP/s and its parallel efficiency, and the whole call of both.
 
-    python benchmarks/convnet_kernels.py resnet50 [--batch 1,8] [--threads 2] [--cache DIR] [--json PATH]
+    python benchmarks/convnet_kernels.py resnet50 [--batch 1,8] [--threads 2] [--rounds 7] [--calls 3]
+                                         [--cache DIR] [--json PATH]
 
-relaxtune: rules only (or ``--cache``), the bucket of each batch; each kernel call of one ``main``
-call re-run on its own arguments for about 20 ms after a warm-up call (a VM instrument), its
-FLOPs from TVM's estimate on the kernel specialised at that batch. ONNX Runtime: its profiler's
-per-node kernel times over 20 calls (the median), FLOPs of convolutions and matrix products from
-the profiled input / output shapes. Whole calls: the median of 20, in this process on N threads
-and in a child process on one thread (the scaling of each system). Keys shared by both sides
-(``conv KxK s<stride> <in channels>-><out channels> @<out size>``) sum their kernels, so the two
-columns compare layer by layer.
+Made for a loaded shared machine: every figure is the best call of ``--rounds`` rounds of ``--calls`` calls,
+the systems and thread counts interleaved round by round in one process (TVM's pool re-sized between them
+with ``runtime.config_threadpool``); one thread as CPU time (``time.process_time``, which other processes'
+time slices do not inflate), N threads as wall time. relaxtune: rules only (or ``--cache``), the bucket of
+each batch; each kernel timed inside whole ``main`` calls between the VM's instrument callbacks (so with the
+caches as the call leaves them, the weights streamed from memory), FLOPs from TVM's estimate on the kernel
+specialised at that batch. ONNX Runtime: a session on one thread and one on N, its profiler's per-node times
+(the best call of each node). ``eff``: the one-thread time over N times the N-thread time (1.0: perfect
+scaling). Keys shared by both sides (``conv KxK s<stride> <in channels>-><out channels> @<out size>``) sum
+their kernels, so the two sides compare layer by layer.
 """
 
 from __future__ import annotations
@@ -19,9 +22,6 @@ import argparse
 import collections
 import json
 import os
-import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -31,21 +31,31 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("model")
     parser.add_argument("--batch", default="1,8")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=3, help="calls of each system per round")
     parser.add_argument("--cache", type=Path, default=None)
     parser.add_argument("--image", type=int, default=224)
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--whole-only", action="store_true", help=argparse.SUPPRESS)  # the one-thread child
     return parser.parse_args()
 
 
-def _median_ms(fn, repeats: int = 20) -> float:
+def _set_threads(count: int) -> None:
+    import tvm_ffi
+
+    tvm_ffi.get_global_func("runtime.config_threadpool")(1, count)
+
+
+def _per_call(fn, clock, budget_s: float) -> float:
+    """Seconds of the fastest call of ``fn`` by ``clock``, calls repeated for about ``budget_s`` (the
+    best call: what the code does when the shared machine lets it run)."""
     fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+    best, wall, n = float("inf"), time.perf_counter(), 0
+    while n < 3 or time.perf_counter() - wall < budget_s:
+        start = clock()
         fn()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples)
+        best = min(best, clock() - start)
+        n += 1
+    return best
 
 
 def conv_key(out_shape, in_channels: int, kernel: int, stride: int, groups: int = 1) -> str:
@@ -54,60 +64,74 @@ def conv_key(out_shape, in_channels: int, kernel: int, stride: int, groups: int 
     return f"{kind} {kernel}x{kernel} s{stride} {in_channels}->{out_shape[0]} @{out_shape[1]}"
 
 
-def relaxtune_kernels(workload, target, job, batch: int) -> tuple[dict, float, callable]:
-    """{key: [ms, GFLOP]} per layer of relaxtune's build at ``batch``, the whole call's ms, and the call."""
-    import tvm
-    from tvm import relax
-    from tvm.s_tir import analysis
+class Relaxtune:
+    """relaxtune's build at one batch: its kernel calls captured from one ``main`` call."""
 
-    from relaxtune.compiler.build import bucket_plan, build
-    from relaxtune.relax_passes.pipeline import fuse
-    from relaxtune.runtime.artifact import prepare_params
-    from relaxtune.schedules.tasks import bucket_functions, bucket_of, specialise
+    def __init__(self, workload, target, job, batch: int):
+        import tvm
+        from tvm import relax
+        from tvm.s_tir import analysis
 
-    fused = fuse(workload.mod, target.target, bucket_plan(workload, job))
-    keys, flops = {}, {}
-    for gv in bucket_functions(fused):
-        if not all(lo <= batch <= hi for lo, hi, _ in bucket_of(fused[gv]).values()):
-            continue
-        symbolic = {v.name for v in relax.analysis.defined_symbolic_vars(fused[gv])}
-        for name, static in specialise(fused, gv, {"b": batch} if "b" in symbolic else {}):
-            if static is None:
+        from relaxtune.compiler.build import bucket_plan, build
+        from relaxtune.relax_passes.pipeline import fuse
+        from relaxtune.runtime.artifact import prepare_params
+        from relaxtune.schedules.tasks import bucket_functions, bucket_of, specialise
+
+        fused = fuse(workload.mod, target.target, bucket_plan(workload, job))
+        self.keys, self.flops = {}, {}
+        for gv in bucket_functions(fused):
+            if not all(lo <= batch <= hi for lo, hi, _ in bucket_of(fused[gv]).values()):
                 continue
-            flops[name] = float(analysis.estimate_tir_flops(tvm.IRModule({"main": static})))
-            keys[name] = _kernel_key(name, static)
-    executable = build(workload, target, job)[0]
-    vm = relax.VirtualMachine(executable, tvm.cpu())
-    inputs = workload.random_inputs({"b": batch})
-    args = [tvm.runtime.tensor(inputs["x"])] + prepare_params(
-        vm, [tvm.runtime.tensor(v) for v in workload.params.values()]
-    )
-    times = collections.defaultdict(float)
-    calls = collections.Counter()
+            symbolic = {v.name for v in relax.analysis.defined_symbolic_vars(fused[gv])}
+            for name, static in specialise(fused, gv, {"b": batch} if "b" in symbolic else {}):
+                if static is not None:
+                    self.flops[name] = float(analysis.estimate_tir_flops(tvm.IRModule({"main": static})))
+                    self.keys[name] = _kernel_key(name, static)
+        executable = build(workload, target, job)[0]
+        vm = relax.VirtualMachine(executable, tvm.cpu())
+        inputs = workload.random_inputs({"b": batch})
+        args = [tvm.runtime.tensor(inputs["x"])] + prepare_params(
+            vm, [tvm.runtime.tensor(v) for v in workload.params.values()]
+        )
+        self.plain = relax.VirtualMachine(executable, tvm.cpu())
+        self.timed = relax.VirtualMachine(executable, tvm.cpu())
+        self.args = args
 
-    def instrument(func, symbol, before, _ret, *call_args):
-        if before or symbol.startswith(("vm.", "main", "compute_symbolic", "shape_func", "relax.")):
+    def sample(self, threads: int, calls: int) -> tuple[dict, float]:
+        """{key: [ms, GFLOP]} per layer and the whole call's ms: each kernel's fastest of ``calls`` whole
+        ``main`` calls (timed between the VM's instrument callbacks, so with the caches as a call leaves
+        them: the weights streamed from memory as they are in use), and the fastest whole call without
+        the instrument. CPU time on one thread, wall time on more."""
+        _set_threads(threads)
+        clock = time.process_time if threads == 1 else time.perf_counter
+        names: list[str] = []
+        best: list[float] = []
+        state = {"i": 0, "start": 0.0}
+
+        def instrument(_func, symbol, before, _ret, *_args):
+            if symbol.startswith(("vm.", "main", "compute_symbolic", "shape_func", "relax.")):
+                return 0
+            if before:
+                state["start"] = clock()
+                return 0
+            elapsed, i = clock() - state["start"], state["i"]
+            if i == len(names):
+                names.append(symbol.removesuffix("_tuned"))
+                best.append(elapsed)
+            best[i] = min(best[i], elapsed)
+            state["i"] = i + 1
             return 0
-        func(*call_args)
-        start, n = time.perf_counter(), 0
-        while n < 3 or time.perf_counter() - start < 0.02:
-            func(*call_args)
-            n += 1
-        times[symbol] += (time.perf_counter() - start) / n * 1e3
-        calls[symbol] += 1
-        return 0
 
-    plain = relax.VirtualMachine(executable, tvm.cpu())
-    whole = _median_ms(lambda: plain["main"](*args))
-    vm.set_instrument(instrument)
-    vm["main"](*args)
-    layers = collections.defaultdict(lambda: [0.0, 0.0])
-    for symbol, ms in times.items():
-        base = symbol.removesuffix("_tuned")
-        key = keys.get(base, base)
-        layers[key][0] += ms
-        layers[key][1] += flops.get(base, 0.0) * 1e-9 * calls[symbol]
-    return dict(layers), whole, lambda: plain["main"](*args)
+        self.timed.set_instrument(instrument)
+        for _ in range(calls):
+            state["i"] = 0
+            self.timed["main"](*self.args)
+        layers = collections.defaultdict(lambda: [0.0, 0.0])
+        for name, seconds in zip(names, best):
+            layer = layers[self.keys.get(name, name.rstrip("0123456789_"))]
+            layer[0] += seconds * 1e3
+            layer[1] += self.flops.get(name, 0.0) * 1e-9
+        return dict(layers), _per_call(lambda: self.plain["main"](*self.args), clock, 0.3) * 1e3
 
 
 def _kernel_key(name: str, func) -> str:
@@ -119,46 +143,62 @@ def _kernel_key(name: str, func) -> str:
     weight = next((s for s in shapes if len(s) == 5), None) or next(
         (s for s in shapes[1:] if len(s) == 4 and s[0] == s[1] and s[0] <= 11), None
     )
-    data = shapes[0]
+    in_channels = (weight[3] if len(weight) == 5 else weight[2]) if weight else 0
+    wanted = in_channels if in_channels > 1 else out[3]  # a depthwise weight has one input channel
+    data = max(
+        (s for s in shapes[:-1] if len(s) == 4 and s is not weight and s[3] == wanted), key=lambda s: s[1], default=[]
+    )
     if weight is None or len(out) != 4 or len(data) != 4:
         return name
     kernel = weight[1] if len(weight) == 5 else weight[0]
-    in_channels = weight[3] if len(weight) == 5 else weight[2]
     groups = data[3] if in_channels == 1 else 1
     stride = max(1, round(data[1] / out[1])) if data[1] != out[1] + kernel - 1 else 1
     return conv_key((out[3], out[1]), data[3], kernel, stride, groups)
 
 
-def ort_nodes(session_path: Path, batch: int, threads: int, image: int) -> tuple[dict, float]:
-    """{key: [ms, GFLOP]} per layer from ONNX Runtime's profiler, and the whole call's ms."""
-    import numpy as np
-    import onnxruntime as ort
+class OnnxRuntime:
+    """An ONNX Runtime session on ``threads`` intra-op threads, profiled per node."""
 
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-    x = np.random.default_rng(0).standard_normal((batch, 3, image, image)).astype("float32")
-    plain = ort.InferenceSession(str(session_path), options, providers=["CPUExecutionProvider"])
-    whole = _median_ms(lambda: plain.run(None, {"x": x}))
-    options.enable_profiling = True
-    options.profile_file_prefix = str(session_path.with_suffix("")) + f"-b{batch}"
-    profiled = ort.InferenceSession(str(session_path), options, providers=["CPUExecutionProvider"])
-    for _ in range(25):
-        profiled.run(None, {"x": x})
-    events = json.loads(Path(profiled.end_profiling()).read_text())
-    per_node = collections.defaultdict(list)
-    info = {}
+    def __init__(self, session_path: Path, batch: int, threads: int, image: int):
+        import numpy as np
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+        self.feed = {"x": np.random.default_rng(0).standard_normal((batch, 3, image, image)).astype("float32")}
+        self.plain = ort.InferenceSession(str(session_path), options, providers=["CPUExecutionProvider"])
+        options.enable_profiling = True
+        options.profile_file_prefix = str(session_path.with_suffix("")) + f"-b{batch}-t{threads}"
+        self.profiled = ort.InferenceSession(str(session_path), options, providers=["CPUExecutionProvider"])
+        self.threads = threads
+
+    def whole(self, budget_s: float = 0.3) -> float:
+        clock = time.process_time if self.threads == 1 else time.perf_counter
+        return _per_call(lambda: self.plain.run(None, self.feed), clock, budget_s) * 1e3
+
+    def profile(self, calls: int) -> None:
+        for _ in range(calls):
+            self.profiled.run(None, self.feed)
+
+    def events(self) -> list[dict]:
+        """The profiler's events of every call so far (a session profiles once)."""
+        return json.loads(Path(self.profiled.end_profiling()).read_text())
+
+
+def ort_layers(events: list[dict]) -> dict:
+    """{key: [ms, GFLOP]} per layer from the profiler's events: each node's best call."""
+    per_node, info = collections.defaultdict(list), {}
     for event in events:
         if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
             per_node[event["name"]].append(event["dur"] / 1e3)
             info[event["name"]] = event.get("args", {})
     layers = collections.defaultdict(lambda: [0.0, 0.0])
     for node, durations in per_node.items():
-        args = info[node]
-        key, gflop = _node_key(args), _node_gflop(args)
-        layers[key][0] += statistics.median(durations[5:] or durations)
+        key, gflop = _node_key(info[node]), _node_gflop(info[node])
+        layers[key][0] += min(durations)
         layers[key][1] += gflop
-    return dict(layers), whole
+    return dict(layers)
 
 
 def _shapes(args: dict, field: str) -> list[list[int]]:
@@ -203,6 +243,63 @@ def _rate(layer: list) -> str:
     return f"{layer[1] / layer[0] * 1e3:.0f}" if layer[0] and layer[1] else "-"
 
 
+def _best(samples: list[dict]) -> dict:
+    """Per key, the best (smallest ms) of the rounds' samples."""
+    out = {}
+    for sample in samples:
+        for key, (ms, gflop) in sample.items():
+            if key not in out or ms < out[key][0]:
+                out[key] = [ms, gflop]
+    return out
+
+
+def measure(workload, target, job, onnx_path: Path, batch: int, args) -> dict:
+    """Both systems at ``batch`` on 1 and ``args.threads`` threads, interleaved round by round."""
+    ours = Relaxtune(workload, target, job, batch)
+    theirs = {t: OnnxRuntime(onnx_path, batch, t, args.image) for t in (1, args.threads)}
+    samples = collections.defaultdict(list)
+    for _ in range(args.rounds):
+        for threads in (1, args.threads):
+            layers, whole = ours.sample(threads, args.calls)
+            samples[f"relaxtune/{threads}"].append(layers)
+            samples[f"relaxtune/{threads}/whole"].append(whole)
+            theirs[threads].profile(args.calls)
+            samples[f"onnxruntime/{threads}/whole"].append(theirs[threads].whole())
+    _set_threads(args.threads)
+    report = {"batch": batch, "threads": args.threads}
+    for threads in (1, args.threads):
+        report[f"relaxtune/{threads}"] = _best(samples[f"relaxtune/{threads}"])
+        report[f"onnxruntime/{threads}"] = ort_layers(theirs[threads].events())
+        for system in ("relaxtune", "onnxruntime"):
+            report[f"{system}/{threads}/whole"] = min(samples[f"{system}/{threads}/whole"])
+    return report
+
+
+def _print(model: str, report: dict) -> None:
+    n = report["threads"]
+    print(
+        f"\n## {model} b={report['batch']}: whole call relaxtune {report['relaxtune/1/whole']:.2f} ms on 1 thread "
+        f"(CPU time), {report[f'relaxtune/{n}/whole']:.2f} on {n}; onnxruntime {report['onnxruntime/1/whole']:.2f}, "
+        f"{report[f'onnxruntime/{n}/whole']:.2f}"
+    )
+    print(
+        f"| layer | relaxtune 1 ms | {n} ms | GFLOP/s | eff | onnxruntime 1 ms | {n} ms | GFLOP/s | eff |\n"
+        "|---|---|---|---|---|---|---|---|---|"
+    )
+    cols = ["relaxtune/1", f"relaxtune/{n}", "onnxruntime/1", f"onnxruntime/{n}"]
+    keys = set().union(*(report[c] for c in cols))
+    zero = [0.0, 0.0]
+    for key in sorted(keys, key=lambda k: -max(report[c].get(k, zero)[0] for c in cols)):
+        cells = []
+        for one, many in (cols[:2], cols[2:]):
+            a, b = report[one].get(key, zero), report[many].get(key, zero)
+            eff = f"{a[0] / (n * b[0]):.2f}" if a[0] and b[0] else "-"
+            cells += [f"{a[0]:.3f}", f"{b[0]:.3f}", _rate(b), eff]
+        print(f"| {key} | " + " | ".join(cells) + " |")
+    sums = [sum(v[0] for v in report[c].values()) for c in cols]
+    print(f"| sum | {sums[0]:.2f} | {sums[1]:.2f} | | | {sums[2]:.2f} | {sums[3]:.2f} | | |", flush=True)
+
+
 def main() -> None:
     args = _parse()
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -223,75 +320,15 @@ def main() -> None:
     folder = Path(os.environ.get("TMPDIR", "/tmp")) / "convnet_kernels"
     folder.mkdir(parents=True, exist_ok=True)
     onnx_path = onnxruntime_baseline.export(workload, folder / f"{args.model}.onnx")
-    if args.whole_only:  # the child: whole calls on this process's threads only
-        for batch in (int(b) for b in args.batch.split(",")):
-            _, whole, _ = relaxtune_kernels(workload, target, job, batch)
-            print(
-                json.dumps(
-                    {
-                        "batch": batch,
-                        "relaxtune_ms": whole,
-                        "onnxruntime_ms": ort_nodes(onnx_path, batch, args.threads, args.image)[1],
-                    }
-                )
-            )
-        return
-    report = {"model": args.model, "threads": args.threads, "target": target.config, "batches": []}
+    out = {"model": args.model, "target": target.config, "rounds": args.rounds, "batches": []}
     for batch in (int(b) for b in args.batch.split(",")):
-        ours, ours_ms, _ = relaxtune_kernels(workload, target, job, batch)
-        theirs, theirs_ms = ort_nodes(onnx_path, batch, args.threads, args.image)
-        report["batches"].append(
-            {
-                "batch": batch,
-                "relaxtune_ms": ours_ms,
-                "onnxruntime_ms": theirs_ms,
-                "relaxtune": ours,
-                "onnxruntime": theirs,
-            }
-        )
-        print(
-            f"\n## {args.model} b={batch}, {args.threads} threads: "
-            f"whole call relaxtune {ours_ms:.2f} ms, onnxruntime {theirs_ms:.2f} ms"
-        )
-        print("| layer | relaxtune ms | GFLOP/s | onnxruntime ms | GFLOP/s |\n|---|---|---|---|---|")
-        for key in sorted(set(ours) | set(theirs), key=lambda k: -max(ours.get(k, [0])[0], theirs.get(k, [0])[0])):
-            a, b = ours.get(key, [0.0, 0.0]), theirs.get(key, [0.0, 0.0])
-            print(f"| {key} | {a[0]:.3f} | {_rate(a)} | {b[0]:.3f} | {_rate(b)} |")
-        print(
-            f"| sum | {sum(v[0] for v in ours.values()):.2f} | | {sum(v[0] for v in theirs.values()):.2f} | |",
-            flush=True,
-        )
-    env = {**os.environ, "TVM_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    one = [
-        sys.executable,
-        __file__,
-        args.model,
-        "--batch",
-        args.batch,
-        "--threads",
-        "1",
-        "--image",
-        str(args.image),
-        "--whole-only",
-    ]
-    if args.cache:
-        one += ["--cache", str(args.cache)]
-    done = subprocess.run(one, env=env, capture_output=True, text=True, check=False)
-    singles = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    report["one_thread"] = singles
-    for row in singles:
-        multi = next(b for b in report["batches"] if b["batch"] == row["batch"])
-        print(
-            f"b={row['batch']}: 1 thread relaxtune {row['relaxtune_ms']:.2f} ms, "
-            f"onnxruntime {row['onnxruntime_ms']:.2f} ms; "
-            f"{args.threads} threads speed-up relaxtune {row['relaxtune_ms'] / multi['relaxtune_ms']:.2f}, "
-            f"onnxruntime {row['onnxruntime_ms'] / multi['onnxruntime_ms']:.2f}"
-        )
-    if done.returncode:
-        print(done.stderr[-2000:])
+        report = measure(workload, target, job, onnx_path, batch, args)
+        out["batches"].append(report)
+        _print(args.model, report)
+    print(f"load average {os.getloadavg()[0]:.1f}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1))
+        args.json.write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

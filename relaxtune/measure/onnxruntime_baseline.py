@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import UserError
+from ..errors import UserError
 
 logger = logging.getLogger(__name__)
 

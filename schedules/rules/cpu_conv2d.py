@@ -17,8 +17,11 @@ How it schedules (a direct convolution, no im2col buffer):
    weight in cache while it walks every pixel, and the padded input is made once, whole, before
    the convolution. Otherwise each thread takes pixel tiles and computes all their output
    channels, and the padded input rows a pixel tile reads are copied once for all its channel
-   tiles. Either way no bounds check is left in the inner loops; a convolution without padding
-   reads its input in place.
+   tiles. A convolution with at least a vector of input channels reads its padding in place
+   instead: TOPI's ``pad_temp`` inlined, a bounds check per broadcast input value (3x3 64 @ 56
+   20 % faster than with the copied rows, the other 3x3 layers of ResNet-50 equal to 9 % faster);
+   only few input channels (the stem), where each loaded value feeds few FMAs, keep the copy
+   (17 % faster there). A convolution without padding reads its input in place.
 3. The epilogue is inlined into the tile's write-back, vectorised over channels.
 
 Single-thread times against ONNX Runtime's NCHWc kernels and the loop orders' trade-offs are in
@@ -85,6 +88,12 @@ class Conv2d(fast_math.FastMathRule):
         sch.parallel(outer)
 
         stage = W.input_stage(sch, block, info.data)
+        if stage is not None and ext["ic"] >= lanes:  # read the padding in place (module docstring)
+            try:
+                sch.compute_inline(stage)
+                stage = None
+            except Exception:  # pylint: disable=broad-except  # keep it as a copy
+                logger.debug("cpu Conv2d rule: the padding stays a stage")
         if stage is not None and by_weights:  # padded once, whole, before the convolution
             stage_loops = sch.get_loops(stage)
             sch.parallel(sch.fuse(*stage_loops[:2]))

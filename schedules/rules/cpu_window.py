@@ -12,9 +12,12 @@ How it schedules:
    vectors and ``R x V`` input vectors (channels are innermost in both).
 2. Loops: ``[n, h, w tiles, channel tiles] (parallel) > kh > kw > R (unrolled) > V (unrolled) >
    L (vector)``; for a mean over the whole image (output 1 x 1) the window is the image.
-3. The padded input is copied, vectorised, so no bounds check is left in the inner loops: the
-   rows one output row reads, once per row (then only ``[n, h]`` is parallel), where they fit in
-   ``ROW_BAND`` bytes (few channels: MobileNet's first layers), else the part a tile reads.
+3. The padding is read in place: the input stage (TOPI's ``pad_temp``) is inlined into the window
+   block, so each tap loads the input where it lies and the border taps read the padding value
+   (a bounds check per loaded vector, uniform over its lanes). Copying the padded input per tile
+   or per row band, as the convolution rule does, costs a copy for every few FMAs here (one FMA
+   per loaded vector, no reduction over input channels to amortise it over): 1.0-2.0x slower
+   (``docs/results.md``). Where the stage cannot be inlined it is copied per tile.
 4. The epilogue (bias, activation, the average pool's division) is inlined into the tile's
    write-back, vectorised over channels.
 """
@@ -31,8 +34,6 @@ from . import conv_analysis as W
 from . import fast_math
 
 logger = logging.getLogger(__name__)
-
-ROW_BAND = 32 << 10  # a padded input band up to this many bytes is copied once per output row, a larger one per tile
 
 
 class Window(fast_math.FastMathRule):
@@ -67,20 +68,15 @@ class Window(fast_math.FastMathRule):
         c_o, c_u, c_l = sch.split(loops["c"], [None, vectors, width])
         window = [loops[k] for k in ("kh", "kw") if k in loops] + [lp for k, lp in loops.items() if k == "u"]
         sch.reorder(loops["n"], loops["h"], w_o, c_o, *window, w_i, c_u, c_l)
+        tile = sch.fuse(loops["n"], loops["h"], w_o, c_o)
+        sch.parallel(tile)
         stage = W.input_stage(sch, block, info.data)
-        data = sch.get(block).reads[info.data].source
-        band = (
-            ext.get("kh", 1) * (U.static(data.shape[2]) or 0) * ext["c"] * 4
-        )  # bytes of the rows one output row reads
-        if stage is not None and band <= ROW_BAND:  # copy each row band once, walk its tiles
-            tile = row = sch.fuse(loops["n"], loops["h"])
-            tile = sch.fuse(w_o, c_o)
-        else:
-            tile = row = sch.fuse(loops["n"], loops["h"], w_o, c_o)
-        sch.parallel(row)
         if stage is not None:
-            sch.compute_at(stage, row, preserve_unit_loops=True)
-            U.vectorize_inner(sch, sch.get_loops(stage)[-1], lanes)
+            try:
+                sch.compute_inline(stage)
+            except Exception:  # pylint: disable=broad-except  # keep it, copied per tile
+                sch.compute_at(stage, tile, preserve_unit_loops=True)
+                U.vectorize_inner(sch, sch.get_loops(stage)[-1], lanes)
         W.output_tile(sch, block, tile, lanes)
         sch.vectorize(c_l)
         sch.unroll(c_u)

@@ -63,3 +63,22 @@ def test_torch_arm_runs_in_the_workload_dtype(dtype):
     )
     assert [r.system for r in rows] == ["relaxtune", "torch"]
     assert all(r.max_error is not None and r.max_error < 2e-2 for r in rows), rows  # both against the float32 reference
+
+
+def test_onnxruntime_baseline_runs_the_exported_module(tmp_path):
+    """The bench's ONNX Runtime arm: the workload's torch module exported with a dynamic batch, run at two
+    batch sizes, against the workload's reference (its import had been broken by a wrong relative path)."""
+    pytest.importorskip("onnxruntime")
+    import numpy as np
+
+    from relaxtune import workloads
+    from relaxtune.measure import onnxruntime_baseline
+
+    workload = workloads.load("mlp", {"hidden": "32", "ffn": "64", "max_seq": "16", "max_batch": "4"})
+    sess = onnxruntime_baseline.session(workload, tmp_path, threads=1)
+    for dims in ({"b": 1, "n": 3}, {"b": 4, "n": 16}):
+        inputs = workload.random_inputs(dims)
+        call, output = onnxruntime_baseline.runner(sess, workload, inputs)
+        call()
+        expected = workload.reference(inputs, workload.params)
+        np.testing.assert_allclose(output(), np.asarray(expected), rtol=1e-4, atol=1e-5)

@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tvm
 from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
 
-from relaxtune.relax_passes.block_conv_weights import LEGALIZE, BlockConvWeights
+from relaxtune.relax_passes.block_conv_weights import LEGALIZE, BlockConvWeights, block_size
 
 AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})  # 16 lanes: blocks of 2 vectors, 32 channels
 
@@ -110,3 +111,50 @@ def test_legalized_kernel_fuses_its_epilogue_and_matches_topi():
         for mod in (Before, fused)
     ]
     np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+
+
+@I.ir_module
+class Padded:
+    @R.function
+    def main(x: R.Tensor(("b", 8, 8, 16), "float32"), w: R.Tensor((1, 1, 16, 40), "float32")) -> R.Tensor(
+        ("b", 8, 8, 40), "float32"
+    ):
+        R.func_attr({"num_input": 1})
+        with R.dataflow():
+            out = R.nn.relu(R.nn.conv2d(x, w, data_layout="NHWC", kernel_layout="HWIO", out_layout="NHWC"))
+            R.output(out)
+        return out
+
+
+@I.ir_module
+class PaddedExpected:
+    @R.function
+    def main(x: R.Tensor(("b", 8, 8, 16), "float32"), w: R.Tensor((1, 1, 16, 40), "float32")) -> R.Tensor(
+        ("b", 8, 8, 40), "float32"
+    ):
+        R.func_attr({"num_input": 1})
+        with R.dataflow():
+            blocked = R.layout_transform(
+                w, index_map=T.index_map(lambda kh, kw, ic, oc: (oc // 16, kh, kw, ic, oc % 16)), pad_value=0.0
+            )
+            y = R.nn.conv2d(x, blocked, data_layout="NHWC", kernel_layout="OHWI16o", out_layout="NHWC")
+            sliced = R.strided_slice(y, axes=[3], begin=[0], end=[40])
+            out = R.nn.relu(sliced)
+            R.output(out)
+        return out
+
+
+def test_output_channels_padded_to_whole_vectors_then_sliced():
+    """40 output channels: 48 with zero weights (three 16-lane blocks), the convolution sliced back to 40."""
+    with AVX512:
+        tvm.ir.assert_structural_equal(BlockConvWeights()(Padded), PaddedExpected)
+
+
+@pytest.mark.parametrize(
+    ("channels", "expected"),
+    [(3, (3, 1)), (8, (8, 8)), (24, (32, 32)), (40, (48, 16)), (72, (80, 16)), (112, (128, 32)), (200, (224, 32))],
+)
+def test_block_size_pads_to_vectors(channels, expected):
+    """(padded channels, block) with 16 lanes: two vectors where that pads at most 15 % more, else one;
+    no padding where half a vector or more would be padding."""
+    assert block_size(channels, AVX512) == expected

@@ -134,6 +134,23 @@ def test_resnet18_same_top1_on_fixed_inputs(resnet18):
 
 
 @pytest.fixture(scope="module")
+def mobilenet(target):
+    workload = load("torchvision:mobilenet_v3_large", dict(SMALL))
+    job = JobConfig(buckets=BucketConfig(single={"b": 16}), compile=CompileConfig(use_cache=False))
+    return workload, api.build(workload, target, job)[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 3, 16])
+def test_mobilenet_v3_matches_torch(mobilenet, batch):
+    """Output channels padded to whole vectors (24, 40, 72, 120, 200: BlockConvWeights), depthwise
+    convolutions, squeeze-excitation, hard-swish."""
+    workload, ex = mobilenet
+    inputs = workload.random_inputs({"b": batch}, seed=batch)
+    _close(_run(ex, workload, inputs), workload.reference(inputs, workload.params))
+
+
+@pytest.fixture(scope="module")
 def tiny(tmp_path_factory, target):
     root = tmp_path_factory.mktemp("convnets")
     (root / "tinyconv.py").write_text(TINY)

@@ -70,7 +70,17 @@ def test_fires_vectorised_over_output_channels_register_tiled_parallel(kit, cpu_
     assert "T.parallel" in script and "T.vectorized" in script and "T.unroll" in script
     assert kit.block_predicates(sch.mod["main"])["conv2d_nhwc_update"] == "T.bool(True)"
     update = script[script.index('T.sblock("conv2d_nhwc_update")') :]
-    assert "if_then_else" not in update.split("T.sblock(")[1]  # the padding is a stage of its own, not in the FMA loop
+    assert "if_then_else" in update.split("T.sblock(")[1]  # 16 input channels: the padding read in place
+    assert 'T.sblock("pad_temp")' not in script
+
+
+def test_stem_pads_its_input_in_a_stage(kit, cpu_target):
+    """3 input channels (a stem): the input padded once, whole; no bounds check in the FMA loop."""
+    func = kit.only_prim_func(_fuse(_conv_module(kit, 3, 32, 16, 7, 2), cpu_target), "conv2d")
+    script = kit.apply_rule(Conv2d(), func, cpu_target).mod["main"].script()
+    assert 'T.sblock("pad_temp")' in script
+    update = script[script.index('T.sblock("conv2d_nhwc_update")') :]
+    assert "if_then_else" not in update.split("T.sblock(")[1]
 
 
 @pytest.mark.parametrize(
@@ -94,7 +104,7 @@ def test_numerics_symbolic_batch(kit, cpu_target, ic, oc, size, kernel, stride, 
     w = kit.rand(rng, kernel, kernel, ic, oc, scale=0.2)
     packed = w.reshape(kernel, kernel, ic, oc // blocked, blocked).transpose(3, 0, 1, 2, 4).copy() if blocked else w
     bias = kit.rand(rng, 1, 1, 1, oc)
-    for b in (1, 3):
+    for b in (1, 3, 16):
         x = kit.rand(rng, b, size, size, ic)
         kit.assert_close(run(x, packed, bias), _reference(x, w, bias, stride))
 
@@ -119,3 +129,43 @@ def test_declines_nchw_and_grouped(kit, cpu_target):
         [x, w], lambda bb, x, w: kit.R.nn.conv2d(x, w, 1, 1, groups=16, data_layout="NHWC", kernel_layout="HWIO")
     )
     assert kit.apply_rule(Conv2d(), kit.only_prim_func(_fuse(depthwise, cpu_target)), cpu_target) is None
+
+
+@pytest.mark.parametrize("channels", [12, 40, 120])
+def test_padded_output_channels_one_kernel_matches_torch(kit, cpu_target, channels):
+    """The padded, sliced convolution fused with its bias and activation into one kernel, scheduled by
+    the convolution rule, against torch at batch 1, 3 and 16 (the bounds of b)."""
+    from relaxtune.relax_passes.block_conv_weights import BlockConvWeights, block_size
+
+    x, w, bias = (
+        kit.tensor("x", (kit.B, 10, 10, 16)),
+        kit.tensor("w", (3, 3, 16, channels)),
+        kit.tensor("bias", (1, 1, 1, channels)),
+    )
+    mod = kit.build(
+        [x, w, bias],
+        lambda bb, x, w, bias: kit.R.nn.relu(
+            kit.R.add(kit.R.nn.conv2d(x, w, 1, 1, data_layout="NHWC", kernel_layout="HWIO"), bias)
+        ),
+    )
+    with cpu_target:
+        padded = block_size(channels, cpu_target)[0]
+        mod = _fuse(BlockConvWeights()(mod), cpu_target)
+    assert padded > channels or channels == 40  # 40 is whole 8-lane vectors
+    (name,) = [n for n in kit.prim_funcs(mod) if "conv2d" in n]
+    assert ("strided_slice" in name) == (padded > channels), name  # the slice in the convolution's kernel
+    fused = kit.prim_funcs(mod)[name]
+    assert kit.apply_rule(Conv2d(), fused, cpu_target) is not None
+    run = kit.Runner(apply_cpu_rules(mod, cpu_target), cpu_target)
+    rng = np.random.default_rng(channels)
+    wv, bv = kit.rand(rng, 3, 3, 16, channels, scale=0.2), kit.rand(rng, 1, 1, 1, channels)
+    for b in (1, 3, 16):
+        xv = kit.rand(rng, b, 10, 10, 16)
+        ref = (
+            torch.nn.functional.conv2d(
+                torch.from_numpy(xv).permute(0, 3, 1, 2), torch.from_numpy(wv).permute(3, 2, 0, 1), padding=1
+            )
+            .permute(0, 2, 3, 1)
+            .numpy()
+        )
+        kit.assert_close(run(xv, wv, bv), np.maximum(ref + bv, 0))
