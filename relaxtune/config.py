@@ -10,6 +10,8 @@ from pathlib import Path
 
 from .errors import UserError
 
+SPACES = ("rules", "generic", "both")  # design spaces of the search (schedules/space.py)
+
 
 @dataclass(frozen=True)
 class TuneConfig:
@@ -32,6 +34,9 @@ class TuneConfig:
     rpc_tracker: str = ""  # "HOST:PORT" of a TVM RPC tracker: measure there instead of locally
     device_key: str = ""  # the key the tracker's servers registered under (with rpc_tracker)
     time_limit_s: float = 0.0  # stop the search this many seconds after the job starts (0: no limit); records kept
+    # the design space (schedules/space.py): "rules" (each CPU rule's decisions, the rule measured first), "generic"
+    # (MetaSchedule's), "both"; a kernel without a tunable rule gets "generic" under every choice
+    space: str = "rules"
 
     def __post_init__(self) -> None:
         if self.trials < 0:
@@ -45,6 +50,8 @@ class TuneConfig:
             )
         if self.time_limit_s < 0:
             raise UserError(f"--time-limit {self.time_limit_s} is negative: give 0 (no limit) or a number of seconds")
+        if self.space not in SPACES:
+            raise UserError(f"--space {self.space!r} is unknown: use one of {', '.join(SPACES)}")
         if self.early_stop_batches < 0:
             raise UserError(f"early stop after {self.early_stop_batches} batches: give 0 (never) or more")
         if self.rpc_tracker:

@@ -1,0 +1,120 @@
+"""The choices the CPU rules make by hand, named, so that each is a decision the search can revisit.
+
+A rule asks its `Decider` for each choice it used to hard-code (rows per register tile, vectors per
+row, packing...): ``decide.choose(sch, name, candidates, default, structural)``. The default is what
+the rule always chose, so a rule run with `Defaults` is the rule as it was.
+
+- `Defaults`: every choice at its default; nothing is written to the schedule (the rule itself).
+- `Given(values)`: literal values, the nearest candidate where a value is not one (a record's decisions
+  re-applied to the symbolic kernel, or carried to a kernel at other shapes).
+- `Sampled(values)`: a point of the rule's design space. A numeric choice (a split factor, an unroll
+  width) becomes a ``sample_categorical`` instruction whose decision is the given value (else the
+  default), so MetaSchedule's evolutionary search mutates it (`schedules/mutator.py`); a structural
+  choice (one that changes the instructions themselves: padding to the row tile, packing B) stays a
+  literal, and each of its values is a sketch of the space (`schedules/space.py`). Every choice is
+  written to the root block's annotations (``relaxtune.rule``, ``relaxtune.decision.NAME``), so a
+  record's trace names its rule and its decisions (`read`).
+- `Probe`: the defaults, listing the choices asked (`Choice`), structural ones included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tvm import s_tir
+
+RULE_KEY = "relaxtune.rule"
+DECISION_PREFIX = "relaxtune.decision."
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One choice a rule asked for: its candidates and its default (the rule's own value)."""
+
+    name: str
+    candidates: tuple[int, ...]
+    default: int
+    structural: bool
+
+
+def nearest(value: int, candidates: tuple[int, ...]) -> int:
+    """`value` where it is a candidate, else the closest one (the smaller on a tie)."""
+    return min(candidates, key=lambda c: (abs(c - value), c))
+
+
+def _candidates(candidates, default: int) -> tuple[int, ...]:
+    out = tuple(sorted({int(c) for c in candidates} | {int(default)}))
+    return out
+
+
+class Defaults:
+    """The rule as it always was: each choice at its default, nothing written to the schedule."""
+
+    def begin(self, sch: s_tir.Schedule, rule: str) -> None:
+        """Called once by a rule before its first choice."""
+
+    def choose(self, sch, name: str, candidates, default: int, structural: bool = False):
+        return int(default)
+
+
+@dataclass
+class Given(Defaults):
+    """Literal values (the nearest candidate where a value is not one); the default where none is given."""
+
+    values: dict[str, int] = field(default_factory=dict)
+
+    def choose(self, sch, name: str, candidates, default: int, structural: bool = False):
+        if name not in self.values:
+            return int(default)
+        return nearest(int(self.values[name]), _candidates(candidates, default))
+
+
+@dataclass
+class Probe(Defaults):
+    """The defaults, recording every choice asked (`choices`, in order)."""
+
+    choices: list[Choice] = field(default_factory=list)
+
+    def choose(self, sch, name: str, candidates, default: int, structural: bool = False):
+        self.choices.append(Choice(name, _candidates(candidates, default), int(default), structural))
+        return int(default)
+
+
+@dataclass
+class Sampled(Defaults):
+    """A point of the design space: numeric choices sampled (decision = the given value, else the
+    default), structural ones literal; every choice annotated on the root block."""
+
+    values: dict[str, int] = field(default_factory=dict)
+
+    def begin(self, sch: s_tir.Schedule, rule: str) -> None:
+        sch.annotate(sch.get_sblock("root"), RULE_KEY, rule)
+
+    def choose(self, sch, name: str, candidates, default: int, structural: bool = False):
+        options = _candidates(candidates, default)
+        value = nearest(int(self.values.get(name, default)), options)
+        if structural or len(options) == 1:
+            sch.annotate(sch.get_sblock("root"), DECISION_PREFIX + name, value)
+            return value
+        rv = sch.sample_categorical(list(options), [1.0 / len(options)] * len(options), decision=options.index(value))
+        sch.annotate(sch.get_sblock("root"), DECISION_PREFIX + name, rv)
+        return rv
+
+
+def read(trace) -> tuple[str, dict[str, int]] | None:
+    """(rule name, decisions by name) of a trace made by a `Sampled` rule; None for any other trace."""
+    sampled: dict = {}
+    rule, values = None, {}
+    decisions = trace.decisions
+    for inst in trace.insts:
+        kind = inst.kind.name
+        if kind == "SampleCategorical" and inst in decisions:
+            sampled[inst.outputs[0]] = int(inst.attrs[0][int(decisions[inst])])
+        elif kind == "Annotate":
+            key, value = str(inst.attrs[0]), inst.inputs[1]
+            if key == RULE_KEY:
+                rule = str(value.value if hasattr(value, "value") else value)
+            elif key.startswith(DECISION_PREFIX):
+                found = next((v for rv, v in sampled.items() if rv.same_as(value)), None)
+                values[key[len(DECISION_PREFIX) :]] = found if found is not None else int(value)
+    return (rule, values) if rule is not None else None
