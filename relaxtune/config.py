@@ -24,6 +24,9 @@ class TuneConfig:
     run_timeout_s: float = 30.0
     runs_per_measure: int = 3
     min_repeat_ms: int = 20
+    # timing windows per candidate (each >= min_repeat_ms), the fastest kept: other work on the machine only ever
+    # slows a window, so the fastest is the least disturbed (local runner and rule times; RPC keeps its mean)
+    measure_windows: int = 3
     seed: int = 0
     population: int = 128  # evolutionary search population (stock 512): a trained model scores it every generation
     search_generations: int = 2  # evolutionary generations per batch (stock 4)
@@ -41,6 +44,8 @@ class TuneConfig:
     def __post_init__(self) -> None:
         if self.trials < 0:
             raise UserError(f"--trials {self.trials} is negative: give 0 (no tuning) or more")
+        if self.measure_windows < 1:
+            raise UserError(f"timing windows per candidate {self.measure_windows} must be at least 1")
         if self.trials_per_iter < 1:
             raise UserError(f"trials per batch {self.trials_per_iter} must be at least 1")
         if self.population < self.trials_per_iter:

@@ -8,6 +8,10 @@ and is saved there when the job ends: written to a temporary file in the same fo
 over the old one, so a reader never sees a half-written file. The file is MetaSchedule's own
 `XGBModel.save` tar: the booster plus every measured feature vector and cost, grouped by workload.
 
+Its features are MetaSchedule's per-store features plus the candidate's rule decisions
+(`features.py`). A saved model whose data has another feature width (saved by a relaxtune before
+the decision features) is not loaded: the job starts a fresh model, saved over it at the end.
+
 A damaged file is reported in one line and kept, renamed to `cost_model.tar.damaged`, before a
 fresh model is saved in its place.
 
@@ -30,6 +34,7 @@ import numpy as np
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
+from .features import EXTRA, DecisionFeatures
 from .ranking import FAILED_COST, pairwise_accuracy, summarize, top_k_recall  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
@@ -37,6 +42,7 @@ logger = logging.getLogger(__name__)
 MODEL_FILE = "cost_model.tar"
 
 
+WIDTH = 164 + EXTRA  # MetaSchedule's per-store features (PerStoreFeature().feature_vector_length) + decisions
 EARLY_STOPPING_ROUNDS = 10  # stock 50: training ran ~100 rounds of Python objective per batch
 # XGBoost threads. Stock uses every physical core; its training is ~100 small rounds, each a
 # barrier across the threads, so one busy core stalls every round. Measured on the 2-core box with
@@ -49,12 +55,24 @@ XGB_THREADS = 1
 def new_model() -> "ms.cost_model.XGBModel":
     """An XGBoost model that ranks from the first measured batch (no random warm-up), and stops
     training after 10 rounds without gain (stock: 50, 4-5 s per batch on 2 cores, for a best
-    round that came at 20-50), on one thread (`XGB_THREADS`)."""
+    round that came at 20-50), on one thread (`XGB_THREADS`), on per-store features plus each
+    candidate's rule decisions (`features.py`)."""
     from tvm.s_tir.meta_schedule.cost_model.xgb_model import XGBConfig
 
     return ms.cost_model.XGBModel(
-        num_warmup_samples=0, early_stopping_rounds=EARLY_STOPPING_ROUNDS, config=XGBConfig(nthread=XGB_THREADS)
+        extractor=DecisionFeatures(),
+        num_warmup_samples=0,
+        early_stopping_rounds=EARLY_STOPPING_ROUNDS,
+        config=XGBConfig(nthread=XGB_THREADS),
     )
+
+
+def feature_width(model) -> int | None:
+    """The feature width of the model's training data (None when it holds none)."""
+    for group in model.data.values():
+        for features in group.features:
+            return int(features.shape[1])
+    return None
 
 
 def load(folder: Path) -> tuple["ms.cost_model.XGBModel", bool]:
@@ -69,6 +87,16 @@ def load(folder: Path) -> tuple["ms.cost_model.XGBModel", bool]:
         if "model.bin" not in names or "data.npy" not in names:
             raise ValueError(f"holds {sorted(names)}, not model.bin and data.npy")
         model.load(str(path))
+        width = feature_width(model)
+        if width is not None and width != WIDTH:
+            logger.warning(
+                "cost model %s was trained on %d features per store, not this relaxtune's %d: starting from a fresh "
+                "model, saved over it when this job ends",
+                path,
+                width,
+                WIDTH,
+            )
+            return new_model(), False
     except Exception as err:  # tarfile, numpy and xgboost raise several types on a damaged file
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         logger.warning(

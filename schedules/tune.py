@@ -48,6 +48,7 @@ from .builder import DeferredRunner, make_builder, make_runner
 from .database import CacheDatabase
 from .progress import EventLog, ProgressBar
 from .rules import decisions
+from .scheduler import InformedGradient
 from .seeded_search import SeedBox, SeededSearch
 from .tasks import Task
 
@@ -417,8 +418,9 @@ def _start_workers(config: TuneConfig):
 
 def _tune_tasks(contexts, tasks, log_dir, remaining, config, builder, runner, database, model, bar) -> None:
     """One gradient task scheduler over the kernels short of their share, for the sum of what they
-    are owed: it spends the trials where the gains are, and a kernel stopped early (`progress.py`)
-    leaves its trials to the others."""
+    are owed: it spends the trials where the gains are, every measured batch reported before the next
+    task is searched (`scheduler.py`), and a kernel stopped early (`progress.py`) leaves its trials to
+    the others."""
     from tvm.s_tir import meta_schedule as ms
 
     ms.tune_tasks(
@@ -433,7 +435,7 @@ def _tune_tasks(contexts, tasks, log_dir, remaining, config, builder, runner, da
         database=database,
         cost_model=model,
         measure_callbacks=[*ms.MeasureCallback.create("default"), bar],
-        task_scheduler="gradient",
+        task_scheduler=InformedGradient(bar, seed=config.seed),
     )
 
 

@@ -81,6 +81,10 @@ ROW_TILES = (1, 2, 3, 4, 5, 6, 8)  # rows per register tile the search may choos
 K_UNROLLS = (1, 2, 4, 8)  # reduction steps unrolled per iteration of the register tile (tiled_matmul)
 DOT_COLUMNS_CHOICES = (1, 2, 4, 8, 16)  # output columns per dot-product tile (schedule_dot)
 DOT_LANE_FACTORS = (1, 2, 4)  # reduction lanes per partial-sum vector, in SIMD widths (schedule_dot)
+# accumulator vectors per tile the search may choose: the rules' own tiles stay under STACK_LIMIT, but larger
+# ones measured faster at some shapes (a 6 x 4-vector tile of llama-block's matmuls on AVX-512: 0.55-0.6x the
+# rule's 3 x 4 at n = 16 and 128), so the search may try up to one register file's worth (32 vectors) and more
+MAX_TILE_VECTORS = 32
 
 
 def _fits_stack(rows: int, cols: int, dtype: str) -> bool:
@@ -136,7 +140,7 @@ def tiled_matmul(
     if ext_j is not None:
         vec = U.largest_pow2_divisor(ext_j, vec)
         units = next(u for u in range(min(units, ext_j // vec), 0, -1) if ext_j % (u * vec) == 0)
-    fitting = [u for u in range(1, 9) if _divides(ext_j, u * vec) and _fits_stack(mr, u * vec, dtype)]
+    fitting = [u for u in range(1, 9) if _divides(ext_j, u * vec) and mr * u <= MAX_TILE_VECTORS]
     units = decide.choose(sch, "units", fitting, units, structural=pad_j)
     pack_b = decide.choose(sch, "pack_b", [0, 1] if b_contig and not pad_j else [1], int(pad_j or not b_contig), True)
     k_unroll = decide.choose(sch, "k_unroll", [u for u in K_UNROLLS if ext_k is not None and ext_k % u == 0], 1)
@@ -203,7 +207,7 @@ def schedule_dot(sch: s_tir.Schedule, main, target: Target, rows: int, decide: D
     while not _fits_stack(rows, cols * vec, dtype) and cols > 1:
         cols //= 2  # keep the partial sums on the stack (see cpu_matmul)
     lanes = decide.choose(sch, "k_lanes", [vec * f for f in DOT_LANE_FACTORS if ext_k % (vec * f) == 0], vec)
-    fitting = [c for c in DOT_COLUMNS_CHOICES if _divides(ext_j, c) and _fits_stack(rows, c * vec, dtype)]
+    fitting = [c for c in DOT_COLUMNS_CHOICES if _divides(ext_j, c) and rows * c <= MAX_TILE_VECTORS]
     cols = decide.choose(sch, "cols", fitting if ext_j is not None else [], cols)
     s_loop, i_loop, j_loop, k_loop = sch.get_loops(main)
     i_o, i_i = sch.split(i_loop, [None, rows])

@@ -207,3 +207,36 @@ def test_no_early_stop_once_the_budget_is_measured_or_in_flight():
     _batch(bar2, scheduler, 0, [100.0])
     _batch(bar2, scheduler, 0, [100.0])  # 2 of 8: trials left to give to b, so a stops
     assert scheduler.terminated == [0]
+
+
+def test_features_carry_the_rule_decisions(trained, target):
+    """Every store's row ends with the candidate's rule and decisions (zeros for a generic candidate)."""
+    from relaxtune.schedules import cost_model, features, space
+
+    model, context, candidates = trained
+    mod = _matmul(16)
+    values = {"rows": 8, "units": 1, "pack_b": 1, "k_unroll": 2}
+    rule_point = space.from_decisions(mod, target.target, "Matmul", values, space.postprocs())
+    rows = features.DecisionFeatures().extract_from(context, [rule_point, candidates[0]])
+    ours, generic = (r.numpy() for r in rows)
+    assert ours.shape[1] == generic.shape[1] == cost_model.WIDTH
+    expected = [1 + features.RULES.index("Matmul"), 8, 1, 1, 2, 0, 0, 8]
+    assert (ours[:, -features.EXTRA :] == np.array(expected, dtype="float32")).all()
+    assert (generic[:, -features.EXTRA :] == 0).all()
+    assert cost_model.feature_width(model) == cost_model.WIDTH
+
+
+def test_a_model_of_other_features_is_not_loaded(tmp_path, trained, caplog):
+    """A model saved with MetaSchedule's stock features (an earlier relaxtune) starts fresh, with one warning."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from relaxtune.schedules import cost_model
+
+    _, context, candidates = trained
+    stock = ms.cost_model.XGBModel(num_warmup_samples=0)
+    stock.update(context, candidates, [ms.runner.RunnerResult([1e-5 * (i + 1)], None) for i in range(len(candidates))])
+    stock.save(str(tmp_path / cost_model.MODEL_FILE))
+    with caplog.at_level(logging.WARNING):
+        model, warm = cost_model.load(tmp_path)
+    assert not warm and model.data_size == 0
+    assert "features per store" in caplog.text
