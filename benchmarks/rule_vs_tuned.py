@@ -8,7 +8,7 @@ cache holds records of: the rules' schedule (as `relaxtune compile` gives a kern
 and the best record's, made as `ApplyTunedSchedules` makes it (a rules' record: the rule with the
 record's decisions, `space.schedule_from_decisions`; a generic one: its trace replayed, fast math
 applied), both compiled and timed in turns: `--rounds` rounds, each timing both kernels back to back
-(TVM's time evaluator, a window of at least 10 ms each, the order alternating), so load on the shared
+(TVM's time evaluator, a window of at least 5 ms each, the order alternating), so load on the shared
 machine hits both alike. Prints each one's median us, the median over rounds of tuned / rule (the
 ratio within a round: robust to load that changes between rounds), the decisions that changed, and
 the geometric mean of tuned / rule; a kernel whose best record is the rule's own schedule counts at
@@ -54,7 +54,7 @@ def paired(libs: dict, args: list, rounds: int) -> tuple[dict[str, float], float
     import tvm
 
     names = list(libs)
-    timers = {n: libs[n].mod.time_evaluator("main", tvm.cpu(0), number=1, repeat=1, min_repeat_ms=10) for n in names}
+    timers = {n: libs[n].mod.time_evaluator("main", tvm.cpu(0), number=1, repeat=1, min_repeat_ms=5) for n in names}
     for timer in timers.values():
         timer(*args)  # warm-up
     samples: dict[str, list[float]] = {n: [] for n in names}
@@ -121,7 +121,7 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path("tuning_logs"))
     parser.add_argument("--buckets", action="append", default=[], metavar="DIM=TOPS")
     parser.add_argument("--config", default="", help="the workload's config, k=v,...")
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=31)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     threads.configure()

@@ -153,9 +153,7 @@ def make_runner(config: TuneConfig):
         return make_rpc_runner(config, evaluator)
     from .workers import LocalRunner
 
-    evaluator = ms.runner.EvaluatorConfig(
-        number=config.runs_per_measure, repeat=config.measure_windows, min_repeat_ms=config.min_repeat_ms
-    )
+    evaluator = ms.runner.EvaluatorConfig(number=1, repeat=config.measure_windows, min_repeat_ms=config.window_ms)
     return LocalRunner(timeout_sec=config.run_timeout_s, evaluator_config=evaluator)
 
 

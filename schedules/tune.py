@@ -105,7 +105,9 @@ def _finite(us: float) -> float | None:
     return us if us < float("inf") else None
 
 
-def index_tasks(tasks: list[Task], target, folder: Path, workload: str, builder=None, runner=None) -> dict[str, dict]:
+def index_tasks(
+    tasks: list[Task], target, folder: Path, workload: str, builder=None, runner=None, config: TuneConfig = TuneConfig()
+) -> dict[str, dict]:
     """The task index of the cache, with every task of this job in it (rule time measured once):
     one after another here, or with `builder` and `runner` all at once (GPU targets)."""
     index = task_index.load(folder)
@@ -113,7 +115,7 @@ def index_tasks(tasks: list[Task], target, folder: Path, workload: str, builder=
     if builder is not None and todo:
         times = task_index.measure_rules_batch([t.mod for t in todo], target, builder, runner)
     else:
-        times = [task_index.measure_rules(t.mod, target) for t in todo]
+        times = [task_index.measure_rules(t.mod, target, config.measure_windows, config.window_ms) for t in todo]
     new = []
     for t, us in zip(todo, times):
         entry = {
@@ -286,7 +288,7 @@ def tune(
         builder, runner = _start_workers(config)
     chosen, mark = {t.key for t in tasks}, time.perf_counter()
     index = index_tasks(
-        [t for t in all_tasks if cached[t.key] or t.key in chosen], target, log_dir, workload, builder, runner
+        [t for t in all_tasks if cached[t.key] or t.key in chosen], target, log_dir, workload, builder, runner, config
     )
     rules_s = time.perf_counter() - mark
     if tuning and builder is None:

@@ -124,8 +124,8 @@ def run(args) -> int:
     )
     for b in result.buckets:
         print(
-            f"bucket {b['bucket']}: records {b['records_ms']:.3f} ms vs rules {b['rules_ms']:.3f} ms (side by side): "
-            f"{b['verdict']}"
+            f"bucket {b['bucket']}: records {b['records_ms']:.3f} ms vs rules {b['rules_ms']:.3f} ms (side by side; "
+            f"records / rules {b['ratio']:.3f} over paired rounds): {b['verdict']}"
         )
     common.write_json(
         args.json,
