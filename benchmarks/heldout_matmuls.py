@@ -1,7 +1,7 @@
 """Matmul shapes the rules were never tuned by hand for: tune each, then each tuned kernel against its rule.
 
     python benchmarks/heldout_matmuls.py --cache build/heldout --trials 64 [--shapes 1x4096x11008,7x576x1536,...]
-        [--space rules] [--rounds 15] [--json OUT.json]
+        [--space rules] [--rounds 31] [--json OUT.json]
 
 Each shape MxKxN is one static kernel `x(M, K) @ W(K, N)` (float32, the weight's layout of the built-in
 workloads), a tuning task of weight 1 in one job of `--trials` trials (`schedules/tune.py`, the cache

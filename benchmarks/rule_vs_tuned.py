@@ -1,6 +1,6 @@
 """Each tuned kernel against its rule, timed side by side, interleaved: what the search shipped, per kernel.
 
-    python benchmarks/rule_vs_tuned.py llama-block --cache tuning_logs --buckets n=1,16,128,1024 [--rounds 9]
+    python benchmarks/rule_vs_tuned.py llama-block --cache tuning_logs --buckets n=1,16,128,1024 [--rounds 31]
         [--json OUT.json]
 
 For every tuning task of the workload (the static kernel at its bucket's tuning point) that the

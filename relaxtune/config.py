@@ -33,6 +33,10 @@ class TuneConfig:
     seed: int = 0
     population: int = 128  # evolutionary search population (stock 512): a trained model scores it every generation
     search_generations: int = 2  # evolutionary generations per batch (stock 4)
+    # share of each batch picked at random from the search's population rather than by the cost model (stock 0.05:
+    # none of a batch of 8): a model misled by other kernels (in one job it put every pick of small kernels on a
+    # packing that ran 5-10x slower there) still measures other candidates, and learns from them
+    explore: float = 0.25
     early_stop_batches: int = 3  # stop a task after this many batches without 1% gain (0: never)
     transfer: bool = True  # seed a task without records from the best records of similar cached tasks
     persist_cost_model: bool = True  # warm-start the XGBoost model from <cache>/<target>/cost_model.tar, save it back
@@ -47,6 +51,8 @@ class TuneConfig:
     def __post_init__(self) -> None:
         if self.trials < 0:
             raise UserError(f"--trials {self.trials} is negative: give 0 (no tuning) or more")
+        if not 0 <= self.explore <= 1:
+            raise UserError(f"explore share {self.explore} must be within 0..1")
         if self.measure_windows < 1 or self.window_ms < 1:
             raise UserError(
                 f"timing windows per candidate {self.measure_windows} of {self.window_ms} ms: give at least 1 and 1"

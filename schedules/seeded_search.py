@@ -1,24 +1,30 @@
 """SeededSearch: MetaSchedule's evolutionary search with given candidates measured first, none twice.
 
 - **Seeds first.** A task's first batches hold its seeds ahead of the search's own picks: the rule's
-  own schedule (the rules' design space, `space.rule_schedule`), so the first measured candidate of
+  own schedule (the rules' design space, `space.rule_candidate`), so the first measured candidate of
   every task is the rule and the search can only improve on it, then the candidates transferred from
-  similar tasks' best records (`transfer.py`). The evolutionary search, guided by the cost model,
-  fills the rest of the batch. Measured like any batch, they are committed to the cache, where the
-  search's next batches start their population from them.
+  similar tasks' best records (`transfer.py`), made when the task's first batch is searched, so that
+  they include what the job measured for the tasks before it (a bucket's kernel takes the decisions
+  the same kernel of the bucket tuned before it found). The evolutionary search, guided by the cost
+  model, fills the rest of the batch. Measured like any batch, they are committed to the cache, where
+  the search's next batches start their population from them.
 - **No candidate measured twice.** TVM's evolutionary search starts each batch's population from the
   database's best records but does not count them as measured (a TODO in its source), so a trained
   cost model ranks them first again and the best records are measured again, batch after batch. Here
   a candidate whose scheduled module the cache (this task's records) or this job already measured is
   dropped, and the search is asked for more, up to `REFILLS` times.
 
-Trials are counted as the inner search counts them: each batch returned is one batch of its budget.
+Where seeds take part of a batch, the search's picks are cut to the rest keeping their mix: MetaSchedule
+returns the cost model's best picks first, then its random ones (`eps_greedy`, `explore`), and both are
+kept in proportion. Trials are counted as the inner search counts them: each batch returned is one batch
+of its budget.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import tvm_ffi
@@ -57,22 +63,25 @@ def measured_keys(database, mod, postprocs) -> set[int]:
 
 @dataclass
 class SeedBox:
-    """A task's seeds, filled in after its context is made (the search and its clones share the box), and
-    the `time.time()` each of its batches was handed to the builder (MetaSchedule reports a batch's
-    results only when it next picks the task, or at the end)."""
+    """A task's seeds (the search and its clones share the box) and the `time.time()` each of its batches was
+    handed to the builder (MetaSchedule reports a batch's results only when it next picks the task, or at the
+    end). `make`, when set, makes the seeds when the task's first batch is searched: by then the cache holds
+    the batches the job measured for the tasks before it, which transfer to this one."""
 
     seeds: list = field(default_factory=list)
     sent: list[float] = field(default_factory=list)
+    make: Callable[[], list] | None = None
 
 
 @derived_object
 class SeededSearch(ms.search_strategy.PySearchStrategy):
     """`inner` (an EvolutionarySearch) with the box's seeds measured first and no module measured twice."""
 
-    def __init__(self, inner, box: SeedBox):
+    def __init__(self, inner, box: SeedBox, explore: float = 0.0):
         super().__init__()
         self.inner = inner
         self.box = box
+        self.explore = explore
         self.pending: list = []
         self.known: set[int] = set()
         self.batch = 0
@@ -108,6 +117,9 @@ class SeededSearch(ms.search_strategy.PySearchStrategy):
         return used
 
     def generate_measure_candidates(self):
+        if self.box.make is not None:
+            self.box.seeds, self.box.make = list(self.box.make()), None
+            self.pending = list(self.box.seeds)
         room = min(self.batch, self.left)
         out: list = []
         self.pending = self.pending[self._take(self.pending, out, room) :]
@@ -118,6 +130,7 @@ class SeededSearch(ms.search_strategy.PySearchStrategy):
             picks = self.inner.generate_measure_candidates()
             if not picks:
                 break
+            picks = self._mix(list(picks), room - len(out))
             before = len(out)
             dropped += self._take(picks, out, room) - (len(out) - before)
         if dropped:
@@ -126,9 +139,20 @@ class SeededSearch(ms.search_strategy.PySearchStrategy):
             self.box.sent.append(time.time())
         return out or None
 
+    def _mix(self, picks: list, room: int) -> list:
+        """`picks` (the model's best first, its random ones last) ordered so the first `room` keep the mix (at
+        least one random pick where the search made any and there is room for two)."""
+        if len(picks) <= room:
+            return picks
+        randoms = min(round(len(picks) * self.explore), len(picks))
+        keep = min(randoms, max(1, round(room * randoms / len(picks)))) if randoms and room > 1 else 0
+        front = picks[: len(picks) - randoms]
+        back = picks[len(picks) - randoms :]
+        return front[: room - keep] + back[:keep] + front[room - keep :] + back[keep:]
+
     def notify_runner_results(self, measure_candidates, results) -> None:
         self.left -= len(results)
         self.inner.notify_runner_results(measure_candidates, results)
 
     def clone(self) -> SeededSearch:
-        return SeededSearch(self.inner.clone(), self.box)
+        return SeededSearch(self.inner.clone(), self.box, self.explore)

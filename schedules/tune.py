@@ -37,6 +37,7 @@ Trials are counted as the cache holds them: every record, failed builds and runs
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -162,13 +163,13 @@ def _contexts(
     for i, t in enumerate(short):
         box = SeedBox()
         search = ms.search_strategy.EvolutionarySearch(
-            population_size=config.population, genetic_num_iters=config.search_generations
+            population_size=config.population, genetic_num_iters=config.search_generations, eps_greedy=config.explore
         )
         context = ms.TuneContext(
             mod=t.mod,
             target=target,
             space_generator=space.generator(config.space, t.mod, target),
-            search_strategy=SeededSearch(search, box),
+            search_strategy=SeededSearch(search, box, config.explore),
             task_name=t.name,
             logger=loggers[i],
             rand_state=config.seed + i + 1,
@@ -194,12 +195,15 @@ def _contexts(
     return kept, contexts, kept_loggers, boxes
 
 
-def _seed(tasks, contexts, boxes, cached, target, config, database) -> None:
-    """Each task's seeds (`SeededSearch`), measured first in its first batches: the rule's own schedule where
-    the task's space is the rules' (its first candidate; dropped there if the cache holds it), then, for a task
-    the cache holds no record of, up to half a batch transferred from similar tasks' best records of the
-    same space (`transfer.py`)."""
-    for task, context, box in zip(tasks, contexts, boxes):
+def _seed(tasks, contexts, boxes, cached, target, config, database, events, seconds: list) -> None:
+    """Each task's seeds (`SeededSearch`), made when its first batch is searched and measured first: the rule's
+    own schedule where the task's space is the rules' (its first candidate; dropped there if the cache holds it),
+    then, for a task the cache held no record of when the job started, up to half a batch transferred from
+    similar tasks' best records of the same space (`transfer.py`), this job's included. The seconds spent making
+    them are added to `seconds[0]`."""
+
+    def make(task, context):
+        mark = time.perf_counter()
         postprocs = list(context.space_generator.postprocs)
         seeds = []
         if config.space != "generic":
@@ -209,9 +213,14 @@ def _seed(tasks, contexts, boxes, cached, target, config, database) -> None:
             seeds += transfer.seed_candidates(
                 task.mod, database, postprocs, max(1, config.trials_per_iter // 2), target, config.space
             )
-        box.seeds[:] = seeds
-        if len(seeds) > 1 or (seeds and config.space == "generic"):
+        events.write("seeds", tasks=[_seeds_event(task, seeds)])
+        if len(seeds) > (config.space != "generic"):
             logger.info("%s: %d seed candidate(s) measured first", task.name, len(seeds))
+        seconds[0] += time.perf_counter() - mark
+        return seeds
+
+    for task, context, box in zip(tasks, contexts, boxes):
+        box.make = functools.partial(make, task, context)
 
 
 def _seeds_event(task: Task, seeds: list) -> dict:
@@ -343,12 +352,9 @@ def tune(
             ],
         )
         setup_s = time.perf_counter() - start
-        transfer_s, phases = 0.0, {}
+        seeding, phases = [0.0], {}
         try:
-            mark = time.perf_counter()
-            _seed(tasks, contexts, boxes, cached, target, config, database)
-            transfer_s = time.perf_counter() - mark  # the rules' schedules and the traces adapted from similar tasks
-            events.write("seeds", tasks=[_seeds_event(t, box.seeds) for t, box in zip(tasks, boxes)])
+            _seed(tasks, contexts, boxes, cached, target, config, database, events, seeding)
             if remaining > 0 and not _past(bar.deadline):
                 profiler = ms.Profiler() if ms.Profiler.current() is None else contextlib.nullcontext()
                 with profiler:
@@ -363,7 +369,7 @@ def tune(
             if config.persist_cost_model:
                 cost_model.save(inner, log_dir)
             result.profile = {
-                **_profile(time.perf_counter() - start, setup_s, transfer_s, builder, model),
+                **_profile(time.perf_counter() - start, setup_s, seeding[0], builder, model),
                 **phases,
                 "setup_rule_timing_s": round(rules_s, 2),
                 "setup_cost_model_load_s": round(load_s, 2),

@@ -15,6 +15,10 @@ the rule always chose, so a rule run with `Defaults` is the rule as it was.
   written to the root block's annotations (``relaxtune.rule``, ``relaxtune.decision.NAME``), so a
   record's trace names its rule and its decisions (`read`).
 - `Probe`: the defaults, listing the choices asked (`Choice`), structural ones included.
+
+A rule also states facts about the kernel its choices depend on (`note`: its row, column and reduction
+extents, the SIMD lanes of a tile's vectors); `Sampled` writes them too (``relaxtune.fact.NAME``), so the
+cost model can relate a decision to the shape it was made for (`schedules/features.py`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from tvm import s_tir
 
 RULE_KEY = "relaxtune.rule"
 DECISION_PREFIX = "relaxtune.decision."
+FACT_PREFIX = "relaxtune.fact."
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,9 @@ class Defaults:
 
     def choose(self, sch, name: str, candidates, default: int, structural: bool = False):
         return int(default)
+
+    def note(self, sch, name: str, value) -> None:
+        """A fact about the kernel (a static extent; None where symbolic): written by `Sampled` only."""
 
 
 @dataclass
@@ -100,11 +108,21 @@ class Sampled(Defaults):
         sch.annotate(sch.get_sblock("root"), DECISION_PREFIX + name, rv)
         return rv
 
+    def note(self, sch, name: str, value) -> None:
+        if value is not None:
+            sch.annotate(sch.get_sblock("root"), FACT_PREFIX + name, int(value))
+
 
 def read(trace) -> tuple[str, dict[str, int]] | None:
     """(rule name, decisions by name) of a trace made by a `Sampled` rule; None for any other trace."""
+    found = read_all(trace)
+    return (found[0], found[1]) if found is not None else None
+
+
+def read_all(trace) -> tuple[str, dict[str, int], dict[str, int]] | None:
+    """(rule name, decisions by name, facts by name) of a trace made by a `Sampled` rule, else None."""
     sampled: dict = {}
-    rule, values = None, {}
+    rule, values, facts = None, {}, {}
     decisions = trace.decisions
     for inst in trace.insts:
         kind = inst.kind.name
@@ -117,4 +135,6 @@ def read(trace) -> tuple[str, dict[str, int]] | None:
             elif key.startswith(DECISION_PREFIX):
                 found = next((v for rv, v in sampled.items() if rv.same_as(value)), None)
                 values[key[len(DECISION_PREFIX) :]] = found if found is not None else int(value)
-    return (rule, values) if rule is not None else None
+            elif key.startswith(FACT_PREFIX):
+                facts[key[len(FACT_PREFIX) :]] = int(value)
+    return (rule, values, facts) if rule is not None else None

@@ -81,6 +81,10 @@ ROW_TILES = (1, 2, 3, 4, 5, 6, 8)  # rows per register tile the search may choos
 K_UNROLLS = (1, 2, 4, 8)  # reduction steps unrolled per iteration of the register tile (tiled_matmul)
 DOT_COLUMNS_CHOICES = (1, 2, 4, 8, 16)  # output columns per dot-product tile (schedule_dot)
 DOT_LANE_FACTORS = (1, 2, 4)  # reduction lanes per partial-sum vector, in SIMD widths (schedule_dot)
+# packing B copies a K x NR panel per column panel, paid back only by the row tiles that reuse it: the search may
+# pack a contiguous B only where a panel serves this many row tiles (measured in one llama-block job: 5-10x the
+# rule's time at 16 rows, 1.0-4x at 128, 0.89x-1.8x at 1024, 20-50x at 1 row)
+PACK_MIN_ROW_TILES = 64
 # accumulator vectors per tile the search may choose: the rules' own tiles stay under STACK_LIMIT, but larger
 # ones measured faster at some shapes (a 6 x 4-vector tile of llama-block's matmuls on AVX-512: 0.55-0.6x the
 # rule's 3 x 4 at n = 16 and 128), so the search may try up to one register file's worth (32 vectors) and more
@@ -142,8 +146,11 @@ def tiled_matmul(
         units = next(u for u in range(min(units, ext_j // vec), 0, -1) if ext_j % (u * vec) == 0)
     fitting = [u for u in range(1, 9) if _divides(ext_j, u * vec) and mr * u <= MAX_TILE_VECTORS]
     units = decide.choose(sch, "units", fitting, units, structural=pad_j)
-    pack_b = decide.choose(sch, "pack_b", [0, 1] if b_contig and not pad_j else [1], int(pad_j or not b_contig), True)
+    packable = b_contig and not pad_j and (ext_i is None or ext_i >= PACK_MIN_ROW_TILES * mr)
+    pack_b = decide.choose(sch, "pack_b", [0, 1] if packable else [], int(pad_j or not b_contig), True)
     k_unroll = decide.choose(sch, "k_unroll", [u for u in K_UNROLLS if ext_k is not None and ext_k % u == 0], 1)
+    for name, value in (("extent_i", ext_i), ("extent_j", ext_j), ("extent_k", ext_k), ("lanes", vec)):
+        decide.note(sch, name, value)
     sch.pad_einsum(main, [1, mr, units * vec if pad_j else 1, 1])
 
     # Step 3. Loop nest.
@@ -199,7 +206,7 @@ def schedule_dot(sch: s_tir.Schedule, main, target: Target, rows: int, decide: D
     decide = decide or Defaults()
     normalize(sch, main, b_order=("S", "J", "K"))
     stmt = sch.get(main)
-    ext_j, ext_k = (U.static(iv.dom.extent) for iv in stmt.iter_vars[2:4])
+    ext_i, ext_j, ext_k = (U.static(iv.dom.extent) for iv in stmt.iter_vars[1:4])
     dtype = stmt.writes[0].source.dtype
     simd = U.lanes(target, dtype)
     vec = U.largest_pow2_divisor(ext_k, simd)
@@ -209,6 +216,8 @@ def schedule_dot(sch: s_tir.Schedule, main, target: Target, rows: int, decide: D
     lanes = decide.choose(sch, "k_lanes", [vec * f for f in DOT_LANE_FACTORS if ext_k % (vec * f) == 0], vec)
     fitting = [c for c in DOT_COLUMNS_CHOICES if _divides(ext_j, c) and rows * c <= MAX_TILE_VECTORS]
     cols = decide.choose(sch, "cols", fitting if ext_j is not None else [], cols)
+    for name, value in (("extent_i", ext_i), ("extent_j", ext_j), ("extent_k", ext_k), ("lanes", vec)):
+        decide.note(sch, name, value)
     s_loop, i_loop, j_loop, k_loop = sch.get_loops(main)
     i_o, i_i = sch.split(i_loop, [None, rows])
     j_o, j_i = sch.split(j_loop, [None, cols])

@@ -214,13 +214,16 @@ def test_features_carry_the_rule_decisions(trained, target):
     from relaxtune.schedules import cost_model, features, space
 
     model, context, candidates = trained
-    mod = _matmul(16)
+    mod = _matmul(512)
     values = {"rows": 8, "units": 1, "pack_b": 1, "k_unroll": 2}
     rule_point = space.from_decisions(mod, target.target, "Matmul", values, space.postprocs())
     rows = features.DecisionFeatures().extract_from(context, [rule_point, candidates[0]])
     ours, generic = (r.numpy() for r in rows)
     assert ours.shape[1] == generic.shape[1] == cost_model.WIDTH
-    expected = [1 + features.RULES.index("Matmul"), 8, 1, 1, 2, 0, 0, 8]
+    lanes = features.decisions.read_all(rule_point.sch.trace)[2]["lanes"]
+    rows_tiles, column_tiles = 64, 16 / lanes  # 512 rows in tiles of 8; 16 columns in tiles of 1 vector
+    expected = [1 + features.RULES.index("Matmul"), 8, 1, 1, 2, 0, 0, 512, 16, 32]
+    expected += [8, rows_tiles, 1.0, column_tiles, column_tiles]  # B packed: the column panels are the tasks
     assert (ours[:, -features.EXTRA :] == np.array(expected, dtype="float32")).all()
     assert (generic[:, -features.EXTRA :] == 0).all()
     assert cost_model.feature_width(model) == cost_model.WIDTH

@@ -69,7 +69,7 @@ def test_the_rules_point_is_the_rule_exactly(make, rule, target):
 
 
 def test_one_sketch_per_structural_combination_the_rules_first(target):
-    mod = _matmul(16)
+    mod = _matmul(512)
     rule = space.tunable_rule(mod, target.target)
     probe = decisions.Probe()
     rule.sketch(s_tir.Schedule(mod), target.target, probe)
@@ -79,6 +79,7 @@ def test_one_sketch_per_structural_combination_the_rules_first(target):
     expected = 1
     for c in structural:
         expected *= len(c.candidates)
+    assert [c.name for c in structural] == ["rows", "pack_b"] and expected == 10
     assert len(found) == len(set(combos)) == min(expected, space.MAX_SKETCHES)
     assert combos[0] == tuple(c.default for c in structural)
     assert all(decisions.read(s.trace)[1]["k_unroll"] == 1 for s in found)  # numeric choices at the rule's values
@@ -118,12 +119,14 @@ def test_mutation_changes_one_decision_and_replays(target):
 
 def test_decisions_carry_to_another_shape(target):
     """A record's decisions made into the same rule's point of another kernel (transfer across buckets)."""
-    source = s_tir.Schedule(_matmul(16))
-    rule = space.tunable_rule(_matmul(16), target.target)
+    source = s_tir.Schedule(_matmul(512))
+    rule = space.tunable_rule(_matmul(512), target.target)
     rule.sketch(source, target.target, decisions.Sampled({"rows": 6, "units": 2, "pack_b": 1, "k_unroll": 2}))
     name, values = decisions.read(source.trace)
-    carried = space.from_decisions(_matmul(128, n=192), target.target, name, values, space.postprocs())
+    carried = space.from_decisions(_matmul(1024, n=192), target.target, name, values, space.postprocs())
     assert decisions.read(carried.sch.trace) == (name, values)
+    fewer = space.from_decisions(_matmul(16, n=192), target.target, name, values, space.postprocs())
+    assert decisions.read(fewer.sch.trace)[1] == {**values, "pack_b": 0}  # 16 rows: nothing to pack for
     assert space.from_decisions(_nt_matmul(2), target.target, name, values, space.postprocs()) is None  # a Gemv
 
 
@@ -171,3 +174,23 @@ def test_seeds_come_first_and_nothing_is_measured_twice(target):
     assert keys == [module_key(c.sch.mod) for c in more[1:] + _candidates(target, 1, start=7)]
     assert not set(keys) & {module_key(c.sch.mod) for c in first}
     assert inner.notified == [4] and len(box.sent) == 2
+
+
+def test_seeds_are_made_when_the_first_batch_is_searched_and_the_search_keeps_its_mix(target):
+    """`make` runs at the first batch (so it sees what the job measured before); the search's random picks
+    (last in its list) keep their share of the room the seeds leave."""
+    from tvm.s_tir import meta_schedule as ms
+
+    made = []
+    seeds = _candidates(target, 2)
+    box = SeedBox(make=lambda: made.append(1) or seeds)
+    picks = _candidates(target, 4, start=2)  # say the last one is the search's random pick
+    search = SeededSearch(_Inner([picks]), box, explore=0.25)
+    search.mod, search.postprocs = _matmul(16), space.postprocs()
+    search.pre_tuning(16, 4, [], None, None)
+    assert made == []
+    first = search.generate_measure_candidates()
+    assert made == [1] and box.seeds == seeds and box.make is None
+    expected = seeds + [picks[0], picks[3]]  # two slots left: the model's best and the random pick
+    assert [module_key(c.sch.mod) for c in first] == [module_key(c.sch.mod) for c in expected]
+    search.notify_runner_results(first, [ms.runner.RunnerResult([1e-5], None) for _ in first])

@@ -84,3 +84,51 @@ def test_another_workload_reuses_shared_kernels(tuned, tiny_mlp, target):
     cached = sum(trial_counts(db, api.extract_tasks(llama, target, job)).values())  # failed trials count too
     again = api.tune(llama, target, job.with_(tune=TuneConfig(trials=cached, trials_per_iter=8)), progress=False)
     assert again.trials_run == 0 and again.trials_cached == cached
+
+
+def test_each_kernels_first_candidate_is_its_rule_and_the_best_never_loses_to_it(tuned, tiny_mlp, target):
+    """The rules' space (the default): every task's first measured candidate is the rule's own schedule (its default
+    decisions; the events file keeps the measured order), so the best record of a kernel is never slower than the
+    rule measured beside it."""
+    import json
+
+    from relaxtune.schedules import cache, space
+    from relaxtune.schedules.database import CacheDatabase
+    from relaxtune.schedules.rules import decisions
+
+    job, _ = tuned
+    folder = cache.folder_for(job.cache_dir, target)
+    db = CacheDatabase(folder)
+    first_batch = {}
+    for path in sorted((folder / "events").glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            event = json.loads(line)
+            if event["ev"] == "batch":
+                first_batch.setdefault(event["task"], event)
+    tasks = {t.name: t for t in api.extract_tasks(tiny_mlp, target, job)}
+    assert first_batch
+    for name, batch in first_batch.items():
+        rule = decisions.read(space.rule_candidate(tasks[name].mod, target.target, space.postprocs()).sch.trace)
+        assert batch["decisions"][0] == rule[1], name  # measured first
+        records = db.records_for(tasks[name].mod)
+        assert all(decisions.read(r.trace) is not None for r in records)  # every candidate a point of the space
+        rule_us = [min(float(s) for s in r.run_secs) for r in records if decisions.read(r.trace) == rule]
+        assert min(float(s) for s in records[0].run_secs) <= rule_us[0]
+
+
+def test_generic_space_is_still_searched(tmp_path, tiny_mlp, target):
+    """--space generic: MetaSchedule's own space, no rule schedule measured first."""
+    from relaxtune.schedules import cache
+    from relaxtune.schedules.database import CacheDatabase
+    from relaxtune.schedules.rules import decisions
+
+    job = JobConfig(
+        cache_dir=tmp_path,
+        tune=TuneConfig(trials=8, trials_per_iter=8, space="generic", check_buckets=False),
+        buckets=BucketConfig({"n": (1, 64)}),
+    )
+    result = api.tune(tiny_mlp, target, job, progress=False)
+    assert result.trials_run == 8
+    db = CacheDatabase(cache.folder_for(job.cache_dir, target))
+    records = db.get_all_tuning_records()
+    assert len(records) == 8 and all(decisions.read(r.trace) is None for r in records)

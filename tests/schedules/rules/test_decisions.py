@@ -19,7 +19,7 @@ def _dense_gelu(kit, rows):
     return kit.build([x, w, bias], lambda bb, x, w, bias: kit.R.nn.gelu(kit.R.add(kit.R.matmul(x, w), bias)))
 
 
-def _static_kernel(kit, target, rows=(1, 16)):
+def _static_kernel(kit, target, rows=(1, 512)):
     return kit.only_prim_func(kit.fuse(_dense_gelu(kit, rows), target), "matmul")
 
 
@@ -40,7 +40,10 @@ def test_probe_lists_the_choices_with_the_rules_values(kit, cpu_target):
     assert by_name["rows"].structural and by_name["pack_b"].structural and not by_name["units"].structural
     assert by_name["pack_b"].candidates == (0, 1) and by_name["pack_b"].default == 0  # B contiguous along J
     assert all(c.default in c.candidates for c in probe.choices)
-    assert all(16 % r == 0 or r in (3, 5, 6) for r in by_name["rows"].candidates)
+    assert set(by_name["rows"].candidates) == {3, 4, 5, 6, 8}  # 1 or 2 rows only where there are fewer than 3
+    small = decisions.Probe()
+    assert Matmul().sketch(tvm.s_tir.Schedule(_static_kernel(kit, cpu_target, (1, 16))), cpu_target, small)
+    assert {c.name: c for c in small.choices}["pack_b"].candidates == (0,)  # too few row tiles to pay for packing
 
 
 def test_sampled_decisions_are_read_back_from_the_trace(kit, cpu_target):
