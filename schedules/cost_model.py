@@ -8,9 +8,10 @@ and is saved there when the job ends: written to a temporary file in the same fo
 over the old one, so a reader never sees a half-written file. The file is MetaSchedule's own
 `XGBModel.save` tar: the booster plus every measured feature vector and cost, grouped by workload.
 
-Its features are MetaSchedule's per-store features plus the candidate's rule decisions
-(`features.py`). A saved model whose data has another feature width (saved by a relaxtune before
-the decision features) is not loaded: the job starts a fresh model, saved over it at the end.
+Its features are MetaSchedule's per-store features for a candidate of the generic space, the
+rule's decisions for one of the rules' space (`features.py`). A saved model whose data has another
+feature width (saved by a relaxtune before the decision features) is not loaded: the job starts a
+fresh model, saved over it at the end.
 
 A damaged file is reported in one line and kept, renamed to `cost_model.tar.damaged`, before a
 fresh model is saved in its place.
@@ -34,7 +35,7 @@ import numpy as np
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
-from .features import EXTRA, DecisionFeatures
+from .features import EXTRA, PER_STORE, DecisionFeatures
 from .ranking import FAILED_COST, pairwise_accuracy, summarize, top_k_recall  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ logger = logging.getLogger(__name__)
 MODEL_FILE = "cost_model.tar"
 
 
-WIDTH = 164 + EXTRA  # MetaSchedule's per-store features (PerStoreFeature().feature_vector_length) + decisions
+WIDTH = PER_STORE + EXTRA  # MetaSchedule's per-store features, then a rule's decisions (features.py)
 EARLY_STOPPING_ROUNDS = 10  # stock 50: training ran ~100 rounds of Python objective per batch
 # XGBoost threads. Stock uses every physical core; its training is ~100 small rounds, each a
 # barrier across the threads, so one busy core stalls every round. Measured on the 2-core box with

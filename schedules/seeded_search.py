@@ -62,6 +62,15 @@ def measured_keys(database, mod, postprocs) -> set[int]:
 
 
 @dataclass
+class Budget:
+    """The job's trials left, shared by every task's search: a batch never takes more (MetaSchedule checks
+    the global budget only before a batch, so a short batch, one whose already-measured picks were
+    dropped, let the last one overshoot it)."""
+
+    left: int = 1 << 62
+
+
+@dataclass
 class SeedBox:
     """A task's seeds (the search and its clones share the box) and the `time.time()` each of its batches was
     handed to the builder (MetaSchedule reports a batch's results only when it next picks the task, or at the
@@ -71,6 +80,7 @@ class SeedBox:
     seeds: list = field(default_factory=list)
     sent: list[float] = field(default_factory=list)
     make: Callable[[], list] | None = None
+    budget: Budget = field(default_factory=Budget)
 
 
 @derived_object
@@ -117,10 +127,12 @@ class SeededSearch(ms.search_strategy.PySearchStrategy):
         return used
 
     def generate_measure_candidates(self):
+        if self.box.budget.left <= 0:
+            return None
         if self.box.make is not None:
             self.box.seeds, self.box.make = list(self.box.make()), None
             self.pending = list(self.box.seeds)
-        room = min(self.batch, self.left)
+        room = min(self.batch, self.left, self.box.budget.left)
         out: list = []
         self.pending = self.pending[self._take(self.pending, out, room) :]
         dropped = 0
@@ -137,6 +149,7 @@ class SeededSearch(ms.search_strategy.PySearchStrategy):
             logger.debug("%d candidate(s) already measured were dropped", dropped)
         if out:
             self.box.sent.append(time.time())
+            self.box.budget.left -= len(out)
         return out or None
 
     def _mix(self, picks: list, room: int) -> list:

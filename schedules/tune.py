@@ -50,7 +50,7 @@ from .database import CacheDatabase
 from .progress import EventLog, ProgressBar
 from .rules import decisions
 from .scheduler import InformedGradient
-from .seeded_search import SeedBox, SeededSearch
+from .seeded_search import Budget, SeedBox, SeededSearch
 from .tasks import Task
 
 logger = logging.getLogger(__name__)
@@ -160,8 +160,9 @@ def _contexts(
     # per-task log files (traces, build errors) under <log_dir>/logs, as stock MetaSchedule writes them
     loggers = task_logs.task_loggers(log_dir, [t.name.replace("@", "_") for t in short])
     kept, contexts, kept_loggers, boxes, freed = [], [], [], [], 0
+    budget = Budget()  # the job's trials left, shared: set when the job knows them
     for i, t in enumerate(short):
-        box = SeedBox()
+        box = SeedBox(budget=budget)
         search = ms.search_strategy.EvolutionarySearch(
             population_size=config.population, genetic_num_iters=config.search_generations, eps_greedy=config.explore
         )
@@ -355,6 +356,8 @@ def tune(
         seeding, phases = [0.0], {}
         try:
             _seed(tasks, contexts, boxes, cached, target, config, database, events, seeding)
+            if boxes:
+                boxes[0].budget.left = remaining
             if remaining > 0 and not _past(bar.deadline):
                 profiler = ms.Profiler() if ms.Profiler.current() is None else contextlib.nullcontext()
                 with profiler:

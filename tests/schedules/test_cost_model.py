@@ -210,7 +210,8 @@ def test_no_early_stop_once_the_budget_is_measured_or_in_flight():
 
 
 def test_features_carry_the_rule_decisions(trained, target):
-    """Every store's row ends with the candidate's rule and decisions (zeros for a generic candidate)."""
+    """A rules' candidate is one row of its rule, decisions, shape and what they make of it; a generic one keeps
+    MetaSchedule's per-store rows, the rule's columns zero."""
     from relaxtune.schedules import cost_model, features, space
 
     model, context, candidates = trained
@@ -219,13 +220,16 @@ def test_features_carry_the_rule_decisions(trained, target):
     rule_point = space.from_decisions(mod, target.target, "Matmul", values, space.postprocs())
     rows = features.DecisionFeatures().extract_from(context, [rule_point, candidates[0]])
     ours, generic = (r.numpy() for r in rows)
-    assert ours.shape[1] == generic.shape[1] == cost_model.WIDTH
+    assert ours.shape == (1, cost_model.WIDTH) and generic.shape[1] == cost_model.WIDTH and len(generic) > 1
     lanes = features.decisions.read_all(rule_point.sch.trace)[2]["lanes"]
-    rows_tiles, column_tiles = 64, 16 / lanes  # 512 rows in tiles of 8; 16 columns in tiles of 1 vector
+    column_tiles = 16 / lanes  # 16 columns in tiles of 1 vector
+    threads = int(context.target.attrs.get("num-cores", 1))
+    imbalance = -(-column_tiles // threads) * threads / column_tiles
     expected = [1 + features.RULES.index("Matmul"), 8, 1, 1, 2, 0, 0, 512, 16, 32]
-    expected += [8, rows_tiles, 1.0, column_tiles, column_tiles]  # B packed: the column panels are the tasks
-    assert (ours[:, -features.EXTRA :] == np.array(expected, dtype="float32")).all()
-    assert (generic[:, -features.EXTRA :] == 0).all()
+    # 8 vectors per tile, 64 row tiles of 8, no padding; B packed: the column panels are the parallel tasks
+    expected += [8, 64, 1.0, column_tiles, column_tiles, imbalance, (8 + 1) / 8, 1 / 512]
+    np.testing.assert_allclose(ours[0, -features.EXTRA :], np.array(expected, dtype="float32"), rtol=1e-6)
+    assert (ours[0, : features.PER_STORE] == 0).all() and (generic[:, -features.EXTRA :] == 0).all()
     assert cost_model.feature_width(model) == cost_model.WIDTH
 
 

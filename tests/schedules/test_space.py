@@ -194,3 +194,16 @@ def test_seeds_are_made_when_the_first_batch_is_searched_and_the_search_keeps_it
     expected = seeds + [picks[0], picks[3]]  # two slots left: the model's best and the random pick
     assert [module_key(c.sch.mod) for c in first] == [module_key(c.sch.mod) for c in expected]
     search.notify_runner_results(first, [ms.runner.RunnerResult([1e-5], None) for _ in first])
+
+
+def test_the_jobs_budget_caps_every_batch(target):
+    """Tasks share one budget: a batch takes no more than is left, and none once it is spent."""
+    from relaxtune.schedules.seeded_search import Budget
+
+    budget = Budget(left=3)
+    box = SeedBox(seeds=_candidates(target, 2), budget=budget)
+    search = SeededSearch(_Inner([_candidates(target, 4, start=2)]), box)
+    search.mod, search.postprocs = _matmul(16), space.postprocs()
+    search.pre_tuning(16, 4, [], None, None)
+    assert len(search.generate_measure_candidates()) == 3 and budget.left == 0
+    assert search.generate_measure_candidates() is None
