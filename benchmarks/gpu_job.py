@@ -36,6 +36,8 @@ from gpu_job_llama import (  # noqa: E402
     latency_bf16,
     latency_compile_bf16,
     latency_compile_fp16,
+    modes_bf16,
+    modes_fp16,
 )
 from gpu_job_report import markdown  # noqa: E402
 from gpu_job_runtime import big_runtime_only, check_tiny  # noqa: E402
@@ -190,6 +192,8 @@ def run(art: Path, out: Path, skip: list[str]) -> None:
     model = section("llama-7B setup")(Llama7B)(art, tmp) if "fp16" not in skip else None
     if model is not None:
         rows = latency(model)
+        if "modes" not in skip:
+            modes_fp16(model)
         plain = [v for v, (_f, graphs, _c) in VARIANTS.items() if not graphs and rows and v in rows.get(128, {})]
         best = min(plain, key=lambda v: rows[128][v]["ms"]) if plain else "llama7b-sf"
         profiled = [v for v in KERNEL_VARIANTS if (art / f"{v}.so").exists()] or [best]
@@ -206,6 +210,8 @@ def run(art: Path, out: Path, skip: list[str]) -> None:
     if any((art / f"{name}.so").exists() for name in BF16_VARIANTS):  # the bfloat16 block, when built
         model = section("llama-7B bf16 setup")(Llama7B)(art, tmp, LLAMA7B_BF16)
         rows = latency_bf16(model) if model is not None else None
+        if model is not None and "modes" not in skip:
+            modes_bf16(model)
         if rows and "compile" not in skip:
             latency_compile_bf16(model, rows)
     RESULTS["wall_s"] = round(time.perf_counter() - start, 1)
@@ -224,7 +230,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "build/gpu_job")))
     parser.add_argument("--only", default="", help="build: comma-separated artifact names, or 'device' for DEVICE_SET")
     parser.add_argument(
-        "--skip", default="", help="run: flash,gemv,tiny,kernels,runtime,compile,fp16 (the fp16 7B block)"
+        "--skip", default="", help="run: flash,gemv,tiny,kernels,runtime,compile,modes,fp16 (the fp16 7B block)"
     )
     parser.add_argument(
         "--seqs", default=",".join(map(str, common.SEQS)), help="run: the sequence lengths n of the 7B block"

@@ -312,3 +312,61 @@ def kernels(model: Llama7B, name: str, copy_gbs: float | None):
         for r in top:
             log("  ", {k: v for k, v in r.items() if k not in ("shapes", "artifact")})
     del vm, params
+
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+
+
+def against_compile_modes(model: Llama7B, artifact: str, key: str, rounds: int = 9):
+    """relaxtune's artifact against torch eager and torch.compile in each of COMPILE_MODES (one specialised
+    graph per shape; reduce-overhead and max-autotune capture CUDA graphs), sampled in turns at every n,
+    and at n = 1 the bandwidth floor: the block's weight bytes over the measured copy bandwidth."""
+    import torch
+
+    if not (model.art / f"{artifact}.so").exists():
+        log(f"{artifact}: not built")
+        return None
+    vm, params, dev = model.vm(artifact)
+    main = vm["main"]
+    # every mode compiles the same code objects: each keeps one cache entry per (mode, shape), where the
+    # default limit of 8 sent the later ones back to eager ("recompile_limit", BACKEND_MATCH)
+    torch._dynamo.config.recompile_limit = torch._dynamo.config.accumulated_recompile_limit = 256
+    compiled = {}
+    torch._dynamo.reset()
+    for mode in COMPILE_MODES:
+        fn = torch.compile(model.block, dynamic=False, mode=None if mode == "default" else mode)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for n in common.SEQS:  # compile (and autotune) every shape before anything is timed
+                fn(model.x[n]), torch.cuda.synchronize()
+        compiled[mode] = fn
+        log(f"torch.compile mode={mode}: compiled the {len(common.SEQS)} shapes in {time.perf_counter() - t0:.0f} s")
+    table = {}
+    with torch.no_grad():
+        for n in common.SEQS:
+            x = model.tvm_args(n, dev)
+            calls = {"relaxtune": (lambda: main(x, *params), dev.sync)}
+            calls["torch eager"] = (lambda: model.block(model.x[n]), torch.cuda.synchronize)
+            for mode, fn in compiled.items():
+                calls[f"torch.compile {mode}"] = (lambda fn=fn: fn(model.x[n]), torch.cuda.synchronize)
+            samples = {name: [] for name in calls}
+            for _ in range(rounds):
+                for name, (fn, sync) in calls.items():
+                    samples[name].append(time_ms(fn, sync, min_seconds=0.1, batches=3))
+            table[n] = {name: round(statistics.median(v), 4) for name, v in samples.items()}
+            log(f"n={n}: {table[n]}")
+    weight_bytes = sum(v.nbytes for v in model.workload.params.values())
+    if RESULTS.get("copy_GBps"):
+        floor = weight_bytes / (RESULTS["copy_GBps"] * 1e9) * 1e3  # the rate a copy moves bytes at
+        table["floor_n1_ms"] = round(floor, 4)
+        table["relaxtune_n1_over_floor"] = round(table[common.SEQS[0]]["relaxtune"] / floor, 3)
+    RESULTS[key] = table
+    return table
+
+
+modes_fp16 = section("llama-7B fp16 block: relaxtune vs torch.compile modes, interleaved")(
+    lambda model: against_compile_modes(model, "llama7b-rf-cublas-flash-graph", "compile_modes_fp16")
+)
+modes_bf16 = section("llama-7B bf16 block: relaxtune vs torch.compile modes, interleaved")(
+    lambda model: against_compile_modes(model, "llama7b-bf16-rf-cublas-flash-graph", "compile_modes_bf16")
+)

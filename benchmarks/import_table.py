@@ -7,7 +7,7 @@ imported yes/no (the one-line error otherwise), the number of PrimFuncs after re
 with stock and with relaxtune fusion (``relaxtune report fusion``), the max abs error against
 torch eager at n = 1, 32 and the bound (b = 1,
 after tuning; once with the configured memory planner, once with TVM's), and the latency at
-n = 32 after a 16-trial tuning run into a temporary cache (``relaxtune.bench.bench`` with the
+n = 32 after a 16-trial tuning run into a temporary cache (``relaxtune.measure.bench.bench`` with the
 systems relaxtune and torch, both on ``--threads`` threads, default 1; for an ONNX row torch runs
 the module that was exported). A failed tuning run is
 reported in its column and the latency is then that of the rule-based schedules. Prints a

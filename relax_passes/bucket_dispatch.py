@@ -1,13 +1,16 @@
-"""BucketDispatch: one copy of `main` per shape bucket, and a `main` that routes each call.
+"""BucketDispatch: one copy of an entry function (`main` by default) per shape bucket, and the
+entry function itself routes each call.
 
 Run first, on the un-legalized module: every later pass (legalization, fusion, scheduling,
 memory planning) then works on each bucket's copy separately, so a copy can be specialised
 (an exact bucket like n=1 binds n to a constant) and planned for its own upper bound.
 
-Each copy is a private function `main_<bucket>` with attribute `relaxtune.bucket`
-({dim: [lo, hi, tune_at]}); `main` checks the bounds once (a clear error, never a write past the
+Each copy of entry `f` is a private function `f_<bucket>` with attribute `relaxtune.bucket`
+({dim: [lo, hi, tune_at]}); `f` checks the bounds once (a clear error, never a write past the
 planned memory), then calls the copy whose ranges hold the runtime values: one branch per call.
-With one bucket per dimension, `main` keeps its body and only gains the bounds check.
+With one bucket per dimension, `f` keeps its body and only gains the bounds check. A module with
+several entry functions (a language model's `prefill` beside its `decode`) names the ones to split
+(`functions`); the others are left as they are.
 """
 
 from __future__ import annotations
@@ -127,27 +130,42 @@ def _branch(gv, exact: dict[str, int], params: list[relax.Var]) -> relax.SeqExpr
 
 @tvm.transform.module_pass(opt_level=0, name="BucketDispatch")
 class BucketDispatch:
-    """Split `main` into one function per combination of buckets; `main` dispatches on the shape."""
+    """Split each entry function into one function per combination of buckets; the entry dispatches on the shape."""
 
-    def __init__(self, plan: dict[str, list[Bucket]]):
+    def __init__(self, plan: dict[str, list[Bucket]], functions: tuple[str, ...] = ("main",)):
         self.plan = plan
+        self.functions = tuple(functions)
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        main = mod["main"]
+        names = {gv.name_hint for gv in mod.get_global_vars()}
+        missing = [f for f in self.functions if f not in names]
+        if missing:
+            raise UserError(
+                f"function {missing[0]!r} to split into buckets is not in the module: it has {sorted(names)}"
+            )
+        kept = {gv: f for gv, f in mod.functions_items() if gv.name_hint not in self.functions}
+        out = tvm.IRModule(kept, attrs=mod.attrs)
+        bb = relax.BlockBuilder(out)
+        for name in self.functions:
+            self._split(bb, name, mod[name])
+        return bb.finalize()
+
+    def _split(self, bb: relax.BlockBuilder, name: str, main: relax.Function) -> None:
         dims = {v.name: v for v in relax.analysis.defined_symbolic_vars(main) if v.name in self.plan}
         missing = sorted(set(self.plan) - set(dims))
         if missing:
-            raise UserError(f"dimension {missing[0]!r} is not a symbolic dimension of main: it has {sorted(dims)}")
+            raise UserError(f"dimension {missing[0]!r} is not a symbolic dimension of {name}: it has {sorted(dims)}")
+        if not dims:  # static shapes: one function, nothing to check or dispatch
+            bb.add_func(main, name)
+            return
         lo_hi = {n: (self.plan[n][0].lo, self.plan[n][-1].hi) for n in dims}
         combos = [dict(zip(dims, c)) for c in itertools.product(*(self.plan[n] for n in dims))]
-        out = tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv.name_hint != "main"}, attrs=mod.attrs)
-        bb = relax.BlockBuilder(out)
         variants = [
-            (bb.add_func(_variant(main, c), "main_" + "_".join(b.label(n) for n, b in c.items())), c) for c in combos
+            (bb.add_func(_variant(main, c), name + "_" + "_".join(b.label(n) for n, b in c.items())), c) for c in combos
         ]
         params = [relax.Var(p.name, p.ty) for p in main.params]
         attrs = {k: v for k, v in main.attrs.items()}
-        with bb.function("main", params, attrs=attrs, pure=False):
+        with bb.function(name, params, attrs=attrs, pure=False):
             bb.emit(_bounds_check({n: dims[n] for n in dims}, lo_hi))
             expr = None
             for gv, combo in reversed(variants):
@@ -157,12 +175,11 @@ class BucketDispatch:
                     expr = branch
                     continue
                 cond = None
-                for name, b in combo.items():
-                    term = tirx.all(dims[name] >= _i64(b.lo), dims[name] <= _i64(b.hi))
+                for dim, b in combo.items():
+                    term = tirx.all(dims[dim] >= _i64(b.lo), dims[dim] <= _i64(b.hi))
                     cond = term if cond is None else tirx.all(cond, term)
                 expr = relax.SeqExpr([], relax.If(relax.prim_value(cond), branch, expr))
             result = bb.emit(expr.body if not expr.blocks else expr)
             if isinstance(main.ret_ty, relax.TensorType):
                 result = bb.match_cast(result, main.ret_ty)
             bb.emit_func_output(result)
-        return bb.finalize()

@@ -3,16 +3,13 @@
 `R.matmul(x, w)` with `x (..., K)` and a 2-D weight `w (K, N)` that is a parameter of the bucket
 function (the transposed weights LiftTransformParams produced), fp16 or bf16 in and out, becomes
 `R.call_dps_packed("relaxtune_cublas_gemm", (x, w), out)` — the external kernel of
-`relaxtune/cuda_cublas.py`, linked into the artifact; `R.matmul(x, permute_dims(w))` with an
+`relaxtune/kernels/cublas.py`, linked into the artifact; `R.matmul(x, permute_dims(w))` with an
 (N, K) weight parameter (keep_weights_nk.py) becomes "relaxtune_cublas_gemm_nk" on `w` itself. In bucket functions
 whose lower bound of
 the rows dimension is at least `min_rows`, every such GEMM; in smaller (decode) buckets only those
-whose weight has a side >= `decode_wide` (None: none). Measured on an H200 (benchmarks/gpu_job.py):
-dlight's tensor-core matmul reaches 5-12% of cuBLAS at n = 128 and 2048; at n = 1, timed alone,
-its GEMV beats cuBLAS on the 4096x4096 projections (13 vs 17-22 us) and loses on the 4096x11008
-ones (42-54 vs 25-27 us), but inside the graph-captured Llama-7B block every-GEMM-on-cuBLAS was
-fastest (0.152 ms, against 0.182 with cuBLAS for the wide ones only and 0.235 with none): so the
-default is every bucket (`min_rows=1`).
+whose weight has a side >= `decode_wide` (None: none). The default is every bucket (`min_rows=1`):
+inside the graph-captured Llama-7B block every GEMM on cuBLAS measured fastest on an H200
+(`benchmarks/gpu_job.py`; docs/results.md "GPU GEMMs and cuBLAS").
 
 Run after BucketDispatch (reads `relaxtune.bucket`) and RewriteGemvToCuda (gemv_cuda.py: the
 decode buckets' GEMVs on relaxtune's own kernel, where it measured faster), and before

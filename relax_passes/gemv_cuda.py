@@ -5,29 +5,22 @@ with at most `max_cols` outputs
 with `x (..., K)` and a 2-D weight `w (K, N)` that is a parameter of the bucket function (the
 transposed weights LiftTransformParams produced), static K and N, both multiples of 8, fp16 or
 bf16 in and out, becomes `R.call_dps_packed("relaxtune_gemv", (x, w), out)`: the kernel of
-relaxtune/cuda_gemv.py (16-byte weight loads in 64-column tiles, K split over a thread-block
+kernels/gemv.py (16-byte weight loads in 64-column tiles, K split over a thread-block
 cluster, up to 8 rows per pass over the weights). A product used by nothing but an add of a
 same-typed tensor `r` (the residual: `x + o_proj(a)`, `h + down(m)`) becomes
 `R.call_dps_packed("relaxtune_gemv_add", (x, w, r), out)` (`residual`): r is added in the
 kernel's epilogue, the add kernel and its read of the product are gone. Matched by operators and
 types, never by names (the add matcher is RewriteResidualAddToCublas's).
 
-Why: cuBLAS reads the 4096-output weights of the Llama-7B block (o_proj 4096 x 4096, down 11008 x
-4096) at 53% / 76% of the H200's copy bandwidth at n = 1 (benchmarks/gemv_check.py): with weights in
-the (K, N) layout, 4096 outputs give it too little parallelism. Measured on an H200 (fp16, weights
-read from memory, eager launches, benchmarks/gemv_check.py; copy bandwidth 4269 GB/s; notes
-s15/gemv), 1 row: qkv 4096 x 12288 25.3 us (93% of copy) vs cuBLAS 28.8 (82%), o_proj 10.4 (75%)
-vs 14.9 (53%), down 23.2 (91%) vs 28.0 (76%), gate/up 4096 x 22016 48.7 (87%) vs 46.2 (92%):
-cuBLAS keeps GEMVs wider than `max_cols` = 16384. 2 rows: 26.1 / 10.9 / 23.4 vs 28.8 / 15.3 / 28.4;
-from 4 rows cuBLAS wins every shape (the kernel's FMAs and x loads per weight byte grow with the
-rows), so `max_rows` = 2. The 7B block at n = 1 with CUDA graphs, interleaved: 0.1274 ms with qkv,
-o_proj and down here, 0.1396 with all on cuBLAS.
+Why: cuBLAS reads the 4096-output weights of a decode step far below the copy bandwidth (with weights
+in the (K, N) layout, 4096 outputs give it too little parallelism). The limits are where the H200
+measured this kernel faster (`benchmarks/gemv_check.py`, docs/results.md "GPU decode GEMVs"): GEMVs up
+to `max_cols` outputs (cuBLAS keeps wider ones), buckets up to `max_rows` = 2 rows (from 4 rows cuBLAS
+wins every shape: the kernel's FMAs and x loads per weight byte grow with the rows).
 
 A weight kept as (N, K) (keep_weights_nk.py), read as `R.matmul(x, permute_dims(w))`, takes the
 (N, K) kernel, "relaxtune_gemv_nk" / "relaxtune_gemv_nk_add", at up to `max_cols_nk` outputs (any
-N; K a multiple of 8): warps read whole weight rows (cuda_gemv.py; o_proj 9.77 us on an H200, 80.5%
-of the copy bandwidth, against 10.53 for the (K, N) kernel; the 7B block at n = 1 0.1187 ms against
-0.1280, interleaved).
+N; K a multiple of 8): warps read whole weight rows (kernels/gemv.py).
 
 Run after BucketDispatch (reads `relaxtune.bucket`) and before RewriteGemmToCublas, which then
 takes the weight GEMMs left (larger buckets, shapes this kernel does not take). The pipeline adds

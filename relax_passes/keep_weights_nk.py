@@ -14,14 +14,13 @@ costs nothing); a product they leave becomes one NT matmul kernel (FuseTranspose
 transpose per call. Matched by operators and types, never by names.
 
 Why: with a weight's rows contiguous, a decode GEMV's warp reads whole rows and reduces by warp
-shuffles. H200, fp16, 1 row (benchmarks/gemv_check.py): o_proj 4096 x 4096 9.77 us against 10.53 for
-the (K, N) kernel, 80.5% of the copy bandwidth against 75%; the Llama-7B block at n = 1 0.1187 ms
-against 0.1280 (interleaved, CUDA graphs). At n = 128 it costs about 4 us (0.166 vs 0.162 ms):
-cuBLAS's transposed-operand GEMMs are 2-6% slower than its plain ones at small M.
+shuffles; on the H200 the decode step gained more than cuBLAS's transposed-operand GEMMs cost at
+small M (docs/results.md "GPU decode GEMVs").
 
 Run after LiftTransformParams and before BucketDispatch; the pipeline adds it for cuda targets
 with the library GEMMs on (config.CudaLibraries.weights_nk, default True), and FuseTransposeMatmul
-after the library rewrites.
+after the library rewrites; for llvm targets, float32 weights only, for a workload that asks for it
+(Workload.weights_nk: a language model, whose decode GEMVs then read weight rows contiguously).
 """
 
 from __future__ import annotations
@@ -50,14 +49,14 @@ def _static_2d(var: relax.Var) -> bool:
     )
 
 
-def gemm_only_weights(func: relax.Function) -> list[int]:
-    """Positions (among `func`'s parameters) of the weights `func` reads only as `R.matmul(x, w)`'s w."""
+def gemm_only_weights(func: relax.Function, dtypes: tuple[str, ...] = DTYPES) -> list[int]:
+    """Positions (among `func`'s parameters) of the weights of `dtypes` `func` reads only as `R.matmul(x, w)`'s w."""
     num_input = int(func.attrs["num_input"])
     users = consumers(func)
     picked = []
     for i, p in enumerate(func.params[num_input:], num_input):
         readers = users.get(p, [])
-        if not readers or not _static_2d(p) or p.ty.dtype not in DTYPES:
+        if not readers or not _static_2d(p) or p.ty.dtype not in dtypes:
             continue
         if all(plain_matmul(r) and r.args[1].same_as(p) and not r.args[0].same_as(p) for r in readers):
             picked.append(i)
@@ -120,7 +119,11 @@ def _output_binding(func: relax.Function):
 
 @tvm.transform.module_pass(opt_level=0, name="KeepWeightsNK")
 class KeepWeightsNK:
-    """Weights read only by weight GEMMs are computed at load as (N, K) and read transposed (see above)."""
+    """Weights read only by weight GEMMs are computed at load as (N, K) and read transposed (see above).
+    `dtypes`: the weight dtypes it keeps (default: those the cuBLAS calls take)."""
+
+    def __init__(self, dtypes: tuple[str, ...] = DTYPES):
+        self.dtypes = tuple(dtypes)
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         names = {gv.name_hint: gv for gv in mod.get_global_vars()}
@@ -138,7 +141,7 @@ class KeepWeightsNK:
             binding = _output_binding(tfunc)
             if binding is None or len(binding.value.fields) != len(func.params) - num_input:
                 continue
-            picked = gemm_only_weights(func)
+            picked = gemm_only_weights(func, self.dtypes)
             if not picked:
                 continue
             swapped = {}
@@ -152,12 +155,8 @@ class KeepWeightsNK:
             )
             outputs = _Outputs(mod, binding.var, {i - num_input for i in picked}, relax.analysis.get_var2val(tfunc))
             updates[transform] = relax.analysis.remove_all_unused(outputs.visit_expr(tfunc))
-            logger.info(
-                "%s: %d weight(s) kept as (N, K): %s",
-                gv.name_hint,
-                len(picked),
-                ", ".join(func.params[i].name for i in picked),
-            )
+            shown = [func.params[i].name for i in picked[:4]] + (["..."] if len(picked) > 4 else [])
+            logger.info("%s: %d weight(s) kept as (N, K): %s", gv.name_hint, len(picked), ", ".join(shown))
         if not updates:
             return mod
         mod = mod.clone()  # the pass's input stays as it was

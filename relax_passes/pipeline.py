@@ -19,13 +19,16 @@ from ..schedules.apply import ApplyTunedSchedules
 from ..schedules.rules import rule_schedules
 from ..schedules.rules.gpu_rules import require_gpu_schedules
 from ..schedules.validate import check_target
+from .block_conv_weights import LEGALIZE, BlockConvWeights
 from .bucket_dispatch import Bucket, BucketDispatch
 from .canonicalize_onnx_attention import CanonicalizeOnnxAttention
+from .conv_layout import ConvertConvLayout
 from .cublas_batched_gemm import RewriteBatchedGemmToCublas
 from .cublas_gemm import RewriteGemmToCublas
 from .cublas_gemm_add import RewriteResidualAddToCublas
 from .decompose_attention import DecomposeAttention
 from .flash_attention_cuda import RewriteAttentionToFlash
+from .fold_batch_norm import FoldBatchNorm
 from .fuse_attention import FuseAttention
 from .fuse_attention_prologue import FuseAttentionPrologue
 from .fuse_norm_gemv import FuseNormIntoGemv
@@ -34,28 +37,43 @@ from .gemv_cuda import RewriteGemvToCuda
 from .keep_weights_nk import KeepWeightsNK
 from .lift_position_tables import LiftPositionTables
 from .merge_projections import MergeProjections
+from .paged_kv_kernels import PagedKVKernels
 from .plan_memory import PlanMemory
 from .slice_after_reshape import SliceAfterReshape
 from .small_attention_tiles import SmallAttentionTiles
 from .split_to_slices import SplitToSlices
 
 
-def fusion_passes(target, plan: dict[str, list[Bucket]], options: CompileConfig = CompileConfig()) -> list:
-    """Model → fused kernels with symbolic shapes, one copy per shape bucket (what tuning sees)."""
+def fusion_passes(
+    target,
+    plan: dict[str, list[Bucket]],
+    options: CompileConfig = CompileConfig(),
+    entries: tuple[str, ...] = ("main",),
+    weights_nk: bool = False,
+) -> list:
+    """Model → fused kernels with symbolic shapes, one copy per shape bucket (what tuning sees).
+    `entries`: the functions BucketDispatch splits (a language model's `prefill`, beside its `decode`
+    and `embed`); `weights_nk` (llvm, float32): the model asks its weights kept (N, K) as stored, so
+    decode GEMVs read weight rows contiguously (Workload.entries / weights_nk)."""
     gpu = "gpu" in target.keys
     arch = str(target.attrs.get("arch", "")) if target.kind.name == "cuda" else ""
     ours = options.fusion == "relaxtune"
     libs, flash = options.cublas, options.flash_attention
     library = libs.enabled and gpu  # weight GEMMs leave TIR (cuBLAS, relaxtune's GEMV)
-    weights_nk = library and libs.weights_nk and target.kind.name == "cuda"
+    cuda_nk = library and libs.weights_nk and target.kind.name == "cuda"
+    cpu_nk = weights_nk and not gpu
     flash_on = flash.enabled and flash_attention.supports(arch)
     lift_tables = flash_on and flash.lift_tables
     return [
+        *([] if gpu else [PagedKVKernels()]),  # a paged KV cache's CPU kernels: relaxtune's, scheduled by its rules
         # Phase 1: graph fusion before the weights are lifted, so their packing runs once, at load
+        # convolutions (CPU): batch norms folded into the weights, NHWC, weights in blocks of the rule's tile
+        *([FoldBatchNorm(), ConvertConvLayout(), BlockConvWeights()] if ours and not gpu else []),
         *([FuseSwiGLU(), MergeProjections(), SplitToSlices()] if ours and not gpu else []),
         *([MergeProjections(copy_slices=True)] if ours and gpu else []),  # q/k/v, gate/up: one GEMM each
         relax.transform.LiftTransformParams(),  # weight-only work (transposes, packing) runs at load
-        *([KeepWeightsNK()] if weights_nk else []),  # weights only GEMMs read stay (N, K)
+        *([KeepWeightsNK()] if cuda_nk else []),  # weights only GEMMs read stay (N, K)
+        *([KeepWeightsNK(dtypes=("float32",))] if cpu_nk else []),
         # Phase 2: attention as one online-softmax kernel (CPU): no n x n scores in memory
         *(
             [CanonicalizeOnnxAttention(), FuseAttention(), LiftPositionTables(), FuseAttentionPrologue()]
@@ -64,7 +82,7 @@ def fusion_passes(target, plan: dict[str, list[Bucket]], options: CompileConfig 
         ),
         *([] if flash_on else [DecomposeAttention()]),  # attention left: matmul / masked softmax / matmul
         # Phase 3: one function per shape bucket; main checks the bounds and dispatches
-        BucketDispatch(plan),
+        BucketDispatch(plan, entries),
         *([SmallAttentionTiles(), FuseNormIntoGemv()] if ours and not gpu else []),  # short-sequence buckets
         *([LiftPositionTables()] if lift_tables else []),  # rotary tables once up to each bucket's bound
         *(
@@ -87,11 +105,11 @@ def fusion_passes(target, plan: dict[str, list[Bucket]], options: CompileConfig 
         *([RewriteGemmToCublas(min_rows=libs.min_rows, decode_wide=libs.decode_wide)] if library else []),
         *([RewriteResidualAddToCublas(min_rows=libs.residual_min_rows)] if library and libs.residual else []),
         *([RewriteBatchedGemmToCublas(min_rows=libs.batched_min_rows)] if library and libs.batched else []),
-        *([relax.transform.FuseTransposeMatmul()] if weights_nk else []),  # what they left: one NT kernel each
+        *([relax.transform.FuseTransposeMatmul()] if cuda_nk or cpu_nk else []),  # what they left: one NT kernel each
         # Phase 5: every op a TIR kernel (shapes stay symbolic), stock fusion of the element-wise rest
         relax.backend.DispatchSampling(),
         relax.backend.DispatchSortScan(),
-        relax.transform.LegalizeOps(),
+        relax.transform.LegalizeOps(LEGALIZE),  # BlockConvWeights' convolutions by their own TE kernel
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
@@ -109,12 +127,14 @@ def pipeline(
     index: dict | None = None,
     verdicts=None,
     rules: list | None = None,
+    entries: tuple[str, ...] = ("main",),
+    weights_nk: bool = False,
 ) -> tvm.transform.Pass:
     """The full build for `target`: fusion, tuned schedules, rules, memory planning, lowering.
     `rules`: the rule list (default: the target's, schedules/rules `rule_schedules`)."""
     gpu = "gpu" in target.keys
     passes = [
-        *fusion_passes(target, plan, options),
+        *fusion_passes(target, plan, options, entries, weights_nk),
         # Phase 6: schedules. Records that beat the rules, padded where exact, each checked once where
         # its target runs here; a bucket whose records lost to its rules in the compiled block keeps
         # its rules (schedules/verdicts.py). Then the rules for every kernel left.
@@ -175,8 +195,13 @@ def lowering_passes() -> list:
 
 
 def fuse(
-    mod: tvm.IRModule, target, plan: dict[str, list[Bucket]], options: CompileConfig = CompileConfig()
+    mod: tvm.IRModule,
+    target,
+    plan: dict[str, list[Bucket]],
+    options: CompileConfig = CompileConfig(),
+    entries: tuple[str, ...] = ("main",),
+    weights_nk: bool = False,
 ) -> tvm.IRModule:
     """Run the fusion phases only (what task extraction reads), with the build's library rewrites."""
     with target:
-        return tvm.transform.Sequential(fusion_passes(target, plan, options))(mod)
+        return tvm.transform.Sequential(fusion_passes(target, plan, options, entries, weights_nk))(mod)

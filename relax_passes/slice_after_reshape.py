@@ -5,17 +5,15 @@ LiftPositionTables computes the rotary cos/sin tables once, at the bound ``U`` (
 FoldConstant), and slices them to ``n`` per call: ``reshape(strided_slice(T, [0], [0], [n]), (1, n,
 1, d))``. The reshape of a symbolic-shape tensor legalizes to a kernel that AnnotateTIROpPattern
 marks opaque (its index is taken ``% n``), so FuseOps cannot fuse the slice through it into k's
-rotation kernel: the slice stays a kernel of its own (one per table, measured on the H200 in place
-of the table kernel they replaced), and RewriteDataflowReshape later makes the reshape a view.
+rotation kernel: the slice stays a kernel of its own (one per table), and RewriteDataflowReshape
+later makes the reshape a view.
 
 Rewritten here as ``strided_slice(reshape(T, (1, U, 1, d)), [1], [0], [n])``: the reshape of the
 static table folds to a constant (FoldConstant), and the slice, an injective ``T[0, s, 0, j]``
 read, fuses into its consumer, which then reads the whole table in place.
 
-Measured on the H200 (7B block, flash path, benchmarks/gpu_job.py): with LiftPositionTables and this
-pass, the per-call table kernel (9.7-9.9 us at n = 128 and 2048) is gone and no slice kernel took
-its place; k's rotation reads the (1, U, 1, d) tables in place (7.9 us at n = 2048 with
-RowElementwise's per-half schedule).
+With LiftPositionTables and this pass the per-call table kernel is gone and no slice kernel takes
+its place; k's rotation reads the (1, U, 1, d) tables in place (the H200's figures: docs/results.md).
 
 Fires when the reshape only inserts unit dimensions into the slice's shape, the slice is on one
 axis from 0 with stride 1, and the table's shape is static. Matches operators, never names; a

@@ -5,3 +5,12 @@ the benchmarks) size TVM's CPU thread pool first (`relaxtune.threads.configure`)
 """
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """`relaxtune.LLM` (runtime/llm.py), imported on first use: the runtime only, never the compiler."""
+    if name == "LLM":
+        from .runtime.llm import LLM
+
+        return LLM
+    raise AttributeError(f"module 'relaxtune' has no attribute {name!r}")

@@ -8,13 +8,14 @@ import logging
 import os
 import sys
 
-from . import threads
+from . import threads, torchvision_compat
 from .errors import UserError
 
 COMMANDS = {
     "tune": "tune a workload's kernels into the cache",
     "compile": "compile a workload with the cache applied and export NAME.so",
     "run": "load an exported artifact (runtime only), run it, check it against the reference",
+    "generate": "generate text with a compiled language model (runtime only), tokens streamed",
     "bench": "one table: relaxtune vs stock TVM vs torch eager vs torch.compile",
     "cache": "inspect and maintain the tuning cache: ls, show, merge, prune",
     "report": "reports on a workload, the cache or a tuning job (markdown, --json, PNG plots)",
@@ -27,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     # call); passive waiting keeps both honest. Must be set before torch is first imported.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     threads.configure()  # before TVM's first parallel kernel sizes its pool
+    torchvision_compat.install()  # before anything imports torchvision (transformers does)
     parser = argparse.ArgumentParser(
         prog="relaxtune", description="A tuning compiler for dynamic-shape models on TVM Relax."
     )

@@ -32,7 +32,13 @@ def tune(workload: Workload, target: ResolvedTarget, job: JobConfig, progress: b
     database, folder = open_cache(target, job, writable=True)
     logger.info("target %s; cache %s; %d tasks", target.json, folder, len(tasks))
     result = run_tuning(tasks, target.target, database, job.tune, folder, progress=progress, workload=workload.name)
-    if job.tune.check_buckets and not job.tune.rpc_tracker:
+    if job.tune.check_buckets and not job.tune.rpc_tracker and workload.entries != ("main",):
+        logger.info(
+            "bucket check skipped: %s's buckets (%s) run against a KV cache, which the check cannot drive",
+            workload.name,
+            ", ".join(workload.entries),
+        )
+    elif job.tune.check_buckets and not job.tune.rpc_tracker:
         # no new trial: the records are as they were, but their buckets may never have been checked
         # with the compiler that builds them now (a verdict names the bucket's kernels and records)
         result.buckets = check_buckets(workload, target, job, only_unchecked=not result.trials_run)

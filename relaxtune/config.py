@@ -5,6 +5,7 @@ A job is described by one `JobConfig`, passed down whole; the stages read the pa
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -194,11 +195,27 @@ class CompileConfig:
             object.__setattr__(self, "flash_attention", FlashAttention(enabled=self.flash_attention))
 
 
+CACHE_VARIABLE = "RELAXTUNE_CACHE"
+
+
+def default_cache_dir() -> Path:
+    """Where the tuning cache lives when `--cache` is not given: $RELAXTUNE_CACHE; else `tuning_logs/`
+    in the working directory where it exists (a relaxtune checkout, with its committed caches); else
+    the user's cache folder, $XDG_CACHE_HOME/relaxtune (~/.cache/relaxtune)."""
+    chosen = os.environ.get(CACHE_VARIABLE, "").strip()
+    if chosen:
+        return Path(chosen).expanduser()
+    if Path("tuning_logs").is_dir():
+        return Path("tuning_logs")
+    base = os.environ.get("XDG_CACHE_HOME", "").strip() or Path.home() / ".cache"
+    return Path(base) / "relaxtune"
+
+
 @dataclass(frozen=True)
 class JobConfig:
     """Everything one tune/compile job needs, passed down as one object."""
 
-    cache_dir: Path = Path("tuning_logs")
+    cache_dir: Path = field(default_factory=default_cache_dir)
     tune: TuneConfig = TuneConfig()
     buckets: BucketConfig = BucketConfig()
     compile: CompileConfig = CompileConfig()

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from relaxtune import threads
+from relaxtune import threads, torchvision_compat
 from relaxtune.schedules import intrin
 
 threads.configure()  # the test session is an entry point: TVM's pool as the CLI sizes it
+torchvision_compat.install()  # torchvision (and transformers, which imports it) without its C++ extension
 intrin.register_for("llvm")  # before anything imports MetaSchedule: skips the 35 s registry import
 
 # The slow tier (`-m slow`; .ci/run runs it after the fast one): CUDA device code compiled with nvcc,
@@ -22,7 +23,7 @@ SLOW_FILES = (
 )
 SLOW_TESTS = (
     "tests/relax_passes/test_fuse_attention.py::test_imported_attention_is_fused_and_matches_torch",
-    "tests/relaxtune/test_artifact.py::test_imported_model_runs_with_its_fills_and_reference",
+    "tests/runtime/test_artifact.py::test_imported_model_runs_with_its_fills_and_reference",
 )
 
 

@@ -16,7 +16,10 @@ def add_arguments(parser) -> None:
     common.add_gpu_options(parser)
     common.add_shape(parser, many=True)
     parser.add_argument(
-        "--systems", default="relaxtune,tvm-stock,torch,torch.compile", help="comma-separated subset to run"
+        "--systems",
+        default=None,
+        help="comma-separated, of relaxtune,tvm-stock,torch,torch.compile,onnxruntime "
+        "(default: the first four; torchvision: models relaxtune,torch,torch.compile,onnxruntime)",
     )
     parser.add_argument(
         "--out", type=Path, default=Path("build/bench"), help="folder for the markdown table and the PNG plot"
@@ -28,18 +31,27 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from .. import api, targets
     from ..errors import UserError
-    from ..measure.bench import SYSTEMS, markdown, plot
+    from ..measure.bench import DEFAULT_SYSTEMS, SYSTEMS, markdown, plot
 
-    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    unknown = [s for s in systems if s not in SYSTEMS]
-    if unknown or not systems:
+    chosen = [s.strip() for s in (args.systems or "").split(",") if s.strip()]
+    unknown = [s for s in chosen if s not in SYSTEMS]
+    if unknown or (args.systems is not None and not chosen):
         raise UserError(f"unknown system {unknown[0] if unknown else args.systems!r}: choose from {', '.join(SYSTEMS)}")
+    from ..workloads.language_model import is_model_spec
+
+    if is_model_spec(args.workload):  # prefill and decode against a KV cache, not one call of main
+        raise UserError(
+            f"{args.workload} is a language model: time it with python benchmarks/bench_llm.py --model {args.workload}"
+        )
     target = targets.resolve(args.target)
     job = common.job_config(args, use_cache=not args.no_cache)
     workload = common.load_workload(args)
     shapes = common.parse_shapes(args.shape, many=True)
-    torchless = [s for s in systems if s.startswith("torch")] if workload.torch_module is None else []
-    if torchless and args.systems != ",".join(SYSTEMS):
+    systems = chosen or list(workload.bench_systems or DEFAULT_SYSTEMS)
+    torchless = (
+        [s for s in systems if s.startswith("torch") or s == "onnxruntime"] if workload.torch_module is None else []
+    )
+    if torchless and chosen:
         raise UserError(
             f"{workload.name} has no torch module (ONNX files have none): drop {', '.join(torchless)} from --systems"
         )

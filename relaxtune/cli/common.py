@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..config import BucketConfig, CompileConfig, JobConfig, TuneConfig
+from ..config import CACHE_VARIABLE, BucketConfig, CompileConfig, JobConfig, TuneConfig, default_cache_dir
 from ..errors import UserError
 
 
@@ -15,14 +15,24 @@ def add_workload(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=None, help="float32 (default), float16 or bfloat16")
 
 
+CACHE_HELP = (
+    f"tuning cache folder (default: ${CACHE_VARIABLE}, else ./tuning_logs where it exists, else ~/.cache/relaxtune)"
+)
+
+
+def cache_dir(args) -> Path:
+    """`--cache`, else the default location; printed, so the user sees which cache a command used."""
+    folder = args.cache if getattr(args, "cache", None) is not None else default_cache_dir()
+    print(f"cache: {folder}")
+    return folder
+
+
 def add_target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default="cpu", help="cpu, cuda, cuda:sm_80, or a TVM target as JSON")
 
 
 def add_cache(parser: argparse.ArgumentParser, buckets: bool = True) -> None:
-    parser.add_argument(
-        "--cache", type=Path, default=Path("tuning_logs"), help="tuning cache folder (default tuning_logs/)"
-    )
+    parser.add_argument("--cache", type=Path, default=None, help=CACHE_HELP)
     if buckets:
         parser.add_argument(
             "--buckets",
@@ -124,7 +134,7 @@ def job_config(args, tune: TuneConfig | None = None, use_cache: bool = True) -> 
         "flash_attention": getattr(args, "flash_attention", None),
     }
     return JobConfig(
-        cache_dir=args.cache,
+        cache_dir=cache_dir(args),
         tune=tune or TuneConfig(),
         buckets=BucketConfig.parse(args.buckets),
         compile=CompileConfig(use_cache=use_cache, **{k: v for k, v in chosen.items() if v is not None}),

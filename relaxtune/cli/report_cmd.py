@@ -81,6 +81,7 @@ def _memory(args) -> int:
 def _tuning(args) -> int:
     from ..reports import tuning
 
+    args.cache = common.cache_dir(args)
     sources = tuning.event_files(args.cache, args.target)
     jobs = [j for j in (tuning.read_job(p) for p in sources) if j is not None]
     if not jobs:

@@ -15,7 +15,6 @@ from . import common
 
 # max error relative to the reference's largest value, per input dtype (8 mantissa bits for bfloat16: 2^-8 = 4e-3 per
 # rounding)
-TOLERANCE = {"float32": 1e-3, "float16": 3e-2, "bfloat16": 6e-2}
 
 
 def add_arguments(parser) -> None:
@@ -58,7 +57,16 @@ def typed(arrays: dict, specs: list[dict]) -> dict:
 
 def run(args) -> int:
     from ..errors import UserError
-    from ..runtime.artifact import Artifact, check_path, paths, random_inputs, read_manifest
+    from ..runtime.artifact import (
+        TOLERANCE,
+        Artifact,
+        check_path,
+        dims_of,
+        paths,
+        random_inputs,
+        read_manifest,
+        relative_error,
+    )
 
     manifest = read_manifest(args.artifact)
     stored = check_path(args.artifact)
@@ -76,6 +84,7 @@ def run(args) -> int:
         # the reference before the artifact: rebuilding the workload imports tvm.relax, which registers the
         # VM's relax.run.assert_op itself, where loading first had registered relaxtune's runtime-only one
         # (measured: "Global Function relax.run.assert_op is already registered" with TVM_USE_RUNTIME_LIB=1)
+        dims_of(manifest, inputs)  # a wrong name, rank or size is one line before the reference is rebuilt
         params = typed(dict(np.load(paths(args.artifact)[0])), manifest["params"])
         ref, why = reference(manifest, inputs, params)
         against = "reference"
@@ -88,7 +97,7 @@ def run(args) -> int:
     if ref is None:
         check, err = f"{why}: output not checked", None
     else:
-        err = float(np.max(np.abs(out.astype("float64") - ref)) / max(1.0, float(np.max(np.abs(ref)))))
+        err = relative_error(out, ref)
         tol = TOLERANCE.get(art.manifest["inputs"][0]["dtype"], 3e-2)
         check = f"max error vs {against} {err:.2e} ({'ok' if err <= tol else 'MISMATCH'})"
     print(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -62,12 +63,12 @@ def open_cache(target: ResolvedTarget, job: JobConfig, writable: bool):
     intrin.register_for(target.target.kind.name)
     folder = cache.folder_for(job.cache_dir, target)
     if not writable and not folder.exists():
-        if not Path(job.cache_dir).exists():
-            raise UserError(
-                f"cache directory {job.cache_dir} does not exist (run `relaxtune tune` first, or pass --no-cache)"
-            )
+        where = "" if Path(job.cache_dir).exists() else " (the folder does not exist)"
         logger.warning(
-            "no tuning records for target %s in %s: every kernel uses rule-based schedules", target.slug, job.cache_dir
+            "no tuning records for target %s in %s%s: every kernel uses rule-based schedules",
+            target.slug,
+            job.cache_dir,
+            where,
         )
         return None, folder
     cache.check_compatible(folder, target)
@@ -81,7 +82,8 @@ def extract_tasks(workload: Workload, target: ResolvedTarget, job: JobConfig):
 
     intrin.register_for(target.target.kind.name)
     # the build's library rewrites too: tune only the kernels the build keeps
-    return extract(fuse(workload.mod, target.target, bucket_plan(workload, job), job.compile))
+    plan = bucket_plan(workload, job)
+    return extract(fuse(workload.mod, target.target, plan, job.compile, workload.entries, workload.weights_nk))
 
 
 @dataclass
@@ -122,10 +124,43 @@ def build(workload: Workload, target: ResolvedTarget, job: JobConfig, report: Co
     if verdicts is None:
         verdicts = Verdicts.from_folder(folder if database is not None else None)
     report = report if report is not None else Counter()
-    passes = pipeline(target.target, bucket_plan(workload, job), job.compile, database, report, index, verdicts)
+    passes = pipeline(
+        target.target,
+        bucket_plan(workload, job),
+        job.compile,
+        database,
+        report,
+        index,
+        verdicts,
+        entries=workload.entries,
+        weights_nk=workload.weights_nk,
+    )
     with tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": job.compile.cuda_graphs and target.is_gpu}):
-        executable = tvm.compile(workload.mod, target=target.target, relax_pipeline=passes)
+        lowered = passes(workload.mod)  # the Relax pipeline (relax_passes/pipeline.py)
+        try:
+            executable = tvm.compile(lowered, target=target.target, relax_pipeline=None)  # the kernels' codegen
+        except Exception as err:  # noqa: BLE001 (one line naming the kernel, never a TVM traceback)
+            raise UserError(failed_kernel(lowered, target, err)) from None
     return executable, report, folder
+
+
+def failed_kernel(mod, target: ResolvedTarget, err: Exception) -> str:
+    """One line for a build that failed in codegen: the first kernel that fails alone, the model
+    operators its name holds, and TVM's last line (the whole error at debug level)."""
+    import tvm
+
+    logger.debug("build failed", exc_info=err)
+    last = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+    for gv, func in mod.functions_items():
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        try:
+            tvm.tirx.build(tvm.IRModule({gv: func}), target=target.target)
+        except Exception as alone:  # noqa: BLE001
+            ops = re.sub(r"(?<=[a-z])\d+(?=_|$)", "", gv.name_hint.removeprefix("fused_")).replace("_", " ")
+            last = (str(alone).strip().splitlines() or [last])[-1].split(" for target {")[0]
+            return f"kernel {gv.name_hint} (from the model's {ops} operators) failed to build for {target.slug}: {last}"
+    return f"the build for {target.slug} failed: {last}"
 
 
 def export(workload: Workload, target: ResolvedTarget, job: JobConfig, output: Path) -> CompileResult:
@@ -134,8 +169,43 @@ def export(workload: Workload, target: ResolvedTarget, job: JobConfig, output: P
 
     start = time.perf_counter()
     executable, report, folder = build(workload, target, job)
+    if not target.is_gpu:  # the host runs it: a build that disagrees with its reference is not written
+        verify(executable, workload)
     fingerprint = cache_fingerprint(folder) if folder is not None and folder.exists() else None
-    manifest = artifact.export(
+    exporter = workload.exporter or artifact.export  # a language model writes its own files (models/export.py)
+    manifest = exporter(
         executable, workload, target, Path(output), bucket_plan(workload, job), fingerprint, dict(report)
     )
     return CompileResult(Path(output), manifest, report, time.perf_counter() - start)
+
+
+def verify(executable, workload: Workload) -> None:
+    """Run the build once at a small shape (every dimension at 3 within its bounds, as the stored
+    check) against the workload's reference; UserError when it is off by more than the dtype allows
+    (an importer that computes the model wrong, or a relaxtune bug), so no wrong artifact is written.
+    A reference that cannot be computed here checks nothing."""
+    import tvm
+    from tvm import relax
+
+    from ..runtime.artifact import TOLERANCE, prepare_params, relative_error
+
+    if workload.reference is None:
+        return
+    dims = {d.name: min(d.upper, max(d.lower, 3)) for d in workload.dims.values()}
+    inputs = workload.random_inputs(dims)
+    try:
+        want = workload.reference(inputs, workload.params)
+    except Exception as err:  # noqa: BLE001 (as the stored check: no reference, no verdict)
+        logger.warning("%s: its reference failed at %s (%s): the build is not checked", workload.name, dims, err)
+        return
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    params = prepare_params(vm, [tvm.runtime.tensor(v) for v in workload.params.values()])
+    got = vm["main"](*[tvm.runtime.tensor(inputs[t.name]) for t in workload.inputs], *params).numpy()
+    dtype = next((t.dtype for t in workload.inputs if t.dtype.startswith(("float", "bfloat"))), "float32")
+    err, allowed = relative_error(got, want), TOLERANCE.get(dtype, TOLERANCE["float16"])
+    if not err <= allowed:  # NaN included
+        shape = ", ".join(f"{k}={v}" for k, v in dims.items())
+        raise UserError(
+            f"the build of {workload.name} disagrees with its reference at {shape}: max error {err:.2e} > {allowed:g}"
+            " (nothing written; `relaxtune compile --fusion stock` or another importer may tell where)"
+        )

@@ -10,18 +10,16 @@
   weight kept as (N, K) (`y = x @ w^T`, PyTorch Linear's layout; relax_passes/keep_weights_nk.py):
   a warp reads whole weight rows and reduces with shuffles, 16 warps x 2 features per block, the
   8 products of each 16-byte fp16 vector summed in fp16 (HFMA2), then in fp32; 512-thread blocks
-  for grids of one wave, 256-thread ones (two per SM) beyond. H200, fp16, 1 row, weights from
-  memory (benchmarks/gemv_check.py in gpu_job.py run, 2026-12-01), eager / in a graph, % of the 4268
-  GB/s copy: o_proj 4096 x 4096 9.77 / 9.65 us (80.5% / 81.5%; the (K, N) kernel below 10.53 /
-  10.33), down 22.17 / 22.06 (95%; 23.18 / 22.95), gate/up 42.9 / 42.7 (99%; cuBLAS 47.4 / 46.7),
-  qkv 25.3 / 25.1 (93%; 25.3 / 25.2). Up to 4 rows of x per launch (from 4 rows cuBLAS is faster).
+  for grids of one wave, 256-thread ones (two per SM) beyond. Up to 4 rows of x per launch (from 4
+  rows cuBLAS measured faster). Its times against the copy bandwidth and cuBLAS: docs/results.md
+  (GPU decode GEMVs; `benchmarks/gemv_check.py`).
 Emitted by `RewriteGemvToCuda` (relax_passes/gemv_cuda.py) in the small (decode) buckets.
 
 The (K, N) kernel (cuda_gemv.cu) gives each block 64 output columns: 8 threads x 16-byte vectors per
 weight row, 32 or 64 K lanes per block each taking 8 consecutive rows (x: one vector load per row),
 the next 8 rows' loads in flight while the current ones are multiplied, up to 8 rows of x sharing
-one pass over the weights (more rows: one launch per 8). cuBLAS reaches 48% of the copy bandwidth
-at N = 4096 outputs on an H200: 64 column tiles are too few for 132 SMs. Here, on compute
+one pass over the weights (more rows: one launch per 8). At N = 4096 outputs, 64 column tiles are
+too few for an H200's 132 SMs (cuBLAS stays far below the copy bandwidth there). Here, on compute
 capability 9.0+, the K range of a tile is split over the blocks of a thread-block cluster, whose
 partial sums go to the leader block's shared memory (DSMEM; no workspace, nothing zeroed, no
 atomics): the default split is the smallest power of two up to 8 that gives a block to 7/8 of the
@@ -32,16 +30,12 @@ On 9.0+ the launch is a programmatic dependent one (cuLaunchKernelEx attribute):
 blocks may start as the previous kernel's blocks exit and issue their first weight loads, then
 wait (griddepcontrol.wait) before they read x or the residual or write y. So the weight must not
 be written by the kernel launched just before (RewriteGemvToCuda passes function parameters only).
-H200, fp16, 1 row, weights from memory (benchmarks/gemv_check.py, eager launches; notes s15/gemv):
-qkv 25.3 us, o_proj 10.4, down 23.2 (93% / 75% / 91% of the 4269 GB/s copy bandwidth); graph-
-captured block at n = 1: 0.1274 ms (0.1396 with every GEMV on cuBLAS; with the 256-thread kernel
-only 0.1267, with a plain launch 0.1274, splits 1 / 4 forced 0.1269 / 0.1324).
 RELAXTUNE_GEMV_SPLITS=1|2|4|8 replaces the default split, RELAXTUNE_GEMV_WIDE=0 keeps the
 256-thread kernel, RELAXTUNE_GEMV_PDL=0 launches plainly (read at each launch; for measurements).
 Launched with `cuLaunchKernelEx` (cluster dimension, programmatic serialization) on TVM's current
 stream, no allocation and no sync, so CUDA graphs capture it; libcuda is opened with `dlopen`.
 `object_file(arch)` embeds the fatbin in a host object (`.incbin`) that `artifact.export` links
-into CUDA artifacts, as for the flash attention kernel (cuda_flash_attention.py).
+into CUDA artifacts, as for the flash attention kernel (kernels/flash_attention.py).
 """
 
 from __future__ import annotations

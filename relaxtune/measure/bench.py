@@ -1,4 +1,5 @@
-"""Side-by-side latency of one workload: relaxtune vs stock TVM vs torch eager vs torch.compile.
+"""Side-by-side latency of one workload: relaxtune vs stock TVM vs torch eager vs torch.compile
+(vs ONNX Runtime, `onnxruntime_baseline.py`, where asked for).
 
 All systems run in one process, one after the other per shape, on the same inputs and weights;
 the table reports medians and the ratio to torch eager measured in the same run (this machine is
@@ -21,7 +22,8 @@ from .vm import VMRunner
 
 logger = logging.getLogger(__name__)
 
-SYSTEMS = ("relaxtune", "tvm-stock", "torch", "torch.compile")
+DEFAULT_SYSTEMS = ("relaxtune", "tvm-stock", "torch", "torch.compile")  # a workload's own `bench_systems` replace them
+SYSTEMS = (*DEFAULT_SYSTEMS, "onnxruntime")
 
 
 @dataclass
@@ -98,7 +100,7 @@ def shape_grid(workload, shapes: dict[str, list[int]]) -> list[dict[str, int]]:
     return grid
 
 
-def bench(workload, target, job, shapes: dict[str, list[int]], systems=SYSTEMS) -> list[Row]:
+def bench(workload, target, job, shapes: dict[str, list[int]], systems=DEFAULT_SYSTEMS) -> list[Row]:
     import torch
     import tvm
 
@@ -111,6 +113,10 @@ def bench(workload, target, job, shapes: dict[str, list[int]], systems=SYSTEMS) 
         builders["tvm-stock"] = tvm.compile(workload.mod, target=target.target)
     runners = {system: VMRunner.for_workload(executable, device, workload) for system, executable in builders.items()}
     modules = {}
+    if "onnxruntime" in systems:
+        from . import onnxruntime_baseline
+
+        ort_session = onnxruntime_baseline.session(workload)
     if "torch" in systems or "torch.compile" in systems:
         eager = torch_model(workload)
         modules["torch"] = eager
@@ -123,6 +129,8 @@ def bench(workload, target, job, shapes: dict[str, list[int]], systems=SYSTEMS) 
         for system in systems:
             if system in runners:
                 call, output = runners[system].caller(inputs), lambda: runners[system].outputs(inputs)
+            elif system == "onnxruntime":
+                call, output = onnxruntime_baseline.runner(ort_session, workload, inputs)
             else:
                 call, output = _torch_runner(modules[system], workload, inputs)
             out = output()

@@ -34,7 +34,8 @@ def fused_modules(workload, target, fusion: str):
 
     intrin.register_for(target.kind.name)
     options = CompileConfig(fusion=fusion)
-    passes = fusion_passes(target, api.bucket_plan(workload, JobConfig(compile=options)), options)
+    plan = api.bucket_plan(workload, JobConfig(compile=options))
+    passes = fusion_passes(target, plan, options, workload.entries, workload.weights_nk)
     cut = next(i for i, p in enumerate(passes) if p.info.name == "FuseTIR")
     with target:
         before = tvm.transform.Sequential(passes[:cut])(workload.mod)

@@ -15,9 +15,11 @@ decisions the best changed from the rule's (`rule: tuned`), and the search cost:
 time (from its job's start) to reach the rule's time and the final best.
 
 Jobs are laid end to end on the time axis in the order they ran. `--json PATH` holds
-`{"tasks": [{"name", "trials", "best_us", "wall_s", "rule_us", "tuned_over_rule", "changed", "best_decisions",
-"trials_to_rule", "trials_to_best", "s_to_rule", "s_to_best"}], "trials_per_s", "failed_builds",
-"failed_runs", "failures", "ranking", "jobs", "model_us", "tuned_over_rule_geomean"}`; a task's `wall_s` is the
+`{"tasks": [{"name", "trials", "best_us", "rules_us", "wall_s", "rule_us", "tuned_over_rule", "changed",
+"best_decisions", "trials_to_rule", "trials_to_best", "s_to_rule", "s_to_best"}], "trials_per_s", "failed_builds",
+"failed_runs", "failures", "ranking", "jobs", "model_us", "tuned_over_rule_geomean"}`; `rules_us` is the task's
+rule-based time from its job's start event (what the bucket check and the model time weigh a record against),
+`rule_us` the rule's own candidate as the search measured it. A task's `wall_s` is the
 wall time from the job's previous measured batch to its own. That attribution is approximate: MetaSchedule
 collects a batch's results when it next picks the task (or at the end), so a batch reported
 late carries the search and builds of other tasks' batches done meanwhile. The rule's fields are null
@@ -173,6 +175,7 @@ def analyse(jobs: list[dict]) -> dict:
     for row in rows:
         row["best_us"] = row["best_us"] if row["best_us"] < float("inf") else None
         row["wall_s"] = round(row["wall_s"], 2)
+        row["rules_us"] = rules.get(row["name"])  # the kernel's rule-based schedule, which a record must beat
         row.update(kernels[row["name"]].row())
     ratios = [r["tuned_over_rule"] for r in rows if r["tuned_over_rule"]]
     return {
@@ -236,16 +239,17 @@ def markdown(result: dict, sources: list[Path]) -> str:
         f"{_num(result['tuned_over_rule_geomean'], '.3f')} over {sum(1 for t in result['tasks'] if t['rule_us'])} "
         "kernels.",
         "",
-        "| task | trials | rule us | tuned us | tuned / rule | decisions changed (rule: tuned) | trials, s to the rule "
-        "| trials, s to the best | wall s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| task | trials | best us | rules us | tuned / rules | rule us | tuned / rule "
+        "| decisions changed (rule: tuned) | trials, s to the rule | trials, s to the best | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t in result["tasks"]:
         best = f"{t['best_us']:.1f}" if t["best_us"] is not None else "failed"
+        ratio = t["best_us"] / t["rules_us"] if t["best_us"] is not None and t.get("rules_us") else None
         changed = ", ".join(f"{k} {v}" for k, v in (t["changed"] or {}).items()) or ("none" if t["rule_us"] else "-")
         lines.append(
-            f"| {t['name']} | {t['trials']} | {_num(t['rule_us'], '.1f')} | {best} "
-            f"| {_num(t['tuned_over_rule'], '.3f')} | {changed} "
+            f"| {t['name']} | {t['trials']} | {best} | {_num(t.get('rules_us'), '.1f')} | {_num(ratio, '.2f')} "
+            f"| {_num(t['rule_us'], '.1f')} | {_num(t['tuned_over_rule'], '.3f')} | {changed} "
             f"| {_num(t['trials_to_rule'], 'd')}, {_num(t['s_to_rule'], '.1f')} "
             f"| {_num(t['trials_to_best'], 'd')}, {_num(t['s_to_best'], '.1f')} | {t['wall_s']:.1f} |"
         )

@@ -15,6 +15,7 @@ the source (see `cuda_device_code.py`). The GPU host needs the driver and the TV
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import logging
 import time
@@ -29,6 +30,16 @@ from .tensor_spec import restore
 logger = logging.getLogger(__name__)
 
 FORMAT = 1
+# how far an output may be from its reference: max |out - ref| / max(1, max |ref|), by the inputs' dtype
+TOLERANCE = {"float32": 1e-3, "float16": 3e-2, "bfloat16": 6e-2}
+
+
+def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
+    """max |out - ref| / max(1, max |ref|) (0 for empty outputs)."""
+    if np.size(ref) == 0:
+        return 0.0
+    ref = np.asarray(ref, dtype="float64")
+    return float(np.max(np.abs(np.asarray(out, dtype="float64") - ref)) / max(1.0, float(np.max(np.abs(ref)))))
 
 
 def _beside(so_path: Path, suffix: str) -> Path:
@@ -120,9 +131,44 @@ def export(executable, workload, target, so_path: Path, plan, cache_fingerprint,
         "schedules": schedules,
         "check": check,  # the stored reference check (NAME.check.npz): its shape, or None
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        # every file beside the manifest, as written: checked before anything is loaded (read_manifest)
+        "files": file_digests(so_path, ("so", "params", "check") if check else ("so", "params")),
     }
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def role_path(so_path: Path, role: str) -> Path:
+    """The file of an artifact with this role ("so", "params", "check"), beside its `.so`."""
+    return {"so": Path(so_path), "params": paths(so_path)[0], "check": check_path(so_path)}[role]
+
+
+def file_digests(so_path: Path, roles: tuple[str, ...]) -> dict[str, dict]:
+    """{role: {"bytes": size, "sha256": hex digest}} of an artifact's files (by role, so that the
+    artifact may be renamed as a whole)."""
+    return {r: {"bytes": role_path(so_path, r).stat().st_size, "sha256": sha256(role_path(so_path, r))} for r in roles}
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_files(manifest: dict, so_path: Path) -> None:
+    """Each file the manifest lists has its recorded size and SHA-256 (a copy cut short, or changed
+    after compile, is refused in one line before the loader maps it)."""
+    for role, want in (manifest.get("files") or {}).items():
+        path = role_path(so_path, role)
+        if not path.exists():
+            raise UserError(f"artifact file {path} does not exist (the manifest lists it)")
+        size = path.stat().st_size
+        if size != want["bytes"]:
+            raise UserError(f"artifact file {path} is damaged: {size} bytes, the manifest says {want['bytes']}")
+        if sha256(path) != want["sha256"]:
+            raise UserError(f"artifact file {path} is damaged: its SHA-256 differs from the one in the manifest")
 
 
 def ensure_cuda_runtime() -> None:
@@ -191,6 +237,32 @@ def check_dims(manifest: dict, values: dict[str, int]) -> None:
             )
 
 
+def dims_of(manifest: dict, inputs: dict[str, np.ndarray]) -> dict[str, int]:
+    """Check inputs against the manifest (names, dtypes, ranks, static sizes, bounds); return the
+    value of every symbolic dimension."""
+    specs = {t["name"]: t for t in manifest["inputs"]}
+    unknown = sorted(set(inputs) - set(specs))
+    if unknown:
+        raise UserError(f"unknown input {unknown[0]!r}: the inputs are {sorted(specs)}")
+    values: dict[str, int] = {}
+    for name, spec in specs.items():
+        if name not in inputs:
+            raise UserError(f"missing input {name!r} (shape {spec['shape']}, {spec['dtype']})")
+        array = inputs[name]
+        if str(array.dtype) != spec["dtype"]:
+            raise UserError(f"input {name!r} has dtype {array.dtype}; the artifact takes {spec['dtype']}")
+        if array.ndim != len(spec["shape"]):
+            raise UserError(f"input {name!r} has {array.ndim} dimensions; the artifact takes shape {spec['shape']}")
+        for axis, (want, got) in enumerate(zip(spec["shape"], array.shape)):
+            if isinstance(want, str):
+                if values.setdefault(want, got) != got:
+                    raise UserError(f"dimension {want} is {values[want]} in one input and {got} in {name!r}")
+            elif want != got:
+                raise UserError(f"input {name!r} has size {got} on axis {axis}; the artifact takes {want}")
+    check_dims(manifest, values)
+    return values
+
+
 def random_inputs(manifest: dict, dims: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
     """Inputs for the manifest's signature at `dims` (token ids within the vocabulary, masks of ones)."""
     check_dims(manifest, dims)
@@ -213,6 +285,11 @@ def read_manifest(so_path: str | Path) -> dict:
     """An artifact's manifest (NAME.json), checked to be whole and of this format; its files must exist."""
     so_path = Path(so_path)
     params_path, manifest_path = paths(so_path)
+    if manifest_path.exists() and '"kind": "llm"' in manifest_path.read_text():
+        raise UserError(
+            f"{so_path} is a language model (relaxtune compile gguf:...): "
+            f"run it with relaxtune generate {so_path} --prompt TEXT"
+        )
     for path in (so_path, params_path, manifest_path):
         if not path.exists():
             raise UserError(
@@ -227,6 +304,7 @@ def read_manifest(so_path: str | Path) -> dict:
             f"artifact manifest {manifest_path} has format {manifest.get('format')!r}; this relaxtune reads format "
             f"{FORMAT}"
         )
+    check_files(manifest, so_path)
     return manifest
 
 
@@ -262,27 +340,7 @@ class Artifact:
 
     def dims_of(self, inputs: dict[str, np.ndarray]) -> dict[str, int]:
         """Check inputs against the manifest; return the value of every symbolic dimension."""
-        specs = {t["name"]: t for t in self.manifest["inputs"]}
-        unknown = sorted(set(inputs) - set(specs))
-        if unknown:
-            raise UserError(f"unknown input {unknown[0]!r}: the inputs are {sorted(specs)}")
-        values: dict[str, int] = {}
-        for name, spec in specs.items():
-            if name not in inputs:
-                raise UserError(f"missing input {name!r} (shape {spec['shape']}, {spec['dtype']})")
-            array = inputs[name]
-            if str(array.dtype) != spec["dtype"]:
-                raise UserError(f"input {name!r} has dtype {array.dtype}; the artifact takes {spec['dtype']}")
-            if array.ndim != len(spec["shape"]):
-                raise UserError(f"input {name!r} has {array.ndim} dimensions; the artifact takes shape {spec['shape']}")
-            for axis, (want, got) in enumerate(zip(spec["shape"], array.shape)):
-                if isinstance(want, str):
-                    if values.setdefault(want, got) != got:
-                        raise UserError(f"dimension {want} is {values[want]} in one input and {got} in {name!r}")
-                elif want != got:
-                    raise UserError(f"input {name!r} has size {got} on axis {axis}; the artifact takes {want}")
-        self.check_dims(values)
-        return values
+        return dims_of(self.manifest, inputs)
 
     def check_dims(self, values: dict[str, int]) -> None:
         check_dims(self.manifest, values)

@@ -3,8 +3,11 @@
 ``load(spec, config, dtype)`` returns a :class:`Workload`: ``spec`` is a built-in name from
 :data:`BUILTIN` (``llama-block``, ``gpt2-block``, ``mlp``), the path of a user ``.py`` file
 (see :mod:`relaxtune.workloads.user`), or an imported model: ``torch:package.module:Factory``
-(:mod:`.torch_import`), ``hf:MODEL_TYPE`` (:mod:`.hf_import`) or a path ending in ``.onnx``
-(:mod:`.onnx_import`). ``config`` overrides a built-in's defaults; its values
+(:mod:`.torch_import`), ``hf:MODEL_TYPE`` (:mod:`.hf_import`), ``torchvision:NAME``
+(:mod:`.torchvision_import`) or a path ending in ``.onnx`` (:mod:`.onnx_import`), or a language
+model: ``gguf:PATH``, ``hf:DIR`` (a local transformers checkpoint) or a packaged model's name such
+as ``smollm2`` (:mod:`.language_model`).
+``config`` overrides a built-in's defaults; its values
 may be strings (as parsed by :func:`parse_config` from ``hidden=512,heads=8``) and are converted
 to the type of the default.
 """
@@ -102,6 +105,12 @@ def _load(spec: str, config: Mapping[str, str] | None, dtype: str | None) -> Wor
     if spec in BUILTIN:
         builtin = BUILTIN[spec]
         return builtin.build(resolve_config(builtin, config, dtype))
+    from .language_model import is_model_spec
+
+    if is_model_spec(spec):
+        from .language_model import load as load_model
+
+        return load_model(spec, config, dtype)
     if spec.startswith("torch:"):
         from .torch_import import load_torch
 
@@ -110,6 +119,10 @@ def _load(spec: str, config: Mapping[str, str] | None, dtype: str | None) -> Wor
         from .hf_import import load_hf
 
         return load_hf(spec[len("hf:") :], config, dtype)
+    if spec.startswith("torchvision:"):
+        from .torchvision_import import load_torchvision
+
+        return load_torchvision(spec, config, dtype)
     if spec.endswith(".onnx"):
         from .onnx_import import load_onnx
 
@@ -120,5 +133,5 @@ def _load(spec: str, config: Mapping[str, str] | None, dtype: str | None) -> Wor
         raise UserError(f"user workload file {spec!r} does not exist: give a built-in name or a path to a .py file")
     raise UserError(
         f"unknown workload {spec!r}: use one of {', '.join(BUILTIN)}, a path to a .py or .onnx file, "
-        "torch:package.module:Factory or hf:MODEL_TYPE"
+        "torch:package.module:Factory, hf:MODEL_TYPE, hf:DIR, torchvision:NAME, gguf:PATH or smollm2"
     )

@@ -37,6 +37,11 @@ class Workload:
     ``reference(inputs, params)`` computes the expected output with numpy or torch, and
     ``torch_module()`` (when given) builds an equivalent ``torch.nn.Module`` with these weights,
     whose ``forward`` takes the inputs positionally, for benchmarks.
+
+    A module with several entry functions (a language model: ``embed``, ``prefill``, ``decode``)
+    names in ``entries`` the ones split into shape buckets; ``weights_nk`` keeps its GEMMs reading the
+    weights as stored, (out, in) (the pipeline's `target_fusion_passes`); ``exporter``, when set,
+    writes its artifact instead of `relaxtune.runtime.artifact.export` (same arguments).
     """
 
     name: str
@@ -50,6 +55,11 @@ class Workload:
     flops: Callable[[Mapping[str, int]], float] | None = None
     spec: str = ""  # how it was named to `workloads.load` (built-in name, hf:..., torch:..., path)
     spec_config: dict[str, object] = field(default_factory=dict)  # the config given to `load` with it
+    entries: tuple[str, ...] = ("main",)
+    weights_nk: bool = False
+    exporter: Callable[..., dict] | None = None
+    # what `relaxtune bench` runs when --systems is not given (empty: bench's default)
+    bench_systems: tuple[str, ...] = ()
 
     def check_shape(self, values: Mapping[str, int]) -> None:
         unknown = sorted(set(values) - set(self.dims))

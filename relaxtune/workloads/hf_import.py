@@ -22,7 +22,8 @@ Config keys (:data:`DEFAULTS`): ``hidden``, ``layers``, ``heads``, ``kv_heads`` 
 grouped-query attention), ``ffn``, ``vocab`` (mapped onto the family's own config names),
 ``max_seq`` (bound of ``n``, also the model's ``max_position_embeddings``), ``max_batch``,
 ``attn`` (``transformers``' ``attn_implementation``), ``head`` (``lm``: causal-LM logits,
-``base``: last hidden state; default ``base`` for :data:`ENCODERS`), ``weights``, ``seed``. Any
+``base``: last hidden state; default ``base`` for :data:`ENCODERS` and families without a causal-LM
+head), ``weights``, ``seed``. Any
 other key that the family's config class has (``rope_theta=5e5``) is passed on, converted to
 the type of its default. Must run before: nothing (``transformers`` must be installed).
 """
@@ -53,7 +54,7 @@ DEFAULTS: dict[str, object] = {
     "weights": "",
     "seed": 0,
 }
-ENCODERS = ("bert",)
+ENCODERS = ("bert", "roberta")
 # relaxtune key -> the standard transformers config attribute (families rename via attribute_map)
 ARCH_KEYS = {
     "hidden": "hidden_size",
@@ -68,6 +69,9 @@ ALIASES = {"intermediate_size": ("n_inner",)}  # GPT-2 names its MLP width n_inn
 
 
 def _transformers():
+    from ..torchvision_compat import install
+
+    install()  # transformers imports torchvision when it is installed: without its C++ extension too
     try:
         import transformers
     except ImportError:
@@ -83,6 +87,13 @@ def _config_class(transformers, model_type: str):
             f"unknown Hugging Face model type {model_type!r}: use a transformers model_type such as llama, qwen2, "
             "mistral, gpt2, gpt_neox or bert"
         ) from None
+
+
+def _has_causal_lm(transformers, config_class) -> bool:
+    """Whether transformers has a causal-LM head for this family (encoders have none: `head=base`)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return config_class.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 
 def _attr_name(default_config, standard: str) -> str | None:
@@ -121,7 +132,7 @@ def resolve(model_type: str, config: Mapping[str, object] | None, transformers) 
             f"config weights={settings['weights']} fixes the architecture: drop {sorted(set(given) & set(ARCH_KEYS))}"
         )
     if not settings["head"]:
-        settings["head"] = "base" if model_type in ENCODERS else "lm"
+        settings["head"] = "base" if model_type in ENCODERS or not _has_causal_lm(transformers, cls) else "lm"
     if settings["head"] not in ("lm", "base"):
         raise UserError(f"config head={settings['head']!r} is invalid: use lm (logits) or base (last hidden state)")
     for key in ("hidden", "layers", "heads", "ffn", "vocab", "max_seq", "max_batch"):
@@ -131,7 +142,7 @@ def resolve(model_type: str, config: Mapping[str, object] | None, transformers) 
     for key, standard in ARCH_KEYS.items():
         name = _attr_name(default_config, standard)
         if name is None:
-            if key in given:
+            if key in given and key != "max_seq":  # max_seq stays the bound of n (ALiBi models have no table)
                 raise UserError(
                     f"config key {key!r} does not apply to hf:{model_type} ({cls.__name__} has no {standard})"
                 )
@@ -141,6 +152,11 @@ def resolve(model_type: str, config: Mapping[str, object] | None, transformers) 
         token = getattr(default_config, key, None)
         if isinstance(token, int) and token >= int(settings["vocab"]):
             kwargs[key] = 0
+    # a rotary width fixed for the family's real sizes (GPT-J's 64) cannot exceed a tiny head
+    rotary = getattr(default_config, "rotary_dim", None)
+    head_dim = int(settings["hidden"]) // int(settings["heads"])
+    if isinstance(rotary, int) and rotary > head_dim and not settings["weights"]:
+        kwargs["rotary_dim"] = head_dim
     kwargs.update(extra)
     return settings, kwargs
 
@@ -169,7 +185,14 @@ def _build_model(transformers, model_type: str, settings: dict, kwargs: dict):
         with torch.random.fork_rng():
             torch.manual_seed(int(settings["seed"]))
             try:
-                model = auto.from_config(cfg)
+                try:
+                    model = auto.from_config(cfg)
+                except ValueError as err:  # a family without an SDPA path (gemma2): its eager attention
+                    if attn != "sdpa" or "attention implementation" not in str(err):
+                        raise
+                    logger.info("hf:%s has no sdpa attention; built with attn=eager", model_type)
+                    cfg = transformers.AutoConfig.for_model(model_type, attn_implementation="eager", **kwargs)
+                    model = auto.from_config(cfg)
             except ValueError as err:
                 raise UserError(
                     f"hf:{model_type} cannot be built with {kwargs} and head={settings['head']}: "

@@ -110,16 +110,17 @@ def _translate(name: str, program):
     from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
     importer = ExportedProgramImporter()
-    missing = sorted(
-        {
-            n.target.__name__
-            for n in program.graph.nodes
-            if n.op == "call_function" and n.target.__name__ not in importer.convert_map
-        }
-    )
+    missing: dict[str, list[str]] = {}  # operator -> the graph nodes calling it
+    for node in program.graph.nodes:
+        if node.op == "call_function" and node.target.__name__ not in importer.convert_map:
+            missing.setdefault(node.target.__name__, []).append(node.name)
     if missing:
+        where = "; ".join(
+            f"{op} (node {', '.join(nodes[:3])}{', ...' if len(nodes) > 3 else ''})"
+            for op, nodes in sorted(missing.items())
+        )
         raise UserError(
-            f"cannot import {name}: TVM's PyTorch importer has no converter for operator(s) {', '.join(missing)} "
+            f"cannot import {name}: TVM's PyTorch importer has no converter for operator(s) {where} "
             "(rewrite them with supported torch ops)"
         )
 

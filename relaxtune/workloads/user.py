@@ -6,14 +6,19 @@ define either
 * ``workload()`` returning a :class:`~relaxtune.workloads.base.Workload` (config items are passed
   as keyword arguments with string values, and ``dtype=`` when given and accepted), or
 * a module-level ``mod``: a Relax ``tvm.IRModule`` with a ``main`` function. Its symbolic
-  dimensions need ``tir_var_upper_bound`` (``tir_var_lower_bound`` is optional, default 1).
+  dimensions need ``tir_var_upper_bound`` (``tir_var_lower_bound`` is optional, default 0: an
+  empty dimension, such as the cache of a first decode step, is a value like any other).
   Every parameter of ``main`` becomes an input (``num_input`` is set to their count), the
   weights dict is empty, each dimension's representative value is ``min(128, upper)``
-  (at least ``lower``), and there is no reference.
+  (at least ``lower`` and 1).
+
+A workload without a reference of its own gets stock TVM's build of its un-transformed module
+(`tvm.compile` with TVM's default pipeline: naive loop nests, slow, and independent of relaxtune).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import inspect
@@ -21,6 +26,8 @@ import logging
 import os
 import sys
 from typing import Mapping
+
+import numpy as np
 
 from ..errors import UserError
 from .base import Dim, TensorSpec, Workload
@@ -72,6 +79,8 @@ def load_user(path: str, config: Mapping[str, str] | None = None, dtype: str | N
             f"user workload file {path!r} defines neither workload() nor a module-level `mod` "
             "(a Relax IRModule with a `main` function)"
         )
+    if workload.reference is None:
+        workload = dataclasses.replace(workload, reference=stock_reference(workload))
     if dtype is not None:
         wrong = [t for t in workload.inputs if t.dtype.startswith("float") and t.dtype != dtype]
         if wrong:
@@ -146,8 +155,30 @@ def _dim(var: str, name: str, upper: dict[str, int], lower: dict[str, int], dims
                 f"symbolic dimension {var!r} of main in {name!r} has no upper bound: add "
                 f'R.func_attr({{"tir_var_upper_bound": {{"{var}": N}}}})'
             )
-        low, high = lower.get(var, 1), upper[var]
-        if not 1 <= low <= high:
-            raise UserError(f"dimension {var!r} in {name!r} has bounds [{low}, {high}]: need 1 <= lower <= upper")
-        dims[var] = Dim(var, low, high, max(low, min(REPRESENTATIVE, high)))
+        low, high = lower.get(var, 0), upper[var]
+        if not 0 <= low <= high or high < 1:
+            raise UserError(
+                f"dimension {var!r} in {name!r} has bounds [{low}, {high}]: need 0 <= lower <= upper, upper >= 1"
+            )
+        dims[var] = Dim(var, low, high, max(low, 1, min(REPRESENTATIVE, high)))
     return var
+
+
+def stock_reference(workload: Workload):
+    """`reference(inputs, params)` by stock TVM: the un-transformed module built with `tvm.compile`'s
+    default pipeline for the host CPU (built once, on first use)."""
+    built = {}
+
+    def reference(inputs, params):
+        import tvm
+        from tvm import relax
+
+        if "vm" not in built:
+            built["vm"] = relax.VirtualMachine(tvm.compile(workload.mod, target=tvm.target.Target("llvm")), tvm.cpu())
+        args = [inputs[t.name] for t in workload.inputs] + list(params.values())
+        out = built["vm"]["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in args])
+        if not hasattr(out, "numpy"):
+            raise UserError(f"main of {workload.name} returns {type(out).__name__}: a reference compares one tensor")
+        return out.numpy()
+
+    return reference

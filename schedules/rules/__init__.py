@@ -15,23 +15,31 @@ import tvm
 from tvm.s_tir import dlight as dl
 
 from .cpu_attention import Attention
+from .cpu_conv2d import Conv2d
 from .cpu_elementwise import Elementwise
 from .cpu_fallback import Fallback
 from .cpu_gemv import Gemv
 from .cpu_matmul import Matmul
 from .cpu_norm_gemv import NormGemv
+from .cpu_paged_attention import PagedAttention
+from .cpu_paged_copy import PagedCopy
 from .cpu_reduction import Reduction
+from .cpu_window import Window
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "Attention",
+    "Conv2d",
     "Elementwise",
     "Fallback",
     "Gemv",
     "Matmul",
     "NormGemv",
+    "PagedAttention",
+    "PagedCopy",
     "Reduction",
+    "Window",
     "apply_cpu_rules",
     "cpu_rules",
     "rule_schedules",
@@ -49,16 +57,21 @@ def rule_schedules(target, rules: list | None = None) -> tvm.transform.Pass:
 
 
 def cpu_rules(fast_math: bool = True) -> list:
-    """The CPU rules in the order they are tried: fused attention, normalization + GEMV, GEMV, matmul,
-    row reductions, element-wise, fallback.
+    """The CPU rules in the order they are tried: fused attention, the paged KV cache's kernels,
+    normalization + GEMV, GEMV, convolution and window reductions (NHWC: depthwise, pooling, image
+    means), matmul, row reductions, element-wise, fallback.
 
     ``fast_math`` replaces float32 exp / erf / tanh / sigmoid by vectorizable approximations
     (error < 4e-7, see ``fast_math``); TVM otherwise calls scalar libm for each element.
     """
     return [
         Attention(fast_math=fast_math),
+        PagedAttention(fast_math=fast_math),
+        PagedCopy(fast_math=fast_math),
         NormGemv(fast_math=fast_math),
         Gemv(fast_math=fast_math),
+        Conv2d(fast_math=fast_math),
+        Window(fast_math=fast_math),
         Matmul(fast_math=fast_math),
         Reduction(fast_math=fast_math),
         Elementwise(fast_math=fast_math),

@@ -9,6 +9,7 @@ ones, but a symbolic loop only when outermost or with >= 256 elements of work pe
 split by the largest power of two <= SIMD
 width that divides it; a symbolic innermost loop is split by the SIMD width and its outer part gets
 ``pragma_loop_partition_hint``, so lowering peels a predicate-free vector body plus a scalar tail.
+A block of static extents with fewer than ``_utils.PARALLEL_MIN_WORK`` iterations is not parallelized.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ logger = logging.getLogger(__name__)
 
 
 def parallel_vectorize(sch: s_tir.Schedule, blk, vec: int) -> None:
-    """Parallelize all loops but the innermost and vectorize the innermost one."""
+    """Parallelize all loops but the innermost (unless the nest is too small) and vectorize the innermost one."""
     loops = sch.get_loops(blk)
     if not loops:
         return
+    serial = U.too_small_to_parallelize(sch, loops)  # a decode step's activation: no thread-pool launch
     inner = loops[-1]
     ext = U.static(U.extent(sch, inner))
     lane_work = 256  # a symbolic innermost loop: assume it is long
@@ -50,7 +52,7 @@ def parallel_vectorize(sch: s_tir.Schedule, blk, vec: int) -> None:
             sch.unannotate(outer_part, "pragma_loop_partition_hint")
             sch.parallel(outer_part)
             return
-    if loops:
+    if loops and not serial:
         loops = loops[: U.parallel_depth(sch, loops, lane_work)]
         sch.parallel(sch.fuse(*loops) if len(loops) > 1 else loops[0])
 

@@ -8,7 +8,8 @@ How it schedules: inline the spatial blocks that can be inlined; then for every 
 the root, fuse the maximal prefix of loops that only drive spatial block iterators into one
 parallel loop (safe: distinct iterations write distinct elements), and, for an injective block,
 vectorize its innermost loop when its extent is static (split by a power of two <= SIMD width).
-Reduction loops are left serial. A function it cannot improve is still returned (unchanged loops)
+Reduction loops are left serial, and so is a block nest of static extents below
+``_utils.PARALLEL_MIN_WORK`` iterations. A function it cannot improve is still returned (unchanged loops)
 so that it is marked scheduled.
 """
 
@@ -69,6 +70,7 @@ class Fallback(fast_math.FastMathRule):
         if not stmt.iter_vars:
             return
         loops = sch.get_loops(blk)
+        serial = U.too_small_to_parallelize(sch, loops)  # a decode step's small block: no thread-pool launch
         n_prefix = len(_spatial_prefix(sch, blk))
         injective = all(iv.iter_type == tirx.IterVar.DataPar for iv in stmt.iter_vars)
         ext = U.static(U.extent(sch, loops[-1])) if loops else None
@@ -83,6 +85,6 @@ class Fallback(fast_math.FastMathRule):
                     loops = loops[:-1]
                     n_prefix = min(n_prefix, len(loops))
                 sch.vectorize(inner)
-        prefix = loops[: min(n_prefix, U.parallel_depth(sch, loops, 1))] if n_prefix else []
+        prefix = loops[: min(n_prefix, U.parallel_depth(sch, loops, 1))] if n_prefix and not serial else []
         if prefix:
             sch.parallel(sch.fuse(*prefix) if len(prefix) > 1 else prefix[0])

@@ -16,7 +16,8 @@ How it schedules:
 2. A reduction over a symbolic axis is padded (``pad_einsum``) to a multiple of the SIMD width,
    with the pad filled by the reducer's identity (``pad_einsum`` always fills 0, which is wrong
    for ``max``, so the fill value is patched to the block's init value).
-3. Fuse the row axes of the last block into one parallel loop and ``compute_at`` every other block
+3. Fuse the row axes of the last block into one parallel loop (serial where the nest is static and
+   smaller than ``_utils.PARALLEL_MIN_WORK``) and ``compute_at`` every other block
    under it, so all intermediates shrink to one row and stay in cache.
 4. Reductions: split by the SIMD width and ``rfactor`` so partial sums / maxima are one vector,
    then one horizontal reduction (no rfactor on an imperfect split: TVM 0.27's rfactor drops the
@@ -206,8 +207,10 @@ class Reduction(CPUScheduleRule):
                     rf_names.add(sch.get(rf_block).name_hint)
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
         loops = sch.get_loops(blocks[-1])
+        serial = U.too_small_to_parallelize(sch, loops)  # a decode step's norm: no thread-pool launch
         row = sch.fuse(*loops[:rows]) if rows > 1 else loops[0]
-        sch.parallel(row)
+        if not serial:
+            sch.parallel(row)
         for blk in reversed(blocks[:-1]):
             sch.compute_at(blk, row, preserve_unit_loops=True)
         for blk in blocks:

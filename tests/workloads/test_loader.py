@@ -99,7 +99,7 @@ def test_user_tvmscript_file_loads_with_derived_dims():
     ]
     dim = w.dims["n"]
     assert (dim.name, dim.lower, dim.upper, dim.representative) == ("n", 2, 256, 128)
-    assert w.params == {} and w.reference is None
+    assert w.params == {} and w.reference is not None  # stock TVM's build of the module
     assert int(w.mod["main"].attrs["num_input"]) == 3
     ex = tvm.compile(w.mod, target=tvm.target.Target({"kind": "llvm", "num-cores": 2}))
     inputs = w.random_inputs({"n": 5})

@@ -9,12 +9,16 @@ from tvm.script import tirx as T
 
 from relaxtune.schedules.rules import apply_cpu_rules, cpu_rules
 from relaxtune.schedules.rules.cpu_attention import Attention
+from relaxtune.schedules.rules.cpu_conv2d import Conv2d
 from relaxtune.schedules.rules.cpu_elementwise import Elementwise
 from relaxtune.schedules.rules.cpu_fallback import Fallback
 from relaxtune.schedules.rules.cpu_gemv import Gemv
 from relaxtune.schedules.rules.cpu_matmul import Matmul
 from relaxtune.schedules.rules.cpu_norm_gemv import NormGemv
+from relaxtune.schedules.rules.cpu_paged_attention import PagedAttention
+from relaxtune.schedules.rules.cpu_paged_copy import PagedCopy
 from relaxtune.schedules.rules.cpu_reduction import Reduction
+from relaxtune.schedules.rules.cpu_window import Window
 
 HID, HEADS, FFN = 64, 4, 96
 D = HID // HEADS
@@ -114,7 +118,19 @@ def test_scheduled_functions_are_left_untouched_and_input_not_mutated(kit, cpu_t
 
 
 def test_rule_order_most_specific_first():
-    assert [type(r) for r in cpu_rules()] == [Attention, NormGemv, Gemv, Matmul, Reduction, Elementwise, Fallback]
+    assert [type(r) for r in cpu_rules()] == [
+        Attention,
+        PagedAttention,
+        PagedCopy,
+        NormGemv,
+        Gemv,
+        Conv2d,
+        Window,
+        Matmul,
+        Reduction,
+        Elementwise,
+        Fallback,
+    ]
     assert all(r.fast_math is False for r in cpu_rules(fast_math=False))
 
 

@@ -80,3 +80,22 @@ def test_does_not_fire_on_reductions(kit, cpu_target):
     total = kit.only_prim_func(kit.fuse(kit.build([x], lambda bb, x: kit.R.sum(x, axis=0)), cpu_target))
     assert kit.apply_rule(Elementwise(), rms, cpu_target) is None
     assert kit.apply_rule(Elementwise(), total, cpu_target) is None
+
+
+def test_a_zero_width_block_is_never_vectorized(kit, cpu_target):
+    """Partial RoPE with the rotary part covering the whole head leaves a zero-width pass-through slice
+    (hf:phi3): LLVM's codegen refuses a vectorized loop of extent 0 ("Failed to vectorize loop")."""
+    x = kit.tensor("x", (kit.N, 16))
+
+    def body(bb, x):
+        empty = bb.emit(kit.R.strided_slice(x, axes=[1], begin=[16], end=[16]))
+        return kit.R.multiply(kit.R.concat([kit.R.negative(x), empty], axis=1), x)
+
+    mod = apply_cpu_rules(kit.fuse(kit.build([x], body), cpu_target), cpu_target)
+    assert "T.vectorized(T.int64(0))" not in mod.script()
+    run = kit.Runner(mod, cpu_target)
+    rng = np.random.default_rng(2)
+    assert run(kit.rand(rng, 0, 16)).shape == (0, 16)
+    for n in (1, 37):
+        v = kit.rand(rng, n, 16)
+        kit.assert_close(run(v), -v * v)

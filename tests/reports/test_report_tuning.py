@@ -78,8 +78,11 @@ def test_report_json_markdown_and_plots(cache, tmp_path, capsys):
     assert sum(t["trials"] for t in report["tasks"]) == 8 and len(report["jobs"]) == 2
     assert report["trials_per_s"] > 0 and isinstance(report["failed_builds"], int)
     tuned = {t.name: t.best_us for t in second.tasks if t.trials}
+    rules = {t.name: t.rule_us for t in second.tasks if t.trials}
     for task in report["tasks"]:
         assert task["best_us"] == pytest.approx(tuned[task["name"]], rel=1e-6)  # the cache's best is the events' best
+        assert task["rules_us"] == pytest.approx(rules[task["name"]], rel=1e-6)  # tuned vs rules, per kernel
+    assert "| rules us | tuned / rules |" in (out / "tuning.md").read_text()
     assert report["ranking"]["batches"] >= 1  # the second job's batch was scored by the saved model
     assert (out / "tuning.md").read_text().strip() in printed
     for png in ("tuning-latency.png", "tuning-throughput.png"):

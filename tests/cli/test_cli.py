@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -46,11 +47,32 @@ def test_bad_input_is_one_clear_line(capsys, argv, words):
         assert word in line, line
 
 
-def test_compile_with_a_missing_cache_dir_is_refused(capsys, tmp_path):
-    line = _error_line(
-        capsys, ["compile", "mlp", "--config", SMALL, "--cache", str(tmp_path / "nope"), "-o", str(tmp_path / "m.so")]
-    )
-    assert "does not exist" in line
+def test_compile_in_an_empty_folder_is_a_rules_only_compile(capsys, caplog, tmp_path, monkeypatch):
+    """No cache anywhere (an installed relaxtune used outside the repository): one warning, rules only."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    monkeypatch.delenv("RELAXTUNE_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert main(["compile", "mlp", "--config", SMALL, "-o", "m.so"]) == 0
+    out = capsys.readouterr().out
+    assert f"cache: {tmp_path / 'xdg' / 'relaxtune'}" in out and "no kernel tuned" in out
+    assert (folder / "m.so").exists() and (folder / "m.json").exists()
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and "rule-based schedules" in r.message]
+    assert len(warnings) == 1 and "does not exist" in warnings[0].getMessage()
+
+
+def test_the_cache_location_follows_flag_variable_checkout_then_user_folder(tmp_path, monkeypatch):
+    from relaxtune.config import default_cache_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("RELAXTUNE_CACHE", raising=False)
+    assert default_cache_dir() == tmp_path / "xdg" / "relaxtune"
+    (tmp_path / "tuning_logs").mkdir()
+    assert default_cache_dir() == Path("tuning_logs")
+    monkeypatch.setenv("RELAXTUNE_CACHE", str(tmp_path / "mine"))
+    assert default_cache_dir() == tmp_path / "mine"
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +116,7 @@ def test_run_without_a_shape_checks_against_the_reference_stored_at_compile_time
     import shutil
 
     from relaxtune.cli import run_cmd
-    from relaxtune.runtime.artifact import check_path
+    from relaxtune.runtime.artifact import check_path, file_digests
 
     stored = dict(np.load(check_path(artifact)))
     assert set(stored) == {"x", "expected"} and stored["x"].shape[:2] == (2, 3)  # b = 3 clipped to max_batch 2, n = 3
@@ -106,9 +128,12 @@ def test_run_without_a_shape_checks_against_the_reference_stored_at_compile_time
     wrong = tmp_path / "wrong.so"
     for src in artifact.parent.glob(artifact.stem + ".*"):
         shutil.copy(src, tmp_path / src.name.replace(artifact.stem, "wrong", 1))
-    np.savez(
-        check_path(wrong), x=stored["x"], expected=stored["expected"] + 1.0
-    )  # a stored output that is not the model's
+    np.savez(check_path(wrong), x=stored["x"], expected=stored["expected"] + 1.0)  # not the model's output
+    assert "wrong.check.npz is damaged" in _error_line(capsys, ["run", str(wrong)])  # its digest is the old one's
+    manifest_path = wrong.with_suffix(".json")
+    manifest = json.loads(manifest_path.read_text())
+    manifest["files"].update(file_digests(wrong, ("check",)))
+    manifest_path.write_text(json.dumps(manifest))
     assert main(["run", str(wrong), "--repeat", "2"]) == 1 and "MISMATCH" in capsys.readouterr().out
 
 
@@ -161,3 +186,24 @@ def test_bfloat16_artifacts_keep_their_dtype_and_pass_their_checks(capsys, tmp_p
 def test_gpt2_block_refuses_bfloat16_in_one_line(capsys, tmp_path):
     line = _error_line(capsys, ["compile", "gpt2-block", "--dtype", "bfloat16", "-o", str(tmp_path / "g.so")])
     assert "'bfloat16'" in line and "float16" in line
+
+
+@pytest.mark.parametrize("damage", ["truncated_so", "altered_params", "missing_check"])
+def test_a_damaged_artifact_is_refused_before_it_loads(capsys, artifact, tmp_path, damage):
+    import shutil
+
+    copy = tmp_path / "mlp.so"
+    for suffix in (".so", ".json", ".params.npz", ".check.npz"):
+        shutil.copy(artifact.with_name("mlp" + suffix), tmp_path / ("mlp" + suffix))
+    if damage == "truncated_so":  # the loader would map a cut ELF and die with SIGBUS, no message
+        copy.write_bytes(copy.read_bytes()[:1000])
+        expected = "mlp.so is damaged"
+    elif damage == "altered_params":
+        data = bytearray((tmp_path / "mlp.params.npz").read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (tmp_path / "mlp.params.npz").write_bytes(bytes(data))
+        expected = "mlp.params.npz is damaged"
+    else:
+        (tmp_path / "mlp.check.npz").unlink()
+        expected = "mlp.check.npz does not exist"
+    assert expected in _error_line(capsys, ["run", str(copy)])

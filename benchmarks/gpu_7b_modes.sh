@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One GPU-machine call (issue 26): the 7B block in fp16 and bf16 built there, then relaxtune against torch
+# eager and every torch.compile mode (interleaved) with the bandwidth floor, then the gpu-marked tests.
+#   bash benchmarks/gpu_7b_modes.sh OUT [fp16|bf16|both] [tests]
+set -uo pipefail
+out=${1:?usage: gpu_7b_modes.sh OUT [fp16|bf16|both] [tests]}
+which=${2:-both}
+mkdir -p "$out"
+site=$(bash scripts/device_install.sh) || exit 1
+export PYTHONPATH=$site PYTHONUNBUFFERED=1
+art=/tmp/gj7b
+only=""
+[[ $which != bf16 ]] && only+="llama7b-rf-cublas-flash-graph,"
+[[ $which != fp16 ]] && only+="llama7b-bf16-rf-cublas-flash-graph,"
+start=$SECONDS
+python3 benchmarks/gpu_job.py build --art "$art" --only "${only%,}" 2>&1 | tail -5
+echo "built in $((SECONDS - start)) s"
+skip=flash,gemv,tiny,kernels,runtime,compile
+[[ $which == bf16 ]] && skip+=,fp16
+python3 benchmarks/gpu_job.py run --art "$art" --out "$out" --skip "$skip" 2>&1 | grep -v "^\s*$" | tail -40
+echo "ran in $((SECONDS - start)) s"
+if [[ ${3:-} == tests ]]; then
+  (cd "$(mktemp -d)" && python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$OLDPWD" "$OLDPWD/tests/kernels" \
+    2>&1 | tail -15)
+fi

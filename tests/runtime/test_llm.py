@@ -1,0 +1,133 @@
+"""relaxtune.LLM and relaxtune generate: text, sampling, chat, bad input, the runtime alone."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from relaxtune.errors import UserError
+
+
+def test_greedy_generation_is_repeatable_and_stops_at_max_tokens(tiny_llm):
+    from relaxtune import LLM
+
+    llm = LLM(tiny_llm)
+    first = list(llm.generate_tokens([5, 6, 7], max_tokens=12, stop=False))
+    assert len(first) == 12 and first == list(llm.generate_tokens([5, 6, 7], max_tokens=12, stop=False))
+    assert llm.stats.prompt_tokens == 3 and llm.stats.new_tokens == 12 and llm.stats.decode_tokens_per_s > 0
+
+
+def test_sampling_uses_the_seed(tiny_llm):
+    from relaxtune import LLM
+
+    llm = LLM(tiny_llm)
+    a = list(llm.generate_tokens([5, 6, 7], max_tokens=16, temperature=1.5, seed=1, stop=False))
+    b = list(llm.generate_tokens([5, 6, 7], max_tokens=16, temperature=1.5, seed=1, stop=False))
+    c = list(llm.generate_tokens([5, 6, 7], max_tokens=16, temperature=1.5, seed=2, stop=False))
+    greedy = list(llm.generate_tokens([5, 6, 7], max_tokens=16, stop=False))
+    assert a == b and a != c and a != greedy
+    assert all(0 <= t < 350 for t in a + c)
+
+
+def test_text_and_chat_prompts(tiny_llm):
+    from relaxtune import LLM
+
+    llm = LLM(tiny_llm)
+    ids = llm.encode("The capital of France is", chat=True)
+    assert (
+        llm.tokenizer.decode(ids, skip_special_tokens=False)
+        == "<|im_start|>user\nThe capital of France is<|im_end|>\n<|im_start|>assistant\n"
+    )
+    text = "".join(llm.generate("The capital of France is", max_tokens=8))
+    ids = llm.encode("The capital of France is")
+    tokens = list(llm.generate_tokens(ids, max_tokens=8))
+    assert text == llm.tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda llm: list(llm.generate_tokens([1, 2], max_tokens=0)), r"--max-tokens 0: give 1 or more"),
+        (lambda llm: list(llm.generate_tokens([], max_tokens=4)), "the prompt is empty"),
+        (
+            lambda llm: list(llm.generate_tokens([1, 999], max_tokens=4)),
+            r"token id 999 is outside the vocabulary: ids must be in \[0, 349\]",
+        ),
+        (lambda llm: list(llm.generate_tokens([1], max_tokens=4, temperature=-1)), "--temperature -1 is negative"),
+    ],
+)
+def test_bad_arguments(tiny_llm, call, match):
+    from relaxtune import LLM
+
+    with pytest.raises(UserError, match=match):
+        call(LLM(tiny_llm))
+
+
+def test_prompt_longer_than_the_context_and_a_full_cache(tiny_llm):
+    from relaxtune import LLM
+
+    llm = LLM(tiny_llm, context=20)
+    with pytest.raises(UserError, match="the prompt is 21 tokens, longer than the context of 20 tokens"):
+        list(llm.generate_tokens(list(range(21)), max_tokens=1))
+    with pytest.raises(
+        UserError,
+        match=r"would fill the KV cache of 20 positions: give --max-tokens <= 5 or a larger --context \(at most 256\)",
+    ):
+        list(llm.generate_tokens(list(range(15)), max_tokens=6))
+    llm.reset(8)
+    llm.prefill(list(range(8)))
+    with pytest.raises(UserError, match=r"the KV cache is full \(8 of 8 positions\)"):
+        llm.decode(3)
+    with pytest.raises(UserError, match=r"--context 257 must be in \[1, 256\]"):
+        LLM(tiny_llm, context=257)
+
+
+def test_missing_tokenizer_and_wrong_artifacts(tiny_llm, tmp_path):
+    import shutil
+
+    from relaxtune import LLM
+    from relaxtune.runtime import llm_files
+
+    for suffix in (".so", ".json", ".weights.safetensors"):
+        shutil.copy(
+            llm_files.files(tiny_llm).library.with_suffix("").with_name(tiny_llm.stem + suffix), tmp_path / f"m{suffix}"
+        )
+    llm = LLM(tmp_path / "m.so")
+    assert len(list(llm.generate_tokens([1, 2], max_tokens=2, stop=False))) == 2  # token ids need no tokenizer
+    with pytest.raises(UserError, match=r"has no tokenizer \(m.tokenizer.json is missing\)"):
+        list(llm.generate("hello", max_tokens=2))
+    with pytest.raises(UserError, match="does not exist"):
+        LLM(tmp_path / "other.so")
+
+
+def test_generate_command_streams_and_reports(tiny_llm, capsys):
+    from relaxtune.__main__ import main
+
+    assert main(["generate", str(tiny_llm), "--prompt", "Once upon a time", "--max-tokens", "6"]) == 0
+    err = capsys.readouterr().err
+    assert "prompt tokens" in err and "prefill" in err and "decode" in err and "peak RSS" in err
+    assert main(["generate", str(tiny_llm), "--prompt", "hi", "--max-tokens", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["relaxtune generate: error: --max-tokens 0: give 1 or more"]
+
+
+def test_runs_with_the_runtime_library_only(tiny_llm):
+    """TVM_USE_RUNTIME_LIB=1: no compiler library, and nothing imports tvm.relax."""
+    from relaxtune import LLM
+
+    want = list(LLM(tiny_llm).generate_tokens([5, 6, 7], max_tokens=6, stop=False))
+    code = (
+        "import sys, relaxtune; llm = relaxtune.LLM(sys.argv[1]); "
+        "print(list(llm.generate_tokens([5, 6, 7], max_tokens=6, stop=False))); "
+        "print(sorted(m for m in sys.modules if m.startswith('tvm.relax') or m.startswith('relaxtune.relax_passes')))"
+    )
+    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1")
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tiny_llm)], capture_output=True, text=True, env=env, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    tokens, modules = done.stdout.strip().splitlines()[-2:]
+    assert tokens == str(want) and modules == "[]"

@@ -1,0 +1,121 @@
+"""cpu_conv2d.Conv2d: NHWC convolutions (HWIO or blocked weights) with padding, strides, epilogues,
+a symbolic batch; what it declines."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax
+
+from relaxtune.relax_passes.block_conv_weights import LEGALIZE
+from relaxtune.schedules.rules import apply_cpu_rules
+from relaxtune.schedules.rules.cpu_conv2d import Conv2d
+
+
+def _conv_module(kit, ic, oc, size, kernel, stride, blocked=0, residual=False):
+    """relu(conv(x, w) + bias [+ r]) in NHWC; the weight HWIO, or (OC/T, KH, KW, IC, T) when ``blocked`` = T."""
+    pad = kernel // 2
+    out = (size + 2 * pad - kernel) // stride + 1
+    x = kit.tensor("x", (kit.B, size, size, ic))
+    w = kit.tensor("w", (oc // blocked, kernel, kernel, ic, blocked) if blocked else (kernel, kernel, ic, oc))
+    bias = kit.tensor("bias", (1, 1, 1, oc))
+    params = [x, w, bias]
+    if residual:
+        params.append(kit.tensor("r", (kit.B, out, out, oc)))
+
+    def body(bb, x, w, bias, *rest):
+        layout = f"OHWI{blocked}o" if blocked else "HWIO"
+        y = kit.R.add(kit.R.nn.conv2d(x, w, stride, pad, data_layout="NHWC", kernel_layout=layout), bias)
+        return kit.R.nn.relu(kit.R.add(y, rest[0]) if rest else y)
+
+    return kit.build(params, body)
+
+
+def _fuse(mod, target):
+    seq = tvm.transform.Sequential(
+        [
+            relax.transform.LegalizeOps(LEGALIZE),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FuseOps(),
+            relax.transform.FuseTIR(),
+        ]
+    )
+    with target:
+        return seq(mod)
+
+
+def _reference(x, w_hwio, bias, stride, residual=None):
+    pad = w_hwio.shape[0] // 2
+    out = (
+        torch.nn.functional.conv2d(
+            torch.from_numpy(x).permute(0, 3, 1, 2),
+            torch.from_numpy(w_hwio).permute(3, 2, 0, 1),
+            stride=stride,
+            padding=pad,
+        )
+        .permute(0, 2, 3, 1)
+        .numpy()
+        + bias
+    )
+    return np.maximum(out + (residual if residual is not None else 0), 0)
+
+
+def test_fires_vectorised_over_output_channels_register_tiled_parallel(kit, cpu_target):
+    func = kit.only_prim_func(_fuse(_conv_module(kit, 16, 64, 14, 3, 1), cpu_target), "conv2d")
+    sch = kit.apply_rule(Conv2d(), func, cpu_target)
+    assert sch is not None
+    script = sch.mod["main"].script()
+    assert "T.parallel" in script and "T.vectorized" in script and "T.unroll" in script
+    assert kit.block_predicates(sch.mod["main"])["conv2d_nhwc_update"] == "T.bool(True)"
+    update = script[script.index('T.sblock("conv2d_nhwc_update")') :]
+    assert "if_then_else" not in update.split("T.sblock(")[1]  # the padding is a stage of its own, not in the FMA loop
+
+
+@pytest.mark.parametrize(
+    ("ic", "oc", "size", "kernel", "stride", "blocked"),
+    [
+        (16, 64, 14, 3, 1, 0),  # 3x3, padded
+        (16, 64, 14, 3, 1, 32),  # the same, blocked weight
+        (24, 48, 9, 3, 2, 16),  # stride 2, odd size, blocked
+        (32, 64, 7, 1, 1, 32),  # 1x1, no padding: read in place
+        (3, 32, 16, 7, 2, 32),  # a stem: 3 input channels, 7x7 stride 2
+        (40, 24, 7, 1, 1, 0),  # channels that are not a multiple of the vector width
+    ],
+)
+def test_numerics_symbolic_batch(kit, cpu_target, ic, oc, size, kernel, stride, blocked):
+    mod = _fuse(_conv_module(kit, ic, oc, size, kernel, stride, blocked), cpu_target)
+    func = kit.only_prim_func(mod, "conv2d")
+    assert kit.apply_rule(Conv2d(), func, cpu_target) is not None
+    scheduled = apply_cpu_rules(mod, cpu_target)
+    run = kit.Runner(scheduled, cpu_target)
+    rng = np.random.default_rng(0)
+    w = kit.rand(rng, kernel, kernel, ic, oc, scale=0.2)
+    packed = w.reshape(kernel, kernel, ic, oc // blocked, blocked).transpose(3, 0, 1, 2, 4).copy() if blocked else w
+    bias = kit.rand(rng, 1, 1, 1, oc)
+    for b in (1, 3):
+        x = kit.rand(rng, b, size, size, ic)
+        kit.assert_close(run(x, packed, bias), _reference(x, w, bias, stride))
+
+
+def test_residual_add_epilogue_in_the_same_kernel(kit, cpu_target):
+    mod = _fuse(_conv_module(kit, 16, 32, 8, 3, 1, 16, residual=True), cpu_target)
+    assert len(kit.prim_funcs(mod)) == 1  # conv + bias + residual + relu: one kernel
+    run = kit.Runner(apply_cpu_rules(mod, cpu_target), cpu_target)
+    rng = np.random.default_rng(1)
+    w, bias = kit.rand(rng, 3, 3, 16, 32, scale=0.2), kit.rand(rng, 1, 1, 1, 32)
+    packed = w.reshape(3, 3, 16, 2, 16).transpose(3, 0, 1, 2, 4).copy()
+    x, r = kit.rand(rng, 2, 8, 8, 16), kit.rand(rng, 2, 8, 8, 32)
+    kit.assert_close(run(x, packed, bias, r), _reference(x, w, bias, 1, r))
+
+
+def test_declines_nchw_and_grouped(kit, cpu_target):
+    x, w = kit.tensor("x", (1, 16, 8, 8)), kit.tensor("w", (32, 16, 3, 3))
+    nchw = kit.build([x, w], lambda bb, x, w: kit.R.nn.conv2d(x, w, 1, 1))
+    assert kit.apply_rule(Conv2d(), kit.only_prim_func(_fuse(nchw, cpu_target)), cpu_target) is None
+    x, w = kit.tensor("x", (1, 8, 8, 16)), kit.tensor("w", (3, 3, 1, 16))
+    depthwise = kit.build(
+        [x, w], lambda bb, x, w: kit.R.nn.conv2d(x, w, 1, 1, groups=16, data_layout="NHWC", kernel_layout="HWIO")
+    )
+    assert kit.apply_rule(Conv2d(), kit.only_prim_func(_fuse(depthwise, cpu_target)), cpu_target) is None
