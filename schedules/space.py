@@ -4,11 +4,11 @@
   sampled from scratch.
 - ``rules``: the CPU rule that schedules the kernel today (the first of `rules.cpu_rules()` that
   applies), written with named decisions (`rules/decisions.py`). Each value of its structural
-  choices (rows per register tile, packing B) is one sketch, built by the rule itself with `Sampled`
-  decisions; its numeric choices (vectors per tile row, reduction unrolling, ...) are
-  `sample_categorical` instructions that `MutateDecision` mutates. The first sketch, with the
-  decisions it was generated with, is the rule exactly (`rule_schedule`), so every point of the
-  space starts from the rule's structure and the rule itself is one of them.
+  choices (rows and vectors per register tile, packing B) is one sketch, built by the rule itself with
+  `Sampled` decisions; its numeric choices (reduction unrolling, ...) are `sample_categorical`
+  instructions. `MutateDecision` moves one decision of either kind, making the rule's schedule again.
+  The first sketch, with the decisions it was generated with, is the rule exactly (`rule_candidate`),
+  so the rule itself is a point of the space.
 - ``both``: the union; MetaSchedule's mutators and `MutateDecision` share the mutation probability.
 
 A kernel that no tunable rule schedules (a GPU target, a kernel the rules leave to `Fallback`)
@@ -21,7 +21,6 @@ only (`GenericOnly`).
 
 from __future__ import annotations
 
-import itertools
 import logging
 
 import tvm
@@ -30,11 +29,11 @@ from tvm.s_tir import meta_schedule as ms
 
 from ..config import SPACES
 from .mutator import MutateDecision
-from .rules.decisions import RULE_KEY, Probe, Sampled
+from .rules.decisions import RULE_KEY, Probe, Sampled, nearest
 
 logger = logging.getLogger(__name__)
 
-MAX_SKETCHES = 16  # structural combinations per kernel, the rule's first
+MAX_SKETCHES = 48  # structural combinations per kernel, the rule's first (a matmul: 5 rows x 4 widths x 2 packings)
 
 
 @derived_object
@@ -86,20 +85,42 @@ def tunable_rule(mod: tvm.IRModule, target):
     return next((r for r in cpu_rules() if type(r).__name__ == _RULE_OF[key]), None) if _RULE_OF[key] else None
 
 
+def structural_combos(sch, target, rule, limit: int = MAX_SKETCHES) -> list[dict[str, int]]:
+    """The rule's structural decisions for the kernel held by `sch`, one dict per combination (at most `limit`),
+    the rule's own first. A choice's candidates depend on the choices before it (the vectors a tile row may
+    hold depend on its rows), so they are read from the rule run with those fixed (`Probe`), depth first, each
+    choice's own value at the fixed ones first; combinations that land on the same values are listed once."""
+    out: list[dict[str, int]] = []
+
+    def walk(fixed: dict[str, int]) -> None:
+        if len(out) >= limit:
+            return
+        probe = Probe(values=dict(fixed))
+        if not rule.sketch(sch.copy(), target, probe):
+            return
+        structural = [c for c in probe.choices if c.structural]
+        free = next((c for c in structural if c.name not in fixed), None)
+        if free is None:
+            combo = {c.name: nearest(fixed[c.name], c.candidates) for c in structural}
+            if combo not in out:
+                out.append(combo)
+            return
+        for value in [free.default, *(v for v in free.candidates if v != free.default)]:
+            walk({**fixed, free.name: value})
+
+    walk({})
+    return out
+
+
 def sketches(sch, target, rule, limit: int = MAX_SKETCHES) -> list:
     """The rule's sketches of the kernel held by `sch` (copies; `sch` is left as it is): one per
-    combination of its structural choices (at most `limit`), the rule's own combination first, each with
-    every numeric choice at the rule's value as its decision."""
-    probe = Probe()
-    if not rule.sketch(sch.copy(), target, probe):
-        return []
-    structural = [c for c in probe.choices if c.structural]
-    values = [[c.default] + [v for v in c.candidates if v != c.default] for c in structural]
+    combination of its structural choices (`structural_combos`), the rule's own first, each with every
+    numeric choice at the rule's value as its decision."""
     out = []
-    for combo in itertools.islice(itertools.product(*values), limit):
+    for combo in structural_combos(sch, target, rule, limit):
         sketch = sch.copy()
         try:
-            rule.sketch(sketch, target, Sampled(dict(zip((c.name for c in structural), combo))))
+            rule.sketch(sketch, target, Sampled(dict(combo)))
         except Exception as err:  # pylint: disable=broad-except  # a combination a primitive refuses
             logger.debug("%s sketch %s refused: %s", type(rule).__name__, combo, err)
             continue

@@ -8,13 +8,16 @@ the rule always chose, so a rule run with `Defaults` is the rule as it was.
 - `Given(values)`: literal values, the nearest candidate where a value is not one (a record's decisions
   re-applied to the symbolic kernel, or carried to a kernel at other shapes).
 - `Sampled(values)`: a point of the rule's design space. A numeric choice (a split factor, an unroll
-  width) becomes a ``sample_categorical`` instruction whose decision is the given value (else the
-  default), so MetaSchedule's evolutionary search mutates it (`schedules/mutator.py`); a structural
-  choice (one that changes the instructions themselves: padding to the row tile, packing B) stays a
-  literal, and each of its values is a sketch of the space (`schedules/space.py`). Every choice is
+  width: nothing the rule computes later depends on its value) becomes a ``sample_categorical``
+  instruction whose decision is the given value (else the default), so MetaSchedule can sample and
+  replay it; a structural choice (one that changes the instructions themselves, or that later steps
+  read: padding to the row tile, packing B, the tile's width, which sets the epilogue's vectors) stays a
+  literal, and each of its values is a sketch of the space (`schedules/space.py`); `MutateDecision`
+  (`schedules/mutator.py`) moves between them by making the rule's schedule again. Every choice is
   written to the root block's annotations (``relaxtune.rule``, ``relaxtune.decision.NAME``), so a
   record's trace names its rule and its decisions (`read`).
-- `Probe`: the defaults, listing the choices asked (`Choice`), structural ones included.
+- `Probe(values)`: the given values (the defaults where none), listing the choices asked (`Choice`, with
+  the candidates they had at those values), structural ones included.
 
 A rule also states facts about the kernel its choices depend on (`note`: its row, column and reduction
 extents, the SIMD lanes of a tile's vectors); `Sampled` writes them too (``relaxtune.fact.NAME``), so the
@@ -79,13 +82,16 @@ class Given(Defaults):
 
 @dataclass
 class Probe(Defaults):
-    """The defaults, recording every choice asked (`choices`, in order)."""
+    """The given values (nearest candidates; the defaults where none), recording every choice asked
+    (`choices`, in order)."""
 
+    values: dict[str, int] = field(default_factory=dict)
     choices: list[Choice] = field(default_factory=list)
 
     def choose(self, sch, name: str, candidates, default: int, structural: bool = False):
-        self.choices.append(Choice(name, _candidates(candidates, default), int(default), structural))
-        return int(default)
+        options = _candidates(candidates, default)
+        self.choices.append(Choice(name, options, int(default), structural))
+        return nearest(int(self.values.get(name, default)), options)
 
 
 @dataclass

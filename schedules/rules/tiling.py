@@ -112,9 +112,9 @@ def tiled_matmul(
     ``rows`` x ``units`` vectors per tile (None: the target's default); ``a_at_root``: A is computed
     before the matmul at root (`cpu_norm_gemv`), read there in place.
 
-    ``decide`` (`decisions.py`; default: the defaults) answers its choices: ``rows`` per tile and
-    ``pack_b`` (structural), ``units`` vectors per tile row (structural when J is symbolic, J is then
-    padded to the tile) and ``k_unroll`` reduction steps per iteration. The defaults are the
+    ``decide`` (`decisions.py`; default: the defaults) answers its choices: ``rows`` per tile,
+    ``units`` vectors per tile row and ``pack_b`` (structural) and ``k_unroll`` reduction steps per
+    iteration. The defaults are the
     values this rule always chose."""
     decide = decide or Defaults()
     kinds, ai, bi = detect(sch.get(main))
@@ -145,7 +145,8 @@ def tiled_matmul(
         vec = U.largest_pow2_divisor(ext_j, vec)
         units = next(u for u in range(min(units, ext_j // vec), 0, -1) if ext_j % (u * vec) == 0)
     fitting = [u for u in range(1, 9) if _divides(ext_j, u * vec) and mr * u <= MAX_TILE_VECTORS]
-    units = decide.choose(sch, "units", fitting, units, structural=pad_j)
+    # structural: the epilogue's vectorisation (epilogue_at) is worked out from the tile's width
+    units = decide.choose(sch, "units", fitting, units, structural=True)
     packable = b_contig and not pad_j and (ext_i is None or ext_i >= PACK_MIN_ROW_TILES * mr)
     pack_b = decide.choose(sch, "pack_b", [0, 1] if packable else [], int(pad_j or not b_contig), True)
     k_unroll = decide.choose(sch, "k_unroll", [u for u in K_UNROLLS if ext_k is not None and ext_k % u == 0], 1)
@@ -201,8 +202,8 @@ def schedule_dot(sch: s_tir.Schedule, main, target: Target, rows: int, decide: D
     """Vectorized dot products over K; ``rows`` rows per tile (the row extent must divide by it).
 
     ``decide`` (`decisions.py`) answers ``k_lanes`` (reduction elements per partial-sum vector: one
-    SIMD width or a multiple, for independent accumulators) and ``cols`` (outputs per tile); the
-    defaults are the values this rule always chose."""
+    SIMD width or a multiple, for independent accumulators) and ``cols`` (outputs per tile,
+    structural); the defaults are the values this rule always chose."""
     decide = decide or Defaults()
     normalize(sch, main, b_order=("S", "J", "K"))
     stmt = sch.get(main)
@@ -215,7 +216,7 @@ def schedule_dot(sch: s_tir.Schedule, main, target: Target, rows: int, decide: D
         cols //= 2  # keep the partial sums on the stack (see cpu_matmul)
     lanes = decide.choose(sch, "k_lanes", [vec * f for f in DOT_LANE_FACTORS if ext_k % (vec * f) == 0], vec)
     fitting = [c for c in DOT_COLUMNS_CHOICES if _divides(ext_j, c) and rows * c <= MAX_TILE_VECTORS]
-    cols = decide.choose(sch, "cols", fitting if ext_j is not None else [], cols)
+    cols = decide.choose(sch, "cols", fitting if ext_j is not None else [], cols, structural=True)  # sets the epilogue
     for name, value in (("extent_i", ext_i), ("extent_j", ext_j), ("extent_k", ext_k), ("lanes", vec)):
         decide.note(sch, name, value)
     s_loop, i_loop, j_loop, k_loop = sch.get_loops(main)

@@ -7,7 +7,7 @@ import tvm
 from tvm import s_tir, te
 
 from relaxtune.schedules import space
-from relaxtune.schedules.mutator import MutateDecision, mutable_decisions
+from relaxtune.schedules.mutator import MutateDecision
 from relaxtune.schedules.rules import apply_cpu_rules, decisions, fast_math
 from relaxtune.schedules.seeded_search import SeedBox, SeededSearch, module_key
 
@@ -69,6 +69,8 @@ def test_the_rules_point_is_the_rule_exactly(make, rule, target):
 
 
 def test_one_sketch_per_structural_combination_the_rules_first(target):
+    """Every sketch is a distinct combination of the structural decisions, each a combination the rule accepts
+    (a tile row's vectors among those its rows allow), the rule's own first."""
     mod = _matmul(512)
     rule = space.tunable_rule(mod, target.target)
     probe = decisions.Probe()
@@ -76,12 +78,14 @@ def test_one_sketch_per_structural_combination_the_rules_first(target):
     structural = [c for c in probe.choices if c.structural]
     found = space.sketches(s_tir.Schedule(mod), target.target, rule)
     combos = [tuple(decisions.read(s.trace)[1][c.name] for c in structural) for s in found]
-    expected = 1
-    for c in structural:
-        expected *= len(c.candidates)
-    assert [c.name for c in structural] == ["rows", "pack_b"] and expected == 10
-    assert len(found) == len(set(combos)) == min(expected, space.MAX_SKETCHES)
+    assert [c.name for c in structural] == ["rows", "units", "pack_b"]
+    assert len(found) == len(set(combos)) > 10 and len(found) <= space.MAX_SKETCHES
     assert combos[0] == tuple(c.default for c in structural)
+    assert {c[0] for c in combos} == set(structural[0].candidates)  # every row count has its sketches
+    for combo in combos:  # each combination is one the rule, run with it, accepts as it is
+        again = decisions.Probe(values=dict(zip(("rows", "units", "pack_b"), combo)))
+        rule.sketch(s_tir.Schedule(mod), target.target, again)
+        assert all(v in c.candidates for v, c in zip(combo, (c for c in again.choices if c.structural)))
     assert all(decisions.read(s.trace)[1]["k_unroll"] == 1 for s in found)  # numeric choices at the rule's values
 
 
@@ -101,20 +105,27 @@ def test_kinds_of_space(target):
         space.generator("random", mod, target.target)
 
 
-def test_mutation_changes_one_decision_and_replays(target):
-    mod = _matmul(16)
+def test_mutation_moves_one_decision_and_makes_the_rules_schedule_again(target):
+    """Any decision may move, structural ones too; the mutant is the rule's own schedule at the new decisions
+    (a trace consistent with them: it replays, and its scheduled module is the rule's at those decisions)."""
+    mod = _matmul(512)
     candidate = space.rule_candidate(mod, target.target, space.postprocs())
     mutator = MutateDecision(seed=1)
+    mutator.mod, mutator.target = mod, target.target
     _, before = decisions.read(candidate.sch.trace)
-    for _ in range(8):
+    moved = set()
+    for _ in range(24):
         trace = mutator.apply(candidate.sch.trace)
         _, after = decisions.read(trace)
-        assert sum(before[k] != after[k] for k in before) == 1
-        assert {k for k in before if before[k] != after[k]} <= {"units", "k_unroll"}
+        changed = {k for k in before if before[k] != after[k]}
+        assert len(changed) == 1
+        moved |= changed
         sch = s_tir.Schedule(mod)
         trace.apply_to_schedule(sch, remove_postproc=True)
-    generic = tvm.s_tir.Schedule(mod)
-    assert mutable_decisions(generic.trace) == [] and mutator.apply(generic.trace) is None
+        again = space.from_decisions(mod, target.target, "Matmul", after, space.postprocs())
+        tvm.ir.assert_structural_equal(sch.mod, s_tir.Schedule(again.sch.mod).mod)
+    assert moved == {"rows", "units", "pack_b", "k_unroll"}
+    assert mutator.apply(s_tir.Schedule(mod).trace) is None  # not a rule's schedule: declined
 
 
 def test_decisions_carry_to_another_shape(target):
