@@ -41,6 +41,7 @@ class TuneConfig:
     early_stop_batches: int = 3  # stop a task after this many batches without 1% gain (0: never)
     transfer: bool = True  # seed a task without records from the best records of similar cached tasks
     persist_cost_model: bool = True  # warm-start the XGBoost model from <cache>/<target>/cost_model.tar, save it back
+    cost_prior: bool = True  # a target folder without a model starts from schedules/cost_prior.npz (same SIMD lanes)
     check_buckets: bool = True  # after the search, time each bucket's block with and without records (bucket_check.py)
     rpc_tracker: str = ""  # "HOST:PORT" of a TVM RPC tracker: measure there instead of locally
     device_key: str = ""  # the key the tracker's servers registered under (with rpc_tracker)

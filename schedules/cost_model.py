@@ -13,6 +13,14 @@ rule's decisions for one of the rules' space (`features.py`). A saved model whos
 feature width (saved by a relaxtune before the decision features) is not loaded: the job starts a
 fresh model, saved over it at the end.
 
+A target folder without a model of its own starts from the prior (`cost_prior.npz`, written by
+`benchmarks/cost_prior.py`): candidates of the rules' space measured on matmul shapes that no workload
+uses, with the float32 SIMD lanes of the machine that measured them; it applies where the target's
+lanes are the same (otherwise the model starts empty). A model trained on the prior ranks a job's first
+batches from what the decisions did elsewhere rather than from the few batches the job has measured.
+The model retrains after every batch (stock: only once the data grew by a fifth, which with the
+prior's rows would have left a job's first batches out of it).
+
 A damaged file is reported in one line and kept, renamed to `cost_model.tar.damaged`, before a
 fresh model is saved in its place.
 
@@ -41,6 +49,7 @@ from .ranking import FAILED_COST, pairwise_accuracy, summarize, top_k_recall  # 
 logger = logging.getLogger(__name__)
 
 MODEL_FILE = "cost_model.tar"
+PRIOR = Path(__file__).with_name("cost_prior.npz")  # benchmarks/cost_prior.py
 
 
 WIDTH = PER_STORE + EXTRA  # MetaSchedule's per-store features, then a rule's decisions (features.py)
@@ -65,7 +74,38 @@ def new_model() -> "ms.cost_model.XGBModel":
         num_warmup_samples=0,
         early_stopping_rounds=EARLY_STOPPING_ROUNDS,
         config=XGBConfig(nthread=XGB_THREADS),
+        adaptive_training=False,
     )
+
+
+def from_prior(target=None, path: Path = PRIOR) -> tuple["ms.cost_model.XGBModel", bool]:
+    """(model, trained): a new model trained on the prior at `path` where it was measured with `target`'s float32
+    SIMD lanes (module docstring); an untrained one otherwise (no target, no file, other lanes)."""
+    from tvm.s_tir.meta_schedule.cost_model.xgb_model import FeatureGroup
+
+    from .rules._utils import lanes
+
+    model = new_model()
+    if target is None or target.kind.name != "llvm" or not Path(path).exists():
+        return model, False
+    prior = np.load(path)
+    if int(prior["lanes"]) != lanes(target, "float32"):
+        logger.info("cost model prior measured with %d lanes, this target has others: not used", int(prior["lanes"]))
+        return model, False
+    rows, costs, groups = prior["rows"], prior["costs"], prior["group"]
+    for number in np.unique(groups):
+        pick = groups == number
+        features = [np.concatenate([np.zeros(PER_STORE, "float32"), row])[None, :] for row in rows[pick]]
+        model.data[f"prior-{number}"] = FeatureGroup(f"prior-{number}", features, costs[pick].astype("float32"))
+    model.data_size = len(costs)
+    model._train(  # pylint: disable=protected-access  # what XGBModel.update trains on
+        xs=[f for g in model.data.values() for f in g.features],
+        ys=np.concatenate([g.min_cost / g.costs for g in model.data.values()]),
+    )
+    logger.info(
+        "cost model: a fresh model trained on the prior's %d candidates of %d kernels", len(costs), len(model.data)
+    )
+    return model, True
 
 
 def feature_width(model) -> int | None:
@@ -76,12 +116,13 @@ def feature_width(model) -> int | None:
     return None
 
 
-def load(folder: Path) -> tuple["ms.cost_model.XGBModel", bool]:
-    """(model, warm): the folder's saved model, or a fresh one when there is none or it is damaged."""
+def load(folder: Path, target=None) -> tuple["ms.cost_model.XGBModel", bool]:
+    """(model, warm): the folder's saved model, or a fresh one when there is none (trained on the prior for
+    `target`, `from_prior`: warm then) or it is damaged."""
     model = new_model()
     path = Path(folder) / MODEL_FILE
     if not path.exists():
-        return model, False
+        return from_prior(target)
     try:
         with tarfile.open(path) as tar:
             names = set(tar.getnames())

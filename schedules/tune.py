@@ -316,7 +316,11 @@ def tune(
         )
         events = EventLog(log_dir)
         mark = time.perf_counter()
-        inner, warm = cost_model.load(log_dir) if config.persist_cost_model else (cost_model.new_model(), False)
+        inner, warm = (
+            cost_model.load(log_dir, target if config.cost_prior else None)
+            if config.persist_cost_model
+            else (cost_model.new_model(), False)
+        )
         load_s = time.perf_counter() - mark
         model = cost_model.RankedModel(inner)
         bar = ProgressBar(

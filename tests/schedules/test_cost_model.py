@@ -247,3 +247,26 @@ def test_a_model_of_other_features_is_not_loaded(tmp_path, trained, caplog):
         model, warm = cost_model.load(tmp_path)
     assert not warm and model.data_size == 0
     assert "features per store" in caplog.text
+
+
+def test_a_fresh_folder_starts_from_the_prior_of_its_lanes(tmp_path, target):
+    """A made-up prior where 6 rows per tile beat 3: a model trained on it ranks a 6-row candidate first; a prior of
+    other lanes, or no target, leaves the model untrained."""
+    from relaxtune.schedules import cost_model, features
+    from relaxtune.schedules.rules._utils import lanes
+
+    col = 1 + features.DECISIONS.index("rows")
+    rows = np.zeros((8, features.EXTRA), "float32")
+    rows[:, 0] = 1  # the Matmul rule
+    rows[:, col] = [3, 6, 3, 6, 3, 6, 3, 6]
+    costs = np.where(rows[:, col] == 6, 1e-4, 3e-4)
+    mine = lanes(target.target, "float32")
+    for path, lane in ((tmp_path / "same.npz", mine), (tmp_path / "other.npz", mine * 2)):
+        np.savez(path, rows=rows, costs=costs, group=np.array([0, 0, 0, 0, 1, 1, 1, 1]), lanes=np.int32(lane))
+    model, warm = cost_model.from_prior(target.target, tmp_path / "same.npz")
+    assert warm and model.booster is not None and model.data_size == 8
+    guess = model.booster.inplace_predict(np.concatenate([np.zeros((2, features.PER_STORE), "float32"), rows[:2]], 1))
+    assert guess[1] > guess[0]  # the 6-row candidate scores higher (faster)
+    other, warm_other = cost_model.from_prior(target.target, tmp_path / "other.npz")
+    assert not warm_other and other.booster is None
+    assert cost_model.from_prior(None)[1] is False and cost_model.load(tmp_path)[1] is False  # no target: no prior
