@@ -92,7 +92,7 @@ def test_each_kernels_first_candidate_is_its_rule_and_the_best_never_loses_to_it
     rule measured beside it."""
     import json
 
-    from relaxtune.schedules import cache, space
+    from relaxtune.schedules import apply, cache, space
     from relaxtune.schedules.database import CacheDatabase
     from relaxtune.schedules.rules import decisions
 
@@ -114,6 +114,9 @@ def test_each_kernels_first_candidate_is_its_rule_and_the_best_never_loses_to_it
         assert all(decisions.read(r.trace) is not None for r in records)  # every candidate a point of the space
         rule_us = [min(float(s) for s in r.run_secs) for r in records if decisions.read(r.trace) == rule]
         assert min(float(s) for s in records[0].run_secs) <= rule_us[0]
+        own = [r for r in records if decisions.read(r.trace) == rule][0]  # what the build weighs a record against
+        want = sum(float(s) for s in own.run_secs) / len(own.run_secs) * 1e6
+        assert apply.rule_point_us(db, tasks[name].mod["main"], target.target) == pytest.approx(want)
 
 
 def test_generic_space_is_still_searched(tmp_path, tiny_mlp, target):
