@@ -41,6 +41,9 @@ class TuneConfig:
     early_stop_batches: int = 3  # stop a task after this many batches without 1% gain (0: never)
     transfer: bool = True  # seed a task without records from the best records of similar cached tasks
     persist_cost_model: bool = True  # warm-start the XGBoost model from <cache>/<target>/cost_model.tar, save it back
+    # after the search, each kernel's best record timed against its rule side by side, this many rounds (0: not);
+    # the build keeps the rule where the record is not faster (schedules/confirm.py)
+    confirm_rounds: int = 15
     cost_prior: bool = True  # a target folder without a model starts from schedules/cost_prior.npz (same SIMD lanes)
     check_buckets: bool = True  # after the search, time each bucket's block with and without records (bucket_check.py)
     rpc_tracker: str = ""  # "HOST:PORT" of a TVM RPC tracker: measure there instead of locally

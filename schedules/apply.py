@@ -230,6 +230,10 @@ class ApplyTunedSchedules:
         if decisions.read(record.trace) is not None:  # a rules' record: against the rule as the same runner timed it
             rule_us = rule_point_us(self.database, static, self.target or tvm.target.Target.current()) or rule_us
         record_us = _record_us(record)
+        confirmed = self.index.get(workload_key(normalize(static)), {}).get("confirmed", {})
+        if confirmed.get("record_us") == record_us and confirmed.get("ratio", 0) >= 1:  # schedules/confirm.py
+            self.report["rule faster side by side"] += 1
+            return None
         if rule_us is not None and record_us >= rule_us:
             self.report["the rule is the best record" if record_us == rule_us else "rules faster than record"] += 1
             return None

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import TuneConfig
-from . import cost_model, intrin, shares, space, task_index, task_logs, transfer
+from . import confirm, cost_model, intrin, shares, space, task_index, task_logs, transfer
 from .builder import DeferredRunner, make_builder, make_runner
 from .database import CacheDatabase
 from .progress import EventLog, ProgressBar
@@ -390,6 +390,10 @@ def tune(
         task_index.append(log_dir, [{"key": stopped[n].key, "stopped_at": counts[stopped[n].key]} for n in bar.stopped])
         result.trials_run = sum(bar.trials)
         result.failed = bar.failed
+        if config.confirm_rounds and target.kind.name == "llvm" and not config.rpc_tracker:
+            mark = time.perf_counter()
+            confirm.confirm(tasks, database, target, log_dir, config.confirm_rounds)
+            result.profile["confirm_s"] = round(time.perf_counter() - mark, 2)
     else:
         logger.info(
             "0 trials to run: the cache holds %d trials for these %d kernels (budget %d), each kernel's share of it "

@@ -53,7 +53,14 @@ def test_compiled_with_cache_matches_reference_at_every_n(tuned, tiny_mlp, targe
     consulted = sum(
         v
         for k, v in report.items()
-        if k.startswith("tuned") or k in ("rules faster than record", "bucket faster with rules: rules")
+        if k.startswith("tuned")
+        or k
+        in (
+            "rules faster than record",
+            "the rule is the best record",
+            "rule faster side by side",
+            "bucket faster with rules: rules",
+        )
     )
     assert consulted >= 1, report
     vm = relax.VirtualMachine(executable, tvm.cpu())
@@ -135,3 +142,44 @@ def test_generic_space_is_still_searched(tmp_path, tiny_mlp, target):
     db = CacheDatabase(cache.folder_for(job.cache_dir, target))
     records = db.get_all_tuning_records()
     assert len(records) == 8 and all(decisions.read(r.trace) is None for r in records)
+
+
+def test_each_best_record_is_timed_against_its_rule_and_kept_only_where_faster(tuned, tiny_mlp, target, tmp_path):
+    """After the search every kernel whose best record is not the rule's own point has the side-by-side ratio of
+    that record to its rule in the task index (schedules/confirm.py); a ratio of 1 or more sends the kernel back
+    to its rule in the build."""
+    import shutil
+    from collections import Counter
+
+    from relaxtune.schedules import apply, cache, confirm, task_index
+    from relaxtune.schedules.database import CacheDatabase
+
+    job, _ = tuned
+    folder = cache.folder_for(job.cache_dir, target)
+    index, db = task_index.load(folder), CacheDatabase(folder)
+    tasks = api.extract_tasks(tiny_mlp, target, job)
+    confirmed = []
+    for task in tasks:
+        records = db.records_for(task.mod)
+        if not records:
+            continue
+        entry = index.get(task.key, {}).get("confirmed")
+        mine = confirm.record_us(records[0])
+        if entry is None:  # only the rule's own point goes unconfirmed
+            assert apply.rule_point_us(db, task.mod["main"], target.target) == pytest.approx(mine), task.name
+        else:
+            assert entry["record_us"] == mine and entry["ratio"] > 0, task.name
+            confirmed.append(task)
+    if not confirmed:
+        pytest.skip("every best record of this tiny job was its rule's own point")
+    copy = tmp_path / "cache"
+    shutil.copytree(job.cache_dir, copy)
+    folder_copy = cache.folder_for(copy, target)
+    (folder_copy / "buckets.jsonl").unlink(missing_ok=True)  # no bucket verdicts: every record would apply
+    lines = [
+        {"key": t.key, "confirmed": {"record_us": confirm.record_us(db.records_for(t.mod)[0]), "ratio": 1.5}}
+        for t in confirmed
+    ]
+    task_index.append(folder_copy, lines)
+    _, report, _ = api.build(tiny_mlp, target, job.with_(cache_dir=copy))
+    assert Counter(report)["rule faster side by side"] >= 1, report
