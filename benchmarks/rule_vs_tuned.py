@@ -13,7 +13,9 @@ machine hits both alike. Prints each one's median us, the median over rounds of 
 ratio within a round: robust to load that changes between rounds), the decisions that changed, and
 the geometric mean of tuned / rule, of the medians and of the fastest windows; a kernel whose best
 record is the rule's own point (no decision changed: the same TIR, `tests/schedules/test_space.py`)
-counts 1, its measured ratio kept as `measured_ratio` (two timings of one kernel: the noise).
+counts 1, its measured ratio kept as `measured_ratio` (two timings of one kernel: the noise), and so does
+one whose best record the job's side-by-side check (`schedules/confirm.py`) found no faster than its rule
+(the build ships the rule).
 """
 
 from __future__ import annotations
@@ -69,8 +71,10 @@ def paired(libs: dict, args: list, rounds: int) -> tuple[dict[str, float], float
     return {n: statistics.median(v) for n, v in samples.items()}, statistics.median(ratios), fastest
 
 
-def compare(tasks, database, target, rounds: int) -> list[dict]:
-    """One row per task with records: rule and tuned us (interleaved medians), ratio, decisions changed."""
+def compare(tasks, database, target, rounds: int, index: dict | None = None) -> list[dict]:
+    """One row per task with records: rule and tuned us (interleaved medians), ratio, decisions changed. With the
+    cache's task `index`, a kernel whose best record the job's side-by-side check found no faster than its rule
+    (`schedules/confirm.py`: the build ships the rule) counts 1, its measured ratio kept."""
     import tvm
 
     from relaxtune.schedules import task_index
@@ -96,6 +100,13 @@ def compare(tasks, database, target, rounds: int) -> list[dict]:
         chosen = found[1] if found else None
         changed = {k: f"{rule.get(k)}: {v}" for k, v in chosen.items() if rule.get(k) != v} if rule and chosen else None
         same = changed == {}  # the best record is the rule's own point: the same TIR (tests/schedules/test_space.py)
+        confirmed = (index or {}).get(task.key, {}).get("confirmed", {})
+        record_us = float(np.mean([float(s) for s in records[0].run_secs])) * 1e6
+        kept_rule = (
+            confirmed.get("record_us") is not None and abs(confirmed["record_us"] - record_us) < 1e-6 * record_us
+        )
+        kept_rule = kept_rule and confirmed.get("ratio", 0) >= 1
+        same = same or kept_rule
         rows.append(
             {
                 "task": task.name,
@@ -105,14 +116,16 @@ def compare(tasks, database, target, rounds: int) -> list[dict]:
                 "tuned_over_rule_fastest": 1.0 if same else fastest,
                 "measured_ratio": ratio,  # for the rule's own point: the two timings of one kernel, the noise
                 "measured_ratio_fastest": fastest,
-                "record_us": float(np.mean([float(s) for s in records[0].run_secs])) * 1e6,
+                "record_us": record_us,
+                "ships": "rule" if same else "record",
                 "changed": changed,
             }
         )
         print(
             f"{task.name:44s} rule {rows[-1]['rule_us']:10.1f} us  tuned {rows[-1]['tuned_us']:10.1f} us  "
             f"{rows[-1]['tuned_over_rule']:.3f} (fastest {fastest:.3f})  "
-            f"{changed if changed is not None else 'generic record'}{' (the rule itself: counted 1)' if same else ''}",
+            f"{changed if changed is not None else 'generic record'}"
+            f"{' (the build ships the rule: counted 1)' if same else ''}",
             flush=True,
         )
     return rows
@@ -141,7 +154,10 @@ def main() -> None:
     job = JobConfig(cache_dir=args.cache, buckets=BucketConfig.parse(args.buckets))
     workload = load(args.workload, parse_config(args.config) if args.config else None)
     database, _ = api.open_cache(target, job, writable=False)
-    rows = compare(api.extract_tasks(workload, target, job), database, target.target, args.rounds)
+    from relaxtune.schedules import cache, task_index
+
+    index = task_index.load(cache.folder_for(args.cache, target))
+    rows = compare(api.extract_tasks(workload, target, job), database, target.target, args.rounds, index)
     ratio = geomean(r["tuned_over_rule"] for r in rows)
     worst = max((r["tuned_over_rule"] for r in rows), default=float("nan"))
     fastest = geomean(r["tuned_over_rule_fastest"] for r in rows)
