@@ -142,7 +142,9 @@ def pipeline(
         # its rules (schedules/verdicts.py). Then the rules for every kernel left.
         *(
             [
-                ApplyTunedSchedules(database, report, index, check=check_target(target), verdicts=verdicts),
+                ApplyTunedSchedules(
+                    database, report, index, check=check_target(target), verdicts=verdicts, target=target
+                ),
                 relax.transform.LegalizeOps(),  # the pad / slice ops it inserted
                 relax.transform.AnnotateTIROpPattern(),
             ]

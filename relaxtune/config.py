@@ -11,6 +11,8 @@ from pathlib import Path
 
 from .errors import UserError
 
+SPACES = ("rules", "generic", "both")  # design spaces of the search (schedules/space.py)
+
 
 @dataclass(frozen=True)
 class TuneConfig:
@@ -21,22 +23,45 @@ class TuneConfig:
     build_workers: int = 0  # 0: one per core
     build_timeout_s: float = 60.0
     run_timeout_s: float = 30.0
-    runs_per_measure: int = 3
-    min_repeat_ms: int = 20
+    runs_per_measure: int = 3  # RPC runner: calls per timing window (its mean is kept)
+    min_repeat_ms: int = 20  # RPC runner: the window's least length
+    # local runner and rule times: timing windows per candidate, each at least window_ms, the fastest kept. On a
+    # shared machine other work only ever slows a window; short windows are often whole undisturbed, and the
+    # fastest of many is the kernel's own speed (a 2-core box at load 8: one rule kernel 238-572 us, median 430,
+    # over 2000 10-ms windows; the fastest of each 5 s 245-373 us)
+    measure_windows: int = 10
+    window_ms: int = 5
     seed: int = 0
     population: int = 128  # evolutionary search population (stock 512): a trained model scores it every generation
     search_generations: int = 2  # evolutionary generations per batch (stock 4)
+    # share of each batch picked at random from the search's population rather than by the cost model (stock 0.05:
+    # none of a batch of 8): a model misled by other kernels (in one job it put every pick of small kernels on a
+    # packing that ran 5-10x slower there) still measures other candidates, and learns from them
+    explore: float = 0.25
     early_stop_batches: int = 3  # stop a task after this many batches without 1% gain (0: never)
     transfer: bool = True  # seed a task without records from the best records of similar cached tasks
     persist_cost_model: bool = True  # warm-start the XGBoost model from <cache>/<target>/cost_model.tar, save it back
+    # after the search, each kernel's best record timed against its rule side by side, this many rounds (0: not);
+    # the build keeps the rule where the record is not faster (schedules/confirm.py)
+    confirm_rounds: int = 15
+    cost_prior: bool = True  # a target folder without a model starts from schedules/cost_prior.npz (same SIMD lanes)
     check_buckets: bool = True  # after the search, time each bucket's block with and without records (bucket_check.py)
     rpc_tracker: str = ""  # "HOST:PORT" of a TVM RPC tracker: measure there instead of locally
     device_key: str = ""  # the key the tracker's servers registered under (with rpc_tracker)
     time_limit_s: float = 0.0  # stop the search this many seconds after the job starts (0: no limit); records kept
+    # the design space (schedules/space.py): "rules" (each CPU rule's decisions, the rule measured first), "generic"
+    # (MetaSchedule's), "both"; a kernel without a tunable rule gets "generic" under every choice
+    space: str = "rules"
 
     def __post_init__(self) -> None:
         if self.trials < 0:
             raise UserError(f"--trials {self.trials} is negative: give 0 (no tuning) or more")
+        if not 0 <= self.explore <= 1:
+            raise UserError(f"explore share {self.explore} must be within 0..1")
+        if self.measure_windows < 1 or self.window_ms < 1:
+            raise UserError(
+                f"timing windows per candidate {self.measure_windows} of {self.window_ms} ms: give at least 1 and 1"
+            )
         if self.trials_per_iter < 1:
             raise UserError(f"trials per batch {self.trials_per_iter} must be at least 1")
         if self.population < self.trials_per_iter:
@@ -46,6 +71,8 @@ class TuneConfig:
             )
         if self.time_limit_s < 0:
             raise UserError(f"--time-limit {self.time_limit_s} is negative: give 0 (no limit) or a number of seconds")
+        if self.space not in SPACES:
+            raise UserError(f"--space {self.space!r} is unknown: use one of {', '.join(SPACES)}")
         if self.early_stop_batches < 0:
             raise UserError(f"early stop after {self.early_stop_batches} batches: give 0 (never) or more")
         if self.rpc_tracker:

@@ -15,6 +15,12 @@ A bucket whose records, as a set, measured slower in the compiled block than its
 target this machine cannot run a schedule on (`check` None: cuda without a GPU), a bucket's records apply only where
 that check ran them on the device, matched the rules' outputs and kept them (a "records" verdict).
 
+A record of the rules' design space (`space.py`: its trace names the CPU rule and its decisions) is
+not replayed: the symbolic kernel is scheduled by that rule with the record's decisions
+(`space.schedule_from_decisions`), which pads and splits symbolic rows as the rule does, so it needs
+no guard and no padding here. On llvm targets a replayed trace gets the rules' fast float32
+transcendentals (`rules/fast_math.py`), as its candidate had when it was built and measured.
+
 Kernels without a record are left for the rules; LegalizeOps must run again afterwards for the
 pad/slice ops this pass inserts.
 """
@@ -29,7 +35,8 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from . import padding, replay, validate
+from . import padding, replay, space, validate
+from .rules import decisions, fast_math
 from .tasks import bucket_functions, bucket_of, call_sites, normalize, specialise, tune_point, workload_key
 from .verdicts import Verdicts, function_digest, legacy_digest
 
@@ -49,6 +56,27 @@ def _best_record(database, static: tirx.PrimFunc):
 
 def _record_us(record) -> float:
     return sum(float(s) for s in record.run_secs) / len(record.run_secs) * 1e6
+
+
+RULE_LOOKUP = 256  # records of a kernel searched for the rule's own point
+
+
+def rule_point_us(database, static: tirx.PrimFunc, target) -> float | None:
+    """The time the job's runner measured for the rule's own point of the rules' space of `static` (its first
+    candidate, `seeded_search.py`): the record whose rule and decisions are the rule's defaults; None where
+    there is none (a generic task, an older cache)."""
+    mod = normalize(static)
+    rule = space.tunable_rule(mod, target) if target is not None else None
+    if rule is None or not database.has_workload(mod):
+        return None
+    probe = decisions.Probe()
+    if not rule.sketch(tvm.s_tir.Schedule(mod), target, probe):
+        return None
+    own = (type(rule).__name__, {c.name: c.default for c in probe.choices})
+    for record in database.get_top_k(database.commit_workload(mod), RULE_LOOKUP):
+        if decisions.read(record.trace) == own:
+            return _record_us(record)
+    return None
 
 
 @mutator
@@ -96,14 +124,24 @@ class ApplyTunedSchedules:
 
     A call site whose own tuning point has no record borrows the record of the same kernel at
     the nearest tuning point of another bucket. A record is used only where it measured faster
-    than the rule-based schedule of the same static kernel (`rule_us` in the task index) and
-    applies without a guard; everything else is left to the rules.
+    than the rule-based schedule of the same static kernel and applies without a guard; everything else is
+    left to the rules. The rule's time is, for a record of the rules' space, the rule's own point measured by
+    the same runner in the same job (`rule_point_us`: measured before the build workers start, `rule_us` in
+    the task index read 0.8-8.3x the same kernel's time in the search on the loaded 2-core box, which sent
+    10 of gpt2-block's 16 records back to their rules), else `rule_us`.
     """
 
     def __init__(
-        self, database, report: Counter | None = None, index: dict[str, dict] | None = None, check=None, verdicts=None
+        self,
+        database,
+        report: Counter | None = None,
+        index: dict[str, dict] | None = None,
+        check=None,
+        verdicts=None,
+        target=None,
     ):
         self.database = database
+        self.target = target  # None: the target in scope
         self.report = report if report is not None else Counter()
         self.index = index or {}
         # where each re-applied schedule runs once against the naive kernel (validate.check_target); None: nowhere
@@ -111,6 +149,7 @@ class ApplyTunedSchedules:
         self.verdicts = verdicts if verdicts is not None else Verdicts()
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        self.target = self.target or tvm.target.Target.current(allow_none=True)
         rewriter = _CallRewriter(mod)
         values: dict[str, set[int]] = {}
         for gv in bucket_functions(mod):
@@ -188,14 +227,22 @@ class ApplyTunedSchedules:
 
     def _plan_call(self, mod, call, name, record, static, tune_at, borrowed, bounds, bb):
         rule_us = self.index.get(workload_key(normalize(static)), {}).get("rule_us")
+        if decisions.read(record.trace) is not None:  # a rules' record: against the rule as the same runner timed it
+            rule_us = rule_point_us(self.database, static, self.target or tvm.target.Target.current()) or rule_us
         record_us = _record_us(record)
+        confirmed = self.index.get(workload_key(normalize(static)), {}).get("confirmed", {})
+        if confirmed.get("record_us") == record_us and confirmed.get("ratio", 0) >= 1:  # schedules/confirm.py
+            self.report["rule faster side by side"] += 1
+            return None
         if rule_us is not None and record_us >= rule_us:
-            self.report["rules faster than record"] += 1
+            self.report["the rule is the best record" if record_us == rule_us else "rules faster than record"] += 1
             return None
         label = "tuned (borrowed)" if borrowed else "tuned"
         kernel = mod[call.args[0]]
+        if decisions.read(record.trace) is not None:
+            return self._plan_rule_record(name, kernel, record, label, bounds, bb)
         try:
-            direct = replay.apply_trace(kernel, replay.generalize(record.trace))
+            direct = self._fast_math(replay.apply_trace(kernel, replay.generalize(record.trace)))
         except Exception as err:  # a record that does not fit this kernel falls back to the rules
             logger.warning("record of %s does not replay: %s; using rules", name, str(err).strip().splitlines()[-1])
             self.report["record does not replay: rules"] += 1
@@ -219,10 +266,10 @@ class ApplyTunedSchedules:
         try:
             if not pads:
                 reference = kernel
-                scheduled, mode = replay.apply_trace(kernel, rows_trace), "direct"
+                scheduled, mode = self._fast_math(replay.apply_trace(kernel, rows_trace)), "direct"
             elif isinstance(call.ty, relax.TensorType) and padding.can_pad(kernel, set(pads)):
                 reference = padding.padded_kernel(kernel, [a.ty for a in args], call.ty, pads)
-                scheduled, mode = replay.apply_trace(reference, rows_trace), "padded"
+                scheduled, mode = self._fast_math(replay.apply_trace(reference, rows_trace)), "padded"
             else:
                 scheduled, mode = None, None
         except Exception as err:  # fall back to the rules
@@ -240,3 +287,24 @@ class ApplyTunedSchedules:
         logger.info("%s would keep a guard in its inner loops: using its rules", name)
         self.report["guard needed: rules"] += 1
         return None
+
+    def _fast_math(self, func: tirx.PrimFunc) -> tirx.PrimFunc:
+        """`func` with the rules' fast float32 transcendentals on an llvm target (as its candidate was built)."""
+        return fast_math.rewrite(func) if self.target is not None and self.target.kind.name == "llvm" else func
+
+    def _plan_rule_record(self, name, kernel, record, label, bounds, bb):
+        """A rules' record: the kernel scheduled by its rule with its decisions (module docstring)."""
+        rule, values = decisions.read(record.trace)
+        try:
+            scheduled = space.schedule_from_decisions(kernel, self.target, rule, values)
+        except Exception as err:  # pylint: disable=broad-except  # a primitive refused: the rules
+            logger.warning("record of %s does not apply: %s; using rules", name, str(err).strip().splitlines()[-1])
+            scheduled = None
+        if scheduled is None:
+            self.report["record does not replay: rules"] += 1
+            return None
+        scheduled = scheduled.with_attr(replay.SCHEDULED, True)
+        if not self._checked(name, kernel, scheduled, bounds):
+            return None
+        self.report[label] += 1
+        return ("direct", bb.add_func(scheduled, f"{name}_tuned"), None)

@@ -9,6 +9,11 @@ fatbin `relaxtune compile` uses: `cuda_device_code.FatbinPacker`): TVM's codegen
 source in the module, which the runner's one process would otherwise JIT-compile (NVRTC, ~1 s a
 kernel on the H200 host) one candidate after another; here the compiles run on every core at once
 and the runner only loads the binary. Without nvcc the source is left for the runner as before.
+
+llvm candidates are built with float32 exp / erf / tanh / sigmoid replaced by the vectorizable
+approximations the CPU rules use (`rules/fast_math.py`; `ApplyTunedSchedules` does the same to the
+kernels it schedules from records), so a candidate is measured as it will run, and the rules'
+schedule, replayed from the rules' design space, builds to exactly the rule's kernel.
 """
 
 from __future__ import annotations
@@ -23,7 +28,21 @@ def build_without_intrin_import(mod, target, _params):
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
-    return tvm.tirx.build(mod, target=target)
+    return tvm.tirx.build(with_fast_math(mod, target), target=target)
+
+
+def with_fast_math(mod, target):
+    """`mod` with its float32 transcendentals approximated (`rules/fast_math.py`) for an llvm target; as it is
+    otherwise."""
+    import tvm
+
+    if target.kind.name != "llvm":
+        return mod
+    from .rules.fast_math import rewrite
+
+    return tvm.IRModule(
+        {gv: rewrite(f) if isinstance(f, tvm.tirx.PrimFunc) else f for gv, f in mod.functions_items()}, attrs=mod.attrs
+    )
 
 
 def build_and_export(job) -> str:

@@ -144,13 +144,16 @@ def make_builder(config: TuneConfig) -> PersistentBuilder:
 
 def make_runner(config: TuneConfig):
     """Measures here (LocalRunner), or on the tracker's servers when `config.rpc_tracker` is set."""
-    evaluator = ms.runner.EvaluatorConfig(number=config.runs_per_measure, repeat=1, min_repeat_ms=config.min_repeat_ms)
     if config.rpc_tracker:
         from .rpc import make_rpc_runner
 
+        evaluator = ms.runner.EvaluatorConfig(
+            number=config.runs_per_measure, repeat=1, min_repeat_ms=config.min_repeat_ms
+        )
         return make_rpc_runner(config, evaluator)
     from .workers import LocalRunner
 
+    evaluator = ms.runner.EvaluatorConfig(number=1, repeat=config.measure_windows, min_repeat_ms=config.window_ms)
     return LocalRunner(timeout_sec=config.run_timeout_s, evaluator_config=evaluator)
 
 

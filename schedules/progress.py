@@ -4,8 +4,12 @@ Runs after MetaSchedule's default callbacks (records committed, cost model updat
 measured batch:
 - drives a tqdm bar: trials, ETA, best GFLOP/s per task;
 - appends one JSON line per batch to the job's events file (`EventLog`): the time, the task,
-  each candidate's time or error, and the cost model's held-out scores of the batch, which
-  `relaxtune report tuning` turns into curves; the cache itself is never rewritten;
+  each candidate's time or error, its decisions in the rules' space (`rules/decisions.py`; null
+  for a generic candidate), when the batch was sent to the builder (`sent`: MetaSchedule reports a
+  batch when it next picks the task, so `t` can be much later) and the cost model's held-out scores
+  of the batch, which `relaxtune
+  report tuning` turns into curves and per-kernel rule / tuned times; the cache itself is never
+  rewritten;
 - stops a task whose best time has not improved by `min_gain` for `patience` batches in a row
   (`TaskScheduler.terminate_task`): the gradient scheduler then gives its trials to the others;
 - past the job's `deadline` (`TuneConfig.time_limit_s`), stops every task it safely can: the one
@@ -24,6 +28,8 @@ from pathlib import Path
 from tqdm import tqdm
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
+
+from .rules import decisions
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +75,11 @@ class ProgressBar(ms.measure_callback.PyMeasureCallback):
         patience: int = 0,
         min_gain: float = 0.01,
         deadline: float = 0.0,
+        sent: list[list[float]] | None = None,
     ):
         super().__init__()
+        self.sent = sent  # per task, the time.time() each of its batches was sent to the builder (SeedBox)
+        self.batches = [0] * len(names)
         self.names = names
         self.flops = flops
         self.best_us = [float("inf")] * len(names)
@@ -90,11 +99,22 @@ class ProgressBar(ms.measure_callback.PyMeasureCallback):
         self.bar = tqdm(total=total, unit="trial", desc="tuning", disable=disable, dynamic_ncols=True)
 
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
-        self.record(task_scheduler, task_id, len(measure_candidates), builder_results, runner_results)
+        chosen = [decisions.read(c.sch.trace) for c in measure_candidates]
+        self.record(
+            task_scheduler,
+            task_id,
+            len(measure_candidates),
+            builder_results,
+            runner_results,
+            [found[1] if found else None for found in chosen],
+        )
 
-    def record(self, task_scheduler, task_id: int, count: int, builder_results, runner_results) -> None:
-        """What `apply` does, callable from Python with any result objects (the transfer batch,
-        tests); `task_scheduler` None: no early stop."""
+    def record(
+        self, task_scheduler, task_id: int, count: int, builder_results, runner_results, chosen: list | None = None
+    ) -> None:
+        """What `apply` does, callable from Python with any result objects (tests); `task_scheduler` None: no
+        early stop; `chosen`: each candidate's decisions in the rules' space (`rules/decisions.read`), None for a
+        generic one."""
         before = self.best_us[task_id]
         times, errors = [], []
         for build, run in zip(builder_results, runner_results):
@@ -123,12 +143,20 @@ class ProgressBar(ms.measure_callback.PyMeasureCallback):
                 errors=errors,
                 best_us=best if best < float("inf") else None,
                 scores=scores,
+                decisions=chosen,
+                sent=self._sent(task_id),
             )
+        self.batches[task_id] += 1
         self._early_stop(task_scheduler, task_id, before)
         self._stop_at_deadline(task_scheduler, task_id)
         gflops = self.flops[task_id] / best / 1e3 if best < float("inf") else 0.0
         self.bar.set_postfix_str(f"{self.names[task_id]}: {best:.0f} us, {gflops:.1f} GFLOP/s, failed {self.failed}")
         self.bar.update(count)
+
+    def _sent(self, task_id: int) -> float | None:
+        """When this batch of the task was sent to the builder (None where not known)."""
+        sent = self.sent[task_id] if self.sent is not None and task_id < len(self.sent) else []
+        return sent[self.batches[task_id]] if self.batches[task_id] < len(sent) else None
 
     def _early_stop(self, task_scheduler, task_id: int, before: float) -> None:
         best = self.best_us[task_id]

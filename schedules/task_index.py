@@ -86,8 +86,9 @@ def measure_rules_batch(mods: list, target, builder, runner) -> list[float | Non
     return times
 
 
-def measure_rules(mod, target, runs: int = 3) -> float:
-    """Median microseconds of the rule-based schedule of a static kernel module (`main`)."""
+def measure_rules(mod, target, windows: int = 10, window_ms: int = 5) -> float:
+    """Microseconds of the rule-based schedule of a static kernel module (`main`): the fastest of `windows`
+    timing windows of at least `window_ms` (as the local runner times candidates, `workers.LocalRunner`)."""
     import tvm
 
     scheduled = rule_scheduled(mod, target)
@@ -99,5 +100,5 @@ def measure_rules(mod, target, runs: int = 3) -> float:
         shape = [int(d) for d in param.shape]
         dtype = str(param.dtype)
         args.append(tvm.runtime.tensor(rng.standard_normal(shape).astype(dtype), dev))
-    timer = lib.mod.time_evaluator("main", dev, number=runs, repeat=1, min_repeat_ms=20)
-    return float(timer(*args).median * 1e6)
+    timer = lib.mod.time_evaluator("main", dev, number=1, repeat=windows, min_repeat_ms=window_ms)
+    return float(min(timer(*args).results) * 1e6)

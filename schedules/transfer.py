@@ -15,11 +15,17 @@ no record of. Two kinds of task are similar:
   with every instruction that uses what it returned; blocks left without instructions stay
   unscheduled for the postprocessors (parallelize, vectorize, unroll), as MetaSchedule leaves
   inlined-away or trivial blocks.
+A record of the rules' design space (`space.py`; its trace names its rule and decisions,
+`rules/decisions.read`) is not replayed: the same rule's sketch is made for the new kernel with the
+record's decisions (`space.from_decisions`), so the decisions carry whatever the shapes, with the
+rule's own handling of them. A task takes records of its own space only (the rules' records for the
+rules' space, the generic ones for the generic space, both for ``both``).
 Either way the result is an ordinary MetaSchedule trace with sampling decisions the search can
-mutate. MetaSchedule's postprocessors then validate each one; those that pass are built and
-measured like any batch (they count as trials) and committed to the cache, where the evolutionary
-search picks them as its initial population. Schedule primitives preserve a kernel's semantics, so
-a carried trace computes what the kernel computes, or does not apply.
+mutate. MetaSchedule's postprocessors then validate each one; those that pass are measured first in
+the task's first batch, ahead of the search's picks (`seeded_search.py`), count as trials and are
+committed to the cache, where the evolutionary search picks them as its initial population.
+Schedule primitives preserve a kernel's semantics, so a carried trace computes what the kernel
+computes, or does not apply.
 """
 
 from __future__ import annotations
@@ -33,8 +39,9 @@ from tvm import tirx
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.schedule import Trace
 
-from .builder import build_and_run
+from . import space
 from .replay import fresh_schedule
+from .rules import decisions
 
 logger = logging.getLogger(__name__)
 
@@ -184,10 +191,19 @@ def carry(trace: Trace, mod: tvm.IRModule) -> Trace:
     return Trace(kept, {i: decisions[i] for i in kept if i in decisions})
 
 
-def adapt(record, mod: tvm.IRModule, postprocs) -> "tvm.s_tir.Schedule | None":
-    """The record's trace replayed on `mod` with refitted tiles and postprocessed; for a source of
-    the same main computation (`core`) whose trace does not apply whole, the part that does
-    (`carry`). None if nothing valid results."""
+def adapt(record, mod: tvm.IRModule, postprocs, target=None, kind: str = "generic") -> "tvm.s_tir.Schedule | None":
+    """The record's schedule for `mod`, a task searched in space `kind` (`space.effective`), or None: a rules'
+    record as the same rule's sketch with its decisions; a generic one replayed with refitted tiles and
+    postprocessed, or, for a source of the same main computation (`core`) whose trace does not apply
+    whole, the part that does (`carry`)."""
+    found = decisions.read(record.trace)
+    if found is not None:
+        if kind == "generic" or target is None:
+            return None
+        candidate = space.from_decisions(mod, target, found[0], found[1], postprocs)
+        return candidate.sch if candidate is not None else None
+    if kind == "rules":
+        return None
     trace = record.trace
     for attempt in range(2):
         sch = tvm.s_tir.Schedule(mod, debug_mask="all")
@@ -203,58 +219,18 @@ def adapt(record, mod: tvm.IRModule, postprocs) -> "tvm.s_tir.Schedule | None":
     return None
 
 
-def seed_candidates(
-    mod: tvm.IRModule, database, postprocs, limit: int, space: list | None = None, seed: int = 1
-) -> list:
-    """Up to `limit` distinct MeasureCandidates for `mod` from similar tasks' best records. With
-    the task's design space (`space`, its sketches) and at least one transferred candidate, the
-    batch is filled up to `limit` with random samples of it, as MetaSchedule samples its first
-    population: a full batch keeps the job's trial count on whole batches. `seed` >= 1 (TVM's
-    schedule seeds start at 1)."""
+def seed_candidates(mod: tvm.IRModule, database, postprocs, limit: int, target=None, kind: str = "generic") -> list:
+    """Up to `limit` distinct MeasureCandidates for `mod` from similar tasks' best records of its space
+    (`kind`, `space.SPACES`; the rules' records need the `target`)."""
     args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    where = space.effective(kind, mod, target) if target is not None else "generic"
     seen, out = set(), []
-
-    def add(sch) -> None:
-        text = str(sch.trace)
-        if text not in seen and len(out) < limit:
-            seen.add(text)
-            out.append(ms.MeasureCandidate(sch, args_info))
-
     for record in similar_records(mod, database):
-        sch = adapt(record, mod, postprocs)
-        if sch is not None:
-            add(sch)
-    for attempt in range(8 * limit if out and space else 0):
         if len(out) >= limit:
             break
-        sch = _sample(space[attempt % len(space)], mod, postprocs, seed + attempt)
-        if sch is not None:
-            add(sch)
+        sch = adapt(record, mod, postprocs, target, where)
+        text = str(sch.trace) if sch is not None else None
+        if text is not None and text not in seen:
+            seen.add(text)
+            out.append(ms.MeasureCandidate(sch, args_info))
     return out
-
-
-def _sample(sketch, mod: tvm.IRModule, postprocs, seed: int):
-    """A sketch's trace replayed with fresh random decisions, postprocessed; None if invalid.
-    Without the schedule's debug checks after every primitive, as MetaSchedule samples its own
-    populations (the postprocessors still validate): filling mlp's 8 cuda seed batches took 34.2 s
-    with them and 7.1 s without (median of 3, quiet box; the H200 job spent 59.9 s there), with
-    the same candidates plus one the debug checks had refused."""
-    sch = tvm.s_tir.Schedule(mod, seed=seed)
-    try:
-        Trace(sketch.trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)
-        sch.enter_postproc()
-        return sch if all(p.apply(sch) for p in postprocs) else None
-    except (RuntimeError, ValueError, IndexError):
-        return None
-
-
-def measure(candidates: list, context, builder, runner, database) -> tuple[list, list]:
-    """Build and run the candidates, commit each as a record of the context's task (failures with
-    MetaSchedule's failure time, as its own callback does); returns (builder, runner) results."""
-    target = context.target
-    builds, runs = build_and_run([(c.sch.mod, c.args_info) for c in candidates], target, builder, runner)
-    workload = database.commit_workload(context.mod)
-    for c, r in zip(candidates, runs):
-        secs = [float(s) for s in r.run_secs] if r.run_secs and not r.error_msg else [1e10]
-        database.commit_tuning_record(ms.database.TuningRecord(c.sch.trace, workload, secs, target, c.args_info))
-    return builds, runs

@@ -16,7 +16,10 @@ where the gains are:
   kernel's best traces carried to it (`shares.py`, `transfer.py`);
 - a job with nothing to measure starts nothing: no build workers, no cost model load or save, no
   events file, and the rule-based time only of kernels that have none yet.
-The evolutionary search starts from the cached records of each task.
+The evolutionary search starts from the cached records of each task, in the task's design space
+(`TuneConfig.space`, `space.py`): by default the rules' space, where every kernel a CPU rule
+schedules is searched around that rule, whose own schedule is the task's first measured candidate
+(`seeded_search.py`), so a tuned kernel starts at the rule's speed.
 
 Where a job's time goes, and what this driver does about it (`TuneResult.profile` has the seconds
 per part; `relaxtune report tuning` draws them): build workers that live for the whole job and
@@ -25,7 +28,8 @@ them in the background (`builder.py`; all after the rule-based times are measure
 start-up would disturb); a smaller evolutionary population and fewer
 generations per batch, since a trained cost model scores every member of every generation; the
 XGBoost model loaded from and saved to the cache folder (`cost_model.py`); a new task's first
-batch transferred from similar tasks' best records (`transfer.py`); a task stopped after
+batch seeded from similar tasks' best records (`transfer.py`), the search's picks filling it, and
+no candidate measured twice (`seeded_search.py`); a task stopped after
 `early_stop_batches` batches without gain, its trials left to the others (`progress.py`).
 Trials are counted as the cache holds them: every record, failed builds and runs included.
 """
@@ -33,16 +37,20 @@ Trials are counted as the cache holds them: every record, failed builds and runs
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import TuneConfig
-from . import cost_model, intrin, shares, task_index, task_logs, transfer
+from . import confirm, cost_model, intrin, shares, space, task_index, task_logs, transfer
 from .builder import DeferredRunner, make_builder, make_runner
 from .database import CacheDatabase
 from .progress import EventLog, ProgressBar
+from .rules import decisions
+from .scheduler import InformedGradient
+from .seeded_search import Budget, SeedBox, SeededSearch
 from .tasks import Task
 
 logger = logging.getLogger(__name__)
@@ -98,7 +106,9 @@ def _finite(us: float) -> float | None:
     return us if us < float("inf") else None
 
 
-def index_tasks(tasks: list[Task], target, folder: Path, workload: str, builder=None, runner=None) -> dict[str, dict]:
+def index_tasks(
+    tasks: list[Task], target, folder: Path, workload: str, builder=None, runner=None, config: TuneConfig = TuneConfig()
+) -> dict[str, dict]:
     """The task index of the cache, with every task of this job in it (rule time measured once):
     one after another here, or with `builder` and `runner` all at once (GPU targets)."""
     index = task_index.load(folder)
@@ -106,7 +116,7 @@ def index_tasks(tasks: list[Task], target, folder: Path, workload: str, builder=
     if builder is not None and todo:
         times = task_index.measure_rules_batch([t.mod for t in todo], target, builder, runner)
     else:
-        times = [task_index.measure_rules(t.mod, target) for t in todo]
+        times = [task_index.measure_rules(t.mod, target, config.measure_windows, config.window_ms) for t in todo]
     new = []
     for t, us in zip(todo, times):
         entry = {
@@ -139,25 +149,28 @@ def retired(task: Task, index: dict[str, dict], cached: dict[str, int]) -> bool:
 
 def _contexts(
     short: list[Task], needs: dict[str, int], target, config: TuneConfig, log_dir: Path
-) -> tuple[list[Task], list, list]:
-    """(tasks, TuneContexts, their loggers: `task_logs.close` them) of the kernels short of their share whose design
-    space MetaSchedule
-    can generate: one it cannot (a schedule rule that fails on a kernel) would abort the whole
-    search, so it is skipped with one warning, keeps its rule-based schedule, and what it was owed
-    goes to the others (`needs` is updated)."""
+) -> tuple[list[Task], list, list, list]:
+    """(tasks, TuneContexts, their loggers: `task_logs.close` them, their seed boxes: `SeededSearch`) of the
+    kernels short of their share whose design space (`config.space`, `space.py`) can be generated:
+    one that cannot (a schedule rule that fails on a kernel) would abort the whole search, so it is
+    skipped with one warning, keeps its rule-based schedule, and what it was owed goes to the others
+    (`needs` is updated)."""
     from tvm.s_tir import meta_schedule as ms
 
     # per-task log files (traces, build errors) under <log_dir>/logs, as stock MetaSchedule writes them
     loggers = task_logs.task_loggers(log_dir, [t.name.replace("@", "_") for t in short])
-    kept, contexts, kept_loggers, freed = [], [], [], 0
+    kept, contexts, kept_loggers, boxes, freed = [], [], [], [], 0
+    budget = Budget()  # the job's trials left, shared: set when the job knows them
     for i, t in enumerate(short):
+        box = SeedBox(budget=budget)
+        search = ms.search_strategy.EvolutionarySearch(
+            population_size=config.population, genetic_num_iters=config.search_generations, eps_greedy=config.explore
+        )
         context = ms.TuneContext(
             mod=t.mod,
             target=target,
-            space_generator="post-order-apply",
-            search_strategy=ms.search_strategy.EvolutionarySearch(
-                population_size=config.population, genetic_num_iters=config.search_generations
-            ),
+            space_generator=space.generator(config.space, t.mod, target),
+            search_strategy=SeededSearch(search, box, config.explore),
             task_name=t.name,
             logger=loggers[i],
             rand_state=config.seed + i + 1,
@@ -177,37 +190,51 @@ def _contexts(
         kept.append(t)
         contexts.append(context)
         kept_loggers.append(loggers[i])
+        boxes.append(box)
     for t, extra in zip(kept, shares.give_back(freed, [t.weight * t.flops for t in kept], config.trials_per_iter)):
         needs[t.key] += extra
-    return kept, contexts, kept_loggers
+    return kept, contexts, kept_loggers, boxes
 
 
-def _seed_from_similar(tasks, contexts, cached, needs, budget, config, builder, runner, database, model, bar) -> int:
-    """Measure transferred candidates for each task without records; returns trials spent."""
-    spent = 0
-    for i, (task, context) in enumerate(zip(tasks, contexts)):
-        if _past(bar.deadline):
-            break
-        room = min(config.trials_per_iter, budget - spent, needs[task.key])
-        if cached[task.key] or room <= 0:
-            continue
-        space = context.space_generator.generate_design_space(context.mod)
-        candidates = transfer.seed_candidates(
-            task.mod, database, context.space_generator.postprocs, room, space, config.seed + i + 1
-        )  # TVM seeds start at 1
-        if not candidates:
-            continue
-        builds, runs = transfer.measure(candidates, context, builder, runner, database)
-        model.update(context, candidates, runs)
-        bar.record(None, i, len(candidates), builds, runs)
-        spent += len(candidates)
-        logger.info(
-            "%s: first batch of %d seeded from similar tasks' records, best %.1f us",
-            task.name,
-            len(candidates),
-            bar.best_us[i],
-        )
-    return spent
+def _seed(tasks, contexts, boxes, cached, target, config, database, events, seconds: list) -> None:
+    """Each task's seeds (`SeededSearch`), made when its first batch is searched and measured first: the rule's
+    own schedule where the task's space is the rules' (its first candidate; dropped there if the cache holds it),
+    then, for a task the cache held no record of when the job started, up to half a batch transferred from
+    similar tasks' best records of the same space (`transfer.py`), this job's included. The seconds spent making
+    them are added to `seconds[0]`."""
+
+    def make(task, context):
+        mark = time.perf_counter()
+        postprocs = list(context.space_generator.postprocs)
+        seeds = []
+        if config.space != "generic":
+            rule = space.rule_candidate(task.mod, target, postprocs)
+            seeds += [rule] if rule is not None else []
+        if config.transfer and not cached[task.key]:
+            seeds += transfer.seed_candidates(
+                task.mod, database, postprocs, max(1, config.trials_per_iter // 2), target, config.space
+            )
+        events.write("seeds", tasks=[_seeds_event(task, seeds)])
+        if len(seeds) > (config.space != "generic"):
+            logger.info("%s: %d seed candidate(s) measured first", task.name, len(seeds))
+        seconds[0] += time.perf_counter() - mark
+        return seeds
+
+    for task, context, box in zip(tasks, contexts, boxes):
+        box.make = functools.partial(make, task, context)
+
+
+def _seeds_event(task: Task, seeds: list) -> dict:
+    """A task's seeds for the events file: the rule's own decisions (its first seed, where its space is the
+    rules'; `relaxtune report tuning` compares the tuned kernel's with them) and how many were transferred."""
+    chosen = [decisions.read(c.sch.trace) for c in seeds]
+    rule = chosen[0] if chosen and chosen[0] is not None else None
+    return {
+        "name": task.name,
+        "rule": rule[0] if rule else None,
+        "rule_decisions": rule[1] if rule else None,
+        "transferred": len(seeds) - (rule is not None),
+    }
 
 
 def tune(
@@ -253,7 +280,9 @@ def tune(
     tuning = remaining > 0 and bool(short)
     if tuning:
         log_dir.mkdir(parents=True, exist_ok=True)
-    tasks, contexts, task_loggers = _contexts(short, needs, target, config, log_dir) if tuning else ([], [], [])
+    tasks, contexts, task_loggers, boxes = (
+        _contexts(short, needs, target, config, log_dir) if tuning else ([], [], [], [])
+    )
     remaining = min(remaining, sum(needs[t.key] for t in tasks))
     tuning = tuning and remaining > 0  # not when every short kernel was skipped (no design space)
     if not tuning:
@@ -269,7 +298,7 @@ def tune(
         builder, runner = _start_workers(config)
     chosen, mark = {t.key for t in tasks}, time.perf_counter()
     index = index_tasks(
-        [t for t in all_tasks if cached[t.key] or t.key in chosen], target, log_dir, workload, builder, runner
+        [t for t in all_tasks if cached[t.key] or t.key in chosen], target, log_dir, workload, builder, runner, config
     )
     rules_s = time.perf_counter() - mark
     if tuning and builder is None:
@@ -287,7 +316,11 @@ def tune(
         )
         events = EventLog(log_dir)
         mark = time.perf_counter()
-        inner, warm = cost_model.load(log_dir) if config.persist_cost_model else (cost_model.new_model(), False)
+        inner, warm = (
+            cost_model.load(log_dir, target if config.cost_prior else None)
+            if config.persist_cost_model
+            else (cost_model.new_model(), False)
+        )
         load_s = time.perf_counter() - mark
         model = cost_model.RankedModel(inner)
         bar = ProgressBar(
@@ -299,6 +332,7 @@ def tune(
             cost_model=model,
             patience=config.early_stop_batches,
             deadline=start + config.time_limit_s if config.time_limit_s else 0.0,
+            sent=[box.sent for box in boxes],
         )
         events.write(
             "start",
@@ -323,20 +357,11 @@ def tune(
             ],
         )
         setup_s = time.perf_counter() - start
-        transfer_s, phases = 0.0, {}
+        seeding, phases = [0.0], {}
         try:
-            if config.transfer:
-                mark = (time.perf_counter(), builder.stats["seconds"], model.seconds["update"])
-                remaining -= _seed_from_similar(
-                    tasks, contexts, cached, needs, remaining, config, builder, runner, database, model, bar
-                )
-                # adapting traces and measuring them; their builds and the model update count there
-                transfer_s = (
-                    time.perf_counter()
-                    - mark[0]
-                    - (builder.stats["seconds"] - mark[1])
-                    - (model.seconds["update"] - mark[2])
-                )
+            _seed(tasks, contexts, boxes, cached, target, config, database, events, seeding)
+            if boxes:
+                boxes[0].budget.left = remaining
             if remaining > 0 and not _past(bar.deadline):
                 profiler = ms.Profiler() if ms.Profiler.current() is None else contextlib.nullcontext()
                 with profiler:
@@ -351,7 +376,7 @@ def tune(
             if config.persist_cost_model:
                 cost_model.save(inner, log_dir)
             result.profile = {
-                **_profile(time.perf_counter() - start, setup_s, transfer_s, builder, model),
+                **_profile(time.perf_counter() - start, setup_s, seeding[0], builder, model),
                 **phases,
                 "setup_rule_timing_s": round(rules_s, 2),
                 "setup_cost_model_load_s": round(load_s, 2),
@@ -365,6 +390,10 @@ def tune(
         task_index.append(log_dir, [{"key": stopped[n].key, "stopped_at": counts[stopped[n].key]} for n in bar.stopped])
         result.trials_run = sum(bar.trials)
         result.failed = bar.failed
+        if config.confirm_rounds and target.kind.name == "llvm" and not config.rpc_tracker:
+            mark = time.perf_counter()
+            confirm.confirm(tasks, database, target, log_dir, config.confirm_rounds)
+            result.profile["confirm_s"] = round(time.perf_counter() - mark, 2)
     else:
         logger.info(
             "0 trials to run: the cache holds %d trials for these %d kernels (budget %d), each kernel's share of it "
@@ -408,8 +437,9 @@ def _start_workers(config: TuneConfig):
 
 def _tune_tasks(contexts, tasks, log_dir, remaining, config, builder, runner, database, model, bar) -> None:
     """One gradient task scheduler over the kernels short of their share, for the sum of what they
-    are owed: it spends the trials where the gains are, and a kernel stopped early (`progress.py`)
-    leaves its trials to the others."""
+    are owed: it spends the trials where the gains are, every measured batch reported before the next
+    task is searched (`scheduler.py`), and a kernel stopped early (`progress.py`) leaves its trials to
+    the others."""
     from tvm.s_tir import meta_schedule as ms
 
     ms.tune_tasks(
@@ -424,7 +454,7 @@ def _tune_tasks(contexts, tasks, log_dir, remaining, config, builder, runner, da
         database=database,
         cost_model=model,
         measure_callbacks=[*ms.MeasureCallback.create("default"), bar],
-        task_scheduler="gradient",
+        task_scheduler=InformedGradient(bar, seed=config.seed),
     )
 
 
@@ -443,8 +473,9 @@ def _phases(profiler) -> dict:
 
 
 def _profile(wall_s: float, setup_s: float, transfer_s: float, builder, model) -> dict:
-    """Seconds per part of the job (they add up to `wall_s`). `transfer_s`: adapting similar tasks'
-    traces and measuring them; `search_and_measure_s` is the rest: candidate generation (sampling,
+    """Seconds per part of the job (they add up to `wall_s`). `transfer_s`: making the seeds (the rules'
+    schedules, similar tasks' traces adapted; measured with the search's batches); `search_and_measure_s` is the
+    rest: candidate generation (sampling,
     mutation, postprocessing) and waiting for the runner (which overlaps the search). Not a part:
     `worker_start_s`, the first build batch's excess over the median batch (workers start then)."""
     batches = builder.stats["batch_seconds"]

@@ -13,7 +13,10 @@ TVM's own worker loop (`tvm.exec.popen_worker`) after marking torch absent
 (`sys.modules["torch"] = None`, which makes `import torch` raise the ImportError tvm_ffi expects
 when torch is not installed). `Pool` is TVM's `PopenPoolExecutor` with such workers;
 `LocalRunner` is MetaSchedule's local runner (its measurement function, evaluator settings and
-error messages) on a `Pool`. On Windows the workers start as TVM starts them.
+error messages) on a `Pool`, reporting the fastest of a candidate's timing windows (`repeat`;
+`TuneConfig.measure_windows`): on a shared machine other work only ever slows a window, and the mean of
+the windows, which MetaSchedule keeps, ranked candidates by how much they were disturbed. On Windows
+the workers start as TVM starts them.
 """
 
 from __future__ import annotations
@@ -111,7 +114,7 @@ class LocalRunner(ms.runner.PyRunner):
                 tuple(a.as_json() for a in runner_input.args_info),
             )
             try:
-                results.append(LocalRunnerFuture(res=future.result(), error_message=None))
+                results.append(LocalRunnerFuture(res=[min(future.result())], error_message=None))
             except TimeoutError:
                 results.append(
                     LocalRunnerFuture(

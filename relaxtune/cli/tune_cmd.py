@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..config import TuneConfig
+from ..config import SPACES, TuneConfig
 from . import common
 
 
@@ -49,6 +49,14 @@ def add_arguments(parser) -> None:
         help="stop the search this many seconds after the job starts, records kept (default: none)",
     )
     parser.add_argument(
+        "--space",
+        choices=SPACES,
+        default=TuneConfig.space,
+        help="design space: each CPU rule's decisions around the rule, measured first (rules), MetaSchedule's "
+        f"generic space (generic), or both; kernels without a tunable rule are searched generically (default "
+        f"{TuneConfig.space})",
+    )
+    parser.add_argument(
         "--no-transfer", action="store_true", help="do not seed new kernels from similar cached kernels' records"
     )
     parser.add_argument(
@@ -75,6 +83,7 @@ def run(args) -> int:
         transfer=not args.no_transfer,
         time_limit_s=args.time_limit,
         check_buckets=not args.no_bucket_check,
+        space=args.space,
     )
     job = common.job_config(args, tune)
     if tune.rpc_tracker:  # fail before the slow part when the tracker or its servers are missing
@@ -115,8 +124,8 @@ def run(args) -> int:
     )
     for b in result.buckets:
         print(
-            f"bucket {b['bucket']}: records {b['records_ms']:.3f} ms vs rules {b['rules_ms']:.3f} ms (side by side): "
-            f"{b['verdict']}"
+            f"bucket {b['bucket']}: records {b['records_ms']:.3f} ms vs rules {b['rules_ms']:.3f} ms (side by side; "
+            f"records / rules {b['ratio']:.3f} over paired rounds): {b['verdict']}"
         )
     common.write_json(
         args.json,

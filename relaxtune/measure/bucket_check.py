@@ -4,7 +4,9 @@ A record is applied where its static kernel measured faster than the rules, but 
 survive in the compiled block (schedules/verdicts.py says why, with the figure). This check
 builds the workload twice — every bucket with its records, and rules only — and times each
 bucket's call side by side, interleaved, at two points inside the bucket (its tuning point and
-the geometric middle of its ranges), on the machine that measured the records. A bucket keeps its
+the geometric middle of its ranges), on the machine that measured the records: `ROUNDS` rounds of
+back-to-back samples, the records' time taken as the rules' median times the median of the per-round
+ratios (`timing.paired`: load that changes between rounds cancels). A bucket keeps its
 records only where their outputs match the rules' (`TOLERANCE`; the only correctness check a cuda
 schedule gets, since the host cannot run it) and they are faster by `MARGIN`; the verdicts go to the cache
 (`<cache>/<target>/buckets.jsonl`) and `relaxtune compile` follows them.
@@ -24,13 +26,13 @@ from ..compiler.build import build
 from ..config import JobConfig
 from ..targets import ResolvedTarget
 from ..workloads import Workload
-from .timing import interleaved
+from .timing import paired
 from .vm import VMRunner
 
 logger = logging.getLogger(__name__)
 
 MARGIN = 0.03  # records must be this much faster than the rules, over the bucket's two values
-ROUNDS = 5  # interleaved samples per variant and value
+ROUNDS = 15  # interleaved samples per variant and value (5 gave verdicts at random at load 8 on 2 cores)
 SAMPLE_S = 0.02  # seconds of calls per sample
 TOLERANCE = {"float32": 1e-3, "float16": 3e-2, "bfloat16": 3e-2}  # max |records - rules| / max |rules|
 
@@ -97,16 +99,17 @@ def check_buckets(
     entries = []
     for name, (sig, bucket) in sorted(every.seen.items()):
         points = _points(bucket)
-        records_ms = rules_ms = error = 0.0
+        records_ms = rules_ms = paired_ms = error = 0.0
         for point in points:
             inputs = workload.random_inputs(point)
             got, want = [with_records.outputs(inputs)], [with_rules.outputs(inputs)]
             allowed = max(TOLERANCE.get(str(w.dtype), TOLERANCE["float16"]) for w in want)
             error = max(error, mismatch(got, want) / allowed)  # in units of what the dtype allows
-            ms = interleaved(
-                {"records": with_records.caller(inputs), "rules": with_rules.caller(inputs)}, ROUNDS, SAMPLE_S
+            ms, ratio = paired(
+                {"rules": with_rules.caller(inputs), "records": with_records.caller(inputs)}, ROUNDS, SAMPLE_S
             )
             records_ms, rules_ms = records_ms + ms["records"], rules_ms + ms["rules"]
+            paired_ms += ms["rules"] * ratio  # the records' time, from the rules' and the per-round ratios
         wrong = error > 1
         if wrong:
             logger.warning(
@@ -115,7 +118,7 @@ def check_buckets(
                 error,
                 TOLERANCE,
             )
-        verdict = "records" if records_ms < (1 - MARGIN) * rules_ms and not wrong else "rules"
+        verdict = "records" if paired_ms < (1 - MARGIN) * rules_ms and not wrong else "rules"
         entries.append(
             {
                 "signature": sig,
@@ -124,10 +127,19 @@ def check_buckets(
                 "verdict": verdict,
                 "records_ms": round(records_ms, 4),
                 "rules_ms": round(rules_ms, 4),
+                "ratio": round(paired_ms / rules_ms, 4) if rules_ms else None,
                 "at": points,
                 "error": round(error, 4) if math.isfinite(error) else "inf",
             }
         )  # / TOLERANCE
-        logger.info("%s: records %.3f ms, rules %.3f ms at %s: %s", name, records_ms, rules_ms, points, verdict)
+        logger.info(
+            "%s: records %.3f ms, rules %.3f ms (paired ratio %.3f) at %s: %s",
+            name,
+            records_ms,
+            rules_ms,
+            paired_ms / rules_ms if rules_ms else float("nan"),
+            points,
+            verdict,
+        )
     store.append(folder, entries)
     return entries

@@ -34,6 +34,23 @@ def interleaved(calls: dict, rounds: int, sample_s: float = 0.02) -> dict[str, f
     a sampler timed elsewhere (`sample(repeats)` -> ms per call, `once()` -> seconds; e.g.
     `torch_process.TorchProcess`); the system sampled right after a sampler gets an untimed sample
     first (the other process's threads are still spinning)."""
+    return {name: statistics.median(v) for name, v in timed_samples(calls, rounds, sample_s).items()}
+
+
+def paired(calls: dict, rounds: int, sample_s: float = 0.02) -> tuple[dict[str, float], float]:
+    """(median ms of each of two systems, the median over rounds of the second's ms / the first's), sampled in
+    turns as `interleaved` does. The ratio within a round compares two samples taken back to back, so load
+    that changes between rounds (seen here: the same kernel 5x slower for seconds) cancels; the median of
+    the ratios is steadier than the ratio of the medians."""
+    samples = timed_samples(calls, rounds, sample_s)
+    first, second = samples.values()
+    ratio = statistics.median(b / a for a, b in zip(first, second))
+    return {n: statistics.median(v) for n, v in samples.items()}, ratio
+
+
+def timed_samples(calls: dict, rounds: int, sample_s: float = 0.02) -> dict[str, list[float]]:
+    """Each system's ms per call, one sample per round, sampled in turns (see `interleaved`): the fastest
+    sample of each is what it does when the shared machine lets it."""
     repeats = {}
     for name, call in calls.items():
         if hasattr(call, "sample"):
@@ -60,4 +77,4 @@ def interleaved(calls: dict, rounds: int, sample_s: float = 0.02) -> dict[str, f
             for _ in range(repeats[name]):
                 call()
             samples[name].append((time.perf_counter() - start) / repeats[name] * 1e3)
-    return {name: statistics.median(v) for name, v in samples.items()}
+    return samples

@@ -9,18 +9,28 @@ scores; see `schedules/progress.py`) and writes markdown plus two PNG plots to -
   rule-based time);
 - `tuning-throughput.png`: trials done versus wall time, and failed builds and runs by reason.
 
+Per kernel searched in the rules' design space (`schedules/space.py`): the rule's time (its own
+schedule, the task's first measured candidate), the tuned time (the best), their ratio, the
+decisions the best changed from the rule's (`rule: tuned`), and the search cost: trials and wall
+time (from its job's start) to reach the rule's time and the final best.
+
 Jobs are laid end to end on the time axis in the order they ran. `--json PATH` holds
-`{"tasks": [{"name", "trials", "best_us", "rules_us", "wall_s"}], "trials_per_s", "failed_builds",
-"failed_runs", "failures", "ranking", "jobs", "model_us"}`; a task's `wall_s` is the wall time
-from the job's previous measured batch to its own. That attribution is approximate: MetaSchedule
+`{"tasks": [{"name", "trials", "best_us", "rules_us", "wall_s", "rule_us", "tuned_over_rule", "changed",
+"best_decisions", "trials_to_rule", "trials_to_best", "s_to_rule", "s_to_best"}], "trials_per_s", "failed_builds",
+"failed_runs", "failures", "ranking", "jobs", "model_us", "tuned_over_rule_geomean"}`; `rules_us` is the task's
+rule-based time from its job's start event (what the bucket check and the model time weigh a record against),
+`rule_us` the rule's own candidate as the search measured it. A task's `wall_s` is the
+wall time from the job's previous measured batch to its own. That attribution is approximate: MetaSchedule
 collects a batch's results when it next picks the task (or at the end), so a batch reported
-late carries the search and builds of other tasks' batches done meanwhile.
+late carries the search and builds of other tasks' batches done meanwhile. The rule's fields are null
+for a kernel searched in the generic space.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -61,8 +71,53 @@ def read_job(path: Path) -> dict | None:
         return None
     end = next((e for e in lines if e.get("ev") == "end"), None)
     batches = [e for e in lines if e.get("ev") == "batch"]
+    seeds = {t["name"]: t for e in lines if e.get("ev") == "seeds" for t in e.get("tasks", [])}
     last = end["t"] if end else max([e["t"] for e in batches], default=start["t"])
-    return {"file": path.name, "start": start, "end": end, "batches": batches, "wall_s": last - start["t"]}
+    return {
+        "file": path.name,
+        "start": start,
+        "end": end,
+        "batches": batches,
+        "seeds": seeds,
+        "wall_s": last - start["t"],
+    }
+
+
+class _Kernel:
+    """One kernel's candidates in measured order: the rule's time and decisions, the best, the search cost."""
+
+    def __init__(self):
+        self.rule_decisions = None
+        self.rule_us = None
+        self.best = (float("inf"), None, 0, 0.0)  # us, decisions, trials to it, seconds to it
+        self.trials = 0
+        self.to_rule = None  # (trials, seconds) to reach the rule's time
+
+    def add(self, us, chosen, seconds: float) -> None:
+        self.trials += 1
+        if us is None:
+            return
+        if self.rule_us is None and self.rule_decisions is not None and chosen == self.rule_decisions:
+            self.rule_us = us
+        if us < self.best[0]:
+            self.best = (us, chosen, self.trials, seconds)
+        if self.to_rule is None and self.rule_us is not None and us <= self.rule_us:
+            self.to_rule = (self.trials, seconds)
+
+    def row(self) -> dict:
+        best_us, chosen, trials, seconds = self.best
+        rule, found = self.rule_decisions, best_us < float("inf")
+        changed = {k: f"{rule.get(k)}: {v}" for k, v in chosen.items() if rule.get(k) != v} if rule and chosen else {}
+        return {
+            "rule_us": self.rule_us,
+            "tuned_over_rule": best_us / self.rule_us if self.rule_us and found else None,
+            "best_decisions": chosen,
+            "changed": changed if rule and chosen else None,
+            "trials_to_rule": self.to_rule[0] if self.to_rule else None,
+            "s_to_rule": round(self.to_rule[1], 2) if self.to_rule else None,
+            "trials_to_best": trials if found else None,
+            "s_to_best": round(seconds, 2) if found else None,
+        }
 
 
 def analyse(jobs: list[dict]) -> dict:
@@ -76,16 +131,24 @@ def analyse(jobs: list[dict]) -> dict:
     curve, model_curve, trials_curve = [], [], []  # (wall s, task, best us) / (wall s, model us) / (wall s, trials)
     offset = total = 0.0
     trials_done = 0
+    kernels: dict[str, _Kernel] = {}
     for job in jobs:
         for t in job["start"].get("tasks", []):
             weights[t["name"]] = t.get("weight") or 0.0
             if t.get("rule_us"):
                 rules[t["name"]] = t["rule_us"]
+        for name, seeds in job["seeds"].items():
+            if seeds.get("rule_decisions") is not None:
+                kernels.setdefault(name, _Kernel()).rule_decisions = seeds["rule_decisions"]
         previous = job["start"]["t"]
         for batch in job["batches"]:
             name = batch["task"]
             entry = tasks.setdefault(name, {"name": name, "trials": 0, "best_us": float("inf"), "wall_s": 0.0})
             entry["trials"] += len(batch["us"])
+            chosen = batch.get("decisions") or [None] * len(batch["us"])
+            sent = batch.get("sent") or batch["t"]  # when the batch was sent: its results come in up to a round later
+            for us, picked in zip(batch["us"], chosen):
+                kernels.setdefault(name, _Kernel()).add(us, picked, offset + sent - job["start"]["t"])
             valid = [u for u in batch["us"] if u is not None]
             entry["best_us"] = min([entry["best_us"], *valid])
             entry["wall_s"] += batch["t"] - previous
@@ -113,7 +176,10 @@ def analyse(jobs: list[dict]) -> dict:
         row["best_us"] = row["best_us"] if row["best_us"] < float("inf") else None
         row["wall_s"] = round(row["wall_s"], 2)
         row["rules_us"] = rules.get(row["name"])  # the kernel's rule-based schedule, which a record must beat
+        row.update(kernels[row["name"]].row())
+    ratios = [r["tuned_over_rule"] for r in rows if r["tuned_over_rule"]]
     return {
+        "tuned_over_rule_geomean": math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None,
         "tasks": rows,
         "trials_per_s": trials_done / total if total > 0 else 0.0,
         "trials": trials_done,
@@ -169,14 +235,24 @@ def markdown(result: dict, sources: list[Path]) -> str:
         f"Cost model on held-out batches (scored before it trained on them): pairwise ranking accuracy {acc} "
         f"over {rank['pairs']} pairs in {rank['batches']} batches, top-2 recall {recall}.",
         "",
-        "| task | trials | best us | rules us | tuned / rules | wall s |",
-        "|---|---|---|---|---|---|",
+        f"Tuned / rule (the rules' design space; the rule is each kernel's first candidate): geometric mean "
+        f"{_num(result['tuned_over_rule_geomean'], '.3f')} over {sum(1 for t in result['tasks'] if t['rule_us'])} "
+        "kernels.",
+        "",
+        "| task | trials | best us | rules us | tuned / rules | rule us | tuned / rule "
+        "| decisions changed (rule: tuned) | trials, s to the rule | trials, s to the best | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t in result["tasks"]:
         best = f"{t['best_us']:.1f}" if t["best_us"] is not None else "failed"
-        rules = f"{t['rules_us']:.1f}" if t.get("rules_us") else "-"
-        ratio = f"{t['best_us'] / t['rules_us']:.2f}" if t["best_us"] is not None and t.get("rules_us") else "-"
-        lines.append(f"| {t['name']} | {t['trials']} | {best} | {rules} | {ratio} | {t['wall_s']:.1f} |")
+        ratio = t["best_us"] / t["rules_us"] if t["best_us"] is not None and t.get("rules_us") else None
+        changed = ", ".join(f"{k} {v}" for k, v in (t["changed"] or {}).items()) or ("none" if t["rule_us"] else "-")
+        lines.append(
+            f"| {t['name']} | {t['trials']} | {best} | {_num(t.get('rules_us'), '.1f')} | {_num(ratio, '.2f')} "
+            f"| {_num(t['rule_us'], '.1f')} | {_num(t['tuned_over_rule'], '.3f')} | {changed} "
+            f"| {_num(t['trials_to_rule'], 'd')}, {_num(t['s_to_rule'], '.1f')} "
+            f"| {_num(t['trials_to_best'], 'd')}, {_num(t['s_to_best'], '.1f')} | {t['wall_s']:.1f} |"
+        )
     lines += [
         "",
         "| job | workload | warm model | trials | wall s | where the time went (s) | stopped early |",
@@ -192,6 +268,10 @@ def markdown(result: dict, sources: list[Path]) -> str:
         lines += ["", "| failed | reason | count |", "|---|---|---|"]
         lines += [f"| {f['kind']} | {f['reason'].replace('|', '/')} | {f['count']} |" for f in result["failures"]]
     return "\n".join(lines) + "\n"
+
+
+def _num(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def plot(result: dict, out: Path) -> list[Path]:

@@ -24,6 +24,11 @@ How it schedules:
 5. With a symbolic row count the function gets two bodies, ``if rows == 1`` (decode) and else:
    the single-row body uses a 1-row tile (x(1, 256) @ W(256, 704): 8.5 us instead of 12 us with
    the 3-row tile) or, for a K-contiguous weight, ``cpu_gemv``'s dot products (11 us instead of 128 us).
+
+Its hand-made choices (rows and vectors per tile, packing B, reduction unrolling: ``tiling.tiled_matmul``)
+are decisions (`decisions.py`): ``sketch`` schedules a static kernel with a decider's choices (a point of
+the design space `schedules/space.py` searches), ``apply(..., decide=Given(values))`` a kernel at any
+shapes with a record's choices; with the defaults both are this rule.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from tvm.target import Target
 from . import _utils as U
 from . import fast_math
 from .analysis import I, detect, dot_eligible, main_contraction
+from .decisions import Defaults
 from .tiling import schedule_dot, tiled_matmul, two_versions
 
 logger = logging.getLogger(__name__)
@@ -53,7 +59,11 @@ class Matmul(CPUScheduleRule):
         self.single_row = single_row
         self.fast_math = fast_math  # pylint: disable=redefined-outer-name
 
-    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
+    def apply(
+        self, func: tirx.PrimFunc, target: Target, _tunable: bool, decide: Defaults | None = None
+    ) -> s_tir.Schedule | None:
+        """The rule's schedule of `func`, with `decide`'s choices (default: the rule's own) for its
+        general body; None where the rule does not apply."""
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
         func = fast_math.rewrite(func) if self.fast_math else func
@@ -65,7 +75,7 @@ class Matmul(CPUScheduleRule):
         for iv, kind in zip(sch.get(main).iter_vars, detect(sch.get(main))[0]):
             rows = rows * iv.dom.extent if kind == I else rows
         try:
-            tiled_matmul(sch, main, target, self.rows, self.units)
+            tiled_matmul(sch, main, target, self.rows, self.units, decide=decide)
             if self.single_row and U.static(rows) is None:
                 small = self._single_row(func, target)
                 return s_tir.Schedule(two_versions(rows == 1, small, sch.mod["main"]))
@@ -73,6 +83,16 @@ class Matmul(CPUScheduleRule):
             logger.debug("cpu Matmul rule gave up on %s: %s", func.attrs.get("global_symbol", "?"), err)
             return None
         return sch
+
+    def sketch(self, sch: s_tir.Schedule, target: Target, decide: Defaults) -> bool:
+        """Schedule the static kernel held by `sch` in place with `decide`'s choices (no fast-math rewrite: the
+        build applies it); False where this rule does not apply (nothing is changed then)."""
+        main = main_contraction(sch)
+        if main is None or not self.is_target_available(target):
+            return False
+        decide.begin(sch, type(self).__name__)
+        tiled_matmul(sch, main, target, self.rows, self.units, decide=decide)
+        return True
 
     def _single_row(self, func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc:
         """The n == 1 (decode) version: dot products for a K-contiguous weight, else a 1-row tile."""

@@ -11,6 +11,7 @@ rows, which the blocks before it compute once, at root, on one thread, before th
 the sums split by the SIMD width and ``rfactor``-ed into vector partial sums, the normalized rows
 vectorized. Recomputing the rows per column tile instead (``cpu_matmul``'s A panel) would redo the
 statistics for every tile; for rows <= 16 and K = 256 the root pass is a few hundred vector ops.
+The matmul's choices are decisions (`decisions.py`, ``sketch``; see ``cpu_matmul``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from tvm.target import Target
 from . import _utils as U
 from . import fast_math
 from .analysis import detect
+from .decisions import Defaults
 from .tiling import rfactor, tiled_matmul, vectorize_rf
 
 logger = logging.getLogger(__name__)
@@ -76,11 +78,15 @@ def _schedule_rows(sch: s_tir.Schedule, names: list[str], target: Target) -> Non
             U.vectorize_inner(sch, loops[-1], vec)
 
 
-def _version(func: tirx.PrimFunc, target: Target, rows: int | None) -> tirx.PrimFunc:
-    sch = s_tir.Schedule(func)
+def _schedule(sch: s_tir.Schedule, target: Target, rows: int | None, decide: Defaults | None = None) -> None:
     names, main = _parts(sch)
-    tiled_matmul(sch, sch.get_sblock(main), target, rows=rows, a_at_root=True)
+    tiled_matmul(sch, sch.get_sblock(main), target, rows=rows, a_at_root=True, decide=decide)
     _schedule_rows(sch, names, target)
+
+
+def _version(func: tirx.PrimFunc, target: Target, rows: int | None, decide: Defaults | None = None) -> tirx.PrimFunc:
+    sch = s_tir.Schedule(func)
+    _schedule(sch, target, rows, decide)
     return sch.mod["main"]
 
 
@@ -114,7 +120,11 @@ class NormGemv(fast_math.FastMathRule):
     """Row normalization + matmul + epilogue in one kernel: rows at root, the matmul as cpu_matmul
     (module docstring)."""
 
-    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
+    def apply(
+        self, func: tirx.PrimFunc, target: Target, _tunable: bool, decide: Defaults | None = None
+    ) -> s_tir.Schedule | None:
+        """The rule's schedule of `func`, with `decide`'s choices (default: the rule's own) for its general
+        body; None where the rule does not apply."""
         sch = self.schedule_of(func, target)
         if sch is None or _parts(sch) is None:
             return None
@@ -125,7 +135,7 @@ class NormGemv(fast_math.FastMathRule):
         for iv, kind in zip(stmt.iter_vars, detect(stmt)[0]):
             rows = rows * iv.dom.extent if kind == "I" else rows
         try:
-            general = _version(func, target, None)
+            general = _version(func, target, None, decide)
             if U.static(rows) is not None:
                 return s_tir.Schedule(general)
             # symbolic rows: a 1-row tile for rows == 1 (decode), cpu_matmul's tile else; the rows' pass once before
@@ -133,3 +143,12 @@ class NormGemv(fast_math.FastMathRule):
         except Exception as err:  # pylint: disable=broad-except  # a primitive refused: leave it to the other rules
             logger.debug("cpu NormGemv rule gave up on %s: %s", func.attrs.get("global_symbol", "?"), err)
             return None
+
+    def sketch(self, sch: s_tir.Schedule, target: Target, decide: Defaults) -> bool:
+        """Schedule the static kernel held by `sch` in place with `decide`'s choices; False where this rule does
+        not apply (nothing is changed then)."""
+        if _parts(sch) is None or not self.is_target_available(target):
+            return False
+        decide.begin(sch, type(self).__name__)
+        _schedule(sch, target, None, decide)
+        return True

@@ -14,6 +14,7 @@ from tvm.tirx.analysis import undefined_vars
 
 from . import _utils as U
 from .analysis import J, K, S, detect, normalize
+from .decisions import Defaults
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +77,28 @@ def epilogue_at(sch: s_tir.Schedule, main, tile, vec: int) -> None:
         U.vectorize_inner(sch, sch.get_loops(blk)[-1], vec)
 
 
+ROW_TILES = (1, 2, 3, 4, 5, 6, 8)  # rows per register tile the search may choose (tiled_matmul)
+K_UNROLLS = (1, 2, 4, 8)  # reduction steps unrolled per iteration of the register tile (tiled_matmul)
+DOT_COLUMNS_CHOICES = (1, 2, 4, 8, 16)  # output columns per dot-product tile (schedule_dot)
+DOT_LANE_FACTORS = (1, 2, 4)  # reduction lanes per partial-sum vector, in SIMD widths (schedule_dot)
+# packing B copies a K x NR panel per column panel, paid back only by the row tiles that reuse it: the search may
+# pack a contiguous B only where a panel serves this many row tiles (measured in one llama-block job: 5-10x the
+# rule's time at 16 rows, 1.0-4x at 128, 0.89x-1.8x at 1024, 20-50x at 1 row)
+PACK_MIN_ROW_TILES = 64
+# accumulator vectors per tile the search may choose: the rules' own tiles stay under STACK_LIMIT, but larger
+# ones measured faster at some shapes (a 6 x 4-vector tile of llama-block's matmuls on AVX-512: 0.55-0.6x the
+# rule's 3 x 4 at n = 16 and 128), so the search may try up to one register file's worth (32 vectors) and more
+MAX_TILE_VECTORS = 32
+
+
+def _fits_stack(rows: int, cols: int, dtype: str) -> bool:
+    return rows * cols * DataType(dtype).bits // 8 < STACK_LIMIT
+
+
+def _divides(extent: int | None, factor: int) -> bool:
+    return extent is None or extent % factor == 0
+
+
 def tiled_matmul(
     sch: s_tir.Schedule,
     main,
@@ -83,10 +106,17 @@ def tiled_matmul(
     rows: int | None = None,
     units: int | None = None,
     a_at_root: bool = False,
+    decide: Defaults | None = None,
 ) -> None:
     """Register-tiled, padded, parallel schedule of the contraction ``main`` (see cpu_matmul's docstring);
     ``rows`` x ``units`` vectors per tile (None: the target's default); ``a_at_root``: A is computed
-    before the matmul at root (`cpu_norm_gemv`), read there in place."""
+    before the matmul at root (`cpu_norm_gemv`), read there in place.
+
+    ``decide`` (`decisions.py`; default: the defaults) answers its choices: ``rows`` per tile,
+    ``units`` vectors per tile row and ``pack_b`` (structural) and ``k_unroll`` reduction steps per
+    iteration. The defaults are the
+    values this rule always chose."""
+    decide = decide or Defaults()
     kinds, ai, bi = detect(sch.get(main))
     stmt = sch.get(main)
     j_vars = [iv.var for iv, k in zip(stmt.iter_vars, kinds) if k == J]
@@ -98,7 +128,7 @@ def tiled_matmul(
     normalize(sch, main, b_order=(S, K, J))
 
     # Step 2. Tile sizes and padding.
-    ext_i, ext_j = (U.static(iv.dom.extent) for iv in sch.get(main).iter_vars[1:3])
+    ext_i, ext_j, ext_k = (U.static(iv.dom.extent) for iv in sch.get(main).iter_vars[1:4])
     dtype = sch.get(main).writes[0].source.dtype
     vec = U.lanes(target, dtype)
     wide = U.vector_bits(target) >= 512
@@ -107,30 +137,40 @@ def tiled_matmul(
     while rows * units * vec * DataType(dtype).bits // 8 >= STACK_LIMIT and units > 1:
         units -= 1
     mr = rows if ext_i is None else max(1, min(rows, ext_i))
+    # 1 or 2 rows per tile only where there are fewer than 3: a thin tile re-reads the B panel per row or two
+    rows_ok = [r for r in ROW_TILES if ext_i is None or min(3, ext_i) <= r <= ext_i]
+    mr = decide.choose(sch, "rows", rows_ok, mr, structural=True)
     pad_j = ext_j is None
     if ext_j is not None:
         vec = U.largest_pow2_divisor(ext_j, vec)
         units = next(u for u in range(min(units, ext_j // vec), 0, -1) if ext_j % (u * vec) == 0)
-    nr = units * vec
-    sch.pad_einsum(main, [1, mr, nr if pad_j else 1, 1])
+    fitting = [u for u in range(1, 9) if _divides(ext_j, u * vec) and mr * u <= MAX_TILE_VECTORS]
+    # structural: the epilogue's vectorisation (epilogue_at) is worked out from the tile's width
+    units = decide.choose(sch, "units", fitting, units, structural=True)
+    packable = b_contig and not pad_j and (ext_i is None or ext_i >= PACK_MIN_ROW_TILES * mr)
+    pack_b = decide.choose(sch, "pack_b", [0, 1] if packable else [], int(pad_j or not b_contig), True)
+    k_unroll = decide.choose(sch, "k_unroll", [u for u in K_UNROLLS if ext_k is not None and ext_k % u == 0], 1)
+    for name, value in (("extent_i", ext_i), ("extent_j", ext_j), ("extent_k", ext_k), ("lanes", vec)):
+        decide.note(sch, name, value)
+    sch.pad_einsum(main, [1, mr, units * vec if pad_j else 1, 1])
 
     # Step 3. Loop nest.
     s_loop, i_loop, j_loop, k_loop = sch.get_loops(main)
     i_o, i_i = sch.split(i_loop, [None, mr])
     j_o, j_u, j_v = sch.split(j_loop, [None, units, vec])
+    k_loops = sch.split(k_loop, [None, k_unroll])  # an inner loop of 1 by default: the same code, one decision
     a_prod = [b for b in sch.get_producers(main) if sch.get(b).writes[0].source.same_as(sch.get(main).reads[0].source)]
     b_prod = [b for b in sch.get_producers(main) if sch.get(b).writes[0].source.same_as(sch.get(main).reads[1].source)]
-    pack_b = pad_j or not b_contig
     if pack_b:  # B panel packed once per column panel, row tiles serial inside
-        sch.reorder(s_loop, j_o, i_o, k_loop, i_i, j_u, j_v)
+        sch.reorder(s_loop, j_o, i_o, *k_loops, i_i, j_u, j_v)
         outer = sch.fuse(s_loop, j_o)
         a_at = tile = i_o
     elif a_prologue:  # A panel (with its prologue math) computed once per row tile
-        sch.reorder(s_loop, i_o, j_o, k_loop, i_i, j_u, j_v)
+        sch.reorder(s_loop, i_o, j_o, *k_loops, i_i, j_u, j_v)
         outer = a_at = sch.fuse(s_loop, i_o)
         tile = j_o
     else:  # every (row tile, column panel) pair is an independent task
-        sch.reorder(s_loop, j_o, i_o, k_loop, i_i, j_u, j_v)
+        sch.reorder(s_loop, j_o, i_o, *k_loops, i_i, j_u, j_v)
         outer = a_at = tile = sch.fuse(s_loop, j_o, i_o)
     sch.parallel(outer)
 
@@ -154,23 +194,35 @@ def tiled_matmul(
     sch.vectorize(j_v)
     sch.unroll(j_u)
     sch.unroll(i_i)
-    sch.decompose_reduction(main, k_loop)
+    sch.unroll(k_loops[1])
+    sch.decompose_reduction(main, k_loops[0])
 
 
-def schedule_dot(sch: s_tir.Schedule, main, target: Target, rows: int) -> None:
-    """Vectorized dot products over K; ``rows`` rows per tile (the row extent must divide by it)."""
+def schedule_dot(sch: s_tir.Schedule, main, target: Target, rows: int, decide: Defaults | None = None) -> None:
+    """Vectorized dot products over K; ``rows`` rows per tile (the row extent must divide by it).
+
+    ``decide`` (`decisions.py`) answers ``k_lanes`` (reduction elements per partial-sum vector: one
+    SIMD width or a multiple, for independent accumulators) and ``cols`` (outputs per tile,
+    structural); the defaults are the values this rule always chose."""
+    decide = decide or Defaults()
     normalize(sch, main, b_order=("S", "J", "K"))
     stmt = sch.get(main)
-    ext_j, ext_k = (U.static(iv.dom.extent) for iv in stmt.iter_vars[2:4])
+    ext_i, ext_j, ext_k = (U.static(iv.dom.extent) for iv in stmt.iter_vars[1:4])
     dtype = stmt.writes[0].source.dtype
-    vec = U.largest_pow2_divisor(ext_k, U.lanes(target, dtype))
+    simd = U.lanes(target, dtype)
+    vec = U.largest_pow2_divisor(ext_k, simd)
     cols = U.largest_pow2_divisor(ext_j, DOT_COLUMNS) if ext_j is not None else 1
-    while rows * cols * vec * DataType(dtype).bits // 8 >= 1024 and cols > 1:
+    while not _fits_stack(rows, cols * vec, dtype) and cols > 1:
         cols //= 2  # keep the partial sums on the stack (see cpu_matmul)
+    lanes = decide.choose(sch, "k_lanes", [vec * f for f in DOT_LANE_FACTORS if ext_k % (vec * f) == 0], vec)
+    fitting = [c for c in DOT_COLUMNS_CHOICES if _divides(ext_j, c) and rows * c <= MAX_TILE_VECTORS]
+    cols = decide.choose(sch, "cols", fitting if ext_j is not None else [], cols, structural=True)  # sets the epilogue
+    for name, value in (("extent_i", ext_i), ("extent_j", ext_j), ("extent_k", ext_k), ("lanes", vec)):
+        decide.note(sch, name, value)
     s_loop, i_loop, j_loop, k_loop = sch.get_loops(main)
     i_o, i_i = sch.split(i_loop, [None, rows])
     j_o, j_i = sch.split(j_loop, [None, cols])
-    k_o, k_v = sch.split(k_loop, [None, vec])
+    k_o, k_v = sch.split(k_loop, [None, lanes])
     sch.reorder(s_loop, i_o, j_o, k_o, i_i, j_i, k_v)
     tile = sch.fuse(s_loop, i_o, j_o)
     sch.parallel(tile)

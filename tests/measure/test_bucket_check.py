@@ -116,7 +116,7 @@ def test_cli_tune_prints_and_writes_the_verdicts(checked, tiny_mlp, target, tmp_
     data = json.loads(out.read_text())
     assert all(b["verdict"] in verdicts.VERDICTS for b in data["buckets"])  # none where every record lost to its rules
     printed = capsys.readouterr().out
-    assert printed.count("(side by side)") == len(data["buckets"])
+    assert printed.count("(side by side;") == len(data["buckets"])
 
 
 def test_records_with_other_outputs_than_the_rules_lose(checked, tiny_mlp, target, monkeypatch):

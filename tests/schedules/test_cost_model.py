@@ -207,3 +207,66 @@ def test_no_early_stop_once_the_budget_is_measured_or_in_flight():
     _batch(bar2, scheduler, 0, [100.0])
     _batch(bar2, scheduler, 0, [100.0])  # 2 of 8: trials left to give to b, so a stops
     assert scheduler.terminated == [0]
+
+
+def test_features_carry_the_rule_decisions(trained, target):
+    """A rules' candidate is one row of its rule, decisions, shape and what they make of it; a generic one keeps
+    MetaSchedule's per-store rows, the rule's columns zero."""
+    from relaxtune.schedules import cost_model, features, space
+
+    model, context, candidates = trained
+    mod = _matmul(512)
+    values = {"rows": 8, "units": 1, "pack_b": 1, "k_unroll": 2}
+    rule_point = space.from_decisions(mod, target.target, "Matmul", values, space.postprocs())
+    rows = features.DecisionFeatures().extract_from(context, [rule_point, candidates[0]])
+    ours, generic = (r.numpy() for r in rows)
+    assert ours.shape == (1, cost_model.WIDTH) and generic.shape[1] == cost_model.WIDTH and len(generic) > 1
+    lanes = features.decisions.read_all(rule_point.sch.trace)[2]["lanes"]
+    column_tiles = 16 / lanes  # 16 columns in tiles of 1 vector
+    threads = int(context.target.attrs.get("num-cores", 1))
+    imbalance = -(-column_tiles // threads) * threads / column_tiles
+    expected = [1 + features.RULES.index("Matmul"), 8, 1, 1, 2, 0, 0, 512, 16, 32]
+    # 8 vectors per tile, 64 row tiles of 8, no padding; B packed: the column panels are the parallel tasks
+    expected += [8, 64, 1.0, column_tiles, column_tiles, imbalance, (8 + 1) / 8, 1 / 512]
+    np.testing.assert_allclose(ours[0, -features.EXTRA :], np.array(expected, dtype="float32"), rtol=1e-6)
+    assert (ours[0, : features.PER_STORE] == 0).all() and (generic[:, -features.EXTRA :] == 0).all()
+    assert cost_model.feature_width(model) == cost_model.WIDTH
+
+
+def test_a_model_of_other_features_is_not_loaded(tmp_path, trained, caplog):
+    """A model saved with MetaSchedule's stock features (an earlier relaxtune) starts fresh, with one warning."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from relaxtune.schedules import cost_model
+
+    _, context, candidates = trained
+    stock = ms.cost_model.XGBModel(num_warmup_samples=0)
+    stock.update(context, candidates, [ms.runner.RunnerResult([1e-5 * (i + 1)], None) for i in range(len(candidates))])
+    stock.save(str(tmp_path / cost_model.MODEL_FILE))
+    with caplog.at_level(logging.WARNING):
+        model, warm = cost_model.load(tmp_path)
+    assert not warm and model.data_size == 0
+    assert "features per store" in caplog.text
+
+
+def test_a_fresh_folder_starts_from_the_prior_of_its_lanes(tmp_path, target):
+    """A made-up prior where 6 rows per tile beat 3: a model trained on it ranks a 6-row candidate first; a prior of
+    other lanes, or no target, leaves the model untrained."""
+    from relaxtune.schedules import cost_model, features
+    from relaxtune.schedules.rules._utils import lanes
+
+    col = 1 + features.DECISIONS.index("rows")
+    rows = np.zeros((8, features.EXTRA), "float32")
+    rows[:, 0] = 1  # the Matmul rule
+    rows[:, col] = [3, 6, 3, 6, 3, 6, 3, 6]
+    costs = np.where(rows[:, col] == 6, 1e-4, 3e-4)
+    mine = lanes(target.target, "float32")
+    for path, lane in ((tmp_path / "same.npz", mine), (tmp_path / "other.npz", mine * 2)):
+        np.savez(path, rows=rows, costs=costs, group=np.array([0, 0, 0, 0, 1, 1, 1, 1]), lanes=np.int32(lane))
+    model, warm = cost_model.from_prior(target.target, tmp_path / "same.npz")
+    assert warm and model.booster is not None and model.data_size == 8
+    guess = model.booster.inplace_predict(np.concatenate([np.zeros((2, features.PER_STORE), "float32"), rows[:2]], 1))
+    assert guess[1] > guess[0]  # the 6-row candidate scores higher (faster)
+    other, warm_other = cost_model.from_prior(target.target, tmp_path / "other.npz")
+    assert not warm_other and other.booster is None
+    assert cost_model.from_prior(None)[1] is False and cost_model.load(tmp_path)[1] is False  # no target: no prior

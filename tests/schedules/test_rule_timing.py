@@ -28,10 +28,10 @@ def test_rules_are_timed_on_a_quiet_machine(tmp_path, tiny_mlp, target, monkeypa
         builder.start = started
         return builder
 
-    def measure_rules(mod, target, runs: int = 3):
+    def measure_rules(mod, target, windows: int = 10, window_ms: int = 5):
         state["timed"] += 1
         state["timed_while_started"] += state["started"]
-        return real_measure(mod, target, runs)
+        return real_measure(mod, target, windows, window_ms)
 
     monkeypatch.setattr(tune_module, "make_builder", make_builder)
     monkeypatch.setattr(task_index, "measure_rules", measure_rules)

@@ -179,53 +179,63 @@ def test_nearest_shapes_come_first():
     )
 
 
-def test_transfer_batch_is_filled_from_the_design_space(database, target):
+def test_transfer_gives_at_most_the_limit_and_nothing_from_another_computation(database, target):
     mod = _matmul(40)
-    context = _context(mod, target)
-    space = context.space_generator.generate_design_space(mod)
-    postprocs = context.space_generator.postprocs
-    alone = transfer.seed_candidates(mod, database, postprocs, limit=8)
-    filled = transfer.seed_candidates(mod, database, postprocs, limit=8, space=space, seed=1)
-    assert len(filled) == 8 > len(alone) >= 1
-    assert [str(c.sch.trace) for c in filled[: len(alone)]] == [str(c.sch.trace) for c in alone]  # transferred first
-    assert len({str(c.sch.trace) for c in filled}) == 8
-    other = _matmul(16, add=True, depth=32)  # nothing transfers: no batch at all, not a random one
-    other_context = _context(other, target)
-    assert (
-        transfer.seed_candidates(
-            other,
-            database,
-            other_context.space_generator.postprocs,
-            8,
-            other_context.space_generator.generate_design_space(other),
-        )
-        == []
-    )
+    postprocs = _context(mod, target).space_generator.postprocs
+    two = transfer.seed_candidates(mod, database, postprocs, limit=2)
+    assert len(two) == 2 and len({str(c.sch.trace) for c in two}) == 2
+    other = _matmul(16, add=True, depth=32)  # another main computation: nothing transfers
+    assert transfer.seed_candidates(other, database, _context(other, target).space_generator.postprocs, 8) == []
 
 
-def test_transferred_candidates_are_measured(database, target):
-    """The seeded batch is built and run like the search's own (a wrong device name once made
-    every seeded run fail, spending a batch per new kernel on nothing)."""
+def test_each_space_takes_its_own_records(database, target):
+    """The rules' space takes a rules' record as the same rule's point with its decisions, never a generic
+    trace; the generic space takes generic traces only."""
     from tvm.s_tir import meta_schedule as ms
 
+    from relaxtune.schedules import space
+    from relaxtune.schedules.rules import decisions
+
+    source = _matmul(16)
+    rules_point = space.from_decisions(
+        source, target.target, "Matmul", {"rows": 8, "units": 1, "pack_b": 1, "k_unroll": 2}, space.postprocs()
+    )
+    db = ms.database.MemoryDatabase()
+    workload = db.commit_workload(source)
+    for record in database.get_all_tuning_records():
+        db.commit_tuning_record(record)
+    db.commit_tuning_record(
+        ms.database.TuningRecord(rules_point.sch.trace, workload, [1e-7], target.target, rules_point.args_info)
+    )
+    mod = _matmul(40)
+    rules = transfer.seed_candidates(mod, db, space.postprocs(), 8, target.target, "rules")
+    assert [decisions.read(c.sch.trace) for c in rules] == [decisions.read(rules_point.sch.trace)]
+    generic = transfer.seed_candidates(mod, db, space.postprocs(), 8, target.target, "generic")
+    assert generic and all(decisions.read(c.sch.trace) is None for c in generic)
+    both = transfer.seed_candidates(mod, db, space.postprocs(), 8, target.target, "both")
+    assert len(both) == len(generic) + 1
+
+
+def test_transferred_candidates_build_and_run(database, target):
+    """Seeds are built and run like the search's own candidates (a wrong device name once made every
+    seeded run fail, spending a batch per new kernel on nothing)."""
     from relaxtune.config import TuneConfig
-    from relaxtune.schedules.builder import make_builder, make_runner
+    from relaxtune.schedules.builder import build_and_run, make_builder, make_runner
 
     mod = _matmul(24)
-    context = _context(mod, target)
-    candidates = transfer.seed_candidates(mod, database, context.space_generator.postprocs, limit=2)
+    candidates = transfer.seed_candidates(mod, database, _context(mod, target).space_generator.postprocs, limit=2)
     config = TuneConfig(build_workers=1)
     builder = make_builder(config)
     builder.start()
     try:
-        db = ms.database.MemoryDatabase()
-        builds, runs = transfer.measure(candidates, context, builder, make_runner(config), db)
+        builds, runs = build_and_run(
+            [(c.sch.mod, c.args_info) for c in candidates], target.target, builder, make_runner(config)
+        )
     finally:
         builder.shutdown()
     assert [b.error_msg for b in builds] == [None] * len(candidates)
     assert [r.error_msg for r in runs] == [None] * len(candidates)
     assert all(0 < float(s) < 1 for r in runs for s in r.run_secs)
-    assert len(db.get_all_tuning_records()) == len(candidates)
 
 
 def test_a_trace_that_fails_to_replay_is_skipped(target):
@@ -233,10 +243,14 @@ def test_a_trace_that_fails_to_replay_is_skipped(target):
     except clause once named tvm.error.TVMError, which TVM 0.27 lacks, and crashed the job."""
     import tvm
     from tvm import te
+    from tvm.s_tir import meta_schedule as ms
 
     source = _matmul(16)
     sketch = _context(source, target).space_generator.generate_design_space(source)[0]
+    db = ms.database.MemoryDatabase()
+    args = ms.arg_info.ArgInfo.from_prim_func(source["main"])
+    record = ms.database.TuningRecord(sketch.trace, db.commit_workload(source), [1e-5], target.target, args)
     a = te.placeholder((16, 64), name="A")
     relu = te.compute((16, 64), lambda i, j: tvm.tirx.max(a[i, j], tvm.tirx.const(0, "float32")), name="relu")
     other = tvm.IRModule({"main": te.create_prim_func([a, relu]).with_attr("global_symbol", "main")})
-    assert transfer._sample(sketch, other, _context(other, target).space_generator.postprocs, seed=1) is None
+    assert transfer.adapt(record, other, _context(other, target).space_generator.postprocs) is None

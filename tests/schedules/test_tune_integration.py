@@ -53,7 +53,14 @@ def test_compiled_with_cache_matches_reference_at_every_n(tuned, tiny_mlp, targe
     consulted = sum(
         v
         for k, v in report.items()
-        if k.startswith("tuned") or k in ("rules faster than record", "bucket faster with rules: rules")
+        if k.startswith("tuned")
+        or k
+        in (
+            "rules faster than record",
+            "the rule is the best record",
+            "rule faster side by side",
+            "bucket faster with rules: rules",
+        )
     )
     assert consulted >= 1, report
     vm = relax.VirtualMachine(executable, tvm.cpu())
@@ -84,3 +91,95 @@ def test_another_workload_reuses_shared_kernels(tuned, tiny_mlp, target):
     cached = sum(trial_counts(db, api.extract_tasks(llama, target, job)).values())  # failed trials count too
     again = api.tune(llama, target, job.with_(tune=TuneConfig(trials=cached, trials_per_iter=8)), progress=False)
     assert again.trials_run == 0 and again.trials_cached == cached
+
+
+def test_each_kernels_first_candidate_is_its_rule_and_the_best_never_loses_to_it(tuned, tiny_mlp, target):
+    """The rules' space (the default): every task's first measured candidate is the rule's own schedule (its default
+    decisions; the events file keeps the measured order), so the best record of a kernel is never slower than the
+    rule measured beside it."""
+    import json
+
+    from relaxtune.schedules import apply, cache, space
+    from relaxtune.schedules.database import CacheDatabase
+    from relaxtune.schedules.rules import decisions
+
+    job, _ = tuned
+    folder = cache.folder_for(job.cache_dir, target)
+    db = CacheDatabase(folder)
+    first_batch = {}
+    for path in sorted((folder / "events").glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            event = json.loads(line)
+            if event["ev"] == "batch":
+                first_batch.setdefault(event["task"], event)
+    tasks = {t.name: t for t in api.extract_tasks(tiny_mlp, target, job)}
+    assert first_batch
+    for name, batch in first_batch.items():
+        rule = decisions.read(space.rule_candidate(tasks[name].mod, target.target, space.postprocs()).sch.trace)
+        assert batch["decisions"][0] == rule[1], name  # measured first
+        records = db.records_for(tasks[name].mod)
+        assert all(decisions.read(r.trace) is not None for r in records)  # every candidate a point of the space
+        rule_us = [min(float(s) for s in r.run_secs) for r in records if decisions.read(r.trace) == rule]
+        assert min(float(s) for s in records[0].run_secs) <= rule_us[0]
+        own = [r for r in records if decisions.read(r.trace) == rule][0]  # what the build weighs a record against
+        want = sum(float(s) for s in own.run_secs) / len(own.run_secs) * 1e6
+        assert apply.rule_point_us(db, tasks[name].mod["main"], target.target) == pytest.approx(want)
+
+
+def test_generic_space_is_still_searched(tmp_path, tiny_mlp, target):
+    """--space generic: MetaSchedule's own space, no rule schedule measured first."""
+    from relaxtune.schedules import cache
+    from relaxtune.schedules.database import CacheDatabase
+    from relaxtune.schedules.rules import decisions
+
+    job = JobConfig(
+        cache_dir=tmp_path,
+        tune=TuneConfig(trials=8, trials_per_iter=8, space="generic", check_buckets=False),
+        buckets=BucketConfig({"n": (1, 64)}),
+    )
+    result = api.tune(tiny_mlp, target, job, progress=False)
+    assert result.trials_run == 8
+    db = CacheDatabase(cache.folder_for(job.cache_dir, target))
+    records = db.get_all_tuning_records()
+    assert len(records) == 8 and all(decisions.read(r.trace) is None for r in records)
+
+
+def test_each_best_record_is_timed_against_its_rule_and_kept_only_where_faster(tuned, tiny_mlp, target, tmp_path):
+    """After the search every kernel whose best record is not the rule's own point has the side-by-side ratio of
+    that record to its rule in the task index (schedules/confirm.py); a ratio of 1 or more sends the kernel back
+    to its rule in the build."""
+    import shutil
+    from collections import Counter
+
+    from relaxtune.schedules import apply, cache, confirm, task_index
+    from relaxtune.schedules.database import CacheDatabase
+
+    job, _ = tuned
+    folder = cache.folder_for(job.cache_dir, target)
+    index, db = task_index.load(folder), CacheDatabase(folder)
+    tasks = api.extract_tasks(tiny_mlp, target, job)
+    confirmed = []
+    for task in tasks:
+        records = db.records_for(task.mod)
+        if not records:
+            continue
+        entry = index.get(task.key, {}).get("confirmed")
+        mine = confirm.record_us(records[0])
+        if entry is None:  # only the rule's own point goes unconfirmed
+            assert apply.rule_point_us(db, task.mod["main"], target.target) == pytest.approx(mine), task.name
+        else:
+            assert entry["record_us"] == mine and entry["ratio"] > 0, task.name
+            confirmed.append(task)
+    if not confirmed:
+        pytest.skip("every best record of this tiny job was its rule's own point")
+    copy = tmp_path / "cache"
+    shutil.copytree(job.cache_dir, copy)
+    folder_copy = cache.folder_for(copy, target)
+    (folder_copy / "buckets.jsonl").unlink(missing_ok=True)  # no bucket verdicts: every record would apply
+    lines = [
+        {"key": t.key, "confirmed": {"record_us": confirm.record_us(db.records_for(t.mod)[0]), "ratio": 1.5}}
+        for t in confirmed
+    ]
+    task_index.append(folder_copy, lines)
+    _, report, _ = api.build(tiny_mlp, target, job.with_(cache_dir=copy))
+    assert Counter(report)["rule faster side by side"] >= 1, report
