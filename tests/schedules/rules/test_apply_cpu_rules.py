@@ -17,6 +17,7 @@ from relaxtune.schedules.rules.cpu_matmul import Matmul
 from relaxtune.schedules.rules.cpu_norm_gemv import NormGemv
 from relaxtune.schedules.rules.cpu_paged_attention import PagedAttention
 from relaxtune.schedules.rules.cpu_paged_copy import PagedCopy
+from relaxtune.schedules.rules.cpu_quant_gemv import QuantGemv
 from relaxtune.schedules.rules.cpu_reduction import Reduction
 from relaxtune.schedules.rules.cpu_window import Window
 
@@ -122,6 +123,7 @@ def test_rule_order_most_specific_first():
         Attention,
         PagedAttention,
         PagedCopy,
+        QuantGemv,
         NormGemv,
         Gemv,
         Conv2d,
