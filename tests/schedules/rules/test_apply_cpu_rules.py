@@ -9,6 +9,7 @@ from tvm.script import tirx as T
 
 from relaxtune.schedules.rules import apply_cpu_rules, cpu_rules
 from relaxtune.schedules.rules.cpu_attention import Attention
+from relaxtune.schedules.rules.cpu_conv2d import Conv2d
 from relaxtune.schedules.rules.cpu_elementwise import Elementwise
 from relaxtune.schedules.rules.cpu_fallback import Fallback
 from relaxtune.schedules.rules.cpu_gemv import Gemv
@@ -16,7 +17,9 @@ from relaxtune.schedules.rules.cpu_matmul import Matmul
 from relaxtune.schedules.rules.cpu_norm_gemv import NormGemv
 from relaxtune.schedules.rules.cpu_paged_attention import PagedAttention
 from relaxtune.schedules.rules.cpu_paged_copy import PagedCopy
+from relaxtune.schedules.rules.cpu_quant_gemv import QuantGemv
 from relaxtune.schedules.rules.cpu_reduction import Reduction
+from relaxtune.schedules.rules.cpu_window import Window
 
 HID, HEADS, FFN = 64, 4, 96
 D = HID // HEADS
@@ -120,8 +123,11 @@ def test_rule_order_most_specific_first():
         Attention,
         PagedAttention,
         PagedCopy,
+        QuantGemv,
         NormGemv,
         Gemv,
+        Conv2d,
+        Window,
         Matmul,
         Reduction,
         Elementwise,
