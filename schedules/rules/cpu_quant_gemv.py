@@ -9,14 +9,13 @@ halves are unpacked from one load with constant shifts) or one vector (8-bit, F1
 inlined into the partial sums: the weight's bytes are read once. Its float16 scales (and Q4_1's mins) are
 converted to float32 per tile as vectors before the dot products (the kernel's ``DEQUANTIZE_SCALE_ATTR``
 stages: a tile's whole rows at once, or 8 groups at a time for long rows), which the dot products then
-broadcast: 1 thread, warm, Q4_1 3072 x 576 80 -> 64 us, 576 x 1536 35 -> 25.5 us, Q8_0 49152 x 576
-~2000 -> ~1500 us against a scalar load, conversion and broadcast per group and column. The generic split
-(``cpu_gemv``: K by VL, the nibble shift a variable) measured 1.7x slower on the tied 49152 x 576 Q8_0 /
-Q4_1 projections (1 thread; 2234 us against 1315 us for Q4_1).
+broadcast, instead of a scalar load, conversion and broadcast per group and column. The generic split
+(``cpu_gemv``: K by VL, the nibble shift a variable) is slower on these kernels. Figures: docs/results.md
+("Quantized weights (CPU)"; `benchmarks/bench_quant_gemv.py`).
 
 Its choices are named (``sketch`` asks `decide` for each; the default is the rule's value): ``cols``,
 outputs per tile (4, 8, 16; 8), and ``units``, packed units per loop iteration (1, 2, 4; 32 weights: one
-4-bit chunk, or two vectors of 8-bit weights, a Q8_0 group, 1685 -> 1304 us on that Q8_0 projection).
+4-bit chunk, or two vectors of 8-bit weights, a Q8_0 group).
 """
 
 from __future__ import annotations
