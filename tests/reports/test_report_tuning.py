@@ -19,8 +19,14 @@ def cache(tmp_path_factory, tiny_mlp, target):
     from relaxtune.schedules import cache as cache_folder
     from relaxtune.schedules import cost_model
 
-    small = dict(
-        trials_per_iter=4, population=16, search_generations=1, build_workers=1, runs_per_measure=1, min_repeat_ms=1
+    small = dict(  # no prior: the first job starts cold, the second from the first's model
+        trials_per_iter=4,
+        population=16,
+        search_generations=1,
+        build_workers=1,
+        runs_per_measure=1,
+        min_repeat_ms=1,
+        cost_prior=False,
     )
     job = JobConfig(
         cache_dir=tmp_path_factory.mktemp("cache"),
