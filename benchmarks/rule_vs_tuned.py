@@ -77,7 +77,7 @@ def compare(tasks, database, target, rounds: int, index: dict | None = None) -> 
     (`schedules/confirm.py`: the build ships the rule) counts 1, its measured ratio kept."""
     import tvm
 
-    from relaxtune.schedules import task_index
+    from relaxtune.schedules import confirm, task_index
 
     dev = tvm.cpu(0)
     rows = []
@@ -101,11 +101,8 @@ def compare(tasks, database, target, rounds: int, index: dict | None = None) -> 
         changed = {k: f"{rule.get(k)}: {v}" for k, v in chosen.items() if rule.get(k) != v} if rule and chosen else None
         same = changed == {}  # the best record is the rule's own point: the same TIR (tests/schedules/test_space.py)
         confirmed = (index or {}).get(task.key, {}).get("confirmed", {})
-        record_us = float(np.mean([float(s) for s in records[0].run_secs])) * 1e6
-        kept_rule = (
-            confirmed.get("record_us") is not None and abs(confirmed["record_us"] - record_us) < 1e-6 * record_us
-        )
-        kept_rule = kept_rule and confirmed.get("ratio", 0) >= 1
+        record_us = confirm.record_us(records[0])
+        kept_rule = confirm.ships_rule(confirmed, record_us)
         same = same or kept_rule
         rows.append(
             {

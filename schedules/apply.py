@@ -35,7 +35,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from . import padding, replay, space, validate
+from . import confirm, padding, replay, space, validate
 from .rules import decisions, fast_math
 from .tasks import bucket_functions, bucket_of, call_sites, normalize, specialise, tune_point, workload_key
 from .verdicts import Verdicts, function_digest, legacy_digest
@@ -231,7 +231,7 @@ class ApplyTunedSchedules:
             rule_us = rule_point_us(self.database, static, self.target or tvm.target.Target.current()) or rule_us
         record_us = _record_us(record)
         confirmed = self.index.get(workload_key(normalize(static)), {}).get("confirmed", {})
-        if confirmed.get("record_us") == record_us and confirmed.get("ratio", 0) >= 1:  # schedules/confirm.py
+        if confirm.ships_rule(confirmed, record_us):  # not faster than its rule side by side
             self.report["rule faster side by side"] += 1
             return None
         if rule_us is not None and record_us >= rule_us:

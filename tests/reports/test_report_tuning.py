@@ -19,7 +19,7 @@ def cache(tmp_path_factory, tiny_mlp, target):
     from relaxtune.schedules import cache as cache_folder
     from relaxtune.schedules import cost_model
 
-    small = dict(  # no prior: the first job starts cold, so the second one's warm start is the first one's model
+    small = dict(  # no prior: the first job starts cold, the second from the first's model
         trials_per_iter=4,
         population=16,
         search_generations=1,

@@ -183,3 +183,12 @@ def test_each_best_record_is_timed_against_its_rule_and_kept_only_where_faster(t
     task_index.append(folder_copy, lines)
     _, report, _ = api.build(tiny_mlp, target, job.with_(cache_dir=copy))
     assert Counter(report)["rule faster side by side"] >= 1, report
+
+
+def test_a_record_ships_only_3_percent_faster_than_its_rule_side_by_side():
+    from relaxtune.schedules import confirm
+
+    assert confirm.ships_rule({"record_us": 5.0, "ratio": 0.985}, 5.0)  # within the margin: the rule
+    assert not confirm.ships_rule({"record_us": 5.0, "ratio": 0.9}, 5.0)
+    assert not confirm.ships_rule({"record_us": 4.0, "ratio": 2.0}, 5.0)  # another record was confirmed: not this one
+    assert not confirm.ships_rule({}, 5.0)
