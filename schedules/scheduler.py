@@ -6,7 +6,8 @@ is next picked. So in that first round the search of every task ranks its candid
 model that has seen nothing of the job, and a job whose budget is one batch per kernel (the main
 job: 128 trials, 16 kernels) is never guided by it. Here the runner measures a batch as it is sent
 (`workers.LocalRunner` runs the batch before returning), so every batch already measured is
-reported (`touch_task`) before the next task is picked: each task's first batch is chosen by a
+reported (`touch_task`) before the next task is picked (an RPC runner measures in the background: a task
+whose batch is still running is joined before it is picked again): each task's first batch is chosen by a
 model trained on the batches of the tasks before it (and on the cache's earlier jobs, `cost_model.py`).
 
 After the first round the choice is TVM's: the task with the largest weighted gradient of its best
@@ -57,10 +58,11 @@ class InformedGradient(ms.task_scheduler.PyTaskScheduler):
         if not alive:
             return -1
         fresh = [i for i in alive if i not in self.history]
-        if fresh:
-            return fresh[0]
-        grads = [self._gradient(i, float(outer.tasks_[i].task_weight)) for i in alive]
-        chosen = self.rng.choice(alive) if max(grads) == min(grads) else alive[grads.index(max(grads))]
+        if fresh:  # each task's first batch in turn; one still running on an asynchronous runner (RPC) goes last
+            chosen = ([i for i in fresh if outer.tasks_[i].runner_futures is None] or fresh)[0]
+        else:
+            grads = [self._gradient(i, float(outer.tasks_[i].task_weight)) for i in alive]
+            chosen = self.rng.choice(alive) if max(grads) == min(grads) else alive[grads.index(max(grads))]
         if outer.tasks_[chosen].runner_futures is not None:  # not reported yet: its runs are still going
             outer.join_running_task(chosen)
         return chosen
