@@ -54,31 +54,6 @@ def _best_record(database, static: tirx.PrimFunc):
     return top[0] if top else None
 
 
-def _record_us(record) -> float:
-    return sum(float(s) for s in record.run_secs) / len(record.run_secs) * 1e6
-
-
-RULE_LOOKUP = 256  # records of a kernel searched for the rule's own point
-
-
-def rule_point_us(database, static: tirx.PrimFunc, target) -> float | None:
-    """The time the job's runner measured for the rule's own point of the rules' space of `static` (its first
-    candidate, `seeded_search.py`): the record whose rule and decisions are the rule's defaults; None where
-    there is none (a generic task, an older cache)."""
-    mod = normalize(static)
-    rule = space.tunable_rule(mod, target) if target is not None else None
-    if rule is None or not database.has_workload(mod):
-        return None
-    probe = decisions.Probe()
-    if not rule.sketch(tvm.s_tir.Schedule(mod), target, probe):
-        return None
-    own = (type(rule).__name__, {c.name: c.default for c in probe.choices})
-    for record in database.get_top_k(database.commit_workload(mod), RULE_LOOKUP):
-        if decisions.read(record.trace) == own:
-            return _record_us(record)
-    return None
-
-
 @mutator
 class _CallRewriter(PyExprMutator):
     """Replace the planned call_tir sites of a function with calls of the scheduled kernels."""
@@ -126,7 +101,7 @@ class ApplyTunedSchedules:
     the nearest tuning point of another bucket. A record is used only where it measured faster
     than the rule-based schedule of the same static kernel and applies without a guard; everything else is
     left to the rules. The rule's time is, for a record of the rules' space, the rule's own point measured by
-    the same runner in the same job (`rule_point_us`: measured before the build workers start, `rule_us` in
+    the same runner in the same job (`confirm.rule_point_us`: measured before the build workers start, `rule_us` in
     the task index read 0.8-8.3x the same kernel's time in the search on the loaded 2-core box, which sent
     10 of gpt2-block's 16 records back to their rules), else `rule_us`.
     """
@@ -207,7 +182,7 @@ class ApplyTunedSchedules:
             action = self._plan_call(mod, call, name, *found, bounds, bb)
             if action is not None:
                 plan.append((call, action))
-                applied.append((workload_key(normalize(found[1])), _record_us(found[0])))
+                applied.append((workload_key(normalize(found[1])), confirm.record_us(found[0])))
         return plan, applied
 
     def _checked(self, name, reference, scheduled, bounds) -> bool:
@@ -228,8 +203,10 @@ class ApplyTunedSchedules:
     def _plan_call(self, mod, call, name, record, static, tune_at, borrowed, bounds, bb):
         rule_us = self.index.get(workload_key(normalize(static)), {}).get("rule_us")
         if decisions.read(record.trace) is not None:  # a rules' record: against the rule as the same runner timed it
-            rule_us = rule_point_us(self.database, static, self.target or tvm.target.Target.current()) or rule_us
-        record_us = _record_us(record)
+            rule_us = (
+                confirm.rule_point_us(self.database, static, self.target or tvm.target.Target.current()) or rule_us
+            )
+        record_us = confirm.record_us(record)
         confirmed = self.index.get(workload_key(normalize(static)), {}).get("confirmed", {})
         if confirm.ships_rule(confirmed, record_us):  # not faster than its rule side by side
             self.report["rule faster side by side"] += 1

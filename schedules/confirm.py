@@ -23,6 +23,7 @@ import numpy as np
 
 from . import replay, space, task_index
 from .rules import decisions, fast_math
+from .tasks import normalize
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,29 @@ def ships_rule(confirmed: dict, record_time_us: float) -> bool:
 def record_us(record) -> float:
     """The record's measured time (us), as the build compares it: the mean of its run seconds."""
     return sum(float(s) for s in record.run_secs) / len(record.run_secs) * 1e6
+
+
+RULE_LOOKUP = 256  # records of a kernel searched for the rule's own point
+
+
+def rule_point_us(database, static, target) -> float | None:
+    """The time the job's runner measured for the rule's own point of the rules' space of `static` (its first
+    candidate, `seeded_search.py`): the record whose rule and decisions are the rule's defaults; None where
+    there is none (a generic task, an older cache)."""
+    import tvm
+
+    mod = normalize(static)
+    rule = space.tunable_rule(mod, target) if target is not None else None
+    if rule is None or not database.has_workload(mod):
+        return None
+    probe = decisions.Probe()
+    if not rule.sketch(tvm.s_tir.Schedule(mod), target, probe):
+        return None
+    own = (type(rule).__name__, {c.name: c.default for c in probe.choices})
+    for record in database.get_top_k(database.commit_workload(mod), RULE_LOOKUP):
+        if decisions.read(record.trace) == own:
+            return record_us(record)
+    return None
 
 
 def tuned_kernel(record, static, target):
@@ -85,7 +109,7 @@ def confirm(tasks, database, target, folder: Path, rounds: int) -> dict[str, flo
         mine = record_us(record)
         if index.get(task.key, {}).get("confirmed", {}).get("record_us") == mine:
             continue  # this record was confirmed by an earlier job
-        rule_us = _rule_point(database, static, target)
+        rule_us = rule_point_us(database, static, target)
         if rule_us == mine and decisions.read(record.trace) is not None:
             continue  # the best record is the rule's own point
         try:
@@ -104,9 +128,3 @@ def confirm(tasks, database, target, folder: Path, rounds: int) -> dict[str, flo
         logger.info("%s: best record / rule side by side %.3f", task.name, done[task.name])
     task_index.append(folder, entries)
     return done
-
-
-def _rule_point(database, static, target):
-    from .apply import rule_point_us
-
-    return rule_point_us(database, static, target)

@@ -99,7 +99,7 @@ def test_each_kernels_first_candidate_is_its_rule_and_the_best_never_loses_to_it
     rule measured beside it."""
     import json
 
-    from relaxtune.schedules import apply, cache, space
+    from relaxtune.schedules import cache, confirm, space
     from relaxtune.schedules.database import CacheDatabase
     from relaxtune.schedules.rules import decisions
 
@@ -123,7 +123,7 @@ def test_each_kernels_first_candidate_is_its_rule_and_the_best_never_loses_to_it
         assert min(float(s) for s in records[0].run_secs) <= rule_us[0]
         own = [r for r in records if decisions.read(r.trace) == rule][0]  # what the build weighs a record against
         want = sum(float(s) for s in own.run_secs) / len(own.run_secs) * 1e6
-        assert apply.rule_point_us(db, tasks[name].mod["main"], target.target) == pytest.approx(want)
+        assert confirm.rule_point_us(db, tasks[name].mod["main"], target.target) == pytest.approx(want)
 
 
 def test_generic_space_is_still_searched(tmp_path, tiny_mlp, target):
@@ -151,7 +151,7 @@ def test_each_best_record_is_timed_against_its_rule_and_kept_only_where_faster(t
     import shutil
     from collections import Counter
 
-    from relaxtune.schedules import apply, cache, confirm, task_index
+    from relaxtune.schedules import cache, confirm, task_index
     from relaxtune.schedules.database import CacheDatabase
 
     job, _ = tuned
@@ -166,7 +166,7 @@ def test_each_best_record_is_timed_against_its_rule_and_kept_only_where_faster(t
         entry = index.get(task.key, {}).get("confirmed")
         mine = confirm.record_us(records[0])
         if entry is None:  # only the rule's own point goes unconfirmed
-            assert apply.rule_point_us(db, task.mod["main"], target.target) == pytest.approx(mine), task.name
+            assert confirm.rule_point_us(db, task.mod["main"], target.target) == pytest.approx(mine), task.name
         else:
             assert entry["record_us"] == mine and entry["ratio"] > 0, task.name
             confirmed.append(task)
