@@ -144,6 +144,25 @@ def find(sch: s_tir.Schedule, kind: str):
     return reductions[0], found
 
 
+def schedule_window(rule, func: tirx.PrimFunc, target, kind: str, schedule) -> s_tir.Schedule | None:
+    """`rule`'s schedule of `func` when its one reduction is a window block of `kind`: ``schedule(sch,
+    block, info, target)`` applied to it; None where there is no such block or a primitive refuses (then
+    the next rule is tried)."""
+    sch = rule.schedule_of(func, target)
+    if sch is None:
+        return None
+    found = find(sch, kind)
+    if found is None:
+        return None
+    block, info = found
+    try:
+        schedule(sch, block, info, target)
+    except Exception as err:  # pylint: disable=broad-except  # a primitive refused: not ours
+        logger.debug("cpu %s rule gave up on %s: %s", type(rule).__name__, func.attrs.get("global_symbol", "?"), err)
+        return None
+    return sch
+
+
 def input_stage(sch: s_tir.Schedule, block, data: int):
     """The block producing the window's data (TOPI's ``pad_temp``), its own producers inlined into
     it; None when the data is a function parameter. An identity copy (a convolution without

@@ -48,19 +48,7 @@ class Conv2d(fast_math.FastMathRule):
     """Direct NHWC convolution, register-tiled, vectorised over output channels (module docstring)."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
-        sch = self.schedule_of(func, target)
-        if sch is None:
-            return None
-        found = W.find(sch, "dense")
-        if found is None:
-            return None
-        block, info = found
-        try:
-            self._schedule(sch, block, info, target)
-        except Exception as err:  # pylint: disable=broad-except  # a primitive refused: not ours
-            logger.debug("cpu Conv2d rule gave up on %s: %s", func.attrs.get("global_symbol", "?"), err)
-            return None
-        return sch
+        return W.schedule_window(self, func, target, "dense", self._schedule)
 
     @staticmethod
     def _schedule(sch: s_tir.Schedule, block, info: W.WindowBlock, target: Target) -> None:

@@ -24,8 +24,6 @@ How it schedules:
 
 from __future__ import annotations
 
-import logging
-
 from tvm import s_tir, tirx
 from tvm.target import Target
 
@@ -33,26 +31,12 @@ from . import _utils as U
 from . import conv_analysis as W
 from . import fast_math
 
-logger = logging.getLogger(__name__)
-
 
 class Window(fast_math.FastMathRule):
     """Depthwise convolution, pooling and image means, vectorised over channels (module docstring)."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
-        sch = self.schedule_of(func, target)
-        if sch is None:
-            return None
-        found = W.find(sch, "channelwise")
-        if found is None:
-            return None
-        block, info = found
-        try:
-            self._schedule(sch, block, info, target)
-        except Exception as err:  # pylint: disable=broad-except  # a primitive refused: not ours
-            logger.debug("cpu Window rule gave up on %s: %s", func.attrs.get("global_symbol", "?"), err)
-            return None
-        return sch
+        return W.schedule_window(self, func, target, "channelwise", self._schedule)
 
     @staticmethod
     def _schedule(sch: s_tir.Schedule, block, info: W.WindowBlock, target: Target) -> None:
