@@ -184,8 +184,7 @@ class Worker:
             OMP_NUM_THREADS=str(args.threads),
             TVM_NUM_THREADS=str(args.threads),
             MKL_NUM_THREADS=str(args.threads),
-            OMP_WAIT_POLICY="PASSIVE",
-        )  # idle threads must not spin
+        )
         if system == "relaxtune":
             env["TVM_USE_RUNTIME_LIB"] = "1"  # the deploy host's runtime: no compiler library in the process
         command = [
