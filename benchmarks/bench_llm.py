@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -208,9 +209,16 @@ class Worker:
         self.system = system
         self.log = open(args.out / f"{system}.log", "w")  # noqa: SIM115 (open while the worker runs)
         self.process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env=env,
+            start_new_session=True,  # its own process group: stopped whole between turns
         )
         self.setup_s = self.receive()
+        os.killpg(self.process.pid, signal.SIGSTOP)
 
     def receive(self) -> float:
         while True:
@@ -222,11 +230,19 @@ class Worker:
                 return reply["ready"] if "ready" in reply else reply["value"]
 
     def sample(self, op: str, size: int | None = None) -> float:
-        self.process.stdin.write(json.dumps({"op": op, "size": size}) + "\n")
-        self.process.stdin.flush()
-        return self.receive()
+        """One figure, the worker running only meanwhile: it is stopped (SIGSTOP) between its turns, so that
+        no idle system's threads (OpenMP's spinning workers, llama.cpp's server loop) take a core from the one
+        being timed, and every system keeps its own default thread wait policy."""
+        os.killpg(self.process.pid, signal.SIGCONT)
+        try:
+            self.process.stdin.write(json.dumps({"op": op, "size": size}) + "\n")
+            self.process.stdin.flush()
+            return self.receive()
+        finally:
+            os.killpg(self.process.pid, signal.SIGSTOP)
 
     def close(self) -> None:
+        os.killpg(self.process.pid, signal.SIGCONT)
         self.process.stdin.close()
         self.process.wait(timeout=60)
         self.log.close()
@@ -244,14 +260,19 @@ def run(args) -> list[dict]:
             print(f"{system}: {err}", file=sys.stderr)
     figures = [("prefill", n) for n in args.prefill] + [("decode", c) for c in args.decode]
     results = {w.system: {"system": w.system, "setup_s": w.setup_s, "prefill": {}, "decode": {}} for w in workers}
-    for round_ in range(args.repeat):
-        print(f"round {round_ + 1} of {args.repeat}", flush=True)
-        for op, size in figures:
-            for w in workers:
-                results[w.system][op].setdefault(str(size), []).append(w.sample(op, size))
-    for w in workers:
-        results[w.system]["peak_rss_mb"] = w.sample("rss")
-        w.close()
+    try:
+        for round_ in range(args.repeat):
+            print(f"round {round_ + 1} of {args.repeat}", flush=True)
+            for op, size in figures:
+                for w in workers:
+                    results[w.system][op].setdefault(str(size), []).append(w.sample(op, size))
+        for w in workers:
+            results[w.system]["peak_rss_mb"] = w.sample("rss")
+            w.close()
+    except BaseException:  # a stopped worker would stay stopped: end every one
+        for w in workers:
+            os.killpg(w.process.pid, signal.SIGKILL)
+        raise
     return list(results.values())
 
 
