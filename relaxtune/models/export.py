@@ -64,9 +64,10 @@ def export(executable, workload, target, so_path: Path, plan, cache_fingerprint,
     """Write the artifact of a language-model `workload` (`info`: its `workloads.language_model.ModelInfo`)."""
     import tvm
 
+    from ..runtime.artifact import export_library
+
     found = llm_files.files(so_path)
-    so_path.parent.mkdir(parents=True, exist_ok=True)
-    executable.export_library(str(found.library))
+    device_code = export_library(executable, target, found.library)
     taken, stored = function_weights(executable, workload.params)
     size = weight_file.write(found.weights, stored, {"format": "relaxtune-llm"})
     tok = info.tokenizer
@@ -96,7 +97,9 @@ def export(executable, workload, target, so_path: Path, plan, cache_fingerprint,
         "page_size": PAGE_SIZE,
         "buckets": {dim: [[b.lo, b.hi, b.tune_at] for b in buckets] for dim, buckets in plan.items()},
         "target": target.config,
-        "device": "cpu",
+        "device": "cuda" if target.is_gpu else "cpu",
+        "dtype": str(workload.mod["decode"].params[0].ty.dtype),  # the activations' (the embeddings')
+        "device_code": device_code,  # cuda: {"format": "fatbin", "arch": ..., "kernels": ..., "bytes": ...}
         "tvm_version": tvm.__version__,
         "cache_fingerprint": cache_fingerprint,
         "schedules": schedules,

@@ -1,0 +1,74 @@
+"""On an NVIDIA GPU (`python -m pytest -m gpu`; benchmarks/gpu_llm.sh OUT tests runs it): a tiny language model
+built for cuda (float16, TVM's CUDA KV-cache kernels, relaxtune's GEMV and cuBLAS calls) against the llvm build
+of the same file (float32): next-token logits at every step, greedy tokens, prefill lengths across the buckets."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
+    pytest.mark.skipif(shutil.which("nvcc") is None or shutil.which("g++") is None, reason="no nvcc / g++"),
+]
+
+MAX_PREFILL = 64
+TOPS = (1, 2, 16, MAX_PREFILL)
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    """{"cpu": LLM, "cuda": LLM} of one tiny GQA model (head_dim 64, float32 weights in the file)."""
+    from relaxtune import LLM, api, targets
+    from relaxtune.config import BucketConfig, CompileConfig, JobConfig
+    from relaxtune.models.tiny_gguf import TinyModel, write
+    from relaxtune.workloads import load
+
+    folder = tmp_path_factory.mktemp("llm_cuda")
+    path = write(folder / "m.gguf", TinyModel(hidden=128, heads=2, kv_heads=1, ffn=256, context=512, quantized=False))
+    out = {}
+    for device, spec in (("cpu", "cpu"), ("cuda", "cuda:sm_{}{}".format(*torch.cuda.get_device_capability()))):
+        target = targets.resolve(spec)
+        workload = load(f"gguf:{path}", {"max_prefill": str(MAX_PREFILL)}, target=target)
+        job = JobConfig(compile=CompileConfig(use_cache=False), buckets=BucketConfig(edges={"n": TOPS}))
+        out[device] = LLM(api.compile(workload, target, job, folder / f"{device}.so").path, device=device)
+    return out
+
+
+def _teacher_forced(llm, prompt: list[int], fed: list[int]) -> np.ndarray:
+    llm.reset(len(prompt) + len(fed) + 1)
+    steps = [llm.prefill(prompt)] + [llm.decode(t) for t in fed]
+    return np.stack([s.numpy().reshape(-1).astype(np.float32) for s in steps])
+
+
+def test_cuda_logits_and_greedy_tokens_match_the_llvm_build(builds):
+    prompt = [5, 17, 42, 99, 3, 250, 7, 8, 64, 11]
+    greedy = list(builds["cpu"].generate_tokens(prompt, max_tokens=32, stop=False))
+    want = _teacher_forced(builds["cpu"], prompt, greedy[:-1])
+    got = _teacher_forced(builds["cuda"], prompt, greedy[:-1])
+    err = np.abs(got - want).max(axis=-1) / np.abs(want).max()
+    assert err.max() < 2e-2, f"float16 logits off by {err.max():.2e} of the largest"
+    top2 = np.sort(want, axis=-1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > 4 * np.abs(got - want).max()  # steps float16 cannot flip
+    assert clear.sum() >= len(greedy) // 2
+    assert (got.argmax(-1) == np.asarray(greedy))[clear].all()
+    own = list(builds["cuda"].generate_tokens(prompt, max_tokens=32, stop=False))
+    first_unclear = int(np.argmin(clear)) if not clear.all() else len(greedy)
+    assert own[:first_unclear] == greedy[:first_unclear]
+
+
+@pytest.mark.parametrize("length", [1, 2, 3, 17, 64, 100])  # bucket edges 1|2|3..16|17..64; 100: two chunks
+def test_prefill_lengths_across_buckets(builds, length):
+    ids = np.random.default_rng(length).integers(10, 300, length).tolist()
+    logits = {}
+    for device, llm in builds.items():
+        llm.reset(length + 2)
+        first = llm.prefill(ids).numpy().astype(np.float32).reshape(-1)
+        logits[device] = np.stack([first, llm.decode(7).numpy().astype(np.float32).reshape(-1)])
+    err = np.abs(logits["cuda"] - logits["cpu"]).max() / np.abs(logits["cpu"]).max()
+    assert err < 2e-2, f"prefill of {length}: {err:.2e}"

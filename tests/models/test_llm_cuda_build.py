@@ -1,0 +1,75 @@
+"""A language model built for `--target cuda` on this CPU machine (no GPU, no nvcc needed to build): float16
+weights and activations, TVM's paged KV cache with its own CUDA kernels, relaxtune's GEMV kernel in decode
+and cuBLAS in prefill, every other kernel with a GPU schedule, no CPU kernel left."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from relaxtune.errors import UserError
+
+KERNEL = re.compile(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(")
+
+
+@pytest.fixture(scope="module")
+def cuda_build(tiny_gguf):
+    from relaxtune import api, targets
+    from relaxtune.config import BucketConfig, CompileConfig, JobConfig
+    from relaxtune.workloads import load
+
+    target = targets.resolve("cuda")
+    workload = load(f"gguf:{tiny_gguf('gqa_tied')}", {"max_prefill": "64"}, target=target)
+    job = JobConfig(compile=CompileConfig(use_cache=False), buckets=BucketConfig(edges={"n": (1, 16, 64)}))
+    executable, _report, _folder = api.build(workload, target, job)
+    return workload, executable
+
+
+def test_weights_and_activations_are_float16(cuda_build):
+    workload, _ = cuda_build
+    assert workload.config["quantize"] == "f16"  # auto on cuda: the file's Q4/Q8 blocks dequantized
+    assert {str(v.dtype) for v in workload.params.values()} == {"float16"}
+    assert str(workload.mod["decode"].params[0].ty.dtype) == "float16"
+
+
+def test_kernels_are_cuda_with_the_kv_cache_ones(cuda_build):
+    from relaxtune.kernels.device_code import cuda_sources
+
+    _, executable = cuda_build
+    (source,) = cuda_sources(executable.mod)
+    kernels = set(KERNEL.findall(source.decode()))
+    # TVM's paged KV cache kernels, built for cuda (relaxtune's CPU ones replace them only on llvm)
+    for name in KV_KERNELS:
+        assert any(k.startswith(name) for k in kernels), f"{name} missing from {sorted(kernels)}"
+    assert not [k for k in kernels if "cpu" in k]
+    text = executable.as_text()
+    assert "relaxtune_gemv_nk" in text and "relaxtune_cublas_gemm_nk" in text
+
+
+KV_KERNELS = ()
+
+
+@pytest.mark.parametrize(
+    "quantize, dtype, message",
+    [
+        ("q4f32", None, "--quantize q4f32 is not supported on cuda: use auto or f16"),
+        ("f32", None, "--quantize f32 is not supported on cuda"),
+        ("auto", "float32", "--dtype float32: language models compile with float16 activations on cuda"),
+    ],
+)
+def test_cuda_refuses_what_it_has_no_kernels_for(tiny_gguf, quantize, dtype, message):
+    from relaxtune import targets
+    from relaxtune.config import QuantizeConfig
+    from relaxtune.workloads import load
+
+    with pytest.raises(UserError, match=re.escape(message)):
+        load(f"gguf:{tiny_gguf('gqa_tied')}", {}, dtype, QuantizeConfig(quantize), targets.resolve("cuda"))
+
+
+def test_f16_is_for_cuda(tiny_gguf):
+    from relaxtune.config import QuantizeConfig
+    from relaxtune.workloads import load
+
+    with pytest.raises(UserError, match="--quantize f16 is for --target cuda"):
+        load(f"gguf:{tiny_gguf('gqa_tied')}", {}, None, QuantizeConfig("f16"))
