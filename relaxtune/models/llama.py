@@ -125,6 +125,23 @@ def _last_position(x: te.Tensor) -> te.Tensor:
     return te.compute((b, 1, d), lambda i, _, k: x[i, n - 1, k], name="last_position")
 
 
+def _last_position_gpu(hidden: int, dtype: str) -> tirx.PrimFunc:
+    """`_last_position` of (1, n, hidden) with scalar loads on threads, scheduled: the GPU rules would
+    vectorise it, and TVM's CUDA codegen writes a float16 vector load at an offset of n as 8 halves in
+    one `make_uint4` (nvcc: "too many arguments in function call")."""
+    from tvm import s_tir
+
+    n = tirx.Var("n", "int64")
+    x = te.placeholder((1, n, hidden), dtype, "x")
+    func = te.create_prim_func([x, _last_position(x)])
+    sch = s_tir.Schedule(func)
+    block = sch.get_sblock("last_position")
+    _, threads = sch.split(sch.fuse(*sch.get_loops(block)), [None, 64])
+    sch.bind(sch.get_loops(block)[0], "blockIdx.x")
+    sch.bind(threads, "threadIdx.x")
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+
 class LlamaModel(nn.Module):
     """The whole model (see the module docstring); `formats(tensor names)`: the weight format a weight is
     kept in (None: `dtype`)."""
@@ -162,7 +179,12 @@ class LlamaModel(nn.Module):
         return self.embed_tokens(input_ids)
 
     def prefill(self, embeddings: nn.Tensor, kv_cache: PagedKVCache):
-        hidden = op.tensor_expr_op(_last_position, "last_position", [self._layers(embeddings, kv_cache)])
+        x = self._layers(embeddings, kv_cache)
+        if "gpu" in self.kv_target.keys:  # a kernel scheduled here (see _last_position_gpu)
+            out = nn.Tensor.placeholder((1, 1, self.c.hidden_size), self.dtype)
+            hidden = op.tensor_ir_op(_last_position_gpu(self.c.hidden_size, self.dtype), "last_position", [x], out)
+        else:
+            hidden = op.tensor_expr_op(_last_position, "last_position", [x])
         return self._logits(hidden), kv_cache
 
     def decode(self, embeddings: nn.Tensor, kv_cache: PagedKVCache):

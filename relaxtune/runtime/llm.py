@@ -76,10 +76,15 @@ class LLM:
         self.device = open_device(self.manifest, self.files.library, device)
         self.vm = VirtualMachine(tvm.runtime.load_module(str(self.files.library)), self.device)
         weights = weight_file.load(self.files.weights)
-        if self.device.device_type != tvm.cpu(0).device_type:  # one copy of each weight on the device
+        if self.device != tvm.cpu(0):  # one copy of each weight on the device
             used = {n for spec in self.manifest["functions"].values() for n in spec["weights"]}
             weights = {n: weights[n].copyto(self.device) for n in used}
-        self._weights = {f: [weights[n] for n in spec["weights"]] for f, spec in self.manifest["functions"].items()}
+        self._weights = {}
+        for f, spec in self.manifest["functions"].items():
+            taken = [weights[n] for n in spec["weights"]]
+            if spec.get("transform"):  # a GPU build's lifted weight transform, run once here on the device
+                taken = list(self.vm[spec["transform"]](taken))
+            self._weights[f] = taken
         self._functions = {f: self.vm[f] for f in llm_files.FUNCTIONS}
         self._cache: KVCache | None = None
         self._tokenizer = None
@@ -201,7 +206,7 @@ class LLM:
 
         if temperature == 0:
             return int(np.argmax(logits.numpy().reshape(-1)))
-        if logits.device.device_type != tvm.cpu(0).device_type or str(logits.dtype) != "float32":
+        if logits.device != tvm.cpu(0) or str(logits.dtype) != "float32":
             logits = tvm.runtime.tensor(logits.numpy().astype(np.float32))  # the sampler runs on the host
         tvm.get_global_func("vm.builtin.apply_softmax_with_temperature")(
             logits, float(temperature)

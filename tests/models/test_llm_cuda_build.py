@@ -43,11 +43,31 @@ def test_kernels_are_cuda_with_the_kv_cache_ones(cuda_build):
     for name in KV_KERNELS:
         assert any(k.startswith(name) for k in kernels), f"{name} missing from {sorted(kernels)}"
     assert not [k for k in kernels if "cpu" in k]
+
+
+
+def test_decode_calls_the_gemv_kernel_and_graphs_stop_at_the_cache(cuda_build):
+    _, executable = cuda_build
     text = executable.as_text()
-    assert "relaxtune_gemv_nk" in text and "relaxtune_cublas_gemm_nk" in text
+    decode = text[text.index("\n@decode:") : text.index("\n@", text.index("\n@decode:") + 2)]
+    prefill = text[text.index("\n@prefill_n2_16:") :]
+    assert "relaxtune_gemv_nk" in decode and "relaxtune_cublas_gemm_nk" not in decode
+    assert "relaxtune_cublas_gemm_nk" in prefill[: prefill.index("\n@", 2)]
+    # the static stretches between the cache's attention calls are CUDA graphs; the builtin stays outside
+    assert decode.count("attention_kv_cache_attention_with_fused_qkv") == 2  # one per layer (2 layers)
+    assert decode.count("cuda_graph.run_or_capture") >= 2
 
 
-KV_KERNELS = ()
+KV_KERNELS = (
+    "batch_prefill_ragged_kv",
+    "batch_prefill_paged_kv",
+    "batch_decode_paged_kv",
+    "tir_attention_merge_state",
+    "tir_kv_cache_transpose_append",
+    "fused_rope",
+    "copy_single_page",
+    "compact_kv_copy",
+)
 
 
 @pytest.mark.parametrize(
