@@ -44,7 +44,9 @@ def timings(results: dict) -> list[str]:
             best = max((medians[n].get(op, {}).get(size, 0.0) for n in theirs), default=0.0)
             mine = max((medians[n].get(op, {}).get(size, 0.0) for n in ours), default=0.0)
             cells.append(f"{mine / best:.2f}x" if best else "-")
-        lines.append("| relaxtune (best build) / transformers (best mode) | " + " | ".join(cells) + " |" + " |" * len(decode))
+        lines.append(
+            "| relaxtune (best build) / transformers (best mode) | " + " | ".join(cells) + " |" + " |" * len(decode)
+        )
     if floor:
         lines += [
             "",

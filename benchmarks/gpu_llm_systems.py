@@ -76,11 +76,17 @@ class Transformers:
 
     def __init__(self, folder, device: str, dtype: str, mode: str, capacity: int):
         import torch
+
+        from relaxtune import torchvision_compat
+
+        torchvision_compat.install()  # transformers imports torchvision when installed; its extension may not load
         import transformers
 
         self.torch, self.device = torch, device
         self.model = (
-            transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype)).to(device).eval()
+            transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype))
+            .to(device)
+            .eval()
         )
         self.sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
         self.cache = static_cache(self.model, capacity) if mode == "reduce-overhead" else None

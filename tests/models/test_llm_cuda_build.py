@@ -45,7 +45,6 @@ def test_kernels_are_cuda_with_the_kv_cache_ones(cuda_build):
     assert not [k for k in kernels if "cpu" in k]
 
 
-
 def test_decode_calls_the_gemv_kernel_and_graphs_stop_at_the_cache(cuda_build):
     _, executable = cuda_build
     text = executable.as_text()

@@ -142,7 +142,9 @@ def _as_compiled_for(tiny_llm, folder, device: str):
 
     found = llm_files.files(tiny_llm)
     copy = llm_files.files(folder / "m.so")
-    for source, target in zip((found.library, found.manifest, found.weights), (copy.library, copy.manifest, copy.weights)):
+    for source, target in zip(
+        (found.library, found.manifest, found.weights), (copy.library, copy.manifest, copy.weights)
+    ):
         shutil.copy(source, target)
     manifest = json.loads(copy.manifest.read_text())
     manifest["device"], manifest["target"] = device, {"kind": device, "arch": "sm_90"} if device == "cuda" else {}
