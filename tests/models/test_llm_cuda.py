@@ -11,10 +11,21 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+
+def _has_nvcc() -> bool:
+    from relaxtune.errors import UserError
+    from relaxtune.kernels.device_code import find_nvcc
+
+    try:
+        return bool(find_nvcc()) and shutil.which("g++") is not None
+    except UserError:
+        return False
+
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
-    pytest.mark.skipif(shutil.which("nvcc") is None or shutil.which("g++") is None, reason="no nvcc / g++"),
+    pytest.mark.skipif(not _has_nvcc(), reason="no nvcc / g++ (the CUDA toolkit)"),
 ]
 
 MAX_PREFILL = 64
