@@ -31,30 +31,9 @@ import numpy as np
 from gpu_llm_report import markdown
 from gpu_llm_systems import MODES, Relaxtune, Transformers, agreement, first_difference
 
-# transformers' LlamaConfig fields; SMOLLM2: SmolLM2-135M's sizes (its GGUF's), TINY: what CI runs on a CPU
-SMOLLM2 = {
-    "vocab_size": 49152,
-    "hidden_size": 576,
-    "intermediate_size": 1536,
-    "num_hidden_layers": 30,
-    "num_attention_heads": 9,
-    "num_key_value_heads": 3,
-    "rope_theta": 100000.0,
-    "rms_norm_eps": 1e-5,
-    "max_position_embeddings": 8192,
-    "tie_word_embeddings": True,
-}
-TINY = SMOLLM2 | {
-    "vocab_size": 512,
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "max_position_embeddings": 2048,
-}
-MODELS = {"smollm2": SMOLLM2, "tiny": TINY}
-EMBED_SCALE = 0.3  # the embeddings' standard deviation: the layers (each ~unit output), not the token, pick the next
+from relaxtune.models import random_checkpoint
+
+MODELS = {"smollm2": random_checkpoint.SMOLLM2, "tiny": random_checkpoint.TINY}
 FIRST_ID = 100
 RESULTS: dict = {"stages": {}, "errors": {}}
 
@@ -81,56 +60,6 @@ def stage(name: str, out: Path, fn, *args):
     finally:
         RESULTS["stages"][name] = round(time.perf_counter() - start, 1)
         save(out)
-
-
-def write_checkpoint(folder: Path, config: dict, dtype: str, seed: int = 0) -> int:
-    """config.json + model.safetensors with seeded random weights (projections of unit gain, norms near 1);
-    returns the weights' bytes (the tied embedding once)."""
-    from safetensors.numpy import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    h, f, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
-    d = h // config["num_attention_heads"]
-    q, kv = config["num_attention_heads"] * d, config["num_key_value_heads"] * d
-
-    def linear(rows: int, cols: int) -> np.ndarray:
-        return rng.standard_normal((rows, cols), dtype=np.float32) / np.float32(np.sqrt(cols))
-
-    def norm() -> np.ndarray:
-        return 1 + 0.1 * rng.standard_normal(h, dtype=np.float32)
-
-    tensors = {"model.embed_tokens.weight": EMBED_SCALE * rng.standard_normal((v, h), dtype=np.float32)}
-    for i in range(config["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        tensors |= {
-            p + "input_layernorm.weight": norm(),
-            p + "self_attn.q_proj.weight": linear(q, h),
-            p + "self_attn.k_proj.weight": linear(kv, h),
-            p + "self_attn.v_proj.weight": linear(kv, h),
-            p + "self_attn.o_proj.weight": linear(h, q),
-            p + "post_attention_layernorm.weight": norm(),
-            p + "mlp.gate_proj.weight": linear(f, h),
-            p + "mlp.up_proj.weight": linear(f, h),
-            p + "mlp.down_proj.weight": linear(h, f),
-        }
-    tensors["model.norm.weight"] = norm()
-    tensors = {k: t.astype(dtype) for k, t in tensors.items()}
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    full = config | {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "head_dim": d,
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
-        "rope_scaling": None,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "torch_dtype": dtype,
-    }
-    (folder / "config.json").write_text(json.dumps(full, indent=1))
-    return sum(t.nbytes for t in tensors.values())
 
 
 def build(folder: Path, art: Path, device: str, graphs: bool, tops: tuple[int, ...]) -> Path:
@@ -291,7 +220,7 @@ def main(argv=None) -> int:
     tops = tuple(sorted({1, 16, *args.prefill, *args.decode}))
     RESULTS.update(model=args.model, config=config, dtype=dtype, environment=environment(args.device))
     folder = args.work / f"{args.model}-{dtype}"
-    RESULTS["weight_bytes"] = stage("checkpoint", args.out, write_checkpoint, folder, config, dtype)
+    RESULTS["weight_bytes"] = stage("checkpoint", args.out, random_checkpoint.write, folder, config, dtype)
     RESULTS["copy_GBps"] = round(copy_bandwidth(args.device), 1)
     systems = {}
     for graphs in args.graphs if args.device == "cuda" else args.graphs[:1]:  # graphs are cuda's

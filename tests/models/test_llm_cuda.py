@@ -1,6 +1,6 @@
 """On an NVIDIA GPU (`python -m pytest -m gpu`; benchmarks/gpu_llm.sh OUT tests runs it): a tiny language model
 built for cuda (float16, TVM's CUDA KV-cache kernels, relaxtune's GEMV and cuBLAS calls) against the llvm build
-of the same file (float32): next-token logits at every step, greedy tokens, prefill lengths across the buckets."""
+of the same checkpoint (float32): next-token logits at every step, greedy tokens, prefill lengths across the buckets."""
 
 from __future__ import annotations
 
@@ -34,18 +34,19 @@ TOPS = (1, 2, 16, MAX_PREFILL)
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
-    """{"cpu": LLM, "cuda": LLM} of one tiny GQA model (head_dim 64, float32 weights in the file)."""
+    """{"cpu": LLM, "cuda": LLM} of one tiny GQA model (head_dim 64, a random float32 checkpoint: no gguf
+    package on the GPU machine)."""
     from relaxtune import LLM, api, targets
     from relaxtune.config import BucketConfig, CompileConfig, JobConfig
-    from relaxtune.models.tiny_gguf import TinyModel, write
+    from relaxtune.models import random_checkpoint
     from relaxtune.workloads import load
 
     folder = tmp_path_factory.mktemp("llm_cuda")
-    path = write(folder / "m.gguf", TinyModel(hidden=128, heads=2, kv_heads=1, ffn=256, context=512, quantized=False))
+    random_checkpoint.write(folder / "hf", random_checkpoint.TINY, "float32", seed=3)
     out = {}
     for device, spec in (("cpu", "cpu"), ("cuda", "cuda:sm_{}{}".format(*torch.cuda.get_device_capability()))):
         target = targets.resolve(spec)
-        workload = load(f"gguf:{path}", {"max_prefill": str(MAX_PREFILL)}, target=target)
+        workload = load(f"hf:{folder / 'hf'}", {"max_prefill": str(MAX_PREFILL)}, target=target)
         job = JobConfig(compile=CompileConfig(use_cache=False), buckets=BucketConfig(edges={"n": TOPS}))
         out[device] = LLM(api.compile(workload, target, job, folder / f"{device}.so").path, device=device)
     return out
