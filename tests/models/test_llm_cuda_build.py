@@ -92,3 +92,39 @@ def test_f16_is_for_cuda(tiny_gguf):
 
     with pytest.raises(UserError, match="--quantize f16 is for --target cuda"):
         load(f"gguf:{tiny_gguf('gqa_tied')}", {}, None, QuantizeConfig("f16"))
+
+
+def _nvcc() -> bool:
+    from relaxtune.kernels.device_code import find_nvcc
+
+    try:
+        return bool(find_nvcc())
+    except UserError:
+        return False
+
+
+@pytest.mark.skipif(not _nvcc(), reason="needs nvcc (the CUDA toolkit)")
+def test_cli_cuda_artifact_and_its_device(tiny_gguf, tmp_path, capsys):
+    import json
+
+    from relaxtune import LLM
+    from relaxtune.__main__ import main
+
+    so = tmp_path / "tiny-cuda.so"
+    args = ["compile", f"gguf:{tiny_gguf('gqa_tied')}", "--target", "cuda", "--config", "max_prefill=32"]
+    assert main([*args, "--buckets", "n=1,32", "--no-cache", "-o", str(so)]) == 0
+    manifest = json.loads(so.with_suffix(".json").read_text())
+    assert manifest["device"] == "cuda" and manifest["dtype"] == "float16" and manifest["target"]["arch"] == "sm_90"
+    assert manifest["device_code"]["format"] == "fatbin" and b"__global__" not in so.read_bytes()
+    functions = manifest["functions"]
+    assert functions["decode"]["transform"] == "decode_transform_params"  # run at load, on the GPU
+    assert set(functions["decode"]["weights"]) == set(functions["prefill"]["weights"])
+    capsys.readouterr()
+    assert main(["generate", str(so), "--prompt", "hi", "--device", "cpu"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "was compiled for cuda (sm_90), not cpu: run it with --device cuda" in line
+    import tvm
+
+    if not tvm.cuda(0).exist:
+        with pytest.raises(UserError, match="runs on cuda, but"):
+            LLM(so)
