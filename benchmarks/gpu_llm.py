@@ -141,7 +141,7 @@ def check_tokens(systems: dict, reference, vocab: int, length: int = 32, steps: 
     against transformers in float32 and, for relaxtune, against transformers in its own float type."""
     ids = prompt(length, vocab, 1)
     base = systems["transformers eager"].greedy(ids, steps)
-    out = {"prompt_tokens": length, "new_tokens": steps}
+    out = {"prompt_tokens": length, "new_tokens": steps, "distinct_new_tokens": len(set(base))}
     for name, system in systems.items():
         if name.startswith("relaxtune"):
             tokens = system.greedy(ids, steps)

@@ -83,12 +83,16 @@ class Transformers:
         import transformers
 
         self.torch, self.device = torch, device
-        self.model = (
-            transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype))
-            .to(device)
-            .eval()
-        )
+        wanted = getattr(torch, dtype)
+        major, minor = (int(v) for v in transformers.__version__.split(".")[:2])
+        key = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"  # the keyword's name before 4.56
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), **{key: wanted})
+        self.model = model.to(device=device, dtype=wanted).eval()
         self.sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        # the output projection of the last position only, as generate does (and relaxtune's prefill)
+        taken = inspect.signature(self.model.forward).parameters
+        keep = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in taken), None)
+        self.last_only = {keep: 1} if keep else {}
         self.cache = static_cache(self.model, capacity) if mode == "reduce-overhead" else None
         if mode == "eager":
             self.forward = self.model
@@ -100,10 +104,11 @@ class Transformers:
     def _call(self, ids, position: int, cache):
         torch = self.torch
         tokens = torch.tensor([ids], device=self.device)
+        extra = dict(self.last_only)
         if self.cache is None:
-            return self.forward(input_ids=tokens, past_key_values=cache, use_cache=True)
+            return self.forward(input_ids=tokens, past_key_values=cache, use_cache=True, **extra)
         where = torch.arange(position, position + len(ids), device=self.device)
-        return self.forward(input_ids=tokens, past_key_values=self.cache, cache_position=where, use_cache=True)
+        return self.forward(input_ids=tokens, past_key_values=self.cache, cache_position=where, use_cache=True, **extra)
 
     def _run(self, ids, tokens):
         """(seconds of the prefill of `ids`, seconds of the decode steps of `tokens`)."""
