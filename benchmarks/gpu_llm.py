@@ -169,20 +169,24 @@ def measure(systems: dict, args, vocab: int) -> None:
     figures = [("prefill", n) for n in args.prefill] + [("decode", c) for c in args.decode]
     samples = {name: {"prefill": {}, "decode": {}} for name in systems}
     tokens = prompt(args.steps, vocab, 7)
+    failed: dict = {}  # (system, op, size) -> its error, said once
     for round_ in range(args.rounds + 1):  # round 0: warm-up (torch.compile compiles there)
         for op, size in figures:
             ids = prompt(size, vocab, size)
             for name, system in systems.items():
+                if (name, op, size) in failed:
+                    continue
                 try:
                     seconds = system.prefill(ids) if op == "prefill" else system.decode(ids, tokens)
                 except Exception as err:  # noqa: BLE001 (a mode that fails at one size loses that figure only)
-                    log(f"{name} {op} {size}: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
+                    failed[(name, op, size)] = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
+                    log(f"{name} {op} {size}: skipped, {failed[(name, op, size)]}")
                     continue
                 if round_:
                     rate = size / seconds if op == "prefill" else args.steps / seconds
                     samples[name][op].setdefault(str(size), []).append(rate)
         log(f"round {round_} of {args.rounds} done" + (" (warm-up)" if not round_ else ""))
-    RESULTS["samples"] = samples
+    RESULTS["samples"], RESULTS["skipped"] = samples, {" ".join(map(str, k)): v for k, v in failed.items()}
     RESULTS["medians"] = {
         name: {op: {k: round(statistics.median(v), 2) for k, v in figs.items()} for op, figs in per.items()}
         for name, per in samples.items()

@@ -104,6 +104,8 @@ def markdown(results: dict) -> str:
         "",
         "builds (s): " + ", ".join(f"{k}: {v}" for k, v in results.get("build_s", {}).items()),
     ]
+    for figure, why in results.get("skipped", {}).items():
+        lines.append(f"\nskipped {figure}: {why}")
     for name, text in results.get("errors", {}).items():
         lines += ["", f"## Error in {name}", "", "```", text.strip()[-1500:], "```"]
     return "\n".join(lines) + "\n"
