@@ -97,9 +97,10 @@ def export_library(executable, target, so_path: Path) -> dict | None:
     arch = target.config["arch"]
     packer = FatbinPacker(arch)
     # the cuBLAS kernels (relax_passes/cublas_gemm.py) are linked in; they open cuBLAS on first use;
-    # so is the flash attention kernel (relax_passes/flash_attention_cuda.py), on sm_80+
+    # so is the flash attention kernel (relax_passes/flash_attention_cuda.py), on sm_80+, where a function calls
+    # it (a language model's attention is the KV cache's: no nvcc run of the flash kernels for it)
     addons = [str(cuda_cublas.object_file())]
-    if cuda_flash_attention.supports(arch):
+    if cuda_flash_attention.supports(arch) and cuda_flash_attention.FUNCTION in executable.as_text():
         addons.append(str(cuda_flash_attention.object_file(arch)))
     if cuda_gemv.supports(arch):  # the decode buckets' GEMV kernel (relax_passes/gemv_cuda.py)
         addons.append(str(cuda_gemv.object_file(arch)))
