@@ -137,7 +137,8 @@ def prompt(length: int, vocab: int, seed: int) -> list[int]:
 
 
 def check_tokens(systems: dict, reference, vocab: int, length: int = 32, steps: int = 32) -> None:
-    """Greedy continuations against transformers eager; teacher-forced next-token logits of every system
+    """Greedy continuations against transformers eager; teacher-forced next-token logits of every system,
+    with random tokens fed after the prompt (a random model's greedy continuation soon repeats a few tokens),
     against transformers in float32 and, for relaxtune, against transformers in its own float type."""
     ids = prompt(length, vocab, 1)
     base = systems["transformers eager"].greedy(ids, steps)
@@ -146,7 +147,7 @@ def check_tokens(systems: dict, reference, vocab: int, length: int = 32, steps: 
         if name.startswith("relaxtune"):
             tokens = system.greedy(ids, steps)
             out[name] = {"greedy_same_prefix": first_difference(tokens, base)}
-    sequence = ids + base
+    sequence = ids + prompt(steps, vocab, 2)
     want = reference.logits(sequence, length) if reference is not None else None
     same_type = systems["transformers eager"].logits(sequence, length)
     for name, system in systems.items():

@@ -62,8 +62,8 @@ def tokens(results: dict) -> list[str]:
         return ["(no token check)"]
     lines = [
         f"{found['prompt_tokens']} random prompt tokens, {found['new_tokens']} new ({found.get('distinct_new_tokens')} "
-        "distinct); next-token argmax agreement on the same sequence (transformers eager's greedy continuation), "
-        "logits error relative to the largest |logit|:",
+        "distinct in transformers eager's greedy continuation); next-token argmax agreement with random tokens fed "
+        "after the prompt, logits error relative to the largest |logit|:",
         "",
         "| system | greedy tokens equal to transformers' | argmax vs float32 | rel err vs float32 | "
         "argmax vs transformers same dtype | rel err vs it |",
