@@ -60,18 +60,22 @@ def _teacher_forced(llm, prompt: list[int], fed: list[int]) -> np.ndarray:
 
 def test_cuda_logits_and_greedy_tokens_match_the_llvm_build(builds):
     prompt = [5, 17, 42, 99, 3, 250, 7, 8, 64, 11]
-    greedy = list(builds["cpu"].generate_tokens(prompt, max_tokens=32, stop=False))
-    want = _teacher_forced(builds["cpu"], prompt, greedy[:-1])
-    got = _teacher_forced(builds["cuda"], prompt, greedy[:-1])
+    fed = np.random.default_rng(0).integers(10, 500, 31).tolist()  # random tokens: a fresh state at every step
+    want = _teacher_forced(builds["cpu"], prompt, fed)
+    got = _teacher_forced(builds["cuda"], prompt, fed)
     err = np.abs(got - want).max(axis=-1) / np.abs(want).max()
     assert err.max() < 2e-2, f"float16 logits off by {err.max():.2e} of the largest"
+    margin = 4 * np.abs(got - want).max()  # a top-2 gap wider than this float16 cannot flip
     top2 = np.sort(want, axis=-1)[:, -2:]
-    clear = (top2[:, 1] - top2[:, 0]) > 4 * np.abs(got - want).max()  # steps float16 cannot flip
-    assert clear.sum() >= len(greedy) // 2
-    assert (got.argmax(-1) == np.asarray(greedy))[clear].all()
-    own = list(builds["cuda"].generate_tokens(prompt, max_tokens=32, stop=False))
-    first_unclear = int(np.argmin(clear)) if not clear.all() else len(greedy)
-    assert own[:first_unclear] == greedy[:first_unclear]
+    clear = (top2[:, 1] - top2[:, 0]) > margin
+    assert clear.sum() >= len(fed) // 2
+    assert (got.argmax(-1) == want.argmax(-1))[clear].all()
+    greedy = list(builds["cpu"].generate_tokens(prompt, max_tokens=16, stop=False))
+    own = list(builds["cuda"].generate_tokens(prompt, max_tokens=16, stop=False))
+    top2 = np.sort(_teacher_forced(builds["cpu"], prompt, greedy[:-1]), axis=-1)[:, -2:]
+    unsure = (top2[:, 1] - top2[:, 0]) <= margin
+    sure = int(np.argmax(unsure)) if unsure.any() else len(greedy)
+    assert own[:sure] == greedy[:sure]  # the greedy tokens, up to the first step float16 could flip
 
 
 @pytest.mark.parametrize("length", [1, 2, 3, 17, 64, 100])  # bucket edges 1|2|3..16|17..64; 100: two chunks
