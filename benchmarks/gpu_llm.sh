@@ -12,7 +12,7 @@ mkdir -p "$out"
 site=$(bash scripts/device_install.sh) || exit 1
 export PYTHONPATH=$site PYTHONUNBUFFERED=1
 start=$SECONDS
-python3 benchmarks/gpu_llm.py --out "$out" --work /tmp/gpu_llm "$@" 2>&1 | grep -v "^\s*$" | tail -60
+python3 benchmarks/gpu_llm.py --out "$out" --work /tmp/gpu_llm "$@" 2>&1 | tee "$out/gpu_llm.log" | grep -v "^\s*$" | tail -60
 echo "ran in $((SECONDS - start)) s"
 if [[ -n $tests ]]; then
   (cd "$(mktemp -d)" && python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$OLDPWD" \
