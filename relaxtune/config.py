@@ -199,7 +199,7 @@ class CompileConfig:
             object.__setattr__(self, "flash_attention", FlashAttention(enabled=self.flash_attention))
 
 
-QUANTIZE_MODES = ("auto", "f32", "q4f32", "q8f32")
+QUANTIZE_MODES = ("auto", "f32", "f16", "q4f32", "q8f32")
 GROUP_SIZES = (32, 128)
 
 
@@ -209,7 +209,9 @@ class QuantizeConfig:
 
     ``auto``: a GGUF file's Q4_0 / Q4_1 / Q8_0 / F16 blocks are kept as they are and dequantized inside the
     kernels (other sources stay float32); ``f32``: every weight dequantized to float32 at compile time;
-    ``q4f32`` / ``q8f32``: relaxtune's own 4- or 8-bit weight-only groups of `group_size` (float32 activations).
+    ``f16``: every weight in float16, float16 activations (a language model on cuda, where ``auto`` means
+    it until the quantized CUDA kernels exist); ``q4f32`` / ``q8f32``: relaxtune's own 4- or 8-bit
+    weight-only groups of `group_size` (float32 activations).
     """
 
     mode: str = "auto"

@@ -27,7 +27,8 @@ def add_workload(parser: argparse.ArgumentParser) -> None:
         "--quantize",
         default="auto",
         help=f"weights: {' | '.join(QUANTIZE_MODES)} (auto: a GGUF's Q4_0/Q4_1/Q8_0 blocks kept, the rest float32; "
-        "f32: all dequantized; q4f32 / q8f32: relaxtune's 4- / 8-bit groups, float32 activations)",
+        "f32: all dequantized; f16: float16 weights and activations, a language model on cuda (auto there); "
+        "q4f32 / q8f32: relaxtune's 4- / 8-bit groups, float32 activations)",
     )
     parser.add_argument(
         "--group-size",
@@ -95,10 +96,12 @@ def parse_shapes(items: list[str], many: bool) -> dict[str, list[int]]:
 
 
 def load_workload(args):
+    from .. import targets
     from ..workloads import load, parse_config
 
     quantize = QuantizeConfig(getattr(args, "quantize", "auto"), getattr(args, "group_size", 32))
-    return load(args.workload, parse_config(args.config), args.dtype, quantize)
+    target = targets.resolve(args.target) if getattr(args, "target", None) else None
+    return load(args.workload, parse_config(args.config), args.dtype, quantize, target)
 
 
 def add_memory_planner(parser: argparse.ArgumentParser) -> None:

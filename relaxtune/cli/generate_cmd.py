@@ -30,6 +30,12 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--context", type=int, default=None, help="positions the KV cache holds (default the model's context)"
     )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="where to run: the artifact's device (compile --target cuda: cuda); default the artifact's",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the text and the figures as JSON")
 
 
@@ -52,7 +58,7 @@ def run(args) -> int:
     without_torch()
     from ..runtime.llm import LLM
 
-    llm = LLM(args.artifact, context=args.context)
+    llm = LLM(args.artifact, context=args.context, device=args.device)
     pieces = []
     for piece in llm.generate(
         args.prompt,

@@ -5,7 +5,9 @@ The pipeline lifts weight-only work out of each function into ``f_transform_para
 model compiled with `Workload.weights_nk` there is usually none: every weight is read as stored). The
 weights are stored as the functions take them: each transform runs once here, an output that is one
 of the model's weights unchanged is stored once under its name, any computed one under
-``<function>.<index>`` (shared by functions whose transforms computed the same bytes).
+``<function>.<index>`` (shared by functions whose transforms computed the same bytes). A GPU build's
+transforms cannot run on the compiling host: its functions name their transform, which `relaxtune.LLM`
+runs once at load, on the device (`device_transforms`).
 """
 
 from __future__ import annotations
@@ -26,8 +28,18 @@ logger = logging.getLogger(__name__)
 PAGE_SIZE = 16  # the KV cache's tokens per page (TVM's CPU attention kernels are built for 16)
 
 
-def function_weights(executable, params: dict[str, np.ndarray]) -> tuple[dict[str, list[str]], dict[str, np.ndarray]]:
-    """({function: names of the weights it takes, in order}, {name: array} of every weight stored)."""
+def device_transforms(executable, params: dict[str, np.ndarray]) -> tuple[dict[str, dict], dict[str, np.ndarray]]:
+    """For a GPU build, which cannot run here: every function takes the weights as the model has them, and
+    the lifted transform, where there is one, runs once at load on the device (relaxtune.LLM). With the
+    weights kept (N, K) (KeepWeightsNK) a transform only reorders them: no copy."""
+    text = executable.as_text()
+    names = list(params)
+    found = {f: f"{f}_transform_params" for f in llm_files.FUNCTIONS if f"@{f}_transform_params:" in text}
+    return {f: {"weights": names, "transform": found.get(f)} for f in llm_files.FUNCTIONS}, params
+
+
+def function_weights(executable, params: dict[str, np.ndarray]) -> tuple[dict[str, dict], dict[str, np.ndarray]]:
+    """({function: {"weights": names of the weights it takes, in order}}, {name: array} of every weight stored)."""
     import tvm
     from tvm import relax
 
@@ -57,17 +69,19 @@ def function_weights(executable, params: dict[str, np.ndarray]) -> tuple[dict[st
                 name = digests.setdefault(key, f"{func}.{i}")
                 stored[name] = value
             taken[func].append(name)
-    return taken, stored
+    return {f: {"weights": names} for f, names in taken.items()}, stored
 
 
 def export(executable, workload, target, so_path: Path, plan, cache_fingerprint, schedules, info) -> dict:
     """Write the artifact of a language-model `workload` (`info`: its `workloads.language_model.ModelInfo`)."""
     import tvm
 
+    from ..runtime.artifact import export_library
+
     found = llm_files.files(so_path)
-    so_path.parent.mkdir(parents=True, exist_ok=True)
-    executable.export_library(str(found.library))
-    taken, stored = function_weights(executable, workload.params)
+    device_code = export_library(executable, target, found.library)
+    weights = device_transforms if target.is_gpu else function_weights
+    functions, stored = weights(executable, workload.params)
     size = weight_file.write(found.weights, stored, {"format": "relaxtune-llm"})
     tok = info.tokenizer
     if tok.document is not None:
@@ -81,7 +95,7 @@ def export(executable, workload, target, so_path: Path, plan, cache_fingerprint,
         "spec": workload.spec,
         "source": str(info.source),
         "model": dataclasses.asdict(info.config),
-        "functions": {f: {"weights": names} for f, names in taken.items()},
+        "functions": functions,
         "weights": {"file": found.weights.name, "bytes": size, "tensors": len(stored)},
         "tokenizer": None
         if tok.document is None
@@ -96,7 +110,9 @@ def export(executable, workload, target, so_path: Path, plan, cache_fingerprint,
         "page_size": PAGE_SIZE,
         "buckets": {dim: [[b.lo, b.hi, b.tune_at] for b in buckets] for dim, buckets in plan.items()},
         "target": target.config,
-        "device": "cpu",
+        "device": "cuda" if target.is_gpu else "cpu",
+        "dtype": str(workload.mod["decode"].params[0].ty.dtype),  # the activations' (the embeddings')
+        "device_code": device_code,  # cuda: {"format": "fatbin", "arch": ..., "kernels": ..., "bytes": ...}
         "tvm_version": tvm.__version__,
         "cache_fingerprint": cache_fingerprint,
         "schedules": schedules,

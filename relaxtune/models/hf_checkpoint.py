@@ -95,10 +95,12 @@ class HFCheckpoint:
     def _config(self) -> ModelConfig:
         c = self.hf_config
         kind = c["model_type"]
-        if c.get("rope_scaling"):
-            raise UserError(
-                f"{self.path}: rope_scaling {c['rope_scaling']} is not supported: only unscaled rotary embeddings"
-            )
+        # transformers 5 writes rope_parameters ({"rope_theta": ..., "rope_type": "default"}) for rope_theta and
+        # rope_scaling
+        rope = c.get("rope_parameters") or {}
+        scaling = c.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        if scaling:
+            raise UserError(f"{self.path}: rope scaling {scaling} is not supported: only unscaled rotary embeddings")
         heads, hidden = int(c["num_attention_heads"]), int(c["hidden_size"])
         window = c.get("sliding_window") if c.get("use_sliding_window", kind == "mistral") else None
         context = int(c.get("max_position_embeddings", 2048))
@@ -111,7 +113,7 @@ class HFCheckpoint:
             num_heads=heads,
             num_kv_heads=int(c.get("num_key_value_heads") or heads),
             head_dim=int(c.get("head_dim") or hidden // heads),
-            rope_theta=float(c.get("rope_theta", 10000.0)),
+            rope_theta=float(c.get("rope_theta", rope.get("rope_theta", 10000.0))),
             rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
             context_length=min(context, int(window)) if window else context,
             tie_embeddings="output.weight" not in self.files or bool(c.get("tie_word_embeddings", False)),

@@ -75,11 +75,12 @@ class QuantEmbedding(nn.Module):
 
 
 def weight_format(source, tensors: tuple[str, ...], quantize: QuantizeConfig) -> WeightFormat | None:
-    """The format the weight made of `tensors` (rows concatenated) is kept in; None: float32.
+    """The format the weight made of `tensors` (rows concatenated) is kept in; None: the model's float type.
 
     ``auto`` keeps a GGUF file's own block format (all the tensors must share it; F32 stays float32) and
-    leaves other sources in float32; ``f32`` dequantizes everything; the own modes quantize every weight."""
-    if quantize.mode == "f32":
+    leaves other sources in float32; ``f32`` / ``f16`` dequantize everything; the own modes quantize every
+    weight."""
+    if quantize.mode in ("f32", "f16"):
         return None
     if quantize.bits is not None:
         return own_format(quantize.bits, quantize.group_size)

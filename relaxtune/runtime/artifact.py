@@ -82,30 +82,36 @@ def write_check(workload, so_path: Path) -> dict | None:
     return {"dims": dims}
 
 
+def export_library(executable, target, so_path: Path) -> dict | None:
+    """Write the library; for a GPU target with its device code as an nvcc fatbin and relaxtune's CUDA
+    kernels linked in. Returns the manifest's ``device_code`` (None on the CPU)."""
+    so_path.parent.mkdir(parents=True, exist_ok=True)
+    if not target.is_gpu:
+        executable.export_library(str(so_path))
+        return None
+    from ..kernels import cublas as cuda_cublas
+    from ..kernels import flash_attention as cuda_flash_attention
+    from ..kernels import gemv as cuda_gemv
+    from ..kernels.device_code import FatbinPacker
+
+    arch = target.config["arch"]
+    packer = FatbinPacker(arch)
+    # the cuBLAS kernels (relax_passes/cublas_gemm.py) are linked in; they open cuBLAS on first use;
+    # so is the flash attention kernel (relax_passes/flash_attention_cuda.py), on sm_80+, where a function calls
+    # it (a language model's attention is the KV cache's: no nvcc run of the flash kernels for it)
+    addons = [str(cuda_cublas.object_file())]
+    if cuda_flash_attention.supports(arch) and cuda_flash_attention.FUNCTION in executable.as_text():
+        addons.append(str(cuda_flash_attention.object_file(arch)))
+    if cuda_gemv.supports(arch):  # the decode buckets' GEMV kernel (relax_passes/gemv_cuda.py)
+        addons.append(str(cuda_gemv.object_file(arch)))
+    executable.export_library(str(so_path), fpack_imports=packer, addons=addons, options=["-ldl"])
+    return packer.summary()
+
+
 def export(executable, workload, target, so_path: Path, plan, cache_fingerprint, schedules) -> dict:
     import tvm
 
-    so_path.parent.mkdir(parents=True, exist_ok=True)
-    device_code = None
-    if target.is_gpu:
-        from ..kernels import cublas as cuda_cublas
-        from ..kernels import flash_attention as cuda_flash_attention
-        from ..kernels import gemv as cuda_gemv
-        from ..kernels.device_code import FatbinPacker
-
-        arch = target.config["arch"]
-        packer = FatbinPacker(arch)
-        # the cuBLAS kernels (relax_passes/cublas_gemm.py) are linked in; they open cuBLAS on first use;
-        # so is the flash attention kernel (relax_passes/flash_attention_cuda.py), on sm_80+
-        addons = [str(cuda_cublas.object_file())]
-        if cuda_flash_attention.supports(arch):
-            addons.append(str(cuda_flash_attention.object_file(arch)))
-        if cuda_gemv.supports(arch):  # the decode buckets' GEMV kernel (relax_passes/gemv_cuda.py)
-            addons.append(str(cuda_gemv.object_file(arch)))
-        executable.export_library(str(so_path), fpack_imports=packer, addons=addons, options=["-ldl"])
-        device_code = packer.summary()
-    else:
-        executable.export_library(str(so_path))
+    device_code = export_library(executable, target, so_path)
     params_path, manifest_path = paths(so_path)
     np.savez(params_path, **workload.params)
     check = write_check(workload, so_path)

@@ -10,6 +10,9 @@ prefilled in chunks, each attending to the ones before it through the cache), th
 decoded one at a time against the KV cache. Greedy by default; with a temperature, the runtime's
 sampler (``vm.builtin.apply_softmax_with_temperature``, ``vm.builtin.sample_top_p_from_prob``) draws
 each token. Generation stops at the tokenizer's stop tokens or after ``max_tokens``.
+
+An artifact runs on the device it was compiled for (its manifest's ``device``: ``cpu``, or ``cuda``
+for ``--target cuda``, where the weights are copied to the GPU once and the KV cache's pages live there).
 """
 
 from __future__ import annotations
@@ -52,9 +55,10 @@ class GenerationStats:
 
 class LLM:
     """A loaded language-model artifact (see the module docstring). `context`: the most positions one
-    generation may hold (prompt + new tokens; default the model's context)."""
+    generation may hold (prompt + new tokens; default the model's context); `device`: ``cpu`` or
+    ``cuda``, which must be the artifact's (None: the artifact's)."""
 
-    def __init__(self, artifact: str | Path, context: int | None = None):
+    def __init__(self, artifact: str | Path, context: int | None = None, device: str | None = None):
         threads.configure()  # before the first parallel kernel starts TVM's pool: its size, workers not pinned
         import tvm
         from tvm.runtime.vm import VirtualMachine
@@ -69,10 +73,18 @@ class LLM:
             raise UserError(f"--context {self.context} must be in [1, {limit}] (the model's context)")
         self.max_prefill = int(self.manifest["max_prefill"])
         ensure_runtime_functions()  # prefill's bounds check calls relax.run.assert_op
-        self.device = tvm.cpu(0)
+        self.device = open_device(self.manifest, self.files.library, device)
         self.vm = VirtualMachine(tvm.runtime.load_module(str(self.files.library)), self.device)
         weights = weight_file.load(self.files.weights)
-        self._weights = {f: [weights[n] for n in spec["weights"]] for f, spec in self.manifest["functions"].items()}
+        if self.device != tvm.cpu(0):  # one copy of each weight on the device
+            used = {n for spec in self.manifest["functions"].values() for n in spec["weights"]}
+            weights = {n: weights[n].copyto(self.device) for n in used}
+        self._weights = {}
+        for f, spec in self.manifest["functions"].items():
+            taken = [weights[n] for n in spec["weights"]]
+            if spec.get("transform"):  # a GPU build's lifted weight transform, run once here on the device
+                taken = list(self.vm[spec["transform"]](taken))
+            self._weights[f] = taken
         self._functions = {f: self.vm[f] for f in llm_files.FUNCTIONS}
         self._cache: KVCache | None = None
         self._tokenizer = None
@@ -145,6 +157,7 @@ class LLM:
         self.reset(len(ids) + max_tokens)
         start = time.perf_counter()
         logits = self.prefill(ids)
+        self.device.sync()  # a GPU runs the calls asynchronously
         prefill_s, decode_s, calls = time.perf_counter() - start, 0.0, 0
         for new in range(1, max_tokens + 1):
             token = self.sample(logits, temperature, top_p, rng)
@@ -157,6 +170,7 @@ class LLM:
                 return
             start = time.perf_counter()
             logits = self.decode(token)
+            self.device.sync()
             decode_s, calls = decode_s + time.perf_counter() - start, calls + 1
 
     def _check(self, ids: list[int], max_tokens: int, temperature: float, top_p: float) -> None:
@@ -192,6 +206,8 @@ class LLM:
 
         if temperature == 0:
             return int(np.argmax(logits.numpy().reshape(-1)))
+        if logits.device != tvm.cpu(0) or str(logits.dtype) != "float32":
+            logits = tvm.runtime.tensor(logits.numpy().astype(np.float32))  # the sampler runs on the host
         tvm.get_global_func("vm.builtin.apply_softmax_with_temperature")(
             logits, float(temperature)
         )  # in place: now probabilities
@@ -240,3 +256,25 @@ class LLM:
         logits, _ = self._functions[function](embeddings, cache.handle, *self._weights[function])
         cache.end(len(ids))
         return logits
+
+
+def open_device(manifest: dict, library: Path, wanted: str | None):
+    """The TVM device the artifact was compiled for; UserError when `wanted` is another, or where it is missing."""
+    import tvm
+
+    kind = manifest.get("device", "cpu")
+    if wanted is not None and wanted != kind:
+        built = manifest.get("target", {}).get("arch") or manifest.get("target", {}).get("kind", kind)
+        raise UserError(
+            f"artifact {library} was compiled for {kind} ({built}), not {wanted}: run it with --device {kind}, "
+            f"or compile it again with --target {wanted}"
+        )
+    if kind == "cpu":
+        return tvm.cpu(0)
+    from .artifact import ensure_cuda_runtime
+
+    ensure_cuda_runtime()
+    device = tvm.cuda(0)
+    if not device.exist:
+        raise UserError(f"artifact {library} runs on cuda, but no CUDA device is visible here")
+    return device

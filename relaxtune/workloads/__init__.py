@@ -96,10 +96,13 @@ def load(
     config: Mapping[str, str] | None = None,
     dtype: str | None = None,
     quantize: QuantizeConfig = QuantizeConfig(),
+    target=None,
 ) -> Workload:
     """Build a built-in workload by name, or load a user ``.py`` file (see module docstring); `quantize`:
     how a language model keeps its weights (`QuantizeConfig`), or relaxtune's own weight-only quantization
-    of any other workload's projections (``q4f32`` / ``q8f32``, `quantize.quantize_workload`).
+    of any other workload's projections (``q4f32`` / ``q8f32``, `quantize.quantize_workload`). `target`
+    (a `targets.ResolvedTarget`, None: the CPU) matters to language models only: their KV cache's kernels
+    and float type are the target's.
 
     The workload remembers ``spec`` (artifact manifests store it, so ``relaxtune run`` can rebuild
     the reference of an imported model)."""
@@ -108,7 +111,7 @@ def load(
     if is_model_spec(spec):
         from .language_model import load as load_model
 
-        workload = load_model(spec, config, dtype, quantize)
+        workload = load_model(spec, config, dtype, quantize, target)
     else:
         workload = _load(spec, config, dtype)
         if quantize.bits is not None:

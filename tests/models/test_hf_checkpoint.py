@@ -82,3 +82,21 @@ def test_bad_checkpoint_folders(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"\x01")
     with pytest.raises(UserError, match="model.safetensors is damaged"):
         load(f"hf:{tmp_path}")
+
+
+def test_rope_parameters_of_transformers_5(tmp_path):
+    """transformers 5 saves rope_theta inside rope_parameters; a scaled rope_type is refused as rope_scaling is."""
+    from relaxtune.models import random_checkpoint
+    from relaxtune.models.hf_checkpoint import HFCheckpoint
+
+    random_checkpoint.write(tmp_path, random_checkpoint.TINY)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert HFCheckpoint(tmp_path).config.rope_theta == 100000.0  # the legacy key
+    del config["rope_theta"], config["rope_scaling"]
+    config["rope_parameters"] = {"rope_theta": 50000.0, "rope_type": "default"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert HFCheckpoint(tmp_path).config.rope_theta == 50000.0
+    config["rope_parameters"] = {"rope_theta": 50000.0, "rope_type": "linear", "factor": 2.0}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match="rope scaling .*'linear'.* is not supported: only unscaled rotary embeddings"):
+        HFCheckpoint(tmp_path)

@@ -72,11 +72,12 @@ def test_weight_format_choices_and_refusals():
     assert weight_format(_Source(), ("b", "e"), auto) == qf.GGUF["Q4_1"]
     assert weight_format(_Source(), ("d",), auto) is None
     assert weight_format(_Source(), ("b",), QuantizeConfig("f32")) is None
+    assert weight_format(_Source(), ("b",), QuantizeConfig("f16")) is None  # the model's float16 (cuda)
     assert weight_format(_Source(), ("a",), QuantizeConfig("q4f32", 128)) == qf.own_format(4, 128)
     assert weight_format(object(), ("x",), auto) is None  # a float source (hf:DIR)
     with pytest.raises(UserError, match=r"tensor a is stored as Q4_K: the kernels read Q4_0, Q4_1, Q8_0, F16 as"):
         weight_format(_Source(), ("a",), auto)
     with pytest.raises(UserError, match=r"tensors b, c form one projection but are stored as Q4_1 and Q8_0"):
         weight_format(_Source(), ("b", "c"), auto)
-    with pytest.raises(UserError, match=r"--quantize 'q5' is not supported: use one of auto, f32, q4f32, q8f32"):
+    with pytest.raises(UserError, match=r"--quantize 'q5' is not supported: use one of auto, f32, f16, q4f32, q8f32"):
         QuantizeConfig("q5")

@@ -131,3 +131,42 @@ def test_runs_with_the_runtime_library_only(tiny_llm):
     assert done.returncode == 0, done.stderr[-2000:]
     tokens, modules = done.stdout.strip().splitlines()[-2:]
     assert tokens == str(want) and modules == "[]"
+
+
+def _as_compiled_for(tiny_llm, folder, device: str):
+    """A copy of the tiny artifact whose manifest says it was compiled for `device`."""
+    import json
+    import shutil
+
+    from relaxtune.runtime import llm_files
+
+    found = llm_files.files(tiny_llm)
+    copy = llm_files.files(folder / "m.so")
+    for source, target in zip(
+        (found.library, found.manifest, found.weights), (copy.library, copy.manifest, copy.weights)
+    ):
+        shutil.copy(source, target)
+    manifest = json.loads(copy.manifest.read_text())
+    manifest["device"], manifest["target"] = device, {"kind": device, "arch": "sm_90"} if device == "cuda" else {}
+    copy.manifest.write_text(json.dumps(manifest))
+    return copy.library
+
+
+def test_an_artifact_runs_on_its_own_device_only(tiny_llm, tmp_path, capsys):
+    from relaxtune import LLM
+    from relaxtune.__main__ import main
+
+    with pytest.raises(UserError, match=r"was compiled for cpu \(llvm\), not cuda: run it with --device cpu"):
+        LLM(tiny_llm, device="cuda")
+    assert len(list(LLM(tiny_llm, device="cpu").generate_tokens([1, 2], max_tokens=2, stop=False))) == 2
+    cuda = _as_compiled_for(tiny_llm, tmp_path, "cuda")
+    with pytest.raises(UserError, match=r"was compiled for cuda \(sm_90\), not cpu: run it with --device cuda"):
+        LLM(cuda, device="cpu")
+    assert main(["generate", str(cuda), "--prompt", "hi", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "compiled for cuda (sm_90), not cpu: run it with --device cuda" in err[0]
+    import tvm
+
+    if not tvm.cuda(0).exist:  # this machine has no GPU: its own device is refused in one line too
+        with pytest.raises(UserError, match="runs on cuda, but"):
+            LLM(cuda)
