@@ -60,19 +60,39 @@ def torch_block(params: dict, config: dict):
     return block
 
 
-class Llama7B:
-    """The fp16 block at Llama-7B sizes: torch eager / compile, and loaded TVM artifacts."""
+def float_weights(workload) -> dict:
+    """The workload's weights by their torch names: a quantized one's (`--quantize q4f16`) dequantized to float32."""
+    from relaxtune.kernels import quant_formats as qf
 
-    def __init__(self, art: Path, tmp: Path, config: dict | None = None):
+    if "group_size" not in workload.config:
+        return workload.params
+    fmt = qf.own_format(int(str(workload.config["quantize"])[1]), int(workload.config["group_size"]))
+    out = {}
+    for name, value in workload.params.items():
+        if name.endswith(".qweight"):
+            base = name.removesuffix(".qweight")
+            out[base] = qf.dequantize(fmt, {"qweight": value, "scale": workload.params[base + ".scale"]})
+        elif not name.endswith(".scale"):
+            out[name] = value
+    return out
+
+
+class Llama7B:
+    """The fp16 block at Llama-7B sizes: torch eager / compile, and loaded TVM artifacts; with `quantize`
+    (`QuantizeConfig("q4f16", 32)`) its projections 4-bit, torch running on the same weights dequantized."""
+
+    def __init__(self, art: Path, tmp: Path, config: dict | None = None, quantize=None):
         import torch
 
+        from relaxtune.config import QuantizeConfig
         from relaxtune.workloads import load
         from relaxtune.workloads.llama_block import torch_reference
 
         t0 = time.perf_counter()
-        self.workload = load("llama-block", dict(config or LLAMA7B))
+        self.workload = load("llama-block", dict(config or LLAMA7B), quantize=quantize or QuantizeConfig())
         self.dtype = getattr(torch, str(self.workload.config["dtype"]))
-        self.eager = torch_reference(self.workload.config, self.workload.params).to(self.dtype).cuda().eval()
+        weights = float_weights(self.workload)
+        self.eager = torch_reference(self.workload.config, weights).to(self.dtype).cuda().eval()
         self.art, self.tmp = art, tmp
         log(
             f"workload + torch model: {time.perf_counter() - t0:.1f}s, "
@@ -81,7 +101,7 @@ class Llama7B:
         self.x = {n: torch.randn(1, n, 4096, device="cuda", dtype=self.dtype) for n in common.SEQS}
         with torch.no_grad(), torch.device("cuda"):  # the reference makes its rotary tables on the default device
             self.ref = {n: self.eager(self.x[n]) for n in common.SEQS}
-        self.block = torch_block(self.workload.params, self.workload.config)  # eager / torch.compile timings
+        self.block = torch_block(weights, self.workload.config)  # eager / torch.compile timings
         with torch.no_grad():
             errs = {
                 n: rel_err(self.block(self.x[n]).float().cpu().numpy(), self.ref[n].float().cpu().numpy())

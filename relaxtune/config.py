@@ -199,7 +199,7 @@ class CompileConfig:
             object.__setattr__(self, "flash_attention", FlashAttention(enabled=self.flash_attention))
 
 
-QUANTIZE_MODES = ("auto", "f32", "q4f32", "q8f32")
+QUANTIZE_MODES = ("auto", "f32", "q4f32", "q8f32", "q4f16")
 GROUP_SIZES = (32, 128)
 
 
@@ -209,7 +209,9 @@ class QuantizeConfig:
 
     ``auto``: a GGUF file's Q4_0 / Q4_1 / Q8_0 / F16 blocks are kept as they are and dequantized inside the
     kernels (other sources stay float32); ``f32``: every weight dequantized to float32 at compile time;
-    ``q4f32`` / ``q8f32``: relaxtune's own 4- or 8-bit weight-only groups of `group_size` (float32 activations).
+    ``q4f32`` / ``q8f32``: relaxtune's own 4- or 8-bit weight-only groups of `group_size` (float32 activations);
+    ``q4f16``: the same 4-bit groups with float16 activations (a built-in workload in float16; on cuda the decode
+    GEMVs read them with relaxtune's kernel, relax_passes/quant_gemv_cuda.py).
     """
 
     mode: str = "auto"
@@ -227,6 +229,11 @@ class QuantizeConfig:
     def bits(self) -> int | None:
         """4 or 8 for relaxtune's own formats; None for ``auto`` and ``f32``."""
         return int(self.mode[1]) if self.mode.startswith("q") else None
+
+    @property
+    def activations(self) -> str | None:
+        """The activation dtype an own mode asks for (``q4f16``: float16), else None."""
+        return "float16" if self.mode.endswith("f16") else None
 
 
 CACHE_VARIABLE = "RELAXTUNE_CACHE"
