@@ -93,4 +93,4 @@ def dequantize_kernel(rows: int, words: int, groups: int) -> tirx.PrimFunc:
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
     sch.unroll(e)
-    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True).without_attr("global_symbol")  # named where added
