@@ -131,8 +131,8 @@ def test_kernel_assembles_without_spills_and_reads_weights_before_the_wait(tmp_p
         assert body[:wait].count("ld.global.nc.L1::no_allocate.v4.u32") == 4, name
         assert body[:wait].count("ld.global.nc.L1::no_allocate.u16") == 4, name
         assert body.count("griddepcontrol.wait") == 1, name
-        # the nibbles become half2 by and / or with the 0x64006400 exponent (ptxas: LOP3) and f16x2 adds / FMAs (cuda_fp16
-        # writes both as fma.rn.f16x2), no integer-to-float conversion; the products in fp16 pairs, then fp32
+        # the nibbles become half2 by and / or with the 0x64006400 exponent (ptxas: LOP3) and f16x2 adds / FMAs
+        # (cuda_fp16 writes both as fma.rn.f16x2), no integer-to-float conversion; the products in fp16 pairs
         assert "1677747200" in body and body.count("fma.rn.f16x2") >= 64, name  # 0x64006400
         assert not re.search(r"cvt\.rn\.f(16|32)\.[su](8|16|32)", body), name
 
