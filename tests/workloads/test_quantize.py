@@ -45,6 +45,7 @@ def test_no_projection_to_quantize_is_one_line():
 
 
 TINY_LLAMA = {"hidden": "64", "heads": "2", "kv_heads": "1", "ffn": "128", "max_seq": "32", "max_batch": "2"}
+TWO_BUCKETS = {"n": (1, 32), "b": (2,)}  # a decode bucket and one more: the test stays in the fast tier
 
 
 def test_q4f16_llama_block_on_llvm_matches_the_dequantized_reference():
@@ -53,7 +54,7 @@ def test_q4f16_llama_block_on_llvm_matches_the_dequantized_reference():
     from tvm import relax
 
     from relaxtune import api, targets
-    from relaxtune.config import CompileConfig, JobConfig
+    from relaxtune.config import BucketConfig, CompileConfig, JobConfig
     from relaxtune.runtime.artifact import prepare_params
 
     work = load("llama-block", TINY_LLAMA, quantize=QuantizeConfig("q4f16", 32))
@@ -61,7 +62,8 @@ def test_q4f16_llama_block_on_llvm_matches_the_dequantized_reference():
     assert sorted(k for k in work.params if k.endswith(".qweight")) == [
         f"{p}.weight.qweight" for p in ("mlp.down_proj", "mlp.gate_proj", "mlp.up_proj")
     ] + [f"self_attn.{p}_proj.weight.qweight" for p in "koqv"]
-    ex = api.build(work, targets.resolve("cpu"), JobConfig(compile=CompileConfig(use_cache=False)))[0]
+    job = JobConfig(compile=CompileConfig(use_cache=False), buckets=BucketConfig(edges=TWO_BUCKETS))
+    ex = api.build(work, targets.resolve("cpu"), job)[0]
     vm = relax.VirtualMachine(ex, tvm.cpu())
     weights = prepare_params(vm, [tvm.runtime.tensor(v) for v in work.params.values()])
     for b, n in ((1, 1), (2, 1), (1, 2), (2, 17), (1, 32)):
