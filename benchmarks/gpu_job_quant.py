@@ -82,6 +82,7 @@ def _library(art: Path, tmp: Path):
 def q4_kernel(art: Path, tmp: Path, copy_gbs: float | None):
     import numpy as np
     import torch
+    import tvm
     import tvm_ffi
     from gemv_check import _graph_timed, _timed
 
@@ -93,11 +94,11 @@ def q4_kernel(art: Path, tmp: Path, copy_gbs: float | None):
     table = []
     for k, n, what in SHAPES:
         one = qf.quantize(qf.own_format(4, 32), np.random.default_rng(k + n).standard_normal((n, k)).astype(np.float32))
-        packed = torch.from_numpy(qf.pack_q4_gpu(one["qweight"]).view(np.int32)).cuda().view(torch.uint32)
-        scale = torch.from_numpy(one["scale"]).cuda()
-        weight_bytes = packed.numel() * 4 + scale.numel() * 2
+        packed, scale = qf.pack_q4_gpu(one["qweight"]), one["scale"]
+        weight_bytes = packed.nbytes + scale.nbytes
         copies = -(-200_000_000 // weight_bytes)  # > 200 MB in turn: no call finds its weight in L2
-        ws = [(T(packed.clone()), T(scale.clone())) for _ in range(copies)]
+        dev = tvm.cuda(0)  # uint32 through TVM (torch's DLPack export of uint32 is not relied on)
+        ws = [(tvm.runtime.tensor(packed, dev), tvm.runtime.tensor(scale, dev)) for _ in range(copies)]
         for rows in (1, 2):
             x, y, res = (torch.randn(1, rows, c, device="cuda", dtype=torch.float16) for c in (k, n, n))
             xt, yt, rt = T(x), T(y), T(res)

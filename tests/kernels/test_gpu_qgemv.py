@@ -51,6 +51,7 @@ def gemv_library(tmp_path_factory):
 
 @pytest.mark.parametrize("rows,k,n,group,residual", CASES)
 def test_q4gemv_matches_torch_dequantize_then_matmul(gemv_library, rows, k, n, group, residual):
+    import tvm
     import tvm_ffi
 
     from relaxtune.kernels import quant_formats as qf
@@ -65,8 +66,8 @@ def test_q4gemv_matches_torch_dequantize_then_matmul(gemv_library, rows, k, n, g
     torch_err = ((x @ w.half().t() + (r if residual else 0)).float() - ref).abs().max().item()
     y = torch.full((1, rows, n), float("nan"), device="cuda", dtype=torch.float16)
     as_ffi = tvm_ffi.from_dlpack
-    wq = as_ffi(torch.from_numpy(packed.view(np.int32)).cuda().view(torch.uint32))
-    s = as_ffi(torch.from_numpy(parts["scale"]).cuda())
+    wq = tvm.runtime.tensor(packed, tvm.cuda(0))  # uint32: through TVM, not torch
+    s = tvm.runtime.tensor(parts["scale"], tvm.cuda(0))
     if residual:
         gemv_library["relaxtune_q4gemv_add"](as_ffi(x), wq, s, as_ffi(r), as_ffi(y))
     else:
