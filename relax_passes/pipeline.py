@@ -37,6 +37,7 @@ from .gemv_cuda import RewriteGemvToCuda
 from .keep_weights_nk import KeepWeightsNK
 from .lift_position_tables import LiftPositionTables
 from .merge_projections import MergeProjections
+from .merge_quant_projections import MergeQuantProjections
 from .pack_quant_weights_cuda import PackQuantWeightsCuda
 from .paged_kv_kernels import PagedKVKernels
 from .plan_memory import PlanMemory
@@ -79,6 +80,7 @@ def fusion_passes(
         *([KeepWeightsNK()] if cuda_nk else []),  # weights only GEMMs read stay (N, K)
         *([KeepWeightsNK(dtypes=("float32",))] if cpu_nk else []),
         *([PackQuantWeightsCuda()] if quant_gpu else []),  # 4-bit weights in the GPU kernel's layout, at load
+        *([MergeQuantProjections()] if quant_gpu and ours else []),  # 4-bit q/k/v, gate/up: one projection each
         # Phase 2: attention as one online-softmax kernel (CPU): no n x n scores in memory
         *(
             [CanonicalizeOnnxAttention(), FuseAttention(), LiftPositionTables(), FuseAttentionPrologue()]
