@@ -19,8 +19,8 @@ from gpu_job_common import RESULTS, log, section
 from gpu_job_llama import block_latency, kernel_times
 from gpu_job_variants import Q4_SYSTEMS
 
-# (K, N, name): q / k / v and gate / up are separate projections here (MergeProjections takes float matmuls only)
-SHAPES = [(4096, 4096, "q/k/v/o_proj"), (4096, 11008, "gate/up"), (11008, 4096, "down")]
+# (K, N, name): the block's 4-bit GEMVs at n = 1 (q/k/v and gate/up merged: relax_passes/merge_quant_projections.py)
+SHAPES = [(4096, 12288, "qkv"), (4096, 4096, "o_proj"), (4096, 22016, "gate_up"), (11008, 4096, "down")]
 
 
 def moved_bytes(shapes) -> int:

@@ -16,8 +16,8 @@ Why: the decode GEMV kernel (kernels/qgemv.cu) turns a pair of nibbles into a ha
 when the pair sits at the same bit offsets of a word's two halves, next to x's pair; GGUF's order (weights i
 and i + 16 in one byte) would need a permutation per vector. The scales stay as they are.
 
-Run after LiftTransformParams (and KeepWeightsNK) and before BucketDispatch; RewriteQuantGemvToCuda
-(quant_gemv_cuda.py) then gives each bucket's projections their kernels. The pipeline adds both for cuda
+Run after LiftTransformParams (and KeepWeightsNK) and before MergeQuantProjections (merge_quant_projections.py)
+and BucketDispatch; RewriteQuantGemvToCuda (quant_gemv_cuda.py) then gives each bucket's projections their kernels. The pipeline adds both for cuda
 sm_80+ with the cuda libraries on (config.CudaLibraries).
 """
 

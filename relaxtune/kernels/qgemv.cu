@@ -13,9 +13,9 @@
 // group's scale (fp32 FMA). A warp shuffle reduces each feature: no shared memory, no atomics.
 //
 // The grid is two 256-thread blocks per SM (the host launches exactly that many) and a warp's features are
-// spread so that every SM gets the same number of feature pairs +-1 (block b on SM b % SMs, its warps the
-// SM's slots b / SMs * 8 + w, feature pair p to slot p % (16 SMs) on SM p % SMs), whatever N: for N = 11008 one
-// wave of 688 blocks of 16 features left some SMs twice the work of others at the end.
+// spread so that every SM gets the same number of feature pairs +-1 (block b taken to run on SM b % SMs, its warps
+// that SM's slots b / SMs * 8 + w; feature pair p goes to SM p % SMs, slot p / SMs % 16), whatever N. (A grid of
+// one block per 16 features would, for N = 11008, be 688 blocks: 2.6 waves of 264, the last one 60% full.)
 // As gemv.cu's kernels, it issues the first weight loads and then waits for the previous kernel
 // (griddepcontrol.wait) before it reads x or the residual or writes y.
 #include <cuda_fp16.h>

@@ -96,3 +96,29 @@ def test_q4f16_llama_block_matches_torch_at_every_bucket(tmp_path):
         want = np.asarray(workload.reference(inputs, workload.params), dtype="float32")  # dequantized weights
         err = float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want)))))
         assert err < 1e-2, (b, n, err)
+
+
+def test_q4f16_llama_7b_block_matches_its_dequantized_reference(tmp_path):
+    """The Llama-7B-sized block (hidden 4096, 32 heads, ffn 11008) with 4-bit projections: the 4-bit GEMV at n = 1,
+    dequantize + cuBLAS at n = 128, against the float32 reference on the same weights dequantized."""
+    from relaxtune import api, targets
+    from relaxtune.config import BucketConfig, CompileConfig, JobConfig, QuantizeConfig
+    from relaxtune.runtime.artifact import Artifact
+    from relaxtune.workloads import load
+
+    config = {"hidden": "4096", "heads": "32", "kv_heads": "32", "ffn": "11008", "max_seq": "128", "max_batch": "1"}
+    workload = load("llama-block", config, quantize=QuantizeConfig("q4f16", 32))
+    arch = "cuda:sm_{}{}".format(*torch.cuda.get_device_capability())
+    job = JobConfig(
+        cache_dir=tmp_path / "cache",
+        compile=CompileConfig(use_cache=False),
+        buckets=BucketConfig(edges={"n": (1, 128)}),
+    )
+    api.compile(workload, targets.resolve(arch), job, tmp_path / "q7b.so")
+    art = Artifact.load(tmp_path / "q7b.so")
+    for n in (1, 128):
+        inputs = workload.random_inputs({"b": 1, "n": n})
+        got = art(inputs).astype("float32")
+        want = np.asarray(workload.reference(inputs, workload.params), dtype="float32")
+        err = float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want)))))
+        assert err < 1e-2, (n, err)
