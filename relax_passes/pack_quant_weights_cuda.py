@@ -17,8 +17,8 @@ when the pair sits at the same bit offsets of a word's two halves, next to x's p
 and i + 16 in one byte) would need a permutation per vector. The scales stay as they are.
 
 Run after LiftTransformParams (and KeepWeightsNK) and before MergeQuantProjections (merge_quant_projections.py)
-and BucketDispatch; RewriteQuantGemvToCuda (quant_gemv_cuda.py) then gives each bucket's projections their kernels. The pipeline adds both for cuda
-sm_80+ with the cuda libraries on (config.CudaLibraries).
+and BucketDispatch; RewriteQuantGemvToCuda (quant_gemv_cuda.py) then gives each bucket's projections their
+kernels. The pipeline adds the three for cuda sm_80+ with the cuda libraries on (config.CudaLibraries).
 """
 
 from __future__ import annotations
