@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import gpu_job_common as common
-from gpu_job_common import RESULTS, log, rel_err, section, time_ms
+from gpu_job_common import RESULTS, float_weights, log, rel_err, section, time_ms
 from gpu_job_variants import BF16_SYSTEMS, LLAMA7B, SYSTEMS
 
 
@@ -58,23 +58,6 @@ def torch_block(params: dict, config: dict):
         return x + F.linear(up, w["mlp.down_proj.weight"])
 
     return block
-
-
-def float_weights(workload) -> dict:
-    """The workload's weights by their torch names: a quantized one's (`--quantize q4f16`) dequantized to float32."""
-    from relaxtune.kernels import quant_formats as qf
-
-    if "group_size" not in workload.config:
-        return workload.params
-    fmt = qf.own_format(int(str(workload.config["quantize"])[1]), int(workload.config["group_size"]))
-    out = {}
-    for name, value in workload.params.items():
-        if name.endswith(".qweight"):
-            base = name.removesuffix(".qweight")
-            out[base] = qf.dequantize(fmt, {"qweight": value, "scale": workload.params[base + ".scale"]})
-        elif not name.endswith(".scale"):
-            out[name] = value
-    return out
 
 
 class Llama7B:

@@ -15,7 +15,8 @@ silu(gate) * up). Matched by operators, annotations and types, never by names.
 Why: at n = 1 the 7B block's 4-bit projections are 9.4 MB (q, k, v, o) and 25 MB (gate, up) each: one launch per
 group instead of three and two, each GEMV larger, the activation read once.
 
-Run after PackQuantWeightsCuda and before BucketDispatch (the pipeline adds it with it).
+Run after PackQuantWeightsCuda and before BucketDispatch; the pipeline adds it with it under relaxtune fusion
+(the default).
 """
 
 from __future__ import annotations
