@@ -146,3 +146,17 @@ def test_host_object_exports_the_4bit_entry_points(tmp_path):
     ).stdout
     for name in (FUNCTION, Q4_FUNCTION, Q4_ADD_FUNCTION):
         assert f"__tvm_ffi_{name}" in symbols, name
+
+
+def test_the_4bit_passes_follow_the_libraries_the_arch_and_the_fusion(chosen_passes):
+    from relaxtune.config import CompileConfig, CudaLibraries
+
+    names = ("PackQuantWeightsCuda", "MergeQuantProjections", "RewriteQuantGemvToCuda")
+
+    def chosen(arch, **options):
+        target = tvm.target.Target({"kind": "cuda", "arch": arch}) if arch else tvm.target.Target("llvm")
+        return [p.info.name for p in chosen_passes(target, CompileConfig(**options), *names)]
+
+    assert chosen("sm_90") == list(names) and chosen("sm_80") == list(names)
+    assert chosen("sm_90", fusion="stock") == ["PackQuantWeightsCuda", "RewriteQuantGemvToCuda"]
+    assert chosen("sm_90", cublas=CudaLibraries(enabled=False)) == [] and chosen("sm_75") == [] and chosen("") == []
