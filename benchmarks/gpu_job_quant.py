@@ -6,7 +6,7 @@ sections for the artifacts of gpu_job_variants.Q4_VARIANTS (issue 26: within 1.3
   and every kernel of one n = 1 call of the variant without CUDA graphs (the 4-bit GEMVs as % of the copy
   bandwidth for the bytes they must move);
 - `q4_kernel`: the GEMV kernel alone (relaxtune_q4gemv, linked from the artifact export's object) on the block's
-  shapes at 1 and 2 rows, eager and in a CUDA graph, weights cycled through > 200 MB so every call reads them from
+  shapes at 1 and 2 rows, eager and in a CUDA graph (also with a plain launch), weights cycled through > 200 MB so every call reads them from
   memory, against the copy bandwidth.
 """
 
@@ -84,7 +84,7 @@ def q4_kernel(art: Path, tmp: Path, copy_gbs: float | None):
     import torch
     import tvm
     import tvm_ffi
-    from gemv_check import _graph_timed, _timed
+    from gemv_check import _env, _graph_timed, _timed
 
     from relaxtune.kernels import quant_formats as qf
 
@@ -107,6 +107,8 @@ def q4_kernel(art: Path, tmp: Path, copy_gbs: float | None):
             row["us"] = round(_timed(lambda i: gemv(xt, *ws[i], yt), copies), 2)
             row["graph_us"] = round(_graph_timed(lambda i: gemv(xt, *ws[i], yt), copies), 2)
             row["add_graph_us"] = round(_graph_timed(lambda i: gemv_add(xt, *ws[i], rt, yt), copies), 2)
+            with _env("RELAXTUNE_GEMV_PDL", "0"):  # a plain launch instead of the programmatic dependent one
+                row["nopdl_graph_us"] = round(_graph_timed(lambda i: gemv(xt, *ws[i], yt), copies), 2)
             for key in ("us", "graph_us"):
                 gbs = moved / row[key] / 1e3
                 row[key.replace("us", "GBps")] = round(gbs, 1)
