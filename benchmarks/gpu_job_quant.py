@@ -6,8 +6,8 @@ sections for the artifacts of gpu_job_variants.Q4_VARIANTS (issue 26: within 1.3
   and every kernel of one n = 1 call of the variant without CUDA graphs (the 4-bit GEMVs as % of the copy
   bandwidth for the bytes they must move);
 - `q4_kernel`: the GEMV kernel alone (relaxtune_q4gemv, linked from the artifact export's object) on the block's
-  shapes at 1 and 2 rows, eager and in a CUDA graph (also with a plain launch), weights cycled through > 200 MB so every call reads them from
-  memory, against the copy bandwidth.
+  shapes at 1 and 2 rows, eager and in a CUDA graph (also with a plain launch), weights cycled through > 200 MB
+  so every call reads them from memory, against the copy bandwidth.
 """
 
 from __future__ import annotations
