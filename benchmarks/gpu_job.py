@@ -52,6 +52,8 @@ from gpu_job_variants import (  # noqa: E402
     PREVIOUS_EW,
     PREVIOUS_H8C,
     PREVIOUS_RULES,
+    Q4_GROUP,
+    Q4_VARIANTS,
     TINY,
     TINY_VARIANTS,
     VARIANTS,
@@ -99,15 +101,15 @@ def compile_variant(
         return tvm.compile(workload.mod, target=target.target, relax_pipeline=passes)
 
 
-def build_7b(art: Path, target, variants: dict, config: dict) -> None:
-    """The Llama-7B-sized block in `config`'s dtype, one artifact per variant, without its 400 MB of
-    weights (`run` makes the same deterministic ones there)."""
+def build_7b(art: Path, target, variants: dict, config: dict, quantize=None) -> None:
+    """The Llama-7B-sized block in `config`'s dtype (`quantize`: a QuantizeConfig), one artifact per variant,
+    without its 400 MB of weights (`run` makes the same deterministic ones there)."""
     from relaxtune import api
-    from relaxtune.config import BucketConfig, CompileConfig, JobConfig
+    from relaxtune.config import BucketConfig, CompileConfig, JobConfig, QuantizeConfig
     from relaxtune.runtime import artifact
     from relaxtune.workloads import load
 
-    big = load("llama-block", dict(config))
+    big = load("llama-block", dict(config), quantize=quantize or QuantizeConfig())
     plan = api.bucket_plan(
         big, JobConfig(compile=CompileConfig(use_cache=False), buckets=BucketConfig(edges=BIG_BUCKETS))
     )
@@ -134,7 +136,7 @@ def build(art: Path, only: list[str]) -> None:
     import tvm
 
     from relaxtune import api, targets
-    from relaxtune.config import JobConfig
+    from relaxtune.config import JobConfig, QuantizeConfig
     from relaxtune.kernels.device_code import FatbinPacker
     from relaxtune.runtime import artifact
     from relaxtune.workloads import load
@@ -154,10 +156,15 @@ def build(art: Path, only: list[str]) -> None:
         artifact.export(executable, workload, target, art / f"{name}.so", plan, None, {})
         artifact.paths(art / f"{name}.so")[0].unlink()  # `run` makes the same deterministic weights there
         log(f"{name}: {time.perf_counter() - t0:.1f}s")
-    for variants, config in ((VARIANTS, LLAMA7B), (BF16_VARIANTS, LLAMA7B_BF16)):
+    q4 = QuantizeConfig("q4f16", Q4_GROUP)
+    for variants, config, quantize in (
+        (VARIANTS, LLAMA7B, None),
+        (BF16_VARIANTS, LLAMA7B_BF16, None),
+        (Q4_VARIANTS, LLAMA7B, q4),
+    ):
         names = [name for name in variants if not only or name in only]
         if names:
-            build_7b(art, target, {name: variants[name] for name in names}, config)
+            build_7b(art, target, {name: variants[name] for name in names}, config, quantize)
     if not only or "llama7b-stock" in only:
         t0 = time.perf_counter()
         executable = tvm.compile(load("llama-block", dict(LLAMA7B)).mod, target=target.target)
@@ -214,6 +221,10 @@ def run(art: Path, out: Path, skip: list[str]) -> None:
             modes_bf16(model)
         if rows and "compile" not in skip:
             latency_compile_bf16(model, rows)
+    if "q4" not in skip:  # the 4-bit GEMV kernel alone, and the q4f16 block when built (gpu_job_quant.py)
+        from gpu_job_quant import run_all as run_q4
+
+        run_q4(art, tmp, copy_gbs, skip)
     RESULTS["wall_s"] = round(time.perf_counter() - start, 1)
     save()
     log(markdown(RESULTS))
@@ -230,7 +241,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "build/gpu_job")))
     parser.add_argument("--only", default="", help="build: comma-separated artifact names, or 'device' for DEVICE_SET")
     parser.add_argument(
-        "--skip", default="", help="run: flash,gemv,tiny,kernels,runtime,compile,modes,fp16 (the fp16 7B block)"
+        "--skip",
+        default="",
+        help="run: flash,gemv,tiny,kernels,runtime,compile,modes,fp16 (the fp16 7B block),q4 (4-bit), q4kernel",
     )
     parser.add_argument(
         "--seqs", default=",".join(map(str, common.SEQS)), help="run: the sequence lengths n of the 7B block"

@@ -107,3 +107,20 @@ def copy_bandwidth() -> float:
     RESULTS["copy_GBps"] = round(gbs, 1)
     log(f"device copy 1 GiB: {ms:.3f} ms, {gbs:.0f} GB/s (read + write)")
     return gbs
+
+
+def float_weights(workload) -> dict:
+    """The workload's weights by their torch names: a quantized one's (`--quantize q4f16`) dequantized to float32."""
+    from relaxtune.kernels import quant_formats as qf
+
+    if "group_size" not in workload.config:
+        return workload.params
+    fmt = qf.own_format(int(str(workload.config["quantize"])[1]), int(workload.config["group_size"]))
+    out = {}
+    for name, value in workload.params.items():
+        if name.endswith(".qweight"):
+            base = name.removesuffix(".qweight")
+            out[base] = qf.dequantize(fmt, {"qweight": value, "scale": workload.params[base + ".scale"]})
+        elif not name.endswith(".scale"):
+            out[name] = value
+    return out

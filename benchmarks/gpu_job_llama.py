@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import gpu_job_common as common
-from gpu_job_common import RESULTS, log, rel_err, section, time_ms
+from gpu_job_common import RESULTS, float_weights, log, rel_err, section, time_ms
 from gpu_job_variants import BF16_SYSTEMS, LLAMA7B, SYSTEMS
 
 
@@ -61,18 +61,21 @@ def torch_block(params: dict, config: dict):
 
 
 class Llama7B:
-    """The fp16 block at Llama-7B sizes: torch eager / compile, and loaded TVM artifacts."""
+    """The fp16 block at Llama-7B sizes: torch eager / compile, and loaded TVM artifacts; with `quantize`
+    (`QuantizeConfig("q4f16", 32)`) its projections 4-bit, torch running on the same weights dequantized."""
 
-    def __init__(self, art: Path, tmp: Path, config: dict | None = None):
+    def __init__(self, art: Path, tmp: Path, config: dict | None = None, quantize=None):
         import torch
 
+        from relaxtune.config import QuantizeConfig
         from relaxtune.workloads import load
         from relaxtune.workloads.llama_block import torch_reference
 
         t0 = time.perf_counter()
-        self.workload = load("llama-block", dict(config or LLAMA7B))
+        self.workload = load("llama-block", dict(config or LLAMA7B), quantize=quantize or QuantizeConfig())
         self.dtype = getattr(torch, str(self.workload.config["dtype"]))
-        self.eager = torch_reference(self.workload.config, self.workload.params).to(self.dtype).cuda().eval()
+        weights = float_weights(self.workload)
+        self.eager = torch_reference(self.workload.config, weights).to(self.dtype).cuda().eval()
         self.art, self.tmp = art, tmp
         log(
             f"workload + torch model: {time.perf_counter() - t0:.1f}s, "
@@ -81,7 +84,7 @@ class Llama7B:
         self.x = {n: torch.randn(1, n, 4096, device="cuda", dtype=self.dtype) for n in common.SEQS}
         with torch.no_grad(), torch.device("cuda"):  # the reference makes its rotary tables on the default device
             self.ref = {n: self.eager(self.x[n]) for n in common.SEQS}
-        self.block = torch_block(self.workload.params, self.workload.config)  # eager / torch.compile timings
+        self.block = torch_block(weights, self.workload.config)  # eager / torch.compile timings
         with torch.no_grad():
             errs = {
                 n: rel_err(self.block(self.x[n]).float().cpu().numpy(), self.ref[n].float().cpu().numpy())

@@ -105,6 +105,26 @@ def markdown(results: dict) -> str:
             f"{r.get('nk_graph_pct_copy', '')} | {r.get('cublas_nk_pct_copy', '')} |"
             for r in gk
         ]
+    lines += _q4(results)
     if results.get("errors"):
         lines += ["", "failed sections: " + ", ".join(results["errors"])]
     return "\n".join(lines) + "\n"
+
+
+def _q4(results: dict) -> list[str]:
+    """The 4-bit block (gpu_job_quant.py): latency, its floor, the GEMV alone."""
+    lines = []
+    for n, row in results.get("latency_q4", {}).items():
+        lines.append(f"q4f16 block n = {n}: " + ", ".join(f"{name} {v['ms']:.4f} ms" for name, v in row.items()))
+    if results.get("q4_floor"):
+        lines.append(f"q4f16 floor: {results['q4_floor']}")
+    kernel = results.get("q4_kernel", [])
+    if kernel:
+        lines += ["", "| 4-bit GEMV | rows | us | graph us | + residual graph | plain launch graph | graph % copy |"]
+        lines += ["|---" * 7 + "|"]
+        lines += [
+            f"| {r['shape']} | {r['rows']} | {r['us']} | {r['graph_us']} | {r['add_graph_us']} | "
+            f"{r.get('nopdl_graph_us', '')} | {r.get('graph_pct_copy', '')} |"
+            for r in kernel
+        ]
+    return ["", *lines] if lines else []

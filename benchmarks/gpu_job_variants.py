@@ -164,3 +164,13 @@ BF16_VARIANTS = {
 }
 FLASH.update(dict.fromkeys(BF16_VARIANTS, FlashAttention()))
 BF16_SYSTEMS = tuple(BF16_VARIANTS)
+# the same block with its projections 4-bit (`--quantize q4f16`, groups of Q4_GROUP, fp16 scales): the GEMV kernel over
+# the GPU layout at n = 1 (relax_passes/quant_gemv_cuda.py), dequantize + cuBLAS beyond; timed against the floor for its
+# bytes (gpu_job_quant.py)
+Q4_GROUP = 32
+Q4_VARIANTS = {
+    "llama7b-q4-rf-cublas-flash-graph": ("relaxtune", True, CudaLibraries()),
+    "llama7b-q4-rf-cublas-flash": ("relaxtune", False, CudaLibraries()),  # per-kernel times
+}
+FLASH.update(dict.fromkeys(Q4_VARIANTS, FlashAttention()))
+Q4_SYSTEMS = tuple(Q4_VARIANTS)

@@ -34,7 +34,8 @@ EPILOGUES = {GEMM: FUNCTION, "relaxtune_cublas_gemm_nk": "relaxtune_cublas_gemm_
 
 
 def _gemm_args(value, names) -> tuple | None:
-    """(x, w, name) of `call_dps_packed(name, (x, w))` for a name among `names`, else None."""
+    """(operands, name) of `call_dps_packed(name, (x, w, ...))` for a name among `names` (x, w and, for a
+    quantized weight, its scales: gemv.Q4_FUNCTION), else None."""
     if not (isinstance(value, relax.Call) and value.op == tvm.ir.Op.get("relax.call_dps_packed")):
         return None
     func, args = value.args[0], value.args[1]
@@ -42,10 +43,10 @@ def _gemm_args(value, names) -> tuple | None:
         isinstance(func, relax.ExternFunc)
         and func.global_symbol in names
         and isinstance(args, relax.Tuple)
-        and len(args.fields) == 2
+        and len(args.fields) >= 2
     ):
         return None
-    return (*args.fields, str(func.global_symbol))
+    return tuple(args.fields), str(func.global_symbol)
 
 
 def _same_tensor_type(a, b) -> bool:
@@ -61,7 +62,7 @@ def _same_tensor_type(a, b) -> bool:
 @visitor
 class _Matches(PyExprVisitor):
     """The GEMM bindings (calls named in `epilogues`) used once, by an add of a same-typed tensor:
-    {add var: (gemm var, x, w, r, the add's call name: epilogues[the GEMM's])}."""
+    {add var: (gemm var, its operands, r, the add's call name: epilogues[the GEMM's])}."""
 
     def __init__(self, epilogues: dict[str, str] = EPILOGUES):
         super().__init__()
@@ -91,8 +92,8 @@ class _Matches(PyExprVisitor):
         for var, a, b in self.adds:
             for g, r in ((a, b), (b, a)):
                 if g in self.gemms and self.uses[g] == 1 and _same_tensor_type(g, r) and _same_tensor_type(g, var):
-                    x, w, name = self.gemms[g]
-                    found[var] = (g, x, w, r, self.epilogues[name])
+                    operands, name = self.gemms[g]
+                    found[var] = (g, operands, r, self.epilogues[name])
                     break
         return found
 
@@ -109,10 +110,8 @@ class _Rewriter(PyExprMutator):
             return
         if binding.var not in self.found:
             return super().visit_var_binding_(binding)
-        _g, x, w, r, function = self.found[binding.var]
-        call = relax.call_dps_packed(
-            function, [self.visit_expr(x), self.visit_expr(w), self.visit_expr(r)], binding.var.ty
-        )
+        _g, operands, r, function = self.found[binding.var]
+        call = relax.call_dps_packed(function, [*map(self.visit_expr, operands), self.visit_expr(r)], binding.var.ty)
         bb = self.builder_
         if bb.current_block_is_dataflow() and not isinstance(binding.var, relax.DataflowVar):
             new = bb.emit_output(call, binding.var.name)  # a dataflow block's output stays one

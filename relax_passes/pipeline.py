@@ -37,8 +37,11 @@ from .gemv_cuda import RewriteGemvToCuda
 from .keep_weights_nk import KeepWeightsNK
 from .lift_position_tables import LiftPositionTables
 from .merge_projections import MergeProjections
+from .merge_quant_projections import MergeQuantProjections
+from .pack_quant_weights_cuda import PackQuantWeightsCuda
 from .paged_kv_kernels import PagedKVKernels
 from .plan_memory import PlanMemory
+from .quant_gemv_cuda import RewriteQuantGemvToCuda
 from .slice_after_reshape import SliceAfterReshape
 from .small_attention_tiles import SmallAttentionTiles
 from .specialize_static_calls import SpecializeStaticCalls
@@ -64,6 +67,7 @@ def fusion_passes(
     cuda_nk = library and libs.weights_nk and target.kind.name == "cuda"
     cpu_nk = weights_nk and not gpu
     flash_on = flash.enabled and flash_attention.supports(arch)
+    quant_gpu = library and target.kind.name == "cuda" and gemv.supports(arch)  # 4-bit weights: relaxtune's kernels
     lift_tables = flash_on and flash.lift_tables
     return [
         *([] if gpu else [PagedKVKernels()]),  # a paged KV cache's CPU kernels: relaxtune's, scheduled by its rules
@@ -75,6 +79,8 @@ def fusion_passes(
         relax.transform.LiftTransformParams(),  # weight-only work (transposes, packing) runs at load
         *([KeepWeightsNK()] if cuda_nk else []),  # weights only GEMMs read stay (N, K)
         *([KeepWeightsNK(dtypes=("float32",))] if cpu_nk else []),
+        *([PackQuantWeightsCuda()] if quant_gpu else []),  # 4-bit weights in the GPU kernel's layout, at load
+        *([MergeQuantProjections()] if quant_gpu and ours else []),  # 4-bit q/k/v, gate/up: one projection each
         # Phase 2: attention as one online-softmax kernel (CPU): no n x n scores in memory
         *(
             [CanonicalizeOnnxAttention(), FuseAttention(), LiftPositionTables(), FuseAttentionPrologue()]
@@ -104,6 +110,7 @@ def fusion_passes(
             if library and libs.gemv and gemv.supports(arch)
             else []
         ),
+        *([RewriteQuantGemvToCuda(max_rows=libs.gemv_max_rows)] if quant_gpu else []),  # 4-bit GEMV, or + cuBLAS
         *([RewriteGemmToCublas(min_rows=libs.min_rows, decode_wide=libs.decode_wide)] if library else []),
         *([RewriteResidualAddToCublas(min_rows=libs.residual_min_rows)] if library and libs.residual else []),
         *([RewriteBatchedGemmToCublas(min_rows=libs.batched_min_rows)] if library and libs.batched else []),

@@ -199,7 +199,7 @@ class CompileConfig:
             object.__setattr__(self, "flash_attention", FlashAttention(enabled=self.flash_attention))
 
 
-QUANTIZE_MODES = ("auto", "f32", "f16", "q4f32", "q8f32")
+QUANTIZE_MODES = ("auto", "f32", "f16", "q4f32", "q8f32", "q4f16")
 GROUP_SIZES = (32, 128)
 
 
@@ -210,8 +210,9 @@ class QuantizeConfig:
     ``auto``: a GGUF file's Q4_0 / Q4_1 / Q8_0 / F16 blocks are kept as they are and dequantized inside the
     kernels (other sources stay float32); ``f32``: every weight dequantized to float32 at compile time;
     ``f16``: every weight in float16, float16 activations (a language model on cuda, where ``auto`` means
-    it until the quantized CUDA kernels exist); ``q4f32`` / ``q8f32``: relaxtune's own 4- or 8-bit
-    weight-only groups of `group_size` (float32 activations).
+    it); ``q4f32`` / ``q8f32``: relaxtune's own 4- or 8-bit weight-only groups of `group_size` (float32
+    activations); ``q4f16``: the same 4-bit groups with float16 activations (a built-in workload in float16;
+    on cuda the decode GEMVs read them with relaxtune's kernel, relax_passes/quant_gemv_cuda.py).
     """
 
     mode: str = "auto"
@@ -227,8 +228,14 @@ class QuantizeConfig:
 
     @property
     def bits(self) -> int | None:
-        """4 or 8 for relaxtune's own formats; None for ``auto`` and ``f32``."""
+        """4 or 8 for relaxtune's own formats; None for ``auto``, ``f32`` and ``f16``."""
         return int(self.mode[1]) if self.mode.startswith("q") else None
+
+    @property
+    def activations(self) -> str | None:
+        """The activation dtype an own mode asks for (``q4f16``: float16), else None (``f16``'s float16 is the
+        language model's own float type on cuda, not an own mode's)."""
+        return "float16" if self.bits is not None and self.mode.endswith("f16") else None
 
 
 CACHE_VARIABLE = "RELAXTUNE_CACHE"

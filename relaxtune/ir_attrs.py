@@ -10,3 +10,7 @@ DEQUANTIZE_ATTR = "relaxtune.dequantize"
 # on a kernel's block that converts a quantized weight's float16 scales (or mins) to float32 before the
 # dequantization reads them (kernels/quant_tir.py); the GEMV rule converts a tile's scales as one vector
 DEQUANTIZE_SCALE_ATTR = "relaxtune.dequantize_scale"
+
+# on the block of a kernel that dequantizes a 4-bit weight kept in the GPU layout (relaxtune/kernels/quant_gpu_tir.py,
+# written by relax_passes/pack_quant_weights_cuda.py); read by relax_passes/quant_gemv_cuda.py
+GPU_Q4_ATTR = "relaxtune.q4_gpu_layout"

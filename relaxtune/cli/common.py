@@ -28,13 +28,14 @@ def add_workload(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help=f"weights: {' | '.join(QUANTIZE_MODES)} (auto: a GGUF's Q4_0/Q4_1/Q8_0 blocks kept, the rest float32; "
         "f32: all dequantized; f16: float16 weights and activations, a language model on cuda (auto there); "
-        "q4f32 / q8f32: relaxtune's 4- / 8-bit groups, float32 activations)",
+        "q4f32 / q8f32: relaxtune's 4- / 8-bit groups, float32 activations; q4f16: 4-bit groups, float16 "
+        "activations, a built-in workload)",
     )
     parser.add_argument(
         "--group-size",
         type=int,
         default=32,
-        help=f"weights per scale of q4f32 / q8f32: {' or '.join(map(str, GROUP_SIZES))}",
+        help=f"weights per scale of q4f32 / q8f32 / q4f16: {' or '.join(map(str, GROUP_SIZES))}",
     )
 
 

@@ -14,6 +14,10 @@
   rows cuBLAS measured faster). Its times against the copy bandwidth and cuBLAS: docs/results.md
   (GPU decode GEMVs; `benchmarks/gemv_check.py`).
 Emitted by `RewriteGemvToCuda` (relax_passes/gemv_cuda.py) in the small (decode) buckets.
+- `relaxtune_q4gemv(x, w, scale, y)` and `relaxtune_q4gemv_add(x, w, scale, r, y)`: the same product for a
+  4-bit weight in the GPU layout (`quant_formats.pack_q4_gpu`, (N, K / 8) uint32, fp16 scales (N, K / group)),
+  dequantized in registers (qgemv.cu, qgemv_host.cc: compiled with this file's kernels into one fatbin and one
+  host object); emitted by `RewriteQuantGemvToCuda` (relax_passes/quant_gemv_cuda.py).
 
 The (K, N) kernel (cuda_gemv.cu) gives each block 64 output columns: 8 threads x 16-byte vectors per
 weight row, 32 or 64 K lanes per block each taking 8 consecutive rows (x: one vector load per row),
@@ -52,13 +56,18 @@ ADD_FUNCTION = "relaxtune_gemv_add"
 NK_FUNCTION = "relaxtune_gemv_nk"  # the weight as (N, K)
 NK_ADD_FUNCTION = "relaxtune_gemv_nk_add"
 CONFIG_FUNCTION = "relaxtune_gemv_config"
+Q4_FUNCTION = "relaxtune_q4gemv"  # the weight as 4-bit groups in the GPU layout (qgemv.cu)
+Q4_ADD_FUNCTION = "relaxtune_q4gemv_add"
 MIN_ARCH = 80
 VECTOR = 8  # columns per 16-byte load: N must be a multiple of it
-KERNEL_SOURCE = Path(__file__).with_name("gemv.cu").read_text()
+_HERE = Path(__file__).parent
+# one fatbin and one host object: the 4-bit kernel (qgemv.cu) uses gemv.cu's load and wait helpers, its host
+# code (qgemv_host.cc) gemv_host.cc's launch
+KERNEL_SOURCE = (_HERE / "gemv.cu").read_text() + "\n" + (_HERE / "qgemv.cu").read_text()
 
 HOST_SOURCE = extern_host_source(
     "relaxtune gemv",
-    Path(__file__).with_name("gemv_host.cc").read_text(),
+    (_HERE / "gemv_host.cc").read_text() + "\n" + (_HERE / "qgemv_host.cc").read_text(),
 )
 
 NVCC_FLAGS = ("-O3", "-std=c++17")

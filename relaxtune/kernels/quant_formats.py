@@ -160,3 +160,40 @@ def quantize(fmt: WeightFormat, values: np.ndarray) -> dict[str, np.ndarray]:
     floor = np.floor(scaled)
     q = (np.sign(groups * inv) * (floor + np.floor(2 * (scaled - floor)))).astype(np.int8)  # C's roundf, as ggml
     return {"qweight": q.reshape(rows, cols), "scale": d.astype(np.float16).reshape(rows, -1)}
+
+
+# ---- the GPU layout of 4-bit weights with an offset of 8 (Q4_0, q4 groups): what the CUDA decode GEMV reads
+# (relaxtune/kernels/qgemv.cu). Per output row, uint32 words of 8 consecutive weights k = 8j .. 8j + 7: weight
+# 8j + 2i in bits 4i .. 4i + 3 and weight 8j + 2i + 1 in bits 16 + 4i .. 16 + 4i + 3 (i = 0..3), so that
+# `(word >> 8 * (i // 2)) & (0x000F000F << 4 * (i % 2))` holds the pair (2i, 2i + 1) as the low mantissa bits of a
+# half2, next to x's pair. A 16-byte load holds 32 weights. Repacked once from `qweight` (at load:
+# relax_passes/pack_quant_weights_cuda.py); the scales stay as they are.
+GPU_WORD = 8  # weights per uint32 word of the GPU layout
+_GPU_SHIFTS = np.array([4 * (e // 2) + 16 * (e % 2) for e in range(GPU_WORD)], dtype=np.uint32)
+
+
+def is_gpu_q4(fmt: WeightFormat) -> bool:
+    """Whether `fmt` is a 4-bit format the GPU layout takes: an offset of 8, no min (Q4_0, q4g32, q4g128)."""
+    return fmt.bits == 4 and fmt.offset == 8 and not fmt.has_min
+
+
+def pack_q4_gpu(qweight: np.ndarray) -> np.ndarray:
+    """(N, K / 8) uint32 in the GPU layout (above) of a 4-bit `qweight` (N, K / 2) in GGUF's order."""
+    rows = qweight.shape[0]
+    nibbles = _unpack4(qweight).astype(np.uint32).reshape(rows, -1, GPU_WORD)
+    return np.bitwise_or.reduce(nibbles << _GPU_SHIFTS, axis=-1).astype(np.uint32)
+
+
+def unpack_q4_gpu(packed: np.ndarray) -> np.ndarray:
+    """(N, K) uint8 integers 0..15 of a weight in the GPU layout."""
+    rows = packed.shape[0]
+    words = np.asarray(packed, dtype=np.uint32)[..., None]
+    return ((words >> _GPU_SHIFTS) & np.uint32(15)).astype(np.uint8).reshape(rows, -1)
+
+
+def dequantize_q4_gpu(packed: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """float32 (N, K) of a weight in the GPU layout with its (N, K / group) float16 scales: ``(q - 8) * scale``,
+    bit for bit `dequantize` of the same weight in GGUF's order."""
+    ints = unpack_q4_gpu(packed)
+    group = ints.shape[1] // scale.shape[1]
+    return (ints.astype(np.int8) - np.int8(8)).astype(np.float32) * np.repeat(scale.astype(np.float32), group, axis=1)

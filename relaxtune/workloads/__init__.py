@@ -109,16 +109,26 @@ def load(
     from .language_model import is_model_spec
 
     if is_model_spec(spec):
+        if quantize.activations is not None:  # the language model's activations are float32 (models/llama.py)
+            raise UserError(f"--quantize {quantize.mode}: language models take q4f32 or q8f32 (float32 activations)")
         from .language_model import load as load_model
 
         workload = load_model(spec, config, dtype, quantize, target)
     else:
-        workload = _load(spec, config, dtype)
+        workload = _load(spec, config, _activation_dtype(dtype, quantize))
         if quantize.bits is not None:
             from .quantize import quantize_workload
 
             workload = quantize_workload(workload, quantize)
     return workload if workload.spec else dataclasses.replace(workload, spec=spec, spec_config=dict(config or {}))
+
+
+def _activation_dtype(dtype: str | None, quantize: QuantizeConfig) -> str | None:
+    """The workload's dtype: `--dtype`, or the one a mode such as ``q4f16`` names (which must agree)."""
+    wanted = quantize.activations
+    if wanted is None or dtype in (None, wanted):
+        return wanted or dtype
+    raise UserError(f"--quantize {quantize.mode} computes in {wanted}: --dtype {dtype} is not allowed with it")
 
 
 def _load(spec: str, config: Mapping[str, str] | None, dtype: str | None) -> Workload:

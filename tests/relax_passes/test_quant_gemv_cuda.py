@@ -1,0 +1,162 @@
+"""RewriteQuantGemvToCuda (relax_passes/quant_gemv_cuda.py) and the 4-bit GEMV kernel (relaxtune/kernels/qgemv.cu),
+without a GPU: the rewrite's structure per bucket (Before / Expected), the cuda pipeline on a q4f16 llama-block,
+the kernel assembled by nvcc for sm_90 without spills and with the PTX it relies on, and its host entry points.
+Its numbers on a GPU: tests/kernels/test_gpu_qgemv.py (`-m gpu`) and benchmarks/qgemv_check.py."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+import tvm
+from tvm import relax, tirx
+
+from relaxtune.kernels import quant_gpu_tir
+from relaxtune.kernels.gemv import Q4_ADD_FUNCTION, Q4_FUNCTION
+from relaxtune.relax_passes.quant_gemv_cuda import RewriteQuantGemvToCuda
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
+
+N, K, G = 16, 64, 32
+BUCKETS = {"main_n1": [1, 1, 1], "main_n2_16": [2, 16, 16]}
+
+
+def _types(rows):
+    return (
+        relax.TensorType((1, rows, K), "float16"),
+        relax.TensorType((1, rows, N), "float16"),
+        relax.TensorType((N, K // 8), "uint32"),
+        relax.TensorType((N, K // G), "float16"),
+    )
+
+
+def _module(expected: bool) -> tvm.IRModule:
+    """Two buckets of `r + proj(x)` over a packed weight (PackQuantWeightsCuda's form); `expected`: the rewrite."""
+    bb = relax.BlockBuilder()
+    for name, bucket in BUCKETS.items():
+        rows = 1 if bucket[1] == 1 else tirx.Var("n", "int64")
+        tx, tr, tw, ts = _types(rows)
+        x, r, w, s = relax.Var("x", tx), relax.Var("r", tr), relax.Var("w", tw), relax.Var("s", ts)
+        with bb.function(name, [x, r, w, s], attrs={"relaxtune.bucket": {"n": bucket}}, private=True):
+            with bb.dataflow():
+                if not expected:
+                    y = bb.emit(bb.call_te(quant_gpu_tir.linear, x, w, s, primfunc_name_hint="q4_gpu_linear"))
+                    out = bb.emit_output(relax.op.add(r, y))
+                elif bucket[1] == 1:
+                    out = bb.emit_output(relax.call_dps_packed(Q4_ADD_FUNCTION, [x, w, s, r], tr))
+                else:
+                    kernel = bb.add_func(
+                        quant_gpu_tir.dequantize_kernel(N, K // 8, K // G), f"dequantize_q4_gpu_{N}x{K}"
+                    )
+                    wd = bb.emit(relax.call_tir(kernel, [w, s], relax.TensorType((N, K), "float16")))
+                    y = bb.emit(relax.call_dps_packed("relaxtune_cublas_gemm_nk", [x, wd], tr))
+                    out = bb.emit_output(relax.op.add(r, y))
+            bb.emit_func_output(out)
+    return bb.get()
+
+
+def _rewritten(mod, **kwargs):
+    return relax.transform.DeadCodeElimination(list(BUCKETS))(RewriteQuantGemvToCuda(**kwargs)(mod))
+
+
+def test_decode_buckets_call_the_4bit_gemv_with_the_residual_and_others_dequantize_for_cublas():
+    tvm.ir.assert_structural_equal(_rewritten(_module(False)), _module(True))
+
+
+def test_options_and_where_it_does_not_fire():
+    plain = _rewritten(_module(False), residual=False)["main_n1"].script()
+    assert f'"{Q4_FUNCTION}"' in plain and Q4_ADD_FUNCTION not in plain and "R.add(r" in plain
+    wide = _rewritten(_module(False), max_rows=16)["main_n2_16"].script()
+    assert Q4_ADD_FUNCTION in wide and "cublas" not in wide
+    bb = relax.BlockBuilder()  # a weight computed in the function, not a parameter: no kernel may read it early
+    tx, _tr, tw, ts = _types(1)
+    x, w, s = relax.Var("x", tx), relax.Var("w", tw), relax.Var("s", ts)
+    with bb.function("main_n1", [x, w, s], attrs={"relaxtune.bucket": {"n": [1, 1, 1]}}, private=True):
+        with bb.dataflow():
+            w2 = bb.emit(relax.op.add(w, w))
+            out = bb.emit_output(bb.call_te(quant_gpu_tir.linear, x, w2, s, primfunc_name_hint="q4_gpu_linear"))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    tvm.ir.assert_structural_equal(RewriteQuantGemvToCuda()(mod), mod)
+
+
+@pytest.mark.slow  # about 80 s on 2 loaded cores
+def test_q4f16_llama_block_builds_for_cuda_with_the_4bit_kernels():
+    """The whole cuda pipeline (no nvcc: tvm.compile leaves CUDA C): n = 1 calls the GEMV kernel (o_proj and down
+    with their residual adds), larger buckets dequantize for cuBLAS; every TIR kernel has a GPU schedule."""
+    from relaxtune import api, targets
+    from relaxtune.config import CompileConfig, JobConfig, QuantizeConfig
+    from relaxtune.workloads import load, parse_config
+
+    config = parse_config("hidden=128,heads=4,kv_heads=2,ffn=256,max_seq=64,max_batch=1")
+    workload = load("llama-block", config, quantize=QuantizeConfig("q4f16", 32))
+    assert workload.config["dtype"] == "float16"
+    ex = api.build(workload, targets.resolve("cuda"), JobConfig(compile=CompileConfig(use_cache=False)))[0]
+    text = ex.as_text()
+    assert text.count(f"{Q4_ADD_FUNCTION}") >= 2 and re.search(rf"\b{Q4_FUNCTION}\b", text)
+    assert "relaxtune_cublas_gemm" in text and "dequantize_q4_gpu" in text and "pack_q4_gpu" in text
+
+
+@needs_nvcc
+def test_kernel_assembles_without_spills_and_reads_weights_before_the_wait(tmp_path):
+    from relaxtune.kernels.gemv import KERNEL_SOURCE, nvcc_command
+
+    src = tmp_path / "gemv.cu"
+    src.write_text(KERNEL_SOURCE)
+    done = subprocess.run(
+        nvcc_command("sm_90", src, tmp_path / "gemv.fatbin", extra=("-Xptxas", "-v")), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = dict(re.findall(r"Compiling entry function '(\w+)'.*?\n(.*?)(?=Compiling entry|\Z)", done.stderr, re.S))
+    names = sorted(n for n in report if n.startswith("relaxtune_q4gemv"))
+    assert names == ["relaxtune_q4gemv_f16_m1", "relaxtune_q4gemv_f16_m2"], sorted(report)
+    for name in names:
+        assert "0 bytes spill stores, 0 bytes spill loads" in report[name] and "0 bytes stack frame" in report[name]
+        registers = int(re.search(r"Used (\d+) registers", report[name]).group(1))
+        assert registers <= 128, (name, registers)  # two 256-thread blocks per SM
+    done = subprocess.run(
+        nvcc_command("sm_90", src, tmp_path / "gemv.ptx", kind="--ptx"), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    ptx = (tmp_path / "gemv.ptx").read_text()
+    bodies = dict(re.findall(r"\.entry (relaxtune_q4gemv\w+)\((.*?)(?=\.entry|\Z)", ptx, re.S))
+    assert sorted(bodies) == names
+    for name, body in bodies.items():
+        assert ".maxntid 256, 1, 1" in body and ".minnctapersm 2" in body, name
+        assert ".shared" not in body and "atom." not in body and "shfl.sync.bfly" in body, name
+        wait = body.index("griddepcontrol.wait")
+        # 2 features x 2 vectors (16 bytes) and their scales in flight before the wait, 4 + 4 more per chunk
+        assert body[:wait].count("ld.global.nc.L1::no_allocate.v4.u32") == 4, name
+        assert body[:wait].count("ld.global.nc.L1::no_allocate.u16") == 4, name
+        assert body.count("griddepcontrol.wait") == 1, name
+        # the nibbles become half2 by and / or with the 0x64006400 exponent (ptxas: LOP3) and f16x2 adds / FMAs
+        # (cuda_fp16 writes both as fma.rn.f16x2), no integer-to-float conversion; the products in fp16 pairs
+        assert "1677747200" in body and body.count("fma.rn.f16x2") >= 64, name  # 0x64006400
+        assert not re.search(r"cvt\.rn\.f(16|32)\.[su](8|16|32)", body), name
+
+
+@needs_nvcc
+def test_host_object_exports_the_4bit_entry_points(tmp_path):
+    from relaxtune.kernels.gemv import FUNCTION, object_file
+
+    symbols = subprocess.run(
+        ["nm", "-g", "--defined-only", str(object_file("sm_90", tmp_path))], capture_output=True, text=True
+    ).stdout
+    for name in (FUNCTION, Q4_FUNCTION, Q4_ADD_FUNCTION):
+        assert f"__tvm_ffi_{name}" in symbols, name
+
+
+def test_the_4bit_passes_follow_the_libraries_the_arch_and_the_fusion(chosen_passes):
+    from relaxtune.config import CompileConfig, CudaLibraries
+
+    names = ("PackQuantWeightsCuda", "MergeQuantProjections", "RewriteQuantGemvToCuda")
+
+    def chosen(arch, **options):
+        target = tvm.target.Target({"kind": "cuda", "arch": arch}) if arch else tvm.target.Target("llvm")
+        return [p.info.name for p in chosen_passes(target, CompileConfig(**options), *names)]
+
+    assert chosen("sm_90") == list(names) and chosen("sm_80") == list(names)
+    assert chosen("sm_90", fusion="stock") == ["PackQuantWeightsCuda", "RewriteQuantGemvToCuda"]
+    assert chosen("sm_90", cublas=CudaLibraries(enabled=False)) == [] and chosen("sm_75") == [] and chosen("") == []
