@@ -79,5 +79,6 @@ def test_weight_format_choices_and_refusals():
         weight_format(_Source(), ("a",), auto)
     with pytest.raises(UserError, match=r"tensors b, c form one projection but are stored as Q4_1 and Q8_0"):
         weight_format(_Source(), ("b", "c"), auto)
-    with pytest.raises(UserError, match=r"--quantize 'q5' is not supported: use one of auto, f32, f16, q4f32, q8f32, q4f16"):
+    modes = "auto, f32, f16, q4f32, q8f32, q4f16"
+    with pytest.raises(UserError, match=rf"--quantize .q5. is not supported: use one of {modes}"):
         QuantizeConfig("q5")
