@@ -28,6 +28,8 @@ def job_batches(path: Path, batch: int) -> list[tuple[str, list, np.ndarray]]:
         data = np.load(Path(tmp) / "data.npy", allow_pickle=True)
     out = []
     for key, features, costs in data:
+        if str(key).startswith("prior-"):  # a job warm-started from the prior saves the prior's candidates too
+            continue
         for start in range(0, len(costs), batch):
             out.append((str(key), list(features[start : start + batch]), np.asarray(costs[start : start + batch])))
     return out
