@@ -28,6 +28,8 @@ def job_batches(path: Path, batch: int) -> list[tuple[str, list, np.ndarray]]:
         data = np.load(Path(tmp) / "data.npy", allow_pickle=True)
     out = []
     for key, features, costs in data:
+        if str(key).startswith("prior-"):  # a job warm-started from the prior saves the prior's candidates too
+            continue
         for start in range(0, len(costs), batch):
             out.append((str(key), list(features[start : start + batch]), np.asarray(costs[start : start + batch])))
     return out
@@ -85,7 +87,9 @@ def main() -> None:
         found = replay(job_batches(path, args.batch), prior, args.depth, args.min_child_weight)
         print(
             f"{path}: {'with' if prior else 'without'} the prior: pairwise accuracy {found['pairwise_accuracy']:.3f} "
-            f"over {found['pairs']} pairs, top-2 recall {found['top2_recall']:.3f}, {found['batches']} batches"
+            f"over {found['pairs']} pairs ({found['pairwise_accuracy_beyond_noise']:.3f} over the "
+            f"{found['pairs_beyond_noise']} more than 3% apart), top-2 recall {found['top2_recall']:.3f} (chance "
+            f"{found['top2_chance']:.3f}), {found['batches']} batches"
         )
 
 

@@ -1,6 +1,6 @@
 """Each kernel's share of a job's trial budget, and what the job still owes it.
 
-A job's budget (`TuneConfig.trials`) is split over its live kernels (`tune.select`: most valuable
+A job's budget (`TuneConfig.trials`) is split over its live kernels (`job_tasks.select`: most valuable
 first, value = expected calls x FLOPs), in whole batches, since the search measures a batch at a
 time:
 

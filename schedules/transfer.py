@@ -77,7 +77,7 @@ def core(mod: tvm.IRModule) -> tuple | None:
 def same_core_trials(database, tasks) -> dict[str, int]:
     """Per task key: the trials the cache holds for other jobs' kernels of the task's main
     computation (`core`; kernels of this job, the task itself included, do not count). Every
-    record counts, as `tune.trial_counts` counts them."""
+    record counts, as `job_tasks.trial_counts` counts them."""
     keys = {t.key for t in tasks}
     by_core: dict[tuple, int] = {}
     for workload, count in database.records_per_workload():

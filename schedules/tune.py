@@ -32,25 +32,28 @@ batch seeded from similar tasks' best records (`transfer.py`), the search's pick
 no candidate measured twice (`seeded_search.py`); a task stopped after
 `early_stop_batches` batches without gain, its trials left to the others (`progress.py`).
 Trials are counted as the cache holds them: every record, failed builds and runs included.
+
+This file is the driver itself; the job's view of its tasks (trial counts, the task index, their order) is in
+`job_tasks.py`, the per-task search contexts and their seeds in `contexts.py`, the time profile in
+`job_profile.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import TuneConfig
-from . import confirm, cost_model, intrin, shares, space, task_index, task_logs, transfer
+from . import confirm, cost_model, intrin, job_profile, shares, task_index, task_logs, transfer
 from .builder import DeferredRunner, make_builder, make_runner
+from .contexts import make_contexts, set_seeds
 from .database import CacheDatabase
+from .job_tasks import best_us, finite, index_tasks, retired, select, trial_counts
 from .progress import EventLog, ProgressBar
-from .rules import decisions
 from .scheduler import InformedGradient
-from .seeded_search import Budget, SeedBox, SeededSearch
 from .tasks import Task
 
 logger = logging.getLogger(__name__)
@@ -77,164 +80,10 @@ class TuneResult:
     wall_s: float
     failed: int = 0
     tasks: list[TaskResult] = field(default_factory=list)
-    profile: dict = field(default_factory=dict)  # seconds per part of the job (`_profile`)
+    profile: dict = field(default_factory=dict)  # seconds per part of the job (`job_profile.py`)
     ranking: dict = field(default_factory=dict)  # the cost model's held-out ranking quality
     shares: dict = field(default_factory=dict)  # kernel name -> its share of the budget (`shares.py`)
     buckets: list = field(default_factory=list)  # per-bucket verdicts of the check after the search (bucket_check.py)
-
-
-def trial_counts(database: CacheDatabase, tasks: list[Task]) -> dict[str, int]:
-    """Trials the cache holds per task key: every record, failed builds and runs included (they
-    were measured, and the budget counts measured trials: a job that saw failures, run again,
-    measures nothing)."""
-    from .tasks import workload_key
-
-    by_key: dict[str, int] = {}
-    for workload, count in database.records_per_workload():
-        key = workload_key(workload.mod)
-        by_key[key] = by_key.get(key, 0) + count
-    return {t.key: by_key.get(t.key, 0) for t in tasks}
-
-
-def _best_us(database: CacheDatabase, task: Task) -> float:
-    records = database.records_for(task.mod)
-    times = [sum(float(s) for s in r.run_secs) / len(r.run_secs) for r in records if r.run_secs]
-    return min(times) * 1e6 if times else float("inf")
-
-
-def _finite(us: float) -> float | None:
-    return us if us < float("inf") else None
-
-
-def index_tasks(
-    tasks: list[Task], target, folder: Path, workload: str, builder=None, runner=None, config: TuneConfig = TuneConfig()
-) -> dict[str, dict]:
-    """The task index of the cache, with every task of this job in it (rule time measured once):
-    one after another here, or with `builder` and `runner` all at once (GPU targets)."""
-    index = task_index.load(folder)
-    todo = [t for t in tasks if "rule_us" not in index.get(t.key, {})]
-    if builder is not None and todo:
-        times = task_index.measure_rules_batch([t.mod for t in todo], target, builder, runner)
-    else:
-        times = [task_index.measure_rules(t.mod, target, config.measure_windows, config.window_ms) for t in todo]
-    new = []
-    for t, us in zip(todo, times):
-        entry = {
-            "key": t.key,
-            "kernel": t.name.split("@")[0],
-            "workload": workload,
-            "bucket": t.bucket,
-            "flops": t.flops,
-        }
-        if us is not None:  # a rule schedule that failed is measured again by the next job
-            entry["rule_us"] = us
-        new.append(entry)
-        index.setdefault(t.key, {}).update(entry)
-    task_index.append(folder, new)
-    return index
-
-
-def select(tasks: list[Task], index: dict[str, dict] | None = None, cached: dict[str, int] | None = None) -> list[Task]:
-    """The tasks, most valuable first: largest expected share of run time (expected calls x
-    FLOPs). The budget's shares go to as many as get one measured batch each (`shares.split`);
-    the others borrow records or keep their rules."""
-    return sorted(tasks, key=lambda t: (-t.weight * t.flops, t.name))
-
-
-def retired(task: Task, index: dict[str, dict], cached: dict[str, int]) -> bool:
-    """Whether an earlier job stopped the task early (no gain; `stopped_at` in the index) and the
-    cache holds no record measured since: it is not tuned again."""
-    return cached.get(task.key, 0) >= index.get(task.key, {}).get("stopped_at", 1 << 62)
-
-
-def _contexts(
-    short: list[Task], needs: dict[str, int], target, config: TuneConfig, log_dir: Path
-) -> tuple[list[Task], list, list, list]:
-    """(tasks, TuneContexts, their loggers: `task_logs.close` them, their seed boxes: `SeededSearch`) of the
-    kernels short of their share whose design space (`config.space`, `space.py`) can be generated:
-    one that cannot (a schedule rule that fails on a kernel) would abort the whole search, so it is
-    skipped with one warning, keeps its rule-based schedule, and what it was owed goes to the others
-    (`needs` is updated)."""
-    from tvm.s_tir import meta_schedule as ms
-
-    # per-task log files (traces, build errors) under <log_dir>/logs, as stock MetaSchedule writes them
-    loggers = task_logs.task_loggers(log_dir, [t.name.replace("@", "_") for t in short])
-    kept, contexts, kept_loggers, boxes, freed = [], [], [], [], 0
-    budget = Budget()  # the job's trials left, shared: set when the job knows them
-    for i, t in enumerate(short):
-        box = SeedBox(budget=budget)
-        search = ms.search_strategy.EvolutionarySearch(
-            population_size=config.population, genetic_num_iters=config.search_generations, eps_greedy=config.explore
-        )
-        context = ms.TuneContext(
-            mod=t.mod,
-            target=target,
-            space_generator=space.generator(config.space, t.mod, target),
-            search_strategy=SeededSearch(search, box, config.explore),
-            task_name=t.name,
-            logger=loggers[i],
-            rand_state=config.seed + i + 1,
-            num_threads=config.build_workers or "physical",
-        ).clone()
-        try:
-            context.space_generator.generate_design_space(context.mod)
-        except Exception as err:  # TVM raises ValueError/InternalError from inside a schedule rule
-            task_logs.close([loggers[i]])
-            logger.warning(
-                "%s: MetaSchedule cannot generate its design space (%s): keeps its rules",
-                t.name,
-                str(err).strip().splitlines()[-1][:160],
-            )
-            freed += needs.pop(t.key)
-            continue
-        kept.append(t)
-        contexts.append(context)
-        kept_loggers.append(loggers[i])
-        boxes.append(box)
-    for t, extra in zip(kept, shares.give_back(freed, [t.weight * t.flops for t in kept], config.trials_per_iter)):
-        needs[t.key] += extra
-    return kept, contexts, kept_loggers, boxes
-
-
-def _seed(tasks, contexts, boxes, cached, target, config, database, events, seconds: list) -> None:
-    """Each task's seeds (`SeededSearch`), made when its first batch is searched and measured first: the rule's
-    own schedule where the task's space is the rules' (its first candidate; dropped there if the cache holds it),
-    then, for a task the cache held no record of when the job started, up to half a batch transferred from
-    similar tasks' best records of the same space (`transfer.py`), this job's included. The seconds spent making
-    them are added to `seconds[0]`."""
-
-    def make(task, context):
-        mark = time.perf_counter()
-        postprocs = list(context.space_generator.postprocs)
-        seeds = []
-        if config.space != "generic":
-            rule = space.rule_candidate(task.mod, target, postprocs)
-            seeds += [rule] if rule is not None else []
-        if config.transfer and not cached[task.key]:
-            seeds += transfer.seed_candidates(
-                task.mod, database, postprocs, max(1, config.trials_per_iter // 2), target, config.space
-            )
-        events.write("seeds", tasks=[_seeds_event(task, seeds)])
-        if len(seeds) > (config.space != "generic"):
-            logger.info("%s: %d seed candidate(s) measured first", task.name, len(seeds))
-        seconds[0] += time.perf_counter() - mark
-        return seeds
-
-    for task, context, box in zip(tasks, contexts, boxes):
-        box.make = functools.partial(make, task, context)
-
-
-def _seeds_event(task: Task, seeds: list) -> dict:
-    """A task's seeds for the events file: the rule's own decisions (its first seed, where its space is the
-    rules'; `relaxtune report tuning` compares the tuned kernel's with them) and how many were transferred."""
-    chosen = [decisions.read(c.sch.trace) for c in seeds]
-    rule = chosen[0] if chosen and chosen[0] is not None else None
-    return {
-        "name": task.name,
-        "rule": rule[0] if rule else None,
-        "rule_decisions": rule[1] if rule else None,
-        "transferred": len(seeds) - (rule is not None),
-    }
 
 
 def tune(
@@ -281,7 +130,7 @@ def tune(
     if tuning:
         log_dir.mkdir(parents=True, exist_ok=True)
     tasks, contexts, task_loggers, boxes = (
-        _contexts(short, needs, target, config, log_dir) if tuning else ([], [], [], [])
+        make_contexts(short, needs, target, config, log_dir) if tuning else ([], [], [], [])
     )
     remaining = min(remaining, sum(needs[t.key] for t in tasks))
     tuning = tuning and remaining > 0  # not when every short kernel was skipped (no design space)
@@ -350,7 +199,7 @@ def tune(
                     "share": result.shares.get(t.name, 0),
                     "need": needs[t.key],
                     "credit": credit.get(t.key, 0),
-                    "cached_best_us": _finite(_best_us(database, t)) if cached[t.key] else None,
+                    "cached_best_us": finite(best_us(database, t)) if cached[t.key] else None,
                     "rule_us": index.get(t.key, {}).get("rule_us"),
                 }
                 for t in tasks
@@ -359,14 +208,14 @@ def tune(
         setup_s = time.perf_counter() - start
         seeding, phases = [0.0], {}
         try:
-            _seed(tasks, contexts, boxes, cached, target, config, database, events, seeding)
+            set_seeds(tasks, contexts, boxes, cached, target, config, database, events, seeding)
             if boxes:
                 boxes[0].budget.left = remaining
             if remaining > 0 and not _past(bar.deadline):
                 profiler = ms.Profiler() if ms.Profiler.current() is None else contextlib.nullcontext()
                 with profiler:
                     _tune_tasks(contexts, tasks, log_dir, remaining, config, builder, runner, database, model, bar)
-                phases = _phases(profiler)
+                phases = job_profile.phases(profiler)
         finally:
             bar.close()
             task_logs.close(task_loggers)
@@ -376,7 +225,7 @@ def tune(
             if config.persist_cost_model:
                 cost_model.save(inner, log_dir)
             result.profile = {
-                **_profile(time.perf_counter() - start, setup_s, seeding[0], builder, model),
+                **job_profile.profile(time.perf_counter() - start, setup_s, seeding[0], builder, model),
                 **phases,
                 "setup_rule_timing_s": round(rules_s, 2),
                 "setup_cost_model_load_s": round(load_s, 2),
@@ -408,7 +257,7 @@ def tune(
         TaskResult(
             t.name,
             counts[t.key],
-            _best_us(database, t),
+            best_us(database, t),
             t.flops,
             index.get(t.key, {}).get("rule_us", float("nan")),
             t.weight,
@@ -456,42 +305,3 @@ def _tune_tasks(contexts, tasks, log_dir, remaining, config, builder, runner, da
         measure_callbacks=[*ms.MeasureCallback.create("default"), bar],
         task_scheduler=InformedGradient(bar, seed=config.seed),
     )
-
-
-def _phases(profiler) -> dict:
-    """MetaSchedule's own timers, where this job opened the profiler: the evolutionary search
-    (sampling, mutation, postprocessing and the cost model's scoring of the population, inside
-    `search_and_measure_s` and `cost_model_predict_s`) and the wait for the runner."""
-    if not hasattr(profiler, "get"):
-        return {}
-    timers = {str(k): float(v) for k, v in profiler.get().items()}
-    search = sum(v for k, v in timers.items() if k.startswith("EvoSearch/") and k.count("/") == 1)
-    return {
-        "ms_evolutionary_search_s": round(search, 2),
-        "ms_wait_for_runner_s": round(timers.get("JoinRunnerFutures", 0.0), 2),
-    }
-
-
-def _profile(wall_s: float, setup_s: float, transfer_s: float, builder, model) -> dict:
-    """Seconds per part of the job (they add up to `wall_s`). `transfer_s`: making the seeds (the rules'
-    schedules, similar tasks' traces adapted; measured with the search's batches); `search_and_measure_s` is the
-    rest: candidate generation (sampling,
-    mutation, postprocessing) and waiting for the runner (which overlaps the search). Not a part:
-    `worker_start_s`, the first build batch's excess over the median batch (workers start then)."""
-    batches = builder.stats["batch_seconds"]
-    median = sorted(batches[1:])[len(batches[1:]) // 2] if len(batches) > 1 else 0.0
-    parts = {
-        "setup_s": setup_s,
-        "transfer_s": transfer_s,
-        "build_s": builder.stats["seconds"],
-        "cost_model_predict_s": model.seconds["predict"],
-        "cost_model_update_s": model.seconds["update"],
-    }
-    rest = wall_s - sum(parts.values())
-    out = {
-        "wall_s": wall_s,
-        **parts,
-        "search_and_measure_s": max(0.0, rest),
-        "worker_start_s": max(0.0, batches[0] - median) if batches else 0.0,
-    }
-    return {k: round(v, 2) for k, v in out.items()}

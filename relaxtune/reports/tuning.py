@@ -225,6 +225,12 @@ def markdown(result: dict, sources: list[Path]) -> str:
         else "n/a (no batch scored by a trained model)"
     )
     recall = f"{rank['top2_recall']:.2f}" if rank.get("top2_recall") is not None else "n/a"
+    if rank.get("top2_chance") is not None:
+        recall += f" (chance {rank['top2_chance']:.2f})"
+    if rank.get("pairwise_accuracy_beyond_noise") is not None:
+        acc += (
+            f" ({rank['pairwise_accuracy_beyond_noise']:.2f} over the {rank['pairs_beyond_noise']} more than 3% apart)"
+        )
     lines = [
         "# Tuning report",
         "",

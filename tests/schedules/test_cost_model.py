@@ -66,6 +66,12 @@ def test_ranking_metrics_on_known_orders():
     )
     assert summary["pairs"] == 9 and summary["pairwise_accuracy"] == pytest.approx(6 / 9)
     assert summary["top2_recall"] == pytest.approx((1.0 + 0.5) / 2)
+    assert summary["top2_chance"] == pytest.approx((2 / 4 + 2 / 3) / 2)
+    # within the noise margin (3%) a pair is a tie to the measurement: the pair 1.0 / 1.02 is not counted
+    assert ranking.pairwise_accuracy([3, 1, 2], [1.0, 1.02, 1.2]) == (2.0, 3)
+    assert ranking.pairwise_accuracy([3, 1, 2], [1.0, 1.02, 1.2], ranking.NOISE_MARGIN) == (1.0, 2)
+    near = ranking.summarize([{"scores": [1, 2, 3], "costs": [1.0, 1.01, 1.2]}])
+    assert near["pairs"] == 3 and near["pairs_beyond_noise"] == 2 and near["pairwise_accuracy_beyond_noise"] == 0.0
 
 
 def test_saved_model_warm_starts_with_the_same_predictions(tmp_path, trained):

@@ -56,7 +56,7 @@ def test_kernels_tuned_by_another_workload_to_their_share_are_owed_nothing():
 
 
 def test_retired_kernels_count_in_the_budget_but_get_no_share():
-    # a third kernel, stopped early at 24 trials, is left out of `values` by `tune.select`
+    # a third kernel, stopped early at 24 trials, is left out of `values` by `job_tasks.select`
     job = shares.plan([4.2, 4.1], [8, 0], 40, 8, cached_total=8 + 24)
     assert job.shares == [24, 16] and job.budget == 8
 
