@@ -26,7 +26,7 @@ How it schedules (a direct convolution, no im2col buffer):
 
 Its hand-made choices are decisions (`decisions.py`), so the rules' design space (`schedules/space.py`)
 can revisit them per kernel: ``units``, output-channel vectors per tile (structural, 1-4); ``rows``,
-output pixels per tile (numeric: a split factor, the divisors of the row width that fit the registers);
+output pixels per tile (numeric: a split factor, the divisors of the row width whose tile stays on the stack);
 ``by_weights``, the tile order above (structural); ``pad_in_place``, the padding read in place or copied
 (structural, where there is padding). ``sketch`` schedules a static kernel with a decider's choices,
 ``apply(..., decide=Given(values))`` a kernel at any batch with a record's; with the defaults both are
@@ -42,19 +42,19 @@ from __future__ import annotations
 
 import logging
 
-from tvm import s_tir, tirx
+from tvm import DataType, s_tir, tirx
 from tvm.target import Target
 
 from . import _utils as U
 from . import conv_analysis as W
 from . import fast_math
 from .decisions import Defaults
+from .tiling import STACK_LIMIT
 
 logger = logging.getLogger(__name__)
 
 VECTORS = 2  # output-channel vectors per register tile
 MAX_VECTORS = 4  # the most output-channel vectors per tile the search may choose
-MAX_ACCUMULATORS = 28  # accumulator vectors per tile the search may choose (32 registers, weights, a broadcast)
 
 
 class Conv2d(fast_math.FastMathRule):
@@ -109,7 +109,9 @@ def _schedule(sch: s_tir.Schedule, block, info: W.WindowBlock, target: Target, d
     vector_options = [v for v in range(1, MAX_VECTORS + 1) if blocks % v == 0]
     vectors = decide.choose(sch, "units", vector_options, vectors, structural=True)
     pixels = W.pixel_tile(ext["w"], vectors, bits)
-    pixel_options = [d for d in range(2, ext["w"] + 1) if ext["w"] % d == 0 and d * vectors <= MAX_ACCUMULATORS]
+    # tiles that stay on the stack (in registers): a larger one is a workspace, 2.6-3.8x slower (docs/results.md)
+    tile_bytes = vectors * width * DataType(stmt.writes[0].source.dtype).bits // 8
+    pixel_options = [d for d in range(2, ext["w"] + 1) if ext["w"] % d == 0 and d * tile_bytes < STACK_LIMIT]
     data_bytes = _product(stmt.reads[info.data].source.shape[1:])
     weight_bytes = _product(stmt.reads[info.weight].source.shape)
     by_weights = int(weight_bytes > data_bytes or ext["ic"] < lanes // 2)

@@ -108,7 +108,8 @@ def test_one_sketch_per_structural_combination_the_rules_first(target):
 
 def test_convolution_sketches_and_mutants(target):
     """The Conv2d rule's space: one sketch per (units, by_weights, pad_in_place), the rule's first; a mutant moves
-    one decision, the pixels per tile included, and is the rule's schedule at its decisions."""
+    one decision, the pixels per tile included (and with the vectors where its value no longer fits), and is the
+    rule's schedule at its decisions."""
     mod = _conv()
     rule = space.tunable_rule(mod, target.target)
     probe = decisions.Probe()
@@ -127,7 +128,8 @@ def test_convolution_sketches_and_mutants(target):
         trace = mutator.apply(candidate.sch.trace)
         _, after = decisions.read(trace)
         changed = {k for k in before if before[k] != after[k]}
-        assert len(changed) == 1
+        # one decision moves; the pixels per tile follow where more vectors leave theirs off the stack
+        assert len(changed) == 1 or changed == {"units", "rows"}
         moved |= changed
         sch = s_tir.Schedule(mod)
         trace.apply_to_schedule(sch, remove_postproc=True)
