@@ -20,8 +20,9 @@ How it schedules (a direct convolution, no im2col buffer):
    tiles. A convolution with at least a vector of input channels reads its padding in place
    instead: TOPI's ``pad_temp`` inlined, a bounds check per broadcast input value (3x3 64 @ 56
    20 % faster than with the copied rows, the other 3x3 layers of ResNet-50 equal to 9 % faster);
-   only few input channels (the stem), where each loaded value feeds few FMAs, keep the copy
-   (17 % faster there). A convolution without padding reads its input in place.
+   only few input channels (a stem) keep the copy where each input value feeds many FMAs (ResNet-50's
+   7x7 x 64: 17 % faster there), not where it feeds few (MobileNetV3's 3x3 x 16: 1.5x faster in place).
+   A convolution without padding reads its input in place.
 3. The epilogue is inlined into the tile's write-back, vectorised over channels.
 
 Its hand-made choices are decisions (`decisions.py`), so the rules' design space (`schedules/space.py`)
@@ -55,6 +56,10 @@ logger = logging.getLogger(__name__)
 
 VECTORS = 2  # output-channel vectors per register tile
 MAX_VECTORS = 4  # the most output-channel vectors per tile the search may choose
+# a convolution with few input channels reads its padding in place where each input value feeds at most this many
+# FMAs (kh * kw * output channels): MobileNetV3's stem (3x3, 16: 144) 0.088 -> 0.059 ms; ResNet-50's (7x7, 64:
+# 3136) keeps the padded copy, 1.08 against 1.25 ms in place (docs/results.md)
+IN_PLACE_FMAS = 256
 
 
 class Conv2d(fast_math.FastMathRule):
@@ -125,7 +130,9 @@ def _schedule(sch: s_tir.Schedule, block, info: W.WindowBlock, target: Target, d
         decide.note(sch, name, value)
 
     stage = W.input_stage(sch, block, info.data)
-    in_place = int(stage is not None and ext["ic"] >= lanes)  # read the padding in place (module docstring)
+    # read the padding in place (module docstring), or with few input channels where each loaded value feeds few FMAs
+    few_fmas = ext["kh"] * ext["kw"] * ext["c"] <= IN_PLACE_FMAS
+    in_place = int(stage is not None and (ext["ic"] >= lanes or few_fmas))
     in_place = decide.choose(sch, "pad_in_place", (0, 1) if stage is not None else (), in_place, structural=True)
     pixels = decide.choose(sch, "rows", pixel_options, pixels)  # last: the only sampled (numeric) choice
 

@@ -83,9 +83,19 @@ def test_stem_pads_its_input_in_a_stage(kit, cpu_target):
     assert "if_then_else" not in update.split("T.sblock(")[1]
 
 
+def test_small_stem_reads_its_padding_in_place(kit, cpu_target):
+    """3 input channels but few FMAs per input value (3x3 x 16 output channels, MobileNetV3's stem): in place."""
+    func = kit.only_prim_func(_fuse(_conv_module(kit, 3, 16, 16, 3, 2, 16), cpu_target), "conv2d")
+    script = kit.apply_rule(Conv2d(), func, cpu_target).mod["main"].script()
+    assert 'T.sblock("pad_temp")' not in script
+    update = script[script.index('T.sblock("conv2d_nhwc_update")') :]
+    assert "if_then_else" in update.split("T.sblock(")[1]
+
+
 @pytest.mark.parametrize(
     ("ic", "oc", "size", "kernel", "stride", "blocked"),
     [
+        (3, 16, 16, 3, 2, 16),  # a small stem: padding read in place
         (16, 64, 14, 3, 1, 0),  # 3x3, padded
         (16, 64, 14, 3, 1, 32),  # the same, blocked weight
         (24, 48, 9, 3, 2, 16),  # stride 2, odd size, blocked
