@@ -20,80 +20,151 @@ How it schedules (a direct convolution, no im2col buffer):
    tiles. A convolution with at least a vector of input channels reads its padding in place
    instead: TOPI's ``pad_temp`` inlined, a bounds check per broadcast input value (3x3 64 @ 56
    20 % faster than with the copied rows, the other 3x3 layers of ResNet-50 equal to 9 % faster);
-   only few input channels (the stem), where each loaded value feeds few FMAs, keep the copy
-   (17 % faster there). A convolution without padding reads its input in place.
+   only few input channels (a stem) keep the copy where each input value feeds many FMAs (ResNet-50's
+   7x7 x 64: 17 % faster there), not where it feeds few (MobileNetV3's 3x3 x 16: 1.5x faster in place).
+   A convolution without padding reads its input in place.
 3. The epilogue is inlined into the tile's write-back, vectorised over channels.
 
-Single-thread times against ONNX Runtime's NCHWc kernels and the loop orders' trade-offs are in
-the README (Convolutional networks).
+Its hand-made choices are decisions (`decisions.py`), so the rules' design space (`schedules/space.py`)
+can revisit them per kernel: ``units``, output-channel vectors per tile (structural, 1-4); ``rows``,
+output pixels per tile (numeric: a split factor, the divisors of the row width whose tile stays on the stack);
+``by_weights``, the tile order above (structural); ``pad_in_place``, the padding read in place or copied
+(structural, where there is padding). ``sketch`` schedules a static kernel with a decider's choices,
+``apply(..., decide=Given(values))`` a kernel at any batch with a record's; with the defaults both are
+the rule. The names ``rows`` / ``units`` and the noted extents (``extent_i`` pixels, ``extent_j``
+output channels, ``extent_k`` the reduction) are the matmul's, so the cost model's derived features
+(accumulators per tile, loads per FMA, tasks per thread) read a convolution as the GEMM it is.
+
+Figures (single-thread times against ONNX Runtime's NCHWc kernels, the loop orders' trade-offs):
+``docs/results.md``, CPU convolutional nets.
 """
 
 from __future__ import annotations
 
 import logging
 
-from tvm import s_tir, tirx
+from tvm import DataType, s_tir, tirx
 from tvm.target import Target
 
 from . import _utils as U
 from . import conv_analysis as W
 from . import fast_math
+from .decisions import Defaults
+from .tiling import STACK_LIMIT
 
 logger = logging.getLogger(__name__)
 
 VECTORS = 2  # output-channel vectors per register tile
+MAX_VECTORS = 4  # the most output-channel vectors per tile the search may choose
+# a convolution with few input channels reads its padding in place where each input value feeds at most this many
+# FMAs (kh * kw * output channels): MobileNetV3's stem (3x3, 16: 144) 0.088 -> 0.059 ms; ResNet-50's (7x7, 64:
+# 3136) keeps the padded copy, 1.08 against 1.25 ms in place (docs/results.md)
+IN_PLACE_FMAS = 256
 
 
 class Conv2d(fast_math.FastMathRule):
     """Direct NHWC convolution, register-tiled, vectorised over output channels (module docstring)."""
 
-    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
-        return W.schedule_window(self, func, target, "dense", self._schedule)
+    def apply(
+        self, func: tirx.PrimFunc, target: Target, _tunable: bool, decide: Defaults | None = None
+    ) -> s_tir.Schedule | None:
+        """The rule's schedule of `func` with `decide`'s choices (default: the rule's own); None where the
+        rule does not apply."""
+        decide = decide or Defaults()
 
-    @staticmethod
-    def _schedule(sch: s_tir.Schedule, block, info: W.WindowBlock, target: Target) -> None:
+        def schedule(sch, block, info, tgt):
+            if not _static_window(sch, block, info):
+                raise ValueError("only the batch may be symbolic")
+            _schedule(sch, block, info, tgt, decide)
+
+        return W.schedule_window(self, func, target, "dense", schedule)
+
+    def sketch(self, sch: s_tir.Schedule, target: Target, decide: Defaults) -> bool:
+        """Schedule the static kernel held by `sch` in place with `decide`'s choices (no fast-math rewrite:
+        the build applies it); False where this rule does not apply (nothing is changed then)."""
+        found = W.find(sch, "dense") if self.is_target_available(target) else None
+        if found is None or not _static_window(sch, *found):
+            return False
+        _schedule(sch, *found, target, decide)
+        return True
+
+
+def _static_window(sch: s_tir.Schedule, block, info: W.WindowBlock) -> bool:
+    """Whether every extent but the batch is static (what the rule schedules)."""
+    try:
         loops = W.loops_by_kind(sch, block, info.kinds)
-        ext = {k: U.static(U.extent(sch, lp)) for k, lp in loops.items()}
-        if any(ext[k] is None for k in ("h", "w", "c", "kh", "kw", "ic")):
-            raise ValueError("only the batch may be symbolic")
-        stmt = sch.get(block)
-        lanes = U.lanes(target, stmt.writes[0].source.dtype)
-        vectors, width = W.channel_tile(ext["c"], lanes, VECTORS)
-        pixels = W.pixel_tile(ext["w"], vectors, U.vector_bits(target))
-        data_bytes = _product(stmt.reads[info.data].source.shape[1:])
-        weight_bytes = _product(stmt.reads[info.weight].source.shape)
-        by_weights = weight_bytes > data_bytes or ext["ic"] < lanes // 2
+    except ValueError:  # an iterator not bound to one loop: not a kernel the rule knows
+        return False
+    return all(U.static(U.extent(sch, lp)) is not None for k, lp in loops.items() if k != "n")
 
-        w_o, w_i = sch.split(loops["w"], [None, pixels])
-        c_o, c_u, c_l = sch.split(loops["c"], [None, vectors, width])
-        reduce = [loops[k] for k in ("kh", "kw", "ic")] + [lp for k, lp in loops.items() if k == "u"]
-        if by_weights:  # each thread keeps a slice of the weight in cache and walks every pixel with it
-            sch.reorder(c_o, loops["n"], loops["h"], w_o, *reduce, w_i, c_u, c_l)
-            tile = outer = sch.fuse(c_o, loops["n"], loops["h"], w_o)
-        else:  # each thread takes pixel tiles and computes every output channel of them
-            sch.reorder(loops["n"], loops["h"], w_o, c_o, *reduce, w_i, c_u, c_l)
-            outer, tile = sch.fuse(loops["n"], loops["h"], w_o), c_o
-        sch.parallel(outer)
 
-        stage = W.input_stage(sch, block, info.data)
-        if stage is not None and ext["ic"] >= lanes:  # read the padding in place (module docstring)
-            try:
-                sch.compute_inline(stage)
-                stage = None
-            except Exception:  # pylint: disable=broad-except  # keep it as a copy
-                logger.debug("cpu Conv2d rule: the padding stays a stage")
-        if stage is not None and by_weights:  # padded once, whole, before the convolution
-            stage_loops = sch.get_loops(stage)
-            sch.parallel(sch.fuse(*stage_loops[:2]))
-            U.vectorize_inner(sch, stage_loops[-1], lanes)
-        elif stage is not None:  # the input rows of a pixel tile, padded once for all its channel tiles
-            sch.compute_at(stage, outer, preserve_unit_loops=True)
-            U.vectorize_inner(sch, sch.get_loops(stage)[-1], lanes)
-        W.output_tile(sch, block, tile, lanes)
-        sch.vectorize(c_l)
-        sch.unroll(c_u)
-        sch.unroll(w_i)
-        sch.decompose_reduction(block, reduce[0])
+def _schedule(sch: s_tir.Schedule, block, info: W.WindowBlock, target: Target, decide: Defaults) -> None:
+    loops = W.loops_by_kind(sch, block, info.kinds)
+    ext = {k: U.static(U.extent(sch, lp)) for k, lp in loops.items()}
+    stmt = sch.get(block)
+    lanes = U.lanes(target, stmt.writes[0].source.dtype)
+    vectors, width = W.channel_tile(ext["c"], lanes, VECTORS)
+    # The lanes split first, before `decide` annotates the root block: in TVM 0.27 a schedule whose first change
+    # replaces the root block then edits the loops under it in place, in the module it was made from too (the
+    # rules' space makes every sketch from one module); a first change below the root copies the path instead.
+    c_b, c_l = sch.split(loops["c"], [None, width])
+    decide.begin(sch, "Conv2d")
+    bits = U.vector_bits(target)
+    blocks = ext["c"] // width
+    vector_options = [v for v in range(1, MAX_VECTORS + 1) if blocks % v == 0]
+    vectors = decide.choose(sch, "units", vector_options, vectors, structural=True)
+    pixels = W.pixel_tile(ext["w"], vectors, bits)
+    # tiles that stay on the stack (in registers): a larger one is a workspace, 2.6-3.8x slower (docs/results.md)
+    tile_bytes = vectors * width * DataType(stmt.writes[0].source.dtype).bits // 8
+    pixel_options = [d for d in range(2, ext["w"] + 1) if ext["w"] % d == 0 and d * tile_bytes < STACK_LIMIT]
+    data_bytes = _product(stmt.reads[info.data].source.shape[1:])
+    weight_bytes = _product(stmt.reads[info.weight].source.shape)
+    by_weights = int(weight_bytes > data_bytes or ext["ic"] < lanes // 2)
+    by_weights = decide.choose(sch, "by_weights", (0, 1), by_weights, structural=True)
+    for name, value in (
+        ("extent_i", ext["n"] * ext["h"] * ext["w"] if ext["n"] is not None else None),
+        ("extent_j", ext["c"]),
+        ("extent_k", ext["kh"] * ext["kw"] * ext["ic"]),
+        ("lanes", width),
+    ):
+        decide.note(sch, name, value)
+
+    stage = W.input_stage(sch, block, info.data)
+    # read the padding in place (module docstring), or with few input channels where each loaded value feeds few FMAs
+    few_fmas = ext["kh"] * ext["kw"] * ext["c"] <= IN_PLACE_FMAS
+    in_place = int(stage is not None and (ext["ic"] >= lanes or few_fmas))
+    in_place = decide.choose(sch, "pad_in_place", (0, 1) if stage is not None else (), in_place, structural=True)
+    pixels = decide.choose(sch, "rows", pixel_options, pixels)  # last: the only sampled (numeric) choice
+
+    w_o, w_i = sch.split(loops["w"], [None, pixels])
+    c_o, c_u = sch.split(c_b, [None, vectors])
+    reduce = [loops[k] for k in ("kh", "kw", "ic")] + [lp for k, lp in loops.items() if k == "u"]
+    if by_weights:  # each thread keeps a slice of the weight in cache and walks every pixel with it
+        sch.reorder(c_o, loops["n"], loops["h"], w_o, *reduce, w_i, c_u, c_l)
+        tile = outer = sch.fuse(c_o, loops["n"], loops["h"], w_o)
+    else:  # each thread takes pixel tiles and computes every output channel of them
+        sch.reorder(loops["n"], loops["h"], w_o, c_o, *reduce, w_i, c_u, c_l)
+        outer, tile = sch.fuse(loops["n"], loops["h"], w_o), c_o
+    sch.parallel(outer)
+
+    if stage is not None and in_place:
+        try:
+            sch.compute_inline(stage)
+            stage = None
+        except Exception:  # pylint: disable=broad-except  # keep it as a copy
+            logger.debug("cpu Conv2d rule: the padding stays a stage")
+    if stage is not None and by_weights:  # padded once, whole, before the convolution
+        stage_loops = sch.get_loops(stage)
+        sch.parallel(sch.fuse(*stage_loops[:2]))
+        U.vectorize_inner(sch, stage_loops[-1], lanes)
+    elif stage is not None:  # the input rows of a pixel tile, padded once for all its channel tiles
+        sch.compute_at(stage, outer, preserve_unit_loops=True)
+        U.vectorize_inner(sch, sch.get_loops(stage)[-1], lanes)
+    W.output_tile(sch, block, tile, lanes)
+    sch.vectorize(c_l)
+    sch.unroll(c_u)
+    sch.unroll(w_i)
+    sch.decompose_reduction(block, reduce[0])
 
 
 def _product(shape) -> int:

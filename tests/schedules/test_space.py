@@ -44,6 +44,18 @@ def _norm_matmul() -> tvm.IRModule:
     return _module(te.create_prim_func([x, w, c]))
 
 
+def _conv() -> tvm.IRModule:
+    """relu(conv 3x3 16 -> 64 @14 + bias), NHWC, the weight in blocks of 32, batch 2: the Conv2d rule's kernel."""
+    from relaxtune.relax_passes.block_conv_weights import conv2d_nhwc_blocked
+
+    x, w = te.placeholder((2, 14, 14, 16), name="x"), te.placeholder((2, 3, 3, 16, 32), name="w")
+    bias = te.placeholder((64,), name="bias")
+    conv = conv2d_nhwc_blocked(x, w, [1, 1], [1, 1, 1, 1], [1, 1], "float32")
+    zero = tvm.tirx.const(0, "float32")
+    out = te.compute(conv.shape, lambda n, h, v, c: tvm.tirx.max(conv[n, h, v, c] + bias[c], zero), name="relu")
+    return _module(te.create_prim_func([x, w, bias, out]))
+
+
 def _strip(func):
     root = func.body.block
     annotations = {k: v for k, v in root.annotations.items() if not str(k).startswith("relaxtune.")}
@@ -52,7 +64,12 @@ def _strip(func):
     return func.with_body(s_tir.SBlockRealize([], True, block))
 
 
-KERNELS = [(lambda: _matmul(16, gelu=True), "Matmul"), (lambda: _nt_matmul(2), "Gemv"), (_norm_matmul, "NormGemv")]
+KERNELS = [
+    (lambda: _matmul(16, gelu=True), "Matmul"),
+    (lambda: _nt_matmul(2), "Gemv"),
+    (_norm_matmul, "NormGemv"),
+    (_conv, "Conv2d"),
+]
 
 
 @pytest.mark.parametrize("make, rule", KERNELS)
@@ -87,6 +104,38 @@ def test_one_sketch_per_structural_combination_the_rules_first(target):
         rule.sketch(s_tir.Schedule(mod), target.target, again)
         assert all(v in c.candidates for v, c in zip(combo, (c for c in again.choices if c.structural)))
     assert all(decisions.read(s.trace)[1]["k_unroll"] == 1 for s in found)  # numeric choices at the rule's values
+
+
+def test_convolution_sketches_and_mutants(target):
+    """The Conv2d rule's space: one sketch per (units, by_weights, pad_in_place), the rule's first; a mutant moves
+    one decision, the pixels per tile included (and with the vectors where its value no longer fits), and is the
+    rule's schedule at its decisions."""
+    mod = _conv()
+    rule = space.tunable_rule(mod, target.target)
+    probe = decisions.Probe()
+    assert rule.sketch(s_tir.Schedule(mod), target.target, probe)
+    names = ("units", "by_weights", "pad_in_place")
+    found = space.sketches(s_tir.Schedule(mod), target.target, rule)
+    combos = [tuple(decisions.read(s.trace)[1][n] for n in names) for s in found]
+    assert len(found) == len(set(combos)) == 3 * 2 * 2
+    assert combos[0] == tuple(c.default for c in probe.choices if c.structural)
+    candidate = space.rule_candidate(mod, target.target, space.postprocs())
+    mutator = MutateDecision(seed=3)
+    mutator.mod, mutator.target = mod, target.target
+    _, before = decisions.read(candidate.sch.trace)
+    moved = set()
+    for _ in range(24):
+        trace = mutator.apply(candidate.sch.trace)
+        _, after = decisions.read(trace)
+        changed = {k for k in before if before[k] != after[k]}
+        # one decision moves; the pixels per tile follow where more vectors leave theirs off the stack
+        assert len(changed) == 1 or changed == {"units", "rows"}
+        moved |= changed
+        sch = s_tir.Schedule(mod)
+        trace.apply_to_schedule(sch, remove_postproc=True)
+        again = space.from_decisions(mod, target.target, "Conv2d", after, space.postprocs())
+        tvm.ir.assert_structural_equal(sch.mod, s_tir.Schedule(again.sch.mod).mod)
+    assert moved == {"units", "by_weights", "pad_in_place", "rows"}
 
 
 def test_kinds_of_space(target):

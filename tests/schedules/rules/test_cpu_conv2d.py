@@ -83,9 +83,19 @@ def test_stem_pads_its_input_in_a_stage(kit, cpu_target):
     assert "if_then_else" not in update.split("T.sblock(")[1]
 
 
+def test_small_stem_reads_its_padding_in_place(kit, cpu_target):
+    """3 input channels but few FMAs per input value (3x3 x 16 output channels, MobileNetV3's stem): in place."""
+    func = kit.only_prim_func(_fuse(_conv_module(kit, 3, 16, 16, 3, 2, 16), cpu_target), "conv2d")
+    script = kit.apply_rule(Conv2d(), func, cpu_target).mod["main"].script()
+    assert 'T.sblock("pad_temp")' not in script
+    update = script[script.index('T.sblock("conv2d_nhwc_update")') :]
+    assert "if_then_else" in update.split("T.sblock(")[1]
+
+
 @pytest.mark.parametrize(
     ("ic", "oc", "size", "kernel", "stride", "blocked"),
     [
+        (3, 16, 16, 3, 2, 16),  # a small stem: padding read in place
         (16, 64, 14, 3, 1, 0),  # 3x3, padded
         (16, 64, 14, 3, 1, 32),  # the same, blocked weight
         (24, 48, 9, 3, 2, 16),  # stride 2, odd size, blocked
@@ -169,3 +179,62 @@ def test_padded_output_channels_one_kernel_matches_torch(kit, cpu_target, channe
             .numpy()
         )
         kit.assert_close(run(xv, wv, bv), np.maximum(ref + bv, 0))
+
+
+def _conv_kernel(kit, target):
+    """relu(conv 3x3 16 -> 64 @14 + bias), the weight in blocks of 32, symbolic batch: (module, kernel)."""
+    mod = _fuse(_conv_module(kit, 16, 64, 14, 3, 1, 32), target)
+    return mod, kit.only_prim_func(mod, "conv2d")
+
+
+def test_probe_lists_the_decisions_with_the_rules_values(kit, cpu_target):
+    """The rule's hand-made choices as decisions (units, by_weights, pad_in_place structural; rows, the pixels
+    per tile, sampled), each default the rule's value, every pixel count a divisor of the row that fits."""
+    from relaxtune.schedules.rules import _utils as U
+    from relaxtune.schedules.rules import decisions
+    from relaxtune.schedules.rules.conv_analysis import pixel_tile
+
+    _, func = _conv_kernel(kit, cpu_target)
+    probe = decisions.Probe()
+    with cpu_target:
+        sch = Conv2d().apply(func, cpu_target, False, decide=probe)
+        plain = Conv2d().apply(func, cpu_target, False)
+    tvm.ir.assert_structural_equal(sch.mod["main"], plain.mod["main"])  # the defaults are the rule
+    by_name = {c.name: c for c in probe.choices}
+    assert list(by_name) == ["units", "by_weights", "pad_in_place", "rows"]
+    assert [by_name[n].structural for n in by_name] == [True, True, True, False]
+    assert all(c.default in c.candidates for c in probe.choices)
+    assert by_name["pad_in_place"].default == 1 and by_name["pad_in_place"].candidates == (0, 1)
+    assert by_name["units"].default == 2 and by_name["units"].candidates == (1, 2, 4)  # 64 channels
+    assert by_name["rows"].default == pixel_tile(14, 2, U.vector_bits(cpu_target))
+    lanes = U.lanes(cpu_target, "float32")  # divisors of 14 whose tile (2 vectors) stays under 1 KiB: the stack
+    assert set(by_name["rows"].candidates) == {d for d in (2, 7, 14) if d * 2 * lanes * 4 < 1024}
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"units": 1, "rows": 2, "by_weights": 1, "pad_in_place": 0},  # padded whole, channel tiles outermost
+        {"units": 4, "rows": 2, "by_weights": 0, "pad_in_place": 0},  # rows copied per pixel tile
+        {"units": 1, "rows": 14, "by_weights": 1, "pad_in_place": 1},
+    ],
+)
+def test_given_decisions_match_torch_symbolic_batch(kit, cpu_target, values):
+    """A record's decisions re-applied to the kernel with its symbolic batch: torch's result at b = 1, 3, 16."""
+    from relaxtune.schedules.rules import decisions
+
+    mod, func = _conv_kernel(kit, cpu_target)
+    gv = next(gv for gv, f in mod.functions_items() if "conv2d" in gv.name_hint)
+    with cpu_target:
+        sch = Conv2d().apply(func, cpu_target, False, decide=decisions.Given(values))
+    assert sch is not None
+    script = sch.mod["main"].script()
+    assert ('T.sblock("pad_temp")' in script) == (not values["pad_in_place"])
+    mod[gv] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    run = kit.Runner(apply_cpu_rules(mod, cpu_target), cpu_target)
+    rng = np.random.default_rng(2)
+    w, bias = kit.rand(rng, 3, 3, 16, 64, scale=0.2), kit.rand(rng, 1, 1, 1, 64)
+    packed = w.reshape(3, 3, 16, 2, 32).transpose(3, 0, 1, 2, 4).copy()
+    for b in (1, 3, 16):
+        x = kit.rand(rng, b, 14, 14, 16)
+        kit.assert_close(run(x, packed, bias), _reference(x, w, bias, 1))
