@@ -39,6 +39,7 @@ from .lift_position_tables import LiftPositionTables
 from .merge_projections import MergeProjections
 from .paged_kv_kernels import PagedKVKernels
 from .plan_memory import PlanMemory
+from .quant_dot_gemv import QuantDotGemv
 from .slice_after_reshape import SliceAfterReshape
 from .small_attention_tiles import SmallAttentionTiles
 from .specialize_static_calls import SpecializeStaticCalls
@@ -85,6 +86,11 @@ def fusion_passes(
         # Phase 3: one function per shape bucket; main checks the bounds and dispatches
         BucketDispatch(plan, entries),
         SpecializeStaticCalls(),  # quantized kernels (a model's own call_tir) static where the bucket is
+        *(  # one-row quantized projections: int8 dot products, their norm / SwiGLU and residual add fused
+            [QuantDotGemv(target), relax.transform.DeadCodeElimination()]
+            if options.int8_activations and not gpu
+            else []
+        ),
         *([SmallAttentionTiles(), FuseNormIntoGemv()] if ours and not gpu else []),  # short-sequence buckets
         *([LiftPositionTables()] if lift_tables else []),  # rotary tables once up to each bucket's bound
         *(
