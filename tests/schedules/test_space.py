@@ -44,6 +44,17 @@ def _norm_matmul() -> tvm.IRModule:
     return _module(te.create_prim_func([x, w, c]))
 
 
+def _quant_gemv(name: str = "q4_1") -> tvm.IRModule:
+    """x (1, 1, 128) @ W(48, 128)^T with W in 4- or 8-bit blocks: the QuantGemv rule's kernel."""
+    from relaxtune.kernels import quant_formats as qf
+    from relaxtune.kernels import quant_tir
+
+    fmt = qf.format_named(name)
+    x = te.placeholder((1, 1, 128), name="x")
+    parts = {p: te.placeholder(shape, dtype, name=p) for p, (shape, dtype) in fmt.shapes(48, 128).items()}
+    return _module(te.create_prim_func([x, *parts.values(), quant_tir.linear(fmt, x, parts)]))
+
+
 def _strip(func):
     root = func.body.block
     annotations = {k: v for k, v in root.annotations.items() if not str(k).startswith("relaxtune.")}
@@ -52,7 +63,13 @@ def _strip(func):
     return func.with_body(s_tir.SBlockRealize([], True, block))
 
 
-KERNELS = [(lambda: _matmul(16, gelu=True), "Matmul"), (lambda: _nt_matmul(2), "Gemv"), (_norm_matmul, "NormGemv")]
+KERNELS = [
+    (lambda: _matmul(16, gelu=True), "Matmul"),
+    (lambda: _nt_matmul(2), "Gemv"),
+    (_norm_matmul, "NormGemv"),
+    (_quant_gemv, "QuantGemv"),
+    (lambda: _quant_gemv("q8_0"), "QuantGemv"),
+]
 
 
 @pytest.mark.parametrize("make, rule", KERNELS)
@@ -87,6 +104,15 @@ def test_one_sketch_per_structural_combination_the_rules_first(target):
         rule.sketch(s_tir.Schedule(mod), target.target, again)
         assert all(v in c.candidates for v, c in zip(combo, (c for c in again.choices if c.structural)))
     assert all(decisions.read(s.trace)[1]["k_unroll"] == 1 for s in found)  # numeric choices at the rule's values
+
+
+def test_quant_gemv_sketches_every_tile_and_unit_combination(target):
+    """QuantGemv's decisions are structural: one sketch per (cols, units) its kernel takes, the rule's first."""
+    mod = _quant_gemv()
+    rule = space.tunable_rule(mod, target.target)
+    found = space.sketches(s_tir.Schedule(mod), target.target, rule)
+    combos = [(decisions.read(s.trace)[1]["cols"], decisions.read(s.trace)[1]["units"]) for s in found]
+    assert combos[0] == (8, 1) and len(set(combos)) == len(combos) == 4 * 3
 
 
 def test_kinds_of_space(target):
