@@ -85,3 +85,29 @@ def test_eligible_and_tiles():
     assert quant_dot_tir.tile_rows(7, 4) == 1
     with pytest.raises(ValueError, match="no int8 GEMV"):
         quant_dot_tir.gemv(qf.GGUF["F16"], 16, 64)
+
+
+@pytest.mark.parametrize("prologue", ["norm", "swiglu", "none"])
+def test_fused_prologue_and_residual(prologue):
+    """The row normed (RMSNorm) or gated (SwiGLU) before it is quantized, and a residual added: against the int8
+    arithmetic on numpy's transformed row (a value rounding the other way moves a block by one step: 1e-3)."""
+    fmt, rows, cols = qf.GGUF["Q4_1"], 32, 128
+    parts = parts_for("q4_1", rows, cols)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(2 * cols if prologue == "swiglu" else cols).astype(np.float32)
+    gamma = rng.uniform(0.5, 1.5, cols).astype(np.float32)
+    res = rng.standard_normal(rows).astype(np.float32)
+    if prologue == "norm":
+        row = x / np.sqrt(np.mean(x * x) + 1e-6) * gamma
+    elif prologue == "swiglu":
+        row = x[:cols] / (1 + np.exp(-x[:cols])) * x[cols:]
+    else:
+        row = x
+    fused = quant_dot_tir.Fused(norm=prologue == "norm", eps=1e-6, swiglu=prologue == "swiglu", residual=True)
+    func = quant_dot_tir.gemv(fmt, rows, cols, 8, fused).with_attr("global_symbol", "main")
+    fn = tvm.compile(tvm.IRModule({"main": func}), target=target())["main"]
+    out = tvm.runtime.tensor(np.zeros((1, 1, rows), np.float32))
+    args = [x.reshape(1, 1, -1)] + ([gamma] if prologue == "norm" else []) + [parts[p] for p in fmt.part_names]
+    fn(*[tvm.runtime.tensor(a) for a in args], tvm.runtime.tensor(res.reshape(1, 1, rows)), out)
+    want = int8_reference(fmt, parts, row.astype(np.float32)) + res
+    np.testing.assert_allclose(out.numpy().reshape(-1), want, rtol=0, atol=1e-3 * np.abs(want).max())
