@@ -30,6 +30,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from ..ir_attrs import DEQUANTIZE_ATTR, DEQUANTIZE_SCALE_ATTR
 from ..kernels import quant_dot_tir
 from ..kernels.quant_formats import format_named
+from ..schedules.rules import fast_math
 from .fusion_utils import is_op, use_counts
 
 logger = logging.getLogger(__name__)
@@ -151,7 +152,7 @@ class _Rewriter(PyExprMutator):
             args = [*args, residual]
         key = (fmt.name, rows, cols, fused)
         if key not in self.made:
-            func = quant_dot_tir.gemv(fmt, rows, cols, self.tile, fused)
+            func = fast_math.rewrite(quant_dot_tir.gemv(fmt, rows, cols, self.tile, fused))  # the gate's exp
             self.made[key] = self.builder_.add_func(func, kernel_name(fmt.name, rows, cols, fused))
         return relax.call_tir(self.made[key], [self.visit_expr(a) for a in args], out_ty)
 

@@ -35,6 +35,7 @@ KIND_ATTR = "relaxtune.kernel"
 KIND = "quant_dot_gemv"
 DPBUSD = "llvm.x86.avx512.vpdpbusd.256"  # 8 int32 lanes += 4 x (u8 * s8) (LLVM 22: 32 x i8 operands)
 LANES = 8
+VEC = 16  # float32 lanes per step of the serial prologue
 TILE = 8  # output rows per parallel task by default (4 / 8: within 10%, 8 ahead)
 
 
@@ -79,6 +80,11 @@ def _dot(acc, weights, acts):
     return T.call_llvm_pure_intrin("int32x8", DPBUSD, acc, weights, acts)
 
 
+def lane_start(corr, step: int, has_offset: bool):
+    """int32x8: where the accumulator lanes of weight load `step` start (zeros without an offset)."""
+    return corr[T.ramp(step * LANES, 1, LANES)] if has_offset else T.Broadcast(T.int32(0), LANES)
+
+
 def pair_scale(scale, dx, row, pair):
     """float32x2: ``d * dx`` of the two blocks of `pair` in `row`."""
     return T.Cast("float32x2", scale[row, T.ramp(pair * 2, 1, 2)]) * dx[T.ramp(pair * 2, 1, 2)]
@@ -99,31 +105,45 @@ def gemv(fmt: WeightFormat, rows: int, cols: int, tile: int = TILE, fused: Fused
 
 
 def _prologue(cols: int, fused: Fused):
-    """A macro: the kernel's input row (1, 1, K or 2K) -> xn (K,) float32, normed or gated as `fused` says."""
-    norm, swiglu, eps = fused.norm, fused.swiglu, fused.eps
+    """A macro: the kernel's input row (1, 1, K or 2K) -> xn (K,) float32, normed or gated as `fused` says, in
+    vectors of `VEC` (the gate's exp is libm's here; `relax_passes/quant_dot_gemv.py` swaps in the rules'
+    vectorizable one)."""
+    norm, swiglu, eps, steps = fused.norm, fused.swiglu, fused.eps, cols // VEC
 
     @T.macro
     def prologue(x, gamma, xn):
         with T.sblock("row"):
-            squares = T.sblock_alloc_buffer((1,), "float32")
-            squares[0] = T.float32(0)
+            squares = T.sblock_alloc_buffer((VEC,), "float32")
+            factor = T.sblock_alloc_buffer((1,), "float32")
+            factor[0] = T.float32(1)
             if norm:
-                for k in T.serial(cols):
-                    squares[0] = squares[0] + x[0, 0, k] * x[0, 0, k]
-            for k in T.serial(cols):
-                if norm:
-                    xn[k] = x[0, 0, k] * T.rsqrt(squares[0] / T.float32(cols) + T.float32(eps)) * gamma[k]
-                elif swiglu:
-                    xn[k] = x[0, 0, k] / (T.float32(1) + T.exp(T.float32(0) - x[0, 0, k])) * x[0, 0, cols + k]
-                else:
-                    xn[k] = x[0, 0, k]
+                for v in T.vectorized(VEC):
+                    squares[v] = T.float32(0)
+                for k, v in T.grid(steps, VEC):
+                    squares[v] = squares[v] + x[0, 0, k * VEC + v] * x[0, 0, k * VEC + v]
+                factor[0] = T.float32(0)
+                for v in T.serial(VEC):
+                    factor[0] = factor[0] + squares[v]
+                factor[0] = T.float32(1) / T.sqrt(factor[0] / T.float32(cols) + T.float32(eps))
+            for k in T.serial(steps):
+                for v in T.vectorized(VEC):
+                    if norm:
+                        xn[k * VEC + v] = x[0, 0, k * VEC + v] * factor[0] * gamma[k * VEC + v]
+                    elif swiglu:
+                        xn[k * VEC + v] = (
+                            x[0, 0, k * VEC + v]
+                            / (T.float32(1) + T.exp(T.float32(0) - x[0, 0, k * VEC + v]))
+                            * x[0, 0, cols + k * VEC + v]
+                        )
+                    else:
+                        xn[k * VEC + v] = x[0, 0, k * VEC + v]
 
     return prologue
 
 
 def _quantize(cols: int, four_bit: bool, offset: int):
     """A macro: xn (K,) -> xq (K,) int8 (permuted per pair of blocks for 4 bits), dx and sx per block, and
-    corr: each accumulator lane's start, minus `offset` times the sum of the activations it meets."""
+    (`offset` > 0) corr: each accumulator lane's start, minus `offset` times the sum of the activations it meets."""
     groups, half = cols // CHUNK, CHUNK // 2
     vectors = 2 if four_bit else 1  # int8 vectors (of 32) feeding one accumulator
     count = cols // 4 // vectors
@@ -133,31 +153,42 @@ def _quantize(cols: int, four_bit: bool, offset: int):
         for g in T.serial(groups):
             with T.sblock("quantize_block"):
                 vg = T.axis.spatial(groups, g)
+                top = T.sblock_alloc_buffer((LANES,), "float32")
                 amax = T.sblock_alloc_buffer((1,), "float32")
                 total = T.sblock_alloc_buffer((1,), "int32")
+                for v in T.vectorized(LANES):
+                    top[v] = T.float32(0)
+                for e, v in T.grid(CHUNK // LANES, LANES):
+                    top[v] = T.max(top[v], T.fabs(xn[vg * CHUNK + e * LANES + v]))
                 amax[0] = T.float32(0)
-                for e in T.serial(CHUNK):
-                    amax[0] = T.max(amax[0], T.fabs(xn[vg * CHUNK + e]))
+                for v in T.serial(LANES):
+                    amax[0] = T.max(amax[0], top[v])
                 inv: T.let[T.float32] = T.Select(amax[0] > T.float32(0), T.float32(127) / amax[0], T.float32(0))
+                for h in T.serial(2):  # the block's halves: contiguous in xq in both layouts
+                    for e in T.vectorized(half):
+                        if four_bit:  # pair vg // 2: [low-nibble values of its two blocks, then the high-nibble ones]
+                            xq[vg // 2 * 2 * CHUNK + h * CHUNK + vg % 2 * half + e] = T.Cast(
+                                "int8", T.round(xn[vg * CHUNK + h * half + e] * inv)
+                            )
+                        else:
+                            xq[vg * CHUNK + h * half + e] = T.Cast("int8", T.round(xn[vg * CHUNK + h * half + e] * inv))
                 total[0] = 0
-                for e in T.serial(CHUNK):
-                    if four_bit:  # pair vg // 2: [low-nibble values of its two blocks, then the high-nibble ones]
-                        xq[vg // 2 * 2 * CHUNK + e // half * CHUNK + vg % 2 * half + e % half] = T.Cast(
-                            "int8", T.round(xn[vg * CHUNK + e] * inv)
-                        )
+                for h, e in T.grid(2, half):
+                    if four_bit:
+                        total[0] = total[0] + T.Cast("int32", xq[vg // 2 * 2 * CHUNK + h * CHUNK + vg % 2 * half + e])
                     else:
-                        xq[vg * CHUNK + e] = T.Cast("int8", T.round(xn[vg * CHUNK + e] * inv))
-                    total[0] = total[0] + T.Cast("int32", T.Cast("int8", T.round(xn[vg * CHUNK + e] * inv)))
+                        total[0] = total[0] + T.Cast("int32", xq[vg * CHUNK + h * half + e])
                 dx[vg] = amax[0] / T.float32(127)
                 sx[vg] = amax[0] / T.float32(127) * T.Cast("float32", total[0])
-        for lane in T.serial(count):
-            with T.sblock("lane_offset"):
-                vl = T.axis.spatial(count, lane)
-                corr[vl] = T.int32(0)
-                for v, b in T.grid(vectors, 4):
-                    corr[vl] = corr[vl] - T.int32(offset) * T.Cast(
-                        "int32", xq[vl // LANES * vectors * 4 * LANES + v * 4 * LANES + vl % LANES * 4 + b]
-                    )
+        if offset > 0:
+            for lane in T.serial(count):
+                with T.sblock("lane_offset"):
+                    vl = T.axis.spatial(count, lane)
+                    corr[vl] = T.int32(0)
+                    for v, b in T.grid(vectors, 4):
+                        corr[vl] = corr[vl] - T.int32(offset) * T.Cast(
+                            "int32", xq[vl // LANES * vectors * 4 * LANES + v * 4 * LANES + vl % LANES * 4 + b]
+                        )
 
     return quantize
 
@@ -166,6 +197,7 @@ def _kernel(fmt: WeightFormat, rows: int, cols: int, tile: int, fused: Fused) ->
     """Every parameter listed (`gemv` keeps those the body reads)."""
     groups, pairs, tasks = cols // CHUNK, cols // (2 * CHUNK), rows // tile
     four_bit, has_min, residual = fmt.bits == 4, fmt.has_min, fused.residual
+    has_offset = fmt.offset > 0 or not four_bit
     width = cols * (2 if fused.swiglu else 1)
     q_cols, q_dtype = (cols // 2, "uint8") if four_bit else (cols, "int8")
     steps = pairs if four_bit else groups  # 32-byte weight loads per row
@@ -205,7 +237,7 @@ def _kernel(fmt: WeightFormat, rows: int, cols: int, tile: int, fused: Fused) ->
                                 "float32x8",
                                 _dot(
                                     _dot(
-                                        corr[T.ramp(p * LANES, 1, LANES)],
+                                        lane_start(corr, p, has_offset),
                                         qweight[vt * tile + r, T.ramp(p * CHUNK, 1, CHUNK)]
                                         & T.Broadcast(T.uint8(15), CHUNK),
                                         xq[T.ramp(p * 2 * CHUNK, 1, CHUNK)],
@@ -227,7 +259,7 @@ def _kernel(fmt: WeightFormat, rows: int, cols: int, tile: int, fused: Fused) ->
                             acc[r, T.ramp(0, 1, LANES)] = acc[r, T.ramp(0, 1, LANES)] + T.Cast(
                                 "float32x8",
                                 _dot(
-                                    corr[T.ramp(p * LANES, 1, LANES)],
+                                    lane_start(corr, p, True),
                                     qweight[vt * tile + r, T.ramp(p * CHUNK, 1, CHUNK)]
                                     ^ T.Broadcast(T.int8(-128), CHUNK),
                                     xq[T.ramp(p * CHUNK, 1, CHUNK)],
