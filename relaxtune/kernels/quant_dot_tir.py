@@ -17,9 +17,11 @@ removed by starting each lane's sum at minus its share (``offset``), computed wi
 
 `gemv(fmt, rows, cols, tile)` is the kernel ``(x (1, 1, K) float32, *parts, y (1, 1, N) float32)``, the
 signature of `quant_tir.linear` at one row without bias, so it replaces that kernel's call as it is
-(`relax_passes/quant_dot_gemv.py`): the row quantized once (serial), then parallel tasks of `tile`
-output rows. Written scheduled (explicit vectors and LLVM's intrinsic), so no rule touches it. It needs
-a target with AVX-VNNI or AVX512-VNNI with AVX512-VL (`supported`).
+(`relax_passes/quant_dot_gemv.py`): the row quantized once (serial, in vectors), then parallel tasks of `tile`
+output rows. With `Fused` it also takes what makes its row (an RMSNorm: x and gamma; a SwiGLU: the gate/up
+projection's (1, 1, 2K) output) and a residual added to its output. Written scheduled (explicit vectors and
+LLVM's intrinsic), so no rule touches it. It needs a target with AVX-VNNI or AVX512-VNNI with AVX512-VL
+(`supported`).
 """
 
 from __future__ import annotations
