@@ -41,6 +41,7 @@ from .merge_quant_projections import MergeQuantProjections
 from .pack_quant_weights_cuda import PackQuantWeightsCuda
 from .paged_kv_kernels import PagedKVKernels
 from .plan_memory import PlanMemory
+from .quant_dot_gemv import QuantDotGemv
 from .quant_gemv_cuda import RewriteQuantGemvToCuda
 from .slice_after_reshape import SliceAfterReshape
 from .small_attention_tiles import SmallAttentionTiles
@@ -91,6 +92,11 @@ def fusion_passes(
         # Phase 3: one function per shape bucket; main checks the bounds and dispatches
         BucketDispatch(plan, entries),
         SpecializeStaticCalls(),  # quantized kernels (a model's own call_tir) static where the bucket is
+        *(  # one-row quantized projections: int8 dot products, their norm / SwiGLU and residual add fused
+            [QuantDotGemv(target), relax.transform.DeadCodeElimination()]
+            if options.int8_activations and not gpu
+            else []
+        ),
         *([SmallAttentionTiles(), FuseNormIntoGemv()] if ours and not gpu else []),  # short-sequence buckets
         *([LiftPositionTables()] if lift_tables else []),  # rotary tables once up to each bucket's bound
         *(

@@ -187,6 +187,8 @@ class CompileConfig:
     cublas: CudaLibraries = CudaLibraries()
     cuda_graphs: bool = True  # gpu: static regions captured as CUDA graphs
     flash_attention: FlashAttention = FlashAttention()
+    # llvm with VNNI: one-row projections over 4/8-bit blocks take int8 activations (relax_passes/quant_dot_gemv.py)
+    int8_activations: bool = True
 
     def __post_init__(self) -> None:
         if self.fusion not in FUSIONS:

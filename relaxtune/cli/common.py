@@ -37,6 +37,14 @@ def add_workload(parser: argparse.ArgumentParser) -> None:
         default=32,
         help=f"weights per scale of q4f32 / q8f32 / q4f16: {' or '.join(map(str, GROUP_SIZES))}",
     )
+    parser.add_argument(
+        "--no-int8-activations",
+        dest="int8_activations",
+        action="store_false",
+        default=None,
+        help="one-row projections over 4-bit blocks with float32 FMAs on dequantized weights instead of int8 dot "
+        "products against activations quantized per 32 (CPUs with VNNI)",
+    )
 
 
 CACHE_HELP = (
@@ -159,6 +167,7 @@ def job_config(args, tune: TuneConfig | None = None, use_cache: bool = True) -> 
         "cublas": getattr(args, "cublas", None),
         "cuda_graphs": getattr(args, "cuda_graphs", None),
         "flash_attention": getattr(args, "flash_attention", None),
+        "int8_activations": getattr(args, "int8_activations", None),
     }
     return JobConfig(
         cache_dir=cache_dir(args),

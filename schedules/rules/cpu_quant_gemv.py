@@ -13,9 +13,12 @@ broadcast, instead of a scalar load, conversion and broadcast per group and colu
 (``cpu_gemv``: K by VL, the nibble shift a variable) is slower on these kernels. Figures: docs/results.md
 ("Quantized weights (CPU)"; `benchmarks/bench_quant_gemv.py`).
 
-Its choices are named (``sketch`` asks `decide` for each; the default is the rule's value): ``cols``,
-outputs per tile (4, 8, 16; 8), and ``units``, packed units per loop iteration (1, 2, 4; 32 weights: one
-4-bit chunk, or two vectors of 8-bit weights, a Q8_0 group).
+Its choices are decisions of its design space (`decisions.py`; ``sketch`` asks `decide` for each, the
+default the rule's value): ``cols``, outputs per tile (2, 4, 8, 16; 8), and ``units``, packed units per loop
+iteration (1, 2, 4; 32 weights: one 4-bit chunk, or two vectors of 8-bit weights, a Q8_0 group). Both are
+structural (the tile's partial sums and the scales converted per step are sized by them, and a value that
+does not divide the kernel's extent falls back to a smaller one), so each combination is one sketch of the
+rules' space (`schedules/space.py`) and `MutateDecision` moves between them.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from ...ir_attrs import DEQUANTIZE_SCALE_ATTR
 from . import _utils as U
 from . import fast_math
 from .analysis import dot_eligible, normalize, row_extent
+from .decisions import Defaults
 from .quant_analysis import quant_contraction
 from .tiling import STACK_LIMIT, epilogue_at
 
@@ -36,19 +40,6 @@ logger = logging.getLogger(__name__)
 
 MAX_ROWS = 4
 UNIT_WEIGHTS = 32  # weights of K per loop iteration by default: a 4-bit chunk, two vectors of 8-bit (one group)
-
-
-class _Defaults:
-    """Each choice at the rule's value (the `decide` protocol of the rules' design spaces)."""
-
-    def begin(self, sch, rule: str) -> None:
-        """Called once before the first choice."""
-
-    def choose(self, sch, name: str, candidates, default: int, structural: bool = False) -> int:
-        return int(default)
-
-    def note(self, sch, name: str, value) -> None:
-        """A fact about the kernel, for the cost model."""
 
 
 class QuantGemv(fast_math.FastMathRule):
@@ -61,7 +52,7 @@ class QuantGemv(fast_math.FastMathRule):
         if sch is None:
             return None
         try:
-            return sch if self.sketch(sch, target, decide or _Defaults()) else None
+            return sch if self.sketch(sch, target, decide or Defaults()) else None
         except Exception as err:  # pylint: disable=broad-except  # a primitive refused: not ours
             logger.debug("cpu QuantGemv rule gave up: %s", err)
             return None
@@ -85,8 +76,8 @@ class QuantGemv(fast_math.FastMathRule):
         decide.note(sch, "rows", rows)
         decide.note(sch, "cols", ext_j)
         decide.note(sch, "reduction", ext_k)
-        cols = decide.choose(sch, "cols", (4, 8, 16), 8)
-        units = decide.choose(sch, "units", (1, 2, 4), max(1, UNIT_WEIGHTS // unit))
+        cols = decide.choose(sch, "cols", (2, 4, 8, 16), 8, structural=True)
+        units = decide.choose(sch, "units", (1, 2, 4), max(1, UNIT_WEIGHTS // unit), structural=True)
         cols = U.largest_pow2_divisor(ext_j, cols) if ext_j is not None else 1
         while rows * cols * vec * 4 >= STACK_LIMIT and cols > 1:
             cols //= 2  # the partial sums stay on the stack (registers)

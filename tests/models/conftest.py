@@ -19,14 +19,17 @@ MAX_PREFILL = 256
 BUCKET_TOPS = (1, 16, 128, MAX_PREFILL)  # boundaries 1|2, 16|17, 128|129; longer prompts prefill in chunks
 
 
-def compile_tiny(path: Path, out: Path) -> Path:
-    """Compile a GGUF file as `relaxtune compile gguf:PATH` does (rules only, the test buckets)."""
+def compile_tiny(path: Path, out: Path, int8: bool = False) -> Path:
+    """Compile a GGUF file as `relaxtune compile gguf:PATH` does (rules only, the test buckets); float32
+    activations unless `int8` (int8 activations in decode are compared with their own tolerance)."""
     from relaxtune import api, targets
     from relaxtune.config import BucketConfig, CompileConfig, JobConfig
     from relaxtune.workloads import load
 
     workload = load(f"gguf:{path}", {"max_prefill": str(MAX_PREFILL)})
-    job = JobConfig(compile=CompileConfig(use_cache=False), buckets=BucketConfig(edges={"n": BUCKET_TOPS}))
+    job = JobConfig(
+        compile=CompileConfig(use_cache=False, int8_activations=int8), buckets=BucketConfig(edges={"n": BUCKET_TOPS})
+    )
     return api.compile(workload, targets.resolve("cpu"), job, out).path
 
 
@@ -46,14 +49,14 @@ def tiny_gguf(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_artifact(tmp_path_factory, tiny_gguf):
-    """name -> the .so of that tiny model, compiled on first use."""
+    """(name, int8=False) -> the .so of that tiny model, compiled on first use."""
     folder = tmp_path_factory.mktemp("artifacts")
-    built: dict[str, Path] = {}
+    built: dict[tuple[str, bool], Path] = {}
 
-    def get(name: str) -> Path:
-        if name not in built:
-            built[name] = compile_tiny(tiny_gguf(name), folder / f"{name}.so")
-        return built[name]
+    def get(name: str, int8: bool = False) -> Path:
+        if (name, int8) not in built:
+            built[name, int8] = compile_tiny(tiny_gguf(name), folder / f"{name}{'-int8' if int8 else ''}.so", int8)
+        return built[name, int8]
 
     return get
 

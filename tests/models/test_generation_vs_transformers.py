@@ -86,3 +86,29 @@ def test_decode_after_long_prefill_equals_prefill_of_the_whole_sequence(tiny_art
     stepped = llm.decode(ids[300]).numpy().reshape(-1)
     assert relative(stepped, whole) < LOGIT_TOLERANCE
     assert int(np.argmax(stepped)) == int(np.argmax(whole))
+
+
+# int8 activations (decode's projections over 4-bit blocks, relax_passes/quant_dot_gemv.py): the activations are
+# rounded to 8 bits per 32 values, as llama.cpp rounds them, so logits move by about a percent of the largest
+INT8_LOGIT_TOLERANCE = 5e-2
+
+
+def test_int8_activations_stay_close_to_the_float32_reference(tiny_artifact, reference_model):
+    """Teacher-forced on transformers' greedy tokens: every step's logits within INT8_LOGIT_TOLERANCE, and the
+    int8 build differs from the float32 one (the int8 kernels ran)."""
+    from relaxtune import LLM
+
+    int8, f32 = LLM(tiny_artifact("gqa_tied", int8=True)), LLM(tiny_artifact("gqa_tied"))
+    model = reference_model("gqa_tied")
+    prompt = PROMPTS[0]
+    want_tokens, want_logits = hf_greedy(model, prompt, 16)
+    errors, moved = [], 0.0
+    for llm in (int8, f32):
+        llm.reset(len(prompt) + 17)
+    logits, plain = int8.prefill(prompt), f32.prefill(prompt)
+    for step, token in enumerate(want_tokens):
+        errors.append(relative(logits.numpy().reshape(-1), want_logits[step]))
+        moved = max(moved, relative(logits.numpy().reshape(-1), plain.numpy().reshape(-1)))
+        logits, plain = int8.decode(token), f32.decode(token)
+    assert max(errors) < INT8_LOGIT_TOLERANCE, errors
+    assert moved > 1e-6  # the decode steps took int8 activations

@@ -27,7 +27,9 @@ def smollm2(tmp_path_factory):
     from relaxtune.workloads.language_model import packaged_path
 
     so = tmp_path_factory.mktemp("smollm2") / "smollm2.so"
-    api.compile(load("smollm2"), targets.resolve("cpu"), JobConfig(compile=CompileConfig(use_cache=False)), so)
+    # float32 activations: the reference-exact path (int8 activations in decode: benchmarks/int8_accuracy.py)
+    job = JobConfig(compile=CompileConfig(use_cache=False, int8_activations=False))
+    api.compile(load("smollm2"), targets.resolve("cpu"), job, so)
     path = packaged_path("smollm2")
     model = transformers.AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32

@@ -56,6 +56,17 @@ def _conv() -> tvm.IRModule:
     return _module(te.create_prim_func([x, w, bias, out]))
 
 
+def _quant_gemv(name: str = "q4_1") -> tvm.IRModule:
+    """x (1, 1, 128) @ W(48, 128)^T with W in 4- or 8-bit blocks: the QuantGemv rule's kernel."""
+    from relaxtune.kernels import quant_formats as qf
+    from relaxtune.kernels import quant_tir
+
+    fmt = qf.format_named(name)
+    x = te.placeholder((1, 1, 128), name="x")
+    parts = {p: te.placeholder(shape, dtype, name=p) for p, (shape, dtype) in fmt.shapes(48, 128).items()}
+    return _module(te.create_prim_func([x, *parts.values(), quant_tir.linear(fmt, x, parts)]))
+
+
 def _strip(func):
     root = func.body.block
     annotations = {k: v for k, v in root.annotations.items() if not str(k).startswith("relaxtune.")}
@@ -69,6 +80,8 @@ KERNELS = [
     (lambda: _nt_matmul(2), "Gemv"),
     (_norm_matmul, "NormGemv"),
     (_conv, "Conv2d"),
+    (_quant_gemv, "QuantGemv"),
+    (lambda: _quant_gemv("q8_0"), "QuantGemv"),
 ]
 
 
@@ -136,6 +149,15 @@ def test_convolution_sketches_and_mutants(target):
         again = space.from_decisions(mod, target.target, "Conv2d", after, space.postprocs())
         tvm.ir.assert_structural_equal(sch.mod, s_tir.Schedule(again.sch.mod).mod)
     assert moved == {"units", "by_weights", "pad_in_place", "rows"}
+
+
+def test_quant_gemv_sketches_every_tile_and_unit_combination(target):
+    """QuantGemv's decisions are structural: one sketch per (cols, units) its kernel takes, the rule's first."""
+    mod = _quant_gemv()
+    rule = space.tunable_rule(mod, target.target)
+    found = space.sketches(s_tir.Schedule(mod), target.target, rule)
+    combos = [(decisions.read(s.trace)[1]["cols"], decisions.read(s.trace)[1]["units"]) for s in found]
+    assert combos[0] == (8, 1) and len(set(combos)) == len(combos) == 4 * 3
 
 
 def test_kinds_of_space(target):
