@@ -41,8 +41,7 @@ import tvm
 from tvm import relax, te
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .bucket_dispatch import BUCKET_ATTR
-from .fusion_utils import is_op, use_counts
+from .fusion_utils import bucket_functions, is_op, use_counts
 
 logger = logging.getLogger(__name__)
 
@@ -248,11 +247,8 @@ class RewriteBatchedGemmToCublas:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         rewriter = _Rewriter(mod)  # one builder: the softmax_bias kernels of all buckets get distinct names
         changed = False
-        for gvar, func in mod.functions_items():
-            if not isinstance(func, relax.Function) or func.attrs is None or BUCKET_ATTR not in func.attrs:
-                continue
-            bucket = func.attrs[BUCKET_ATTR]
-            if self.dim not in bucket or int(bucket[self.dim][0]) < self.min_rows:
+        for gvar, func, bucket in bucket_functions(mod, self.dim):
+            if int(bucket[self.dim][0]) < self.min_rows:
                 continue
             new = rewriter.rewrite(func)
             if new is not None:

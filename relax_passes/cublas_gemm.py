@@ -28,8 +28,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .bucket_dispatch import BUCKET_ATTR
-from .fusion_utils import is_transpose
+from .fusion_utils import bucket_functions, is_transpose
 
 logger = logging.getLogger(__name__)
 
@@ -114,12 +113,7 @@ class RewriteGemmToCublas:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         updates = {}
-        for gvar, func in mod.functions_items():
-            if not isinstance(func, relax.Function) or func.attrs is None or BUCKET_ATTR not in func.attrs:
-                continue
-            bucket = func.attrs[BUCKET_ATTR]
-            if self.dim not in bucket:
-                continue
+        for gvar, func, bucket in bucket_functions(mod, self.dim):
             small = int(bucket[self.dim][0]) < self.min_rows
             if small and self.decode_wide is None:
                 continue

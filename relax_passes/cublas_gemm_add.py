@@ -23,7 +23,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, PyExprVisitor, mutator, visitor
 
-from .bucket_dispatch import BUCKET_ATTR
+from .fusion_utils import bucket_functions
 
 logger = logging.getLogger(__name__)
 
@@ -129,11 +129,8 @@ class RewriteResidualAddToCublas:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         updates = {}
-        for gvar, func in mod.functions_items():
-            if not isinstance(func, relax.Function) or func.attrs is None or BUCKET_ATTR not in func.attrs:
-                continue
-            bucket = func.attrs[BUCKET_ATTR]
-            if self.dim not in bucket or int(bucket[self.dim][0]) < self.min_rows:
+        for gvar, func, bucket in bucket_functions(mod, self.dim):
+            if int(bucket[self.dim][0]) < self.min_rows:
                 continue
             matches = _Matches()
             matches.visit_expr(func)

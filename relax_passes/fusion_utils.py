@@ -17,6 +17,8 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprVisitor, visitor
 
+from ..ir_attrs import BUCKET_ATTR
+
 # PrimFunc attribute listing the original operators of a kernel a relaxtune pass wrote whole
 # (`relaxtune report fusion` reads it; FuseOps kernels are read from their fused functions)
 FUSED_OPS_ATTR = "relaxtune.fused_ops"
@@ -199,3 +201,37 @@ def upper_bound(dim, bounds: dict[str, int]) -> int | None:
     if isinstance(dim, tirx.Var) and dim.name in bounds:
         return bounds[dim.name]
     return None
+
+
+def bucket_functions(mod: tvm.IRModule, dim: str):
+    """(global var, function, bucket) for every Relax function of `mod` that bucket dispatch made with `dim` in its
+    bucket (``bucket[dim]`` is its (low, high) range)."""
+    for gvar, func in list(mod.functions_items()):
+        if isinstance(func, relax.Function) and func.attrs is not None and BUCKET_ATTR in func.attrs:
+            bucket = func.attrs[BUCKET_ATTR]
+            if dim in bucket:
+                yield gvar, func, bucket
+
+
+TRANSFORM_SUFFIX = "_transform_params"  # LiftTransformParams' name for the function that computes `f`'s weights
+
+
+def output_binding(func: relax.Function):
+    """The binding of a transform function's returned tuple, or None when it returns another form."""
+    result = func.body.body
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            if binding.var.same_as(result) and isinstance(binding.value, relax.Tuple):
+                return binding
+    return None
+
+
+def lifted_functions(mod: tvm.IRModule):
+    """(global var, function, its transform function's global var, num_input) for every Relax function whose
+    weights LiftTransformParams moved into a transform function."""
+    names = {gv.name_hint: gv for gv in mod.get_global_vars()}
+    for gv, func in list(mod.functions_items()):
+        transform = names.get(gv.name_hint + TRANSFORM_SUFFIX)
+        if isinstance(func, relax.Function) and transform is not None and func.attrs is not None:
+            if "num_input" in func.attrs:
+                yield gv, func, transform, int(func.attrs["num_input"])

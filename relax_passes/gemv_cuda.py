@@ -37,10 +37,10 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..config import CudaLibraries
 from ..kernels.gemv import ADD_FUNCTION, FUNCTION, NK_ADD_FUNCTION, NK_FUNCTION, VECTOR
-from .bucket_dispatch import BUCKET_ATTR
 from .cublas_gemm import kn_shape, weight_gemm
 from .cublas_gemm_add import _Matches
 from .cublas_gemm_add import _Rewriter as _AddRewriter
+from .fusion_utils import bucket_functions
 
 EPILOGUES = {FUNCTION: ADD_FUNCTION, NK_FUNCTION: NK_ADD_FUNCTION}  # each GEMV and the call that takes its residual add
 
@@ -105,11 +105,8 @@ class RewriteGemvToCuda:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         updates = {}
-        for gvar, func in mod.functions_items():
-            if not isinstance(func, relax.Function) or func.attrs is None or BUCKET_ATTR not in func.attrs:
-                continue
-            bucket = func.attrs[BUCKET_ATTR]
-            if self.dim not in bucket or int(bucket[self.dim][1]) > self.max_rows:
+        for gvar, func, bucket in bucket_functions(mod, self.dim):
+            if int(bucket[self.dim][1]) > self.max_rows:
                 continue
             rewriter = _Rewriter(mod, set(func.params), self.max_cols, self.max_cols_nk)
             new = relax.analysis.remove_all_unused(

@@ -32,11 +32,9 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .cublas_gemm import DTYPES  # what the library calls reading (N, K) weights take
-from .fusion_utils import consumers, is_op, is_transpose, plain_matmul
+from .fusion_utils import consumers, is_op, is_transpose, lifted_functions, output_binding, plain_matmul
 
 logger = logging.getLogger(__name__)
-
-SUFFIX = "_transform_params"  # LiftTransformParams' name for the function that computes `f`'s weights
 
 
 def _static_2d(var: relax.Var) -> bool:
@@ -107,16 +105,6 @@ class _Readers(PyExprMutator):
         return super().visit_call_(call)
 
 
-def _output_binding(func: relax.Function):
-    """The binding of the transform function's returned tuple, or None when it returns another form."""
-    result = func.body.body
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            if binding.var.same_as(result) and isinstance(binding.value, relax.Tuple):
-                return binding
-    return None
-
-
 @tvm.transform.module_pass(opt_level=0, name="KeepWeightsNK")
 class KeepWeightsNK:
     """Weights read only by weight GEMMs are computed at load as (N, K) and read transposed (see above).
@@ -126,19 +114,10 @@ class KeepWeightsNK:
         self.dtypes = tuple(dtypes)
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        names = {gv.name_hint: gv for gv in mod.get_global_vars()}
         updates = {}
-        for gv, func in mod.functions_items():
-            transform = names.get(gv.name_hint + SUFFIX)
-            if (
-                not isinstance(func, relax.Function)
-                or transform is None
-                or func.attrs is None
-                or "num_input" not in func.attrs
-            ):
-                continue
-            tfunc, num_input = mod[transform], int(func.attrs["num_input"])
-            binding = _output_binding(tfunc)
+        for gv, func, transform, num_input in lifted_functions(mod):
+            tfunc = mod[transform]
+            binding = output_binding(tfunc)
             if binding is None or len(binding.value.fields) != len(func.params) - num_input:
                 continue
             picked = gemm_only_weights(func, self.dtypes)

@@ -28,8 +28,7 @@ from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..kernels import quant_gpu_tir
-from .fusion_utils import consumers, is_op
-from .keep_weights_nk import SUFFIX, _output_binding
+from .fusion_utils import consumers, is_op, lifted_functions, output_binding
 from .quant_gemv_cuda import _gpu_q4
 
 logger = logging.getLogger(__name__)
@@ -170,14 +169,8 @@ class MergeQuantProjections:
     """4-bit projections of one activation: one projection over concatenated weights, then slices (see above)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        names = {gv.name_hint: gv for gv in mod.get_global_vars()}
-        for gv, func in list(mod.functions_items()):
-            transform = names.get(gv.name_hint + SUFFIX)
-            if not isinstance(func, relax.Function) or transform is None or func.attrs is None:
-                continue
-            if "num_input" not in func.attrs:
-                continue
-            num_input, binding = int(func.attrs["num_input"]), _output_binding(mod[transform])
+        for gv, func, transform, num_input in lifted_functions(mod):
+            binding = output_binding(mod[transform])
             if binding is None or len(binding.value.fields) != len(func.params) - num_input:
                 continue
             groups = _groups(mod, func, num_input)

@@ -33,8 +33,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from ..ir_attrs import DEQUANTIZE_ATTR
 from ..kernels import quant_gpu_tir
 from ..kernels.quant_formats import format_named, is_gpu_q4
-from .fusion_utils import consumers
-from .keep_weights_nk import SUFFIX, _output_binding
+from .fusion_utils import consumers, lifted_functions, output_binding
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +99,7 @@ def _read_as_q4_weight_only(mod: tvm.IRModule, param: relax.Var, readers: list, 
 
 
 def _with_output_tuple(tfunc: relax.Function) -> relax.Function:
-    """`tfunc` with its outputs as one tuple binding (what `_output_binding` reads): LiftTransformParams returns the
+    """`tfunc` with its outputs as one tuple binding (what `output_binding` reads): LiftTransformParams returns the
     parameter itself when it lifted nothing (the quantized projections read their parts as they are)."""
     body = tfunc.body
     result = body.body if isinstance(body, relax.SeqExpr) else body
@@ -162,16 +161,9 @@ class PackQuantWeightsCuda:
     """4-bit weights only quantized projections read: the GPU layout, packed at load (see above)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        names = {gv.name_hint: gv for gv in mod.get_global_vars()}
-        for gv, func in list(mod.functions_items()):
-            transform = names.get(gv.name_hint + SUFFIX)
-            if not isinstance(func, relax.Function) or transform is None or func.attrs is None:
-                continue
-            if "num_input" not in func.attrs:
-                continue
-            num_input = int(func.attrs["num_input"])
+        for gv, func, transform, num_input in lifted_functions(mod):
             tfunc = _with_output_tuple(mod[transform])
-            binding = _output_binding(tfunc)
+            binding = output_binding(tfunc)
             if binding is None or len(binding.value.fields) != len(func.params) - num_input:
                 continue
             weights = set(func.params[num_input:])

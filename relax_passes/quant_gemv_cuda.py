@@ -33,10 +33,10 @@ from ..config import CudaLibraries
 from ..ir_attrs import GPU_Q4_ATTR
 from ..kernels import quant_gpu_tir
 from ..kernels.gemv import Q4_ADD_FUNCTION, Q4_FUNCTION
-from .bucket_dispatch import BUCKET_ATTR
 from .cublas_gemm import NK_FUNCTION as CUBLAS_NK_FUNCTION
 from .cublas_gemm_add import _Matches
 from .cublas_gemm_add import _Rewriter as _AddRewriter
+from .fusion_utils import bucket_functions
 
 logger = logging.getLogger(__name__)
 
@@ -93,12 +93,7 @@ class RewriteQuantGemvToCuda:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         updates = {}
-        for gvar, func in mod.functions_items():
-            if not isinstance(func, relax.Function) or func.attrs is None or BUCKET_ATTR not in func.attrs:
-                continue
-            bucket = func.attrs[BUCKET_ATTR]
-            if self.dim not in bucket:
-                continue
+        for gvar, func, bucket in bucket_functions(mod, self.dim):
             decode = int(bucket[self.dim][1]) <= self.max_rows
             rewriter = _Rewriter(mod, set(func.params), decode)
             new = rewriter.visit_expr(func)
