@@ -28,7 +28,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .fusion_utils import bucket_functions, is_transpose
+from .fusion_utils import bucket_functions, is_transpose, with_functions
 
 logger = logging.getLogger(__name__)
 
@@ -122,9 +122,4 @@ class RewriteGemmToCublas:
             if rewriter.count:
                 updates[gvar] = relax.analysis.remove_all_unused(new)  # the (N, K) weights' transposes it read through
                 logger.info("%s: %d GEMM(s) -> cuBLAS", gvar.name_hint, rewriter.count)
-        if not updates:
-            return mod
-        mod = mod.clone()  # the pass's input stays as it was
-        for gvar, func in updates.items():
-            mod[gvar] = func
-        return mod
+        return with_functions(mod, updates)

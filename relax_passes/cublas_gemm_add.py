@@ -23,7 +23,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, PyExprVisitor, mutator, visitor
 
-from .fusion_utils import bucket_functions
+from .fusion_utils import bucket_functions, with_functions
 
 logger = logging.getLogger(__name__)
 
@@ -138,9 +138,4 @@ class RewriteResidualAddToCublas:
             if found:
                 updates[gvar] = _Rewriter(mod, found).visit_expr(func)
                 logger.info("%s: %d residual add(s) -> cuBLASLt epilogue", gvar.name_hint, len(found))
-        if not updates:
-            return mod
-        mod = mod.clone()
-        for gvar, func in updates.items():
-            mod[gvar] = func
-        return mod
+        return with_functions(mod, updates)

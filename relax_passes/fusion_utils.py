@@ -24,6 +24,17 @@ from ..ir_attrs import BUCKET_ATTR
 FUSED_OPS_ATTR = "relaxtune.fused_ops"
 
 
+def with_functions(mod: tvm.IRModule, updates: dict) -> tvm.IRModule:
+    """`mod` with the functions of `updates` ({global var: function}) replaced; a copy, so that the pass's input
+    stays as it was (`mod` itself when there is nothing to replace)."""
+    if not updates:
+        return mod
+    mod = mod.clone()
+    for gvar, func in updates.items():
+        mod[gvar] = func
+    return mod
+
+
 def rewrite_functions(mod: tvm.IRModule, mutator) -> tvm.IRModule:
     """Run `mutator` (a PyExprMutator built on `mod`) over every Relax function of `mod`; returns the
     module its builder holds then (PrimFuncs it added included)."""

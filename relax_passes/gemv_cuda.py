@@ -40,7 +40,7 @@ from ..kernels.gemv import ADD_FUNCTION, FUNCTION, NK_ADD_FUNCTION, NK_FUNCTION,
 from .cublas_gemm import kn_shape, weight_gemm
 from .cublas_gemm_add import _Matches
 from .cublas_gemm_add import _Rewriter as _AddRewriter
-from .fusion_utils import bucket_functions
+from .fusion_utils import bucket_functions, with_functions
 
 EPILOGUES = {FUNCTION: ADD_FUNCTION, NK_FUNCTION: NK_ADD_FUNCTION}  # each GEMV and the call that takes its residual add
 
@@ -125,9 +125,4 @@ class RewriteGemvToCuda:
             logger.info(
                 "%s: %d GEMV(s) -> relaxtune_gemv (%d with the residual add)", gvar.name_hint, rewriter.count, fused
             )
-        if not updates:
-            return mod
-        mod = mod.clone()  # the pass's input stays as it was
-        for gvar, func in updates.items():
-            mod[gvar] = func
-        return mod
+        return with_functions(mod, updates)

@@ -32,7 +32,7 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .cublas_gemm import DTYPES  # what the library calls reading (N, K) weights take
-from .fusion_utils import consumers, is_op, is_transpose, lifted_functions, output_binding, plain_matmul
+from .fusion_utils import consumers, is_op, is_transpose, lifted_functions, output_binding, plain_matmul, with_functions
 
 logger = logging.getLogger(__name__)
 
@@ -136,9 +136,4 @@ class KeepWeightsNK:
             updates[transform] = relax.analysis.remove_all_unused(outputs.visit_expr(tfunc))
             shown = [func.params[i].name for i in picked[:4]] + (["..."] if len(picked) > 4 else [])
             logger.info("%s: %d weight(s) kept as (N, K): %s", gv.name_hint, len(picked), ", ".join(shown))
-        if not updates:
-            return mod
-        mod = mod.clone()  # the pass's input stays as it was
-        for gv, func in updates.items():
-            mod[gv] = func
-        return mod
+        return with_functions(mod, updates)

@@ -36,7 +36,7 @@ from ..kernels.gemv import Q4_ADD_FUNCTION, Q4_FUNCTION
 from .cublas_gemm import NK_FUNCTION as CUBLAS_NK_FUNCTION
 from .cublas_gemm_add import _Matches
 from .cublas_gemm_add import _Rewriter as _AddRewriter
-from .fusion_utils import bucket_functions
+from .fusion_utils import bucket_functions, with_functions
 
 logger = logging.getLogger(__name__)
 
@@ -115,9 +115,4 @@ class RewriteQuantGemvToCuda:
                 Q4_FUNCTION if decode else "dequantize + cuBLAS",
                 fused,
             )
-        if not updates:
-            return mod
-        mod = mod.clone()
-        for gvar, func in updates.items():
-            mod[gvar] = func
-        return mod
+        return with_functions(mod, updates)
