@@ -61,12 +61,11 @@ def run(args) -> int:
         TOLERANCE,
         Artifact,
         check_path,
-        dims_of,
         paths,
-        random_inputs,
         read_manifest,
         relative_error,
     )
+    from ..runtime.signature import dims_of, random_inputs
 
     manifest = read_manifest(args.artifact)
     stored = check_path(args.artifact)
