@@ -14,10 +14,11 @@ from __future__ import annotations
 from collections import Counter
 
 import tvm
-from tvm import relax, tirx
-from tvm.relax.expr_functor import PyExprVisitor, visitor
+import tvm_ffi
+from tvm import relax, s_tir, tirx
+from tvm.relax.expr_functor import PyExprMutator, PyExprVisitor, mutator, visitor
 
-from ..ir_attrs import BUCKET_ATTR
+from ..ir_attrs import BUCKET_ATTR, GPU_Q4_ATTR
 
 # PrimFunc attribute listing the original operators of a kernel a relaxtune pass wrote whole
 # (`relaxtune report fusion` reads it; FuseOps kernels are read from their fused functions)
@@ -246,3 +247,38 @@ def lifted_functions(mod: tvm.IRModule):
         if isinstance(func, relax.Function) and transform is not None and func.attrs is not None:
             if "num_input" in func.attrs:
                 yield gv, func, transform, int(func.attrs["num_input"])
+
+
+@mutator
+class _OutputTuple(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, output: relax.Var, rewrite):
+        super().__init__(mod)
+        self.output, self.rewrite = output, rewrite
+
+    def visit_var_binding_(self, binding):
+        if not binding.var.same_as(self.output):
+            return super().visit_var_binding_(binding)
+        bb = self.builder_
+        fields = self.rewrite(bb, [self.visit_expr(f) for f in binding.value.fields])
+        new = bb.emit_output(relax.Tuple(fields)) if bb.current_block_is_dataflow() else bb.emit(relax.Tuple(fields))
+        self.set_var_remap(binding.var, new)
+
+
+def rewrite_output_tuple(mod: tvm.IRModule, gv: tvm.ir.GlobalVar, func: relax.Function, rewrite) -> tvm.IRModule:
+    """`mod` with `func` (a transform function, put in at `gv`) returning `rewrite(bb, fields)` in place of the
+    fields of its output tuple (`output_binding`): `rewrite` may emit with `bb` and must return the new fields."""
+    mutator_ = _OutputTuple(mod, output_binding(func).var, rewrite)
+    new = mutator_.visit_expr(func)
+    mod = mutator_.builder_.get()
+    mod[gv] = new
+    return mod
+
+
+def is_gpu_q4_kernel(kernel) -> bool:
+    """Whether `kernel` is a PrimFunc with a block annotated ``GPU_Q4_ATTR`` (a projection over 4-bit weights in the
+    GPU layout: kernels/quant_gpu_tir.linear)."""
+    if not isinstance(kernel, tirx.PrimFunc):
+        return False
+    found = []
+    tvm_ffi.structural_walk(kernel.body, (s_tir.SBlock, lambda b: found.append(GPU_Q4_ATTR in b.annotations)))
+    return any(found)

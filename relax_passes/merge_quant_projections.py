@@ -28,8 +28,7 @@ from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..kernels import quant_gpu_tir
-from .fusion_utils import consumers, is_op, lifted_functions, output_binding
-from .quant_gemv_cuda import _gpu_q4
+from .fusion_utils import consumers, is_gpu_q4_kernel, is_op, lifted_functions, output_binding, rewrite_output_tuple
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +38,7 @@ def _projection(mod, value, weights: set, users: dict):
     if not (isinstance(value, relax.Call) and value.op == tvm.ir.Op.get("relax.call_tir")) or len(value.args) != 2:
         return None
     gv, args = value.args
-    if gv not in mod.get_global_vars() or not _gpu_q4(mod[gv]) or len(args.fields) != 3:
+    if gv not in mod.get_global_vars() or not is_gpu_q4_kernel(mod[gv]) or len(args.fields) != 3:
         return None
     x, packed, scale = args.fields
     if not all(p in weights and len(users.get(p, [])) == 1 for p in (packed, scale)):
@@ -142,26 +141,19 @@ class _Main(PyExprMutator):
         return super().visit_var_binding_(binding)
 
 
-@mutator
-class _Transform(PyExprMutator):
-    """The transform function with each group's parts concatenated in place of its first member's."""
+def _concatenated(concat: dict, dropped: set):
+    """The transform function's new outputs: each group's parts concatenated in place of its first member's."""
 
-    def __init__(self, mod, output: relax.Var, concat: dict, dropped: set):
-        super().__init__(mod)
-        self.output, self.concat, self.dropped = output, concat, dropped
-
-    def visit_var_binding_(self, binding):
-        if not binding.var.same_as(self.output):
-            return super().visit_var_binding_(binding)
-        bb, fields = self.builder_, [self.visit_expr(f) for f in binding.value.fields]
+    def rewrite(bb: relax.BlockBuilder, fields: list) -> list:
         out = []
         for i, field in enumerate(fields):
-            if i in self.concat:
-                out.append(bb.emit(relax.op.concat([fields[j] for j in self.concat[i]], axis=0)))
-            elif i not in self.dropped:
+            if i in concat:
+                out.append(bb.emit(relax.op.concat([fields[j] for j in concat[i]], axis=0)))
+            elif i not in dropped:
                 out.append(field)
-        new = bb.emit_output(relax.Tuple(out)) if bb.current_block_is_dataflow() else bb.emit(relax.Tuple(out))
-        self.set_var_remap(binding.var, new)
+        return out
+
+    return rewrite
 
 
 @tvm.transform.module_pass(opt_level=0, name="MergeQuantProjections")
@@ -193,10 +185,7 @@ class MergeQuantProjections:
             new_func = main.visit_expr(relax.Function(keep, func.body, func.ret_ty, func.is_pure, func.attrs))
             mod = main.builder_.get()
             mod[gv] = relax.analysis.remove_all_unused(new_func)
-            tr = _Transform(mod, binding.var, concat, dropped)
-            new_transform = tr.visit_expr(mod[transform])
-            mod = tr.builder_.get()
-            mod[transform] = new_transform
+            mod = rewrite_output_tuple(mod, transform, mod[transform], _concatenated(concat, dropped))
             logger.info(
                 "%s: %d group(s) of 4-bit projections merged (%s)",
                 gv.name_hint,

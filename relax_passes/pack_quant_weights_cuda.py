@@ -33,7 +33,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from ..ir_attrs import DEQUANTIZE_ATTR
 from ..kernels import quant_gpu_tir
 from ..kernels.quant_formats import format_named, is_gpu_q4
-from .fusion_utils import consumers, lifted_functions, output_binding
+from .fusion_utils import consumers, lifted_functions, output_binding, rewrite_output_tuple
 
 logger = logging.getLogger(__name__)
 
@@ -134,26 +134,16 @@ class _Projections(PyExprMutator):
         )
 
 
-@mutator
-class _Outputs(PyExprMutator):
-    """The transform function with its outputs at `picked` packed."""
+def _packed(picked: set[int]):
+    """The transform function's new outputs: those at `picked` packed into the GPU layout."""
 
-    def __init__(self, mod, output: relax.Var, picked: set[int]):
-        super().__init__(mod)
-        self.output, self.picked = output, picked
+    def rewrite(bb: relax.BlockBuilder, fields: list) -> list:
+        return [
+            bb.emit(bb.call_te(quant_gpu_tir.pack_q4, f, primfunc_name_hint="pack_q4_gpu")) if i in picked else f
+            for i, f in enumerate(fields)
+        ]
 
-    def visit_var_binding_(self, binding):
-        if not binding.var.same_as(self.output):
-            return super().visit_var_binding_(binding)
-        bb = self.builder_
-        fields = []
-        for i, field in enumerate(binding.value.fields):
-            field = self.visit_expr(field)
-            if i in self.picked:
-                field = bb.emit(bb.call_te(quant_gpu_tir.pack_q4, field, primfunc_name_hint="pack_q4_gpu"))
-            fields.append(field)
-        new = bb.emit_output(relax.Tuple(fields)) if bb.current_block_is_dataflow() else bb.emit(relax.Tuple(fields))
-        self.set_var_remap(binding.var, new)
+    return rewrite
 
 
 @tvm.transform.module_pass(opt_level=0, name="PackQuantWeightsCuda")
@@ -181,9 +171,6 @@ class PackQuantWeightsCuda:
             new_func = rewriter.visit_expr(relax.Function(params, func.body, func.ret_ty, func.is_pure, func.attrs))
             mod = rewriter.builder_.get()
             mod[gv] = new_func
-            outputs = _Outputs(mod, binding.var, {i - num_input for i, _new in picked.values()})
-            new_transform = outputs.visit_expr(tfunc)
-            mod = outputs.builder_.get()
-            mod[transform] = new_transform
+            mod = rewrite_output_tuple(mod, transform, tfunc, _packed({i - num_input for i, _new in picked.values()}))
             logger.info("%s: %d 4-bit weight(s) packed for the GPU at load", gv.name_hint, len(picked))
         return mod

@@ -25,30 +25,20 @@ from __future__ import annotations
 import logging
 
 import tvm
-import tvm_ffi
-from tvm import relax, s_tir, tirx
+from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..config import CudaLibraries
-from ..ir_attrs import GPU_Q4_ATTR
 from ..kernels import quant_gpu_tir
 from ..kernels.gemv import Q4_ADD_FUNCTION, Q4_FUNCTION
 from .cublas_gemm import NK_FUNCTION as CUBLAS_NK_FUNCTION
 from .cublas_gemm_add import _Matches
 from .cublas_gemm_add import _Rewriter as _AddRewriter
-from .fusion_utils import bucket_functions, with_functions
+from .fusion_utils import bucket_functions, is_gpu_q4_kernel, with_functions
 
 logger = logging.getLogger(__name__)
 
 MAX_ROWS = CudaLibraries.gemv_max_rows  # the decode buckets: where relaxtune's GEMV kernels run
-
-
-def _gpu_q4(kernel) -> bool:
-    if not isinstance(kernel, tirx.PrimFunc):
-        return False
-    found = []
-    tvm_ffi.structural_walk(kernel.body, (s_tir.SBlock, lambda b: found.append(GPU_Q4_ATTR in b.annotations)))
-    return any(found)
 
 
 @mutator
@@ -72,7 +62,7 @@ class _Rewriter(PyExprMutator):
         if not (call.op == tvm.ir.Op.get("relax.call_tir") and len(call.args) == 2):
             return call
         gv, args = call.args
-        if gv not in self.mod.get_global_vars() or not _gpu_q4(self.mod[gv]) or len(args.fields) != 3:
+        if gv not in self.mod.get_global_vars() or not is_gpu_q4_kernel(self.mod[gv]) or len(args.fields) != 3:
             return call
         x, packed, scale = args.fields
         if packed not in self.params or scale not in self.params or x.ty.dtype != "float16":
