@@ -5,14 +5,15 @@ on the Llama-7B block's shapes at 1 and 2 rows, graph-launched, against the meas
 
 A variant is a set of the host's settings (qgemv_host.cc, read per launch): RELAXTUNE_Q4GEMV picks the kernel family
 (`reg`: qgemv.cu's register-pipelined kernel, the one before; `s<GR>r<RPG>`: qgemv_stream.cu's, GR row groups of 8
-warps, RPG rows per group per ring slot), RELAXTUNE_Q4GEMV_STAGES caps its ring, RELAXTUNE_GEMV_PDL=0 launches
-plainly. Every variant runs in the same process on the same weights. First the checks: each variant on ragged and
-real shapes (1..3 rows, with and without the residual) against float32 torch on the same dequantized weights, next
-to torch's own fp16 matmul error (bound: max(2 x torch's, 5e-3), the gpu test's); a variant off anywhere is not
-timed. Then the times: weights cycled through > 200 MB of copies (every call reads its weight from memory, as in the
-block), 100 calls in one CUDA graph (tvm_ffi.use_torch_stream), the median of 5 replays, as GB/s of the bytes a call
-must move (packed weight, scales, x, y) and % of the 1 GiB copy's rate (gpu_job_common.copy_bandwidth). Prints one
-table (us and % per variant, the fastest marked) and writes DIR/qgemv_sweep.json.
+warps, RPG rows per group per ring slot; s3r2 takes K <= 4096 only: down falls back to `reg` there),
+RELAXTUNE_Q4GEMV_STAGES caps its ring, RELAXTUNE_GEMV_PDL=0 launches plainly. Every variant runs in the same process
+on the same weights. First the checks: each variant on ragged and real shapes (1..3 rows, with and without the
+residual) against float32 torch on the same dequantized weights, next to torch's own fp16 matmul error (bound: max(2
+x torch's, 5e-3), the gpu test's); a variant off anywhere is not timed. Then the times: weights cycled through > 200
+MB of copies (every call reads its weight from memory, as in the block), 100 calls in one CUDA graph
+(tvm_ffi.use_torch_stream), the median of 5 replays, as GB/s of the bytes a call must move (packed weight, scales,
+x, y) and % of the 1 GiB copy's rate (gpu_job_common.copy_bandwidth). Prints one table (us and % per variant, the
+fastest marked) and writes DIR/qgemv_sweep.json.
 """
 
 from __future__ import annotations

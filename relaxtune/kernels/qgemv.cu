@@ -45,7 +45,8 @@ __device__ __forceinline__ __half2 half2_bits(uint32_t bits) { return *reinterpr
 
 // the 8 weights of one word as 4 half2 pairs (q - 8), in x's order: pair i is weights 2i, 2i + 1 of the word
 __device__ __forceinline__ void dequantize_word(uint32_t word, __half2* w) {
-  const __half2 minus_1032 = half2_bits(0xE408E408u), sixteenth = half2_bits(0x2C002C00u), minus_72 = half2_bits(0xD480D480u);
+  const __half2 minus_1032 = half2_bits(0xE408E408u), sixteenth = half2_bits(0x2C002C00u);
+  const __half2 minus_72 = half2_bits(0xD480D480u);
   const uint32_t hi = word >> 8;
   w[0] = __hadd2(half2_bits((word & 0x000F000Fu) | 0x64006400u), minus_1032);
   w[1] = __hfma2(half2_bits((word & 0x00F000F0u) | 0x64006400u), sixteenth, minus_72);

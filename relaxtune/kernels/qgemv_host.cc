@@ -19,8 +19,7 @@ struct Q4StreamKernel {
 };
 // qgemv_stream.cu's instantiations relaxtune_q4gemv_s<GR>r<RPG>p<PMAX>_m1 / _m2, fewest pieces first
 constexpr Q4StreamKernel kQ4StreamKernels[] = {{"s2r4", 2, 4, 1}, {"s2r4", 2, 4, 3}, {"s2r2", 2, 2, 3},
-                                               {"s3r2", 3, 2, 1}, {"s3r2", 3, 2, 3}, {"s1r8", 1, 8, 1},
-                                               {"s1r8", 1, 8, 3}};
+                                               {"s3r2", 3, 2, 1}, {"s1r8", 1, 8, 1}, {"s1r8", 1, 8, 3}};
 constexpr int kQ4PieceThreads = 256, kQ4PieceWeights = 16, kQ4BarrierBytes = 1024, kQ4MaxStages = 64;
 constexpr int kMaxSharedOptIn = 97;  // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
 
