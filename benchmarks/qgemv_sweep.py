@@ -12,8 +12,9 @@ residual) against float32 torch on the same dequantized weights, next to torch's
 x torch's, 5e-3), the gpu test's); a variant off anywhere is not timed. Then the times: weights cycled through > 200
 MB of copies (every call reads its weight from memory, as in the block), 100 calls in one CUDA graph
 (tvm_ffi.use_torch_stream), the median of 5 replays, as GB/s of the bytes a call must move (packed weight, scales,
-x, y) and % of the 1 GiB copy's rate (gpu_job_common.copy_bandwidth). Prints one table (us and % per variant, the
-fastest marked) and writes DIR/qgemv_sweep.json.
+x, y) and % of the 1 GiB copy's rate (gpu_job_common.copy_bandwidth), with the kernel each variant launched there
+(relaxtune_q4gemv_kernel). Prints one table (us and % per variant, the fastest marked) and writes
+DIR/qgemv_sweep.json.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+import tempfile
 from pathlib import Path
 
 # (label, settings): settings are the environment the host reads per launch; "" removes a name
@@ -124,6 +126,7 @@ def check(lib, variants: dict) -> dict:
         ref = x.float() @ wd.t() + (r.float() if residual else 0)
         torch_err = ((x @ wd.half().t() + (r if residual else 0)).float() - ref).abs().max().item()
         wq, s = tvm.runtime.tensor(packed, tvm.cuda(0)), tvm.runtime.tensor(scale, tvm.cuda(0))
+        print(f"check rows={rows} K={k} N={n} group={group} residual={residual}", flush=True)
         for name, settings in variants.items():
             y = torch.full((1, rows, n), float("nan"), device="cuda", dtype=torch.float16)
             with _settings(settings):
@@ -160,7 +163,9 @@ def time_variants(lib, variants: dict, copy_gbs: float) -> list[dict]:
             for name, settings in variants.items():
                 with _settings(settings):  # read at each launch: also while the graph is captured
                     us = _graph_timed(lambda i: gemv(xt, *ws[i], yt), copies)
+                    kernel = str(lib["relaxtune_q4gemv_kernel"](xt, *ws[0], yt))
                 row[name] = {"us": round(us, 2), "pct_copy": round(100 * moved / us / 1e3 / copy_gbs, 1)}
+                row[name]["kernel"] = kernel.removeprefix("relaxtune_q4gemv_")
             table.append(row)
             print(json.dumps(row), flush=True)
     return table
@@ -188,16 +193,18 @@ def main() -> None:
 
     args.out.mkdir(parents=True, exist_ok=True)
     variants = {name: VARIANTS[name] for name in args.variants.split(",")}
-    lib = library(args.out)
+    lib = library(Path(tempfile.mkdtemp()))  # not under --out: that comes back from the GPU machine
     copy_gbs = gpu_job_common.copy_bandwidth()
     failed = check(lib, variants)
+    results = {"copy_GBps": round(copy_gbs, 1), "variants": variants, "failed": failed, "timing": []}
+    (args.out / "qgemv_sweep.json").write_text(json.dumps(results, indent=1))  # kept if the timing is cut off
     for name, bad in failed.items():
         print(f"{name}: {len(CHECKS) - len(bad)} / {len(CHECKS)} checks ok" + (f"; off: {bad[:3]}" if bad else ""))
     good = [name for name in variants if not failed[name]]
     table = time_variants(lib, {name: variants[name] for name in good}, copy_gbs) if good else []
     if table:
         print(render(table, good, copy_gbs))
-    results = {"copy_GBps": round(copy_gbs, 1), "variants": variants, "failed": failed, "timing": table}
+    results["timing"] = table
     (args.out / "qgemv_sweep.json").write_text(json.dumps(results, indent=1))
 
 

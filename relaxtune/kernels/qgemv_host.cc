@@ -74,9 +74,10 @@ constexpr int kQ4MaxRows = 2, kQ4Threads = 256, kQ4BlocksPerSm = 2;
 
 bool IsHalf(const DLDataType& t) { return t.code == kDLFloat && t.bits == 16 && t.lanes == 1; }
 
-// y = x @ W^T (+ r) for W (N, K) in the GPU layout `w` (N, K / 8) uint32 with `scale` (N, K / group) fp16
+// y = x @ W^T (+ r) for W (N, K) in the GPU layout `w` (N, K / 8) uint32 with `scale` (N, K / group) fp16; with
+// `chosen`, nothing is launched: the first launch's kernel name is put there (for tests and measurements)
 void LaunchQ4(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const tvm::ffi::TensorView& scale,
-              const tvm::ffi::TensorView* r, const tvm::ffi::TensorView& y) {
+              const tvm::ffi::TensorView* r, const tvm::ffi::TensorView& y, std::string* chosen = nullptr) {
   const DLDataType wt = w.dtype();
   TVM_FFI_ICHECK(w.ndim() == 2 && wt.code == kDLUInt && wt.bits == 32 && wt.lanes == 1)
       << "q4gemv: the weight must be (N, K / 8) uint32 (the GPU layout)";
@@ -110,8 +111,12 @@ void LaunchQ4(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, cons
     Q4StreamPlan plan;
     if (family != "reg" && PlanQ4Stream(family, k, n, shift, Data(scale), major, sms,
                                         Attribute(d, dev.device_id, kMaxSharedOptIn), rows, &plan)) {
-      Ptr fn = Kernel(d, relaxtune_gemv_fatbin, dev.device_id, plan.name + "_m" + std::to_string(rows),
-                      Attribute(d, dev.device_id, kMaxSharedOptIn));
+      const std::string name = plan.name + "_m" + std::to_string(rows);
+      if (chosen != nullptr) {
+        *chosen = name;
+        return;
+      }
+      Ptr fn = Kernel(d, relaxtune_gemv_fatbin, dev.device_id, name, Attribute(d, dev.device_id, kMaxSharedOptIn));
       Q4StreamArgs p{Data(x) + r0 * k * 2, Data(w), Data(scale), r != nullptr ? Data(*r) + r0 * n * 2 : nullptr,
                      Data(y) + r0 * n * 2, rows, static_cast<int>(k), static_cast<int>(n), shift, plan.stages};
       void* args[] = {&p};
@@ -119,7 +124,12 @@ void LaunchQ4(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, cons
             static_cast<unsigned>(plan.shared_bytes));
       continue;
     }
-    Ptr fn = Kernel(d, relaxtune_gemv_fatbin, dev.device_id, std::string("relaxtune_q4gemv_f16_m") + std::to_string(rows));
+    const std::string name = std::string("relaxtune_q4gemv_f16_m") + std::to_string(rows);
+    if (chosen != nullptr) {
+      *chosen = name;
+      return;
+    }
+    Ptr fn = Kernel(d, relaxtune_gemv_fatbin, dev.device_id, name);
     Q4Params p{Data(x) + r0 * k * 2, Data(w), Data(scale), r != nullptr ? Data(*r) + r0 * n * 2 : nullptr,
                Data(y) + r0 * n * 2, rows, static_cast<int>(k), static_cast<int>(n), shift, sms};
     void* args[] = {&p};
@@ -131,7 +141,14 @@ void Q4Gemv(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView
 void Q4GemvAdd(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView s, tvm::ffi::TensorView r, tvm::ffi::TensorView y) {
   LaunchQ4(x, w, s, &r, y);
 }
+// the kernel relaxtune_q4gemv(x, w, s, y) would launch first, under the current settings
+std::string Q4GemvKernel(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView s, tvm::ffi::TensorView y) {
+  std::string chosen;
+  LaunchQ4(x, w, s, nullptr, y, &chosen);
+  return chosen;
+}
 }  // namespace
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4gemv, Q4Gemv);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4gemv_add, Q4GemvAdd);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4gemv_kernel, Q4GemvKernel);

@@ -4,6 +4,7 @@ torch on the same dequantized weights at every bucket. Skipped where no GPU is (
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -38,6 +39,20 @@ CASES = [
 # the kernel families (qgemv_host.cc, read per launch) and a ring of two slots
 SETTINGS = [{"RELAXTUNE_Q4GEMV": f} for f in ("reg", "s2r4", "s2r2", "s3r2", "s1r8")]
 SETTINGS.append({"RELAXTUNE_Q4GEMV": "s2r4", "RELAXTUNE_Q4GEMV_STAGES": "2"})
+HOST = (Path(__file__).parents[2] / "relaxtune" / "kernels" / "qgemv_host.cc").read_text()
+DEFAULT_FAMILY = re.search(r'kQ4DefaultFamily = "(\w+)"', HOST).group(1)
+
+
+def _expected_kernel(settings: dict, rows: int, k: int, group: int) -> str:
+    """The kernel qgemv_host.cc must choose on compute capability 9.0+: the family's streamed kernel with the fewest
+    pieces of K that cover K (s3r2 has one: K <= 4096, the others three: <= 12288) where K / group is a multiple
+    of 8, else the register kernel."""
+    family, m = settings.get("RELAXTUNE_Q4GEMV", DEFAULT_FAMILY), min(rows, 2)
+    pieces = -(-k // (16 * 256))
+    available = [p for p in {"s2r4": (1, 3), "s2r2": (3,), "s3r2": (1,), "s1r8": (1, 3)}.get(family, ()) if p >= pieces]
+    if family == "reg" or (k // group) % 8 or not available:
+        return f"relaxtune_q4gemv_f16_m{m}"
+    return f"relaxtune_q4gemv_{family}p{min(available)}_m{m}"
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +95,9 @@ def test_q4gemv_matches_torch_dequantize_then_matmul(gemv_library, monkeypatch, 
             for name, value in settings.items():
                 scope.setenv(name, value)
             y = torch.full((1, rows, n), float("nan"), device="cuda", dtype=torch.float16)
+            if torch.cuda.get_device_capability()[0] >= 9:
+                chosen = gemv_library["relaxtune_q4gemv_kernel"](as_ffi(x), wq, s, as_ffi(y))
+                assert chosen == _expected_kernel(settings, rows, k, group), settings
             if residual:
                 gemv_library["relaxtune_q4gemv_add"](as_ffi(x), wq, s, as_ffi(r), as_ffi(y))
             else:

@@ -16,7 +16,7 @@ from tvm import relax, tirx
 
 from relaxtune.kernels import gemv as gemv_module
 from relaxtune.kernels import quant_gpu_tir
-from relaxtune.kernels.gemv import Q4_ADD_FUNCTION, Q4_FUNCTION, Q4_STREAM_KERNELS
+from relaxtune.kernels.gemv import Q4_ADD_FUNCTION, Q4_FUNCTION, Q4_KERNEL_FUNCTION, Q4_STREAM_KERNELS
 from relaxtune.relax_passes.quant_gemv_cuda import RewriteQuantGemvToCuda
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
@@ -203,7 +203,7 @@ def test_host_object_exports_the_4bit_entry_points(tmp_path):
     symbols = subprocess.run(
         ["nm", "-g", "--defined-only", str(object_file("sm_90", tmp_path))], capture_output=True, text=True
     ).stdout
-    for name in (FUNCTION, Q4_FUNCTION, Q4_ADD_FUNCTION):
+    for name in (FUNCTION, Q4_FUNCTION, Q4_ADD_FUNCTION, Q4_KERNEL_FUNCTION):
         assert f"__tvm_ffi_{name}" in symbols, name
 
 
