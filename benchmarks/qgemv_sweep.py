@@ -5,7 +5,7 @@ on the Llama-7B block's shapes at 1 and 2 rows, graph-launched, against the meas
 
 A variant is a set of the host's settings (qgemv_host.cc, read per launch): RELAXTUNE_Q4GEMV picks the kernel family
 (`reg`: qgemv.cu's register-pipelined kernel, the one before; `s<GR>r<RPG>`: qgemv_stream.cu's, GR row groups of 8
-warps, RPG rows per group per ring slot; s3r2 takes K <= 4096 only: down falls back to `reg` there),
+warps, RPG rows per group per ring slot; s2r8 and s3r2 take K <= 4096 only: down falls back to `reg` there),
 RELAXTUNE_Q4GEMV_STAGES caps its ring, RELAXTUNE_GEMV_PDL=0 launches plainly. Every variant runs in the same process
 on the same weights. First the checks: each variant on ragged and real shapes (1..3 rows, with and without the
 residual) against float32 torch on the same dequantized weights, next to torch's own fp16 matmul error (bound: max(2
@@ -29,6 +29,7 @@ from pathlib import Path
 VARIANTS = {
     "reg": {"RELAXTUNE_Q4GEMV": "reg"},
     "s2r4": {"RELAXTUNE_Q4GEMV": "s2r4"},
+    "s2r8": {"RELAXTUNE_Q4GEMV": "s2r8"},
     "s2r2": {"RELAXTUNE_Q4GEMV": "s2r2"},
     "s3r2": {"RELAXTUNE_Q4GEMV": "s3r2"},
     "s1r8": {"RELAXTUNE_Q4GEMV": "s1r8"},

@@ -67,7 +67,7 @@ Q4_KERNEL_FUNCTION = "relaxtune_q4gemv_kernel"  # (x, w, scale, y) -> the kernel
 # warps, RPG rows per group per ring slot), p<PMAX> (K up to 256 * 16 * PMAX), _m<rows of x>
 Q4_STREAM_KERNELS = tuple(
     f"relaxtune_q4gemv_{kind}_m{m}"
-    for kind in ("s2r4p1", "s2r4p3", "s2r2p3", "s3r2p1", "s1r8p1", "s1r8p3")
+    for kind in ("s2r4p1", "s2r4p3", "s2r8p1", "s2r2p3", "s3r2p1", "s1r8p1", "s1r8p3")
     for m in (1, 2)
 )
 MIN_ARCH = 80

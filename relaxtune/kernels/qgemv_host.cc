@@ -1,7 +1,7 @@
 // The host side of the 4-bit decode GEMV (qgemv.cu, qgemv_stream.cu), appended to gemv_host.cc in one object
 // (kernels/gemv.py): it launches through that file's Start (a programmatic dependent launch on compute capability
 // 9.0+) and the shared driver code of extern_host.h, on TVM's current stream, with no allocation.
-// The kernel family: kQ4DefaultFamily, or RELAXTUNE_Q4GEMV=reg|s2r4|s2r2|s3r2|s1r8 (read per launch, for
+// The kernel family: kQ4DefaultFamily, or RELAXTUNE_Q4GEMV=reg|s2r4|s2r8|s2r2|s3r2|s1r8 (read per launch, for
 // measurements: benchmarks/qgemv_sweep.py); a streamed family (qgemv_stream.cu) falls back to qgemv.cu's register
 // kernel ("reg") where it does not apply: compute capability < 9.0, K / group not a multiple of 8, the scales not
 // 16-byte aligned, K above its pieces, or a ring of fewer than 2 slots. RELAXTUNE_Q4GEMV_STAGES=N caps its ring.
@@ -18,8 +18,9 @@ struct Q4StreamKernel {
   int groups, rows_per_group, pieces;  // GR, RPG, PMAX of qgemv_stream.cu
 };
 // qgemv_stream.cu's instantiations relaxtune_q4gemv_s<GR>r<RPG>p<PMAX>_m1 / _m2, fewest pieces first
-constexpr Q4StreamKernel kQ4StreamKernels[] = {{"s2r4", 2, 4, 1}, {"s2r4", 2, 4, 3}, {"s2r2", 2, 2, 3},
-                                               {"s3r2", 3, 2, 1}, {"s1r8", 1, 8, 1}, {"s1r8", 1, 8, 3}};
+constexpr Q4StreamKernel kQ4StreamKernels[] = {{"s2r4", 2, 4, 1}, {"s2r4", 2, 4, 3}, {"s2r8", 2, 8, 1},
+                                               {"s2r2", 2, 2, 3}, {"s3r2", 3, 2, 1}, {"s1r8", 1, 8, 1},
+                                               {"s1r8", 1, 8, 3}};
 constexpr int kQ4PieceThreads = 256, kQ4PieceWeights = 16, kQ4BarrierBytes = 1024, kQ4MaxStages = 64;
 constexpr int kMaxSharedOptIn = 97;  // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
 
@@ -142,7 +143,8 @@ void Q4GemvAdd(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorV
   LaunchQ4(x, w, s, &r, y);
 }
 // the kernel relaxtune_q4gemv(x, w, s, y) would launch first, under the current settings
-std::string Q4GemvKernel(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView s, tvm::ffi::TensorView y) {
+std::string Q4GemvKernel(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView s,
+                         tvm::ffi::TensorView y) {
   std::string chosen;
   LaunchQ4(x, w, s, nullptr, y, &chosen);
   return chosen;
