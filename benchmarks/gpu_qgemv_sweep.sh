@@ -14,7 +14,7 @@ start=$SECONDS
 # each step under a time limit: a kernel that never finishes costs its step, not the call
 timeout 300 python3 benchmarks/qgemv_sweep.py --out "$out" 2>&1 | grep -v "^\s*$" | tail -60
 echo "swept in $((SECONDS - start)) s"
-(cd "$(mktemp -d)" && timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$OLDPWD" \
+(cd "$(mktemp -d)" && timeout 360 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$OLDPWD" \
   "$OLDPWD/tests/kernels/test_gpu_qgemv.py" 2>&1 | tail -15)
 echo "tested in $((SECONDS - start)) s"
 if [[ ${2:-} == block ]]; then
