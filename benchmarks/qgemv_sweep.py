@@ -5,7 +5,8 @@ on the Llama-7B block's shapes at 1 and 2 rows, graph-launched, against the meas
 
 A variant is a set of the host's settings (qgemv_host.cc, read per launch): RELAXTUNE_Q4GEMV picks the kernel family
 (`reg`: qgemv.cu's register-pipelined kernel, the one before; `s<GR>r<RPG>`: qgemv_stream.cu's, GR row groups of 8
-warps, RPG rows per group per ring slot; s2r8 and s3r2 take K <= 4096 only: down falls back to `reg` there),
+warps, RPG rows per group per ring slot; s2r8 and s3r2 take K <= 4096 only: down falls back to `reg` there; a
+comma-separated list: the first that applies),
 RELAXTUNE_Q4GEMV_STAGES caps its ring, RELAXTUNE_GEMV_PDL=0 launches plainly. Every variant runs in the same process
 on the same weights. First the checks: each variant on ragged and real shapes (1..3 rows, with and without the
 residual) against float32 torch on the same dequantized weights, next to torch's own fp16 matmul error (bound: max(2
@@ -33,6 +34,7 @@ VARIANTS = {
     "s2r2": {"RELAXTUNE_Q4GEMV": "s2r2"},
     "s3r2": {"RELAXTUNE_Q4GEMV": "s3r2"},
     "s1r8": {"RELAXTUNE_Q4GEMV": "s1r8"},
+    "s2r8,s2r4": {"RELAXTUNE_Q4GEMV": "s2r8,s2r4"},  # the first that applies: s2r4 for down
     "s2r4-st4": {"RELAXTUNE_Q4GEMV": "s2r4", "RELAXTUNE_Q4GEMV_STAGES": "4"},
     "s2r4-st2": {"RELAXTUNE_Q4GEMV": "s2r4", "RELAXTUNE_Q4GEMV_STAGES": "2"},
     "s2r4-nopdl": {"RELAXTUNE_Q4GEMV": "s2r4", "RELAXTUNE_GEMV_PDL": "0"},

@@ -1,12 +1,15 @@
 // The host side of the 4-bit decode GEMV (qgemv.cu, qgemv_stream.cu), appended to gemv_host.cc in one object
 // (kernels/gemv.py): it launches through that file's Start (a programmatic dependent launch on compute capability
 // 9.0+) and the shared driver code of extern_host.h, on TVM's current stream, with no allocation.
-// The kernel family: kQ4DefaultFamily, or RELAXTUNE_Q4GEMV=reg|s2r4|s2r8|s2r2|s3r2|s1r8 (read per launch, for
-// measurements: benchmarks/qgemv_sweep.py); a streamed family (qgemv_stream.cu) falls back to qgemv.cu's register
-// kernel ("reg") where it does not apply: compute capability < 9.0, K / group not a multiple of 8, the scales not
-// 16-byte aligned, K above its pieces, or a ring of fewer than 2 slots. RELAXTUNE_Q4GEMV_STAGES=N caps its ring.
+// The kernel: the first family of kQ4DefaultFamily, or of RELAXTUNE_Q4GEMV (read per launch, for measurements:
+// benchmarks/qgemv_sweep.py), that applies, a comma-separated list of reg|s2r4|s2r8|s2r2|s3r2|s1r8; qgemv.cu's
+// register kernel ("reg") where none does. A streamed family (qgemv_stream.cu) does not apply on compute capability
+// < 9.0, where K / group is not a multiple of 8, the scales are not 16-byte aligned, K is above its pieces, or a ring
+// of 2 slots does not fit. RELAXTUNE_Q4GEMV_STAGES=N caps its ring.
+#include <vector>
+
 namespace {
-constexpr const char* kQ4DefaultFamily = "s2r4";  // the kernel family the artifacts use: one line to change
+constexpr const char* kQ4DefaultFamily = "s2r4";  // the kernel families the artifacts use: one line to change
 
 struct Q4StreamArgs {  // must match qgemv_stream.cu's Q4StreamParams
   const void *x, *w, *scale, *res;
@@ -106,12 +109,23 @@ void LaunchQ4(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, cons
   const int sms = Attribute(d, dev.device_id, kMultiprocessors), major = Attribute(d, dev.device_id, kComputeMajor);
   const bool pdl = major >= 9 && ProgrammaticLaunch();
   void* stream = TVMFFIEnvGetStream(dev.device_type, dev.device_id);
-  const std::string family = Q4Family();
+  std::vector<std::string> families;  // in order of preference, up to the first "reg"
+  for (std::string rest = Q4Family(); !rest.empty();) {
+    const size_t comma = rest.find(',');
+    families.push_back(rest.substr(0, comma));
+    rest = comma == std::string::npos ? std::string() : rest.substr(comma + 1);
+  }
   for (int64_t r0 = 0; r0 < m; r0 += kQ4MaxRows) {  // up to 2 rows share one pass over the weights
     const int rows = static_cast<int>(std::min<int64_t>(kQ4MaxRows, m - r0));
     Q4StreamPlan plan;
-    if (family != "reg" && PlanQ4Stream(family, k, n, shift, Data(scale), major, sms,
-                                        Attribute(d, dev.device_id, kMaxSharedOptIn), rows, &plan)) {
+    bool streamed = false;
+    for (const std::string& family : families) {
+      if (family == "reg") break;
+      streamed = PlanQ4Stream(family, k, n, shift, Data(scale), major, sms,
+                              Attribute(d, dev.device_id, kMaxSharedOptIn), rows, &plan);
+      if (streamed) break;
+    }
+    if (streamed) {
       const std::string name = plan.name + "_m" + std::to_string(rows);
       if (chosen != nullptr) {
         *chosen = name;

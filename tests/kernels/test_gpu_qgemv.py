@@ -36,27 +36,27 @@ CASES = [
         (1024, 300, 128, r % 2 == 0),
     )
 ]
-# the kernel families (qgemv_host.cc, read per launch) and a ring of two slots
+# the kernel families (qgemv_host.cc, read per launch), a ring of two slots, lists of families
 SETTINGS = [{"RELAXTUNE_Q4GEMV": f} for f in ("reg", "s2r4", "s2r8", "s2r2", "s3r2", "s1r8")]
 SETTINGS.append({"RELAXTUNE_Q4GEMV": "s2r4", "RELAXTUNE_Q4GEMV_STAGES": "2"})
+SETTINGS += [{"RELAXTUNE_Q4GEMV": "s2r8,s2r4"}, {"RELAXTUNE_Q4GEMV": "s3r2,reg,s2r4"}]  # the first that applies
 HOST = (Path(__file__).parents[2] / "relaxtune" / "kernels" / "qgemv_host.cc").read_text()
 DEFAULT_FAMILY = re.search(r'kQ4DefaultFamily = "(\w+)"', HOST).group(1)
 
 
 def _expected_kernel(settings: dict, rows: int, k: int, group: int) -> str:
-    """The kernel qgemv_host.cc must choose on compute capability 9.0+: the family's streamed kernel with the fewest
-    pieces of K that cover K (s2r8 and s3r2 have one: K <= 4096, the others three: <= 12288) where K / group is a
-    multiple of 8, else the register kernel."""
-    family, m = settings.get("RELAXTUNE_Q4GEMV", DEFAULT_FAMILY), min(rows, 2)
-    pieces = -(-k // (16 * 256))
-    available = [
-        p
-        for p in {"s2r4": (1, 3), "s2r8": (1,), "s2r2": (3,), "s3r2": (1,), "s1r8": (1, 3)}.get(family, ())
-        if p >= pieces
-    ]
-    if family == "reg" or (k // group) % 8 or not available:
-        return f"relaxtune_q4gemv_f16_m{m}"
-    return f"relaxtune_q4gemv_{family}p{min(available)}_m{m}"
+    """The kernel qgemv_host.cc must choose on compute capability 9.0+: for the first family of the list that applies,
+    its streamed kernel with the fewest pieces of K that cover K (s2r8 and s3r2 have one: K <= 4096, the others
+    three: <= 12288), where K / group is a multiple of 8; else (or from "reg" on) the register kernel."""
+    m, pieces = min(rows, 2), -(-k // (16 * 256))
+    for family in settings.get("RELAXTUNE_Q4GEMV", DEFAULT_FAMILY).split(","):
+        kinds = {"s2r4": (1, 3), "s2r8": (1,), "s2r2": (3,), "s3r2": (1,), "s1r8": (1, 3)}.get(family, ())
+        available = [p for p in kinds if p >= pieces]
+        if family == "reg":
+            break
+        if (k // group) % 8 == 0 and available:
+            return f"relaxtune_q4gemv_{family}p{min(available)}_m{m}"
+    return f"relaxtune_q4gemv_f16_m{m}"
 
 
 @pytest.fixture(scope="module")
