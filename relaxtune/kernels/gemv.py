@@ -14,10 +14,14 @@
   rows cuBLAS measured faster). Its times against the copy bandwidth and cuBLAS: docs/results.md
   (GPU decode GEMVs; `benchmarks/gemv_check.py`).
 Emitted by `RewriteGemvToCuda` (relax_passes/gemv_cuda.py) in the small (decode) buckets.
-- `relaxtune_q4gemv(x, w, scale, y)` and `relaxtune_q4gemv_add(x, w, scale, r, y)`: the same product for a
-  4-bit weight in the GPU layout (`quant_formats.pack_q4_gpu`, (N, K / 8) uint32, fp16 scales (N, K / group)),
-  dequantized in registers (qgemv.cu, qgemv_host.cc: compiled with this file's kernels into one fatbin and one
-  host object); emitted by `RewriteQuantGemvToCuda` (relax_passes/quant_gemv_cuda.py).
+- `relaxtune_q4gemv(x, w, scale, y)` and `relaxtune_q4gemv_add(x, w, scale, r, y)`: the same product for a 4-bit
+  weight in the GPU layout (`quant_formats.pack_q4_gpu`, (N, K / 8) uint32, fp16 scales (N, K / group)), dequantized
+  in registers; on compute capability 9.0+ streamed through a shared-memory ring by bulk asynchronous copies
+  (qgemv_stream.cu), else, or where its conditions fail, register-pipelined (qgemv.cu); the host code
+  (qgemv_host.cc) picks, RELAXTUNE_Q4GEMV / RELAXTUNE_Q4GEMV_STAGES override it for measurements
+  (benchmarks/qgemv_sweep.py), and `relaxtune_q4gemv_kernel(x, w, scale, y)` names the kernel it would launch.
+  Compiled with this file's kernels into one fatbin and one host object; emitted by `RewriteQuantGemvToCuda`
+  (relax_passes/quant_gemv_cuda.py).
 
 The (K, N) kernel (cuda_gemv.cu) gives each block 64 output columns: 8 threads x 16-byte vectors per
 weight row, 32 or 64 K lanes per block each taking 8 consecutive rows (x: one vector load per row),
@@ -58,12 +62,20 @@ NK_ADD_FUNCTION = "relaxtune_gemv_nk_add"
 CONFIG_FUNCTION = "relaxtune_gemv_config"
 Q4_FUNCTION = "relaxtune_q4gemv"  # the weight as 4-bit groups in the GPU layout (qgemv.cu)
 Q4_ADD_FUNCTION = "relaxtune_q4gemv_add"
+Q4_KERNEL_FUNCTION = "relaxtune_q4gemv_kernel"  # (x, w, scale, y) -> the kernel relaxtune_q4gemv would launch
+# qgemv_stream.cu's kernels, as qgemv_host.cc's kQ4StreamKernels lists them: family s<GR>r<RPG> (GR row groups of 8
+# warps, RPG rows per group per ring slot), p<PMAX> (K up to 256 * 16 * PMAX), _m<rows of x>
+Q4_STREAM_KERNELS = tuple(
+    f"relaxtune_q4gemv_{kind}_m{m}"
+    for kind in ("s2r4p1", "s2r4p3", "s2r8p1", "s2r2p3", "s3r2p1", "s1r8p1", "s1r8p3")
+    for m in (1, 2)
+)
 MIN_ARCH = 80
 VECTOR = 8  # columns per 16-byte load: N must be a multiple of it
 _HERE = Path(__file__).parent
-# one fatbin and one host object: the 4-bit kernel (qgemv.cu) uses gemv.cu's load and wait helpers, its host
-# code (qgemv_host.cc) gemv_host.cc's launch
-KERNEL_SOURCE = (_HERE / "gemv.cu").read_text() + "\n" + (_HERE / "qgemv.cu").read_text()
+# one fatbin and one host object: the 4-bit kernels (qgemv.cu, qgemv_stream.cu) use gemv.cu's load and wait
+# helpers (the streamed one also qgemv.cu's dequantization), their host code (qgemv_host.cc) gemv_host.cc's launch
+KERNEL_SOURCE = "\n".join((_HERE / name).read_text() for name in ("gemv.cu", "qgemv.cu", "qgemv_stream.cu"))
 
 HOST_SOURCE = extern_host_source(
     "relaxtune gemv",

@@ -53,11 +53,12 @@ int64_t CheckOperands(const char* what, const tvm::ffi::TensorView& x, const tvm
   return m;
 }
 
-// one launch on `stream`: a plain one, or cuLaunchKernelEx with a (1, splits, 1) cluster and/or as a
-// programmatic dependent of the previous kernel (compute capability 9.0+)
-void Start(Driver* d, Ptr fn, unsigned blocks, unsigned splits, unsigned threads, bool pdl, void* stream, void** args) {
+// one launch on `stream` with `shared_bytes` of dynamic shared memory: a plain one, or cuLaunchKernelEx with a
+// (1, splits, 1) cluster and/or as a programmatic dependent of the previous kernel (compute capability 9.0+)
+void Start(Driver* d, Ptr fn, unsigned blocks, unsigned splits, unsigned threads, bool pdl, void* stream, void** args,
+           unsigned shared_bytes = 0) {
   if (splits == 1 && !pdl) {
-    Check(d, d->launch(fn, blocks, 1, 1, threads, 1, 1, 0, stream, args, nullptr), "cuLaunchKernel");
+    Check(d, d->launch(fn, blocks, 1, 1, threads, 1, 1, shared_bytes, stream, args, nullptr), "cuLaunchKernel");
     return;
   }
   LaunchAttribute attrs[2]{};
@@ -69,7 +70,7 @@ void Start(Driver* d, Ptr fn, unsigned blocks, unsigned splits, unsigned threads
   }
   if (pdl) attrs[count].id = kProgrammaticSerialization, attrs[count].value.cluster.x = 1, ++count;  // the union's first int: allowed = 1
   TVM_FFI_ICHECK(d->launch_ex != nullptr) << "gemv: a cluster or programmatic launch needs cuLaunchKernelEx (a CUDA 12+ driver)";
-  LaunchConfig config{blocks, splits, 1, threads, 1, 1, 0, stream, attrs, count};
+  LaunchConfig config{blocks, splits, 1, threads, 1, 1, shared_bytes, stream, attrs, count};
   Check(d, d->launch_ex(&config, fn, args, nullptr), "cuLaunchKernelEx (cluster / programmatic)");
 }
 

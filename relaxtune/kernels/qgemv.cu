@@ -43,18 +43,20 @@ __device__ __forceinline__ unsigned short load_scale(const void* p) {  // read o
 
 __device__ __forceinline__ __half2 half2_bits(uint32_t bits) { return *reinterpret_cast<__half2*>(&bits); }
 
-// the 32 weights of one 16-byte vector as 16 half2 pairs (q - 8), in x's order: pair i of word j is weights 8j + 2i, 8j + 2i + 1
+// the 8 weights of one word as 4 half2 pairs (q - 8), in x's order: pair i is weights 2i, 2i + 1 of the word
+__device__ __forceinline__ void dequantize_word(uint32_t word, __half2* w) {
+  const __half2 minus_1032 = half2_bits(0xE408E408u), sixteenth = half2_bits(0x2C002C00u);
+  const __half2 minus_72 = half2_bits(0xD480D480u);
+  const uint32_t hi = word >> 8;
+  w[0] = __hadd2(half2_bits((word & 0x000F000Fu) | 0x64006400u), minus_1032);
+  w[1] = __hfma2(half2_bits((word & 0x00F000F0u) | 0x64006400u), sixteenth, minus_72);
+  w[2] = __hadd2(half2_bits((hi & 0x000F000Fu) | 0x64006400u), minus_1032);
+  w[3] = __hfma2(half2_bits((hi & 0x00F000F0u) | 0x64006400u), sixteenth, minus_72);
+}
+
+// the 32 weights of one 16-byte vector as 16 half2 pairs (q - 8): pair i of word j is weights 8j + 2i, 8j + 2i + 1
 __device__ __forceinline__ void dequantize_vector(const uint4& v, __half2 (&w)[16]) {
-  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-  const __half2 minus_1032 = half2_bits(0xE408E408u), sixteenth = half2_bits(0x2C002C00u), minus_72 = half2_bits(0xD480D480u);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint32_t lo = words[j], hi = words[j] >> 8;
-    w[4 * j + 0] = __hadd2(half2_bits((lo & 0x000F000Fu) | 0x64006400u), minus_1032);
-    w[4 * j + 1] = __hfma2(half2_bits((lo & 0x00F000F0u) | 0x64006400u), sixteenth, minus_72);
-    w[4 * j + 2] = __hadd2(half2_bits((hi & 0x000F000Fu) | 0x64006400u), minus_1032);
-    w[4 * j + 3] = __hfma2(half2_bits((hi & 0x00F000F0u) | 0x64006400u), sixteenth, minus_72);
-  }
+  dequantize_word(v.x, w), dequantize_word(v.y, w + 4), dequantize_word(v.z, w + 8), dequantize_word(v.w, w + 12);
 }
 
 // sum over the vector's 32 weights of x * (q - 8): fp16 pairs in two chains (words 0-1, 2-3), then fp32

@@ -1,7 +1,74 @@
-// The host side of the 4-bit decode GEMV (qgemv.cu), appended to gemv_host.cc in one object (kernels/gemv.py):
-// it launches through that file's Start (a programmatic dependent launch on compute capability 9.0+) and the
-// shared driver code of extern_host.h, on TVM's current stream, with no allocation.
+// The host side of the 4-bit decode GEMV (qgemv.cu, qgemv_stream.cu), appended to gemv_host.cc in one object
+// (kernels/gemv.py): it launches through that file's Start (a programmatic dependent launch on compute capability
+// 9.0+) and the shared driver code of extern_host.h, on TVM's current stream, with no allocation.
+// The kernel: the first family of kQ4DefaultFamily, or of RELAXTUNE_Q4GEMV (read per launch, for measurements:
+// benchmarks/qgemv_sweep.py), that applies, a comma-separated list of reg|s2r4|s2r8|s2r2|s3r2|s1r8; qgemv.cu's
+// register kernel ("reg") where none does. A streamed family (qgemv_stream.cu) does not apply on compute capability
+// < 9.0, where K / group is not a multiple of 8, the scales are not 16-byte aligned, K is above its pieces, or a ring
+// of 2 slots does not fit. RELAXTUNE_Q4GEMV_STAGES=N caps its ring.
+#include <vector>
+
 namespace {
+constexpr const char* kQ4DefaultFamily = "s2r4";  // the kernel families the artifacts use: one line to change
+
+struct Q4StreamArgs {  // must match qgemv_stream.cu's Q4StreamParams
+  const void *x, *w, *scale, *res;
+  void* y;
+  int rows, k, n, group_shift, stages;
+};
+struct Q4StreamKernel {
+  const char* family;
+  int groups, rows_per_group, pieces;  // GR, RPG, PMAX of qgemv_stream.cu
+};
+// qgemv_stream.cu's instantiations relaxtune_q4gemv_s<GR>r<RPG>p<PMAX>_m1 / _m2, fewest pieces first
+constexpr Q4StreamKernel kQ4StreamKernels[] = {{"s2r4", 2, 4, 1}, {"s2r4", 2, 4, 3}, {"s2r8", 2, 8, 1},
+                                               {"s2r2", 2, 2, 3}, {"s3r2", 3, 2, 1}, {"s1r8", 1, 8, 1},
+                                               {"s1r8", 1, 8, 3}};
+constexpr int kQ4PieceThreads = 256, kQ4PieceWeights = 16, kQ4BarrierBytes = 1024, kQ4MaxStages = 64;
+constexpr int kMaxSharedOptIn = 97;  // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+
+std::string Q4Family() {
+  const char* value = std::getenv("RELAXTUNE_Q4GEMV");
+  return value != nullptr && value[0] != '\0' ? std::string(value) : std::string(kQ4DefaultFamily);
+}
+
+int Q4ForcedStages() {
+  const char* value = std::getenv("RELAXTUNE_Q4GEMV_STAGES");
+  return value != nullptr ? std::atoi(value) : 0;
+}
+
+struct Q4StreamPlan {
+  std::string name;  // without the _m1 / _m2 suffix
+  int blocks = 0, threads = 0, stages = 0, shared_bytes = 0;
+};
+
+// the streamed kernel of `family` for this product, or false where it does not apply (then: qgemv.cu's)
+bool PlanQ4Stream(const std::string& family, int64_t k, int64_t n, int shift, const void* scale, int major, int sms,
+                  int shared_limit, int tile_rows, Q4StreamPlan* plan) {
+  const int64_t groups = k >> (5 + shift), pieces = (k / kQ4PieceWeights + kQ4PieceThreads - 1) / kQ4PieceThreads;
+  if (major < 9 || groups % 8 != 0 || reinterpret_cast<uintptr_t>(scale) % 16 != 0) return false;
+  const Q4StreamKernel* kernel = nullptr;
+  for (const auto& candidate : kQ4StreamKernels) {
+    if (family == candidate.family && candidate.pieces >= pieces) {
+      kernel = &candidate;
+      break;
+    }
+  }
+  if (kernel == nullptr) return false;
+  const int64_t blocks = std::min<int64_t>(sms, n), rows = (n + blocks - 1) / blocks;
+  const int64_t slot_rows = kernel->groups * kernel->rows_per_group;
+  const int64_t slot_bytes = slot_rows * (k / 2 + 2 * groups), partial_bytes = rows * tile_rows * 8 * 4;
+  int64_t stages = std::min<int64_t>({kQ4MaxStages, (rows + slot_rows - 1) / slot_rows,
+                                      (shared_limit - kQ4BarrierBytes - partial_bytes) / slot_bytes});
+  if (Q4ForcedStages() > 0) stages = std::min<int64_t>(stages, Q4ForcedStages());
+  if (stages < std::min<int64_t>(2, (rows + slot_rows - 1) / slot_rows)) return false;
+  plan->name = std::string("relaxtune_q4gemv_") + family + "p" + std::to_string(kernel->pieces);
+  plan->blocks = static_cast<int>(blocks), plan->threads = kQ4PieceThreads * kernel->groups + 32;
+  plan->stages = static_cast<int>(stages);
+  plan->shared_bytes = static_cast<int>(kQ4BarrierBytes + stages * slot_bytes + partial_bytes);
+  return true;
+}
+
 struct Q4Params {  // must match qgemv.cu
   const void *x, *w, *scale, *res;
   void* y;
@@ -11,9 +78,10 @@ constexpr int kQ4MaxRows = 2, kQ4Threads = 256, kQ4BlocksPerSm = 2;
 
 bool IsHalf(const DLDataType& t) { return t.code == kDLFloat && t.bits == 16 && t.lanes == 1; }
 
-// y = x @ W^T (+ r) for W (N, K) in the GPU layout `w` (N, K / 8) uint32 with `scale` (N, K / group) fp16
+// y = x @ W^T (+ r) for W (N, K) in the GPU layout `w` (N, K / 8) uint32 with `scale` (N, K / group) fp16; with
+// `chosen`, nothing is launched: the first launch's kernel name is put there (for tests and measurements)
 void LaunchQ4(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const tvm::ffi::TensorView& scale,
-              const tvm::ffi::TensorView* r, const tvm::ffi::TensorView& y) {
+              const tvm::ffi::TensorView* r, const tvm::ffi::TensorView& y, std::string* chosen = nullptr) {
   const DLDataType wt = w.dtype();
   TVM_FFI_ICHECK(w.ndim() == 2 && wt.code == kDLUInt && wt.bits == 32 && wt.lanes == 1)
       << "q4gemv: the weight must be (N, K / 8) uint32 (the GPU layout)";
@@ -38,12 +106,45 @@ void LaunchQ4(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, cons
   if (m == 0 || n == 0) return;
   Driver* d = LoadDriver();
   DLDevice dev = y.device();
-  const int sms = Attribute(d, dev.device_id, kMultiprocessors);
-  const bool pdl = Attribute(d, dev.device_id, kComputeMajor) >= 9 && ProgrammaticLaunch();
+  const int sms = Attribute(d, dev.device_id, kMultiprocessors), major = Attribute(d, dev.device_id, kComputeMajor);
+  const bool pdl = major >= 9 && ProgrammaticLaunch();
   void* stream = TVMFFIEnvGetStream(dev.device_type, dev.device_id);
+  std::vector<std::string> families;  // in order of preference, up to the first "reg"
+  for (std::string rest = Q4Family(); !rest.empty();) {
+    const size_t comma = rest.find(',');
+    families.push_back(rest.substr(0, comma));
+    rest = comma == std::string::npos ? std::string() : rest.substr(comma + 1);
+  }
   for (int64_t r0 = 0; r0 < m; r0 += kQ4MaxRows) {  // up to 2 rows share one pass over the weights
     const int rows = static_cast<int>(std::min<int64_t>(kQ4MaxRows, m - r0));
-    Ptr fn = Kernel(d, relaxtune_gemv_fatbin, dev.device_id, std::string("relaxtune_q4gemv_f16_m") + std::to_string(rows));
+    Q4StreamPlan plan;
+    bool streamed = false;
+    for (const std::string& family : families) {
+      if (family == "reg") break;
+      streamed = PlanQ4Stream(family, k, n, shift, Data(scale), major, sms,
+                              Attribute(d, dev.device_id, kMaxSharedOptIn), rows, &plan);
+      if (streamed) break;
+    }
+    if (streamed) {
+      const std::string name = plan.name + "_m" + std::to_string(rows);
+      if (chosen != nullptr) {
+        *chosen = name;
+        return;
+      }
+      Ptr fn = Kernel(d, relaxtune_gemv_fatbin, dev.device_id, name, Attribute(d, dev.device_id, kMaxSharedOptIn));
+      Q4StreamArgs p{Data(x) + r0 * k * 2, Data(w), Data(scale), r != nullptr ? Data(*r) + r0 * n * 2 : nullptr,
+                     Data(y) + r0 * n * 2, rows, static_cast<int>(k), static_cast<int>(n), shift, plan.stages};
+      void* args[] = {&p};
+      Start(d, fn, static_cast<unsigned>(plan.blocks), 1, static_cast<unsigned>(plan.threads), pdl, stream, args,
+            static_cast<unsigned>(plan.shared_bytes));
+      continue;
+    }
+    const std::string name = std::string("relaxtune_q4gemv_f16_m") + std::to_string(rows);
+    if (chosen != nullptr) {
+      *chosen = name;
+      return;
+    }
+    Ptr fn = Kernel(d, relaxtune_gemv_fatbin, dev.device_id, name);
     Q4Params p{Data(x) + r0 * k * 2, Data(w), Data(scale), r != nullptr ? Data(*r) + r0 * n * 2 : nullptr,
                Data(y) + r0 * n * 2, rows, static_cast<int>(k), static_cast<int>(n), shift, sms};
     void* args[] = {&p};
@@ -55,7 +156,15 @@ void Q4Gemv(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView
 void Q4GemvAdd(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView s, tvm::ffi::TensorView r, tvm::ffi::TensorView y) {
   LaunchQ4(x, w, s, &r, y);
 }
+// the kernel relaxtune_q4gemv(x, w, s, y) would launch first, under the current settings
+std::string Q4GemvKernel(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView s,
+                         tvm::ffi::TensorView y) {
+  std::string chosen;
+  LaunchQ4(x, w, s, nullptr, y, &chosen);
+  return chosen;
+}
 }  // namespace
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4gemv, Q4Gemv);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4gemv_add, Q4GemvAdd);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4gemv_kernel, Q4GemvKernel);

@@ -4,6 +4,7 @@ torch on the same dequantized weights at every bucket. Skipped where no GPU is (
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,7 +20,9 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("nvcc") is None or shutil.which("g++") is None, reason="no nvcc / g++"),
 ]
 
-# (rows, K, N, group, residual): the 7B block's shapes, N odd (a half-filled feature pair), K off the 2-vector chunk
+# (rows, K, N, group, residual): the 7B block's shapes, N odd (a half-filled feature pair) or below the SM count (a
+# block per row), K off the 2-vector chunk, 3 pieces of K per thread (11008), a scale row of 3 (K = 96: the
+# streamed kernels do not apply and fall back to the register one)
 CASES = [
     (r, k, n, g, res)
     for r in (1, 2, 3, 5)
@@ -29,8 +32,31 @@ CASES = [
         (11008, 4096, 32, True),
         (96, 37, 32, False),
         (4096, 12288, 128, True),
+        (256, 37, 32, r % 2 == 1),
+        (1024, 300, 128, r % 2 == 0),
     )
 ]
+# the kernel families (qgemv_host.cc, read per launch), a ring of two slots, lists of families
+SETTINGS = [{"RELAXTUNE_Q4GEMV": f} for f in ("reg", "s2r4", "s2r8", "s2r2", "s3r2", "s1r8")]
+SETTINGS.append({"RELAXTUNE_Q4GEMV": "s2r4", "RELAXTUNE_Q4GEMV_STAGES": "2"})
+SETTINGS += [{"RELAXTUNE_Q4GEMV": "s2r8,s2r4"}, {"RELAXTUNE_Q4GEMV": "s3r2,reg,s2r4"}]  # the first that applies
+HOST = (Path(__file__).parents[2] / "relaxtune" / "kernels" / "qgemv_host.cc").read_text()
+DEFAULT_FAMILY = re.search(r'kQ4DefaultFamily = "(\w+)"', HOST).group(1)
+
+
+def _expected_kernel(settings: dict, rows: int, k: int, group: int) -> str:
+    """The kernel qgemv_host.cc must choose on compute capability 9.0+: for the first family of the list that applies,
+    its streamed kernel with the fewest pieces of K that cover K (s2r8 and s3r2 have one: K <= 4096, the others
+    three: <= 12288), where K / group is a multiple of 8; else (or from "reg" on) the register kernel."""
+    m, pieces = min(rows, 2), -(-k // (16 * 256))
+    for family in settings.get("RELAXTUNE_Q4GEMV", DEFAULT_FAMILY).split(","):
+        kinds = {"s2r4": (1, 3), "s2r8": (1,), "s2r2": (3,), "s3r2": (1,), "s1r8": (1, 3)}.get(family, ())
+        available = [p for p in kinds if p >= pieces]
+        if family == "reg":
+            break
+        if (k // group) % 8 == 0 and available:
+            return f"relaxtune_q4gemv_{family}p{min(available)}_m{m}"
+    return f"relaxtune_q4gemv_f16_m{m}"
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +76,8 @@ def gemv_library(tmp_path_factory):
 
 
 @pytest.mark.parametrize("rows,k,n,group,residual", CASES)
-def test_q4gemv_matches_torch_dequantize_then_matmul(gemv_library, rows, k, n, group, residual):
+def test_q4gemv_matches_torch_dequantize_then_matmul(gemv_library, monkeypatch, rows, k, n, group, residual):
+    """The default kernel, then every family of SETTINGS, on the same operands."""
     import tvm
     import tvm_ffi
 
@@ -64,19 +91,26 @@ def test_q4gemv_matches_torch_dequantize_then_matmul(gemv_library, rows, k, n, g
     r = torch.randn(1, rows, n, device="cuda", dtype=torch.float16)
     ref = x.float() @ w.t() + (r.float() if residual else 0)
     torch_err = ((x @ w.half().t() + (r if residual else 0)).float() - ref).abs().max().item()
-    y = torch.full((1, rows, n), float("nan"), device="cuda", dtype=torch.float16)
     as_ffi = tvm_ffi.from_dlpack
     wq = tvm.runtime.tensor(packed, tvm.cuda(0))  # uint32: through TVM, not torch
     s = tvm.runtime.tensor(parts["scale"], tvm.cuda(0))
-    if residual:
-        gemv_library["relaxtune_q4gemv_add"](as_ffi(x), wq, s, as_ffi(r), as_ffi(y))
-    else:
-        gemv_library["relaxtune_q4gemv"](as_ffi(x), wq, s, as_ffi(y))
-    torch.cuda.synchronize()
-    err = (y.float() - ref).abs().max().item()
-    # fp16 pair sums of 8 products, then fp32: emulated in numpy (double rounding) 2.0e-3 .. 2.5e-3 on these shapes,
-    # against 1.3e-3 .. 1.4e-3 for torch's fp16 matmul of the same weights
-    assert err == err and err <= max(2 * torch_err, 5e-3), (err, torch_err)
+    for settings in [{}, *SETTINGS]:
+        with monkeypatch.context() as scope:
+            for name, value in settings.items():
+                scope.setenv(name, value)
+            y = torch.full((1, rows, n), float("nan"), device="cuda", dtype=torch.float16)
+            if torch.cuda.get_device_capability()[0] >= 9:
+                chosen = gemv_library["relaxtune_q4gemv_kernel"](as_ffi(x), wq, s, as_ffi(y))
+                assert chosen == _expected_kernel(settings, rows, k, group), settings
+            if residual:
+                gemv_library["relaxtune_q4gemv_add"](as_ffi(x), wq, s, as_ffi(r), as_ffi(y))
+            else:
+                gemv_library["relaxtune_q4gemv"](as_ffi(x), wq, s, as_ffi(y))
+            torch.cuda.synchronize()
+        err = (y.float() - ref).abs().max().item()
+        # fp16 sums of 8 products per half, then fp32: emulated in numpy (double rounding) 2.0e-3 .. 2.5e-3 on these
+        # shapes, against 1.3e-3 .. 1.4e-3 for torch's fp16 matmul of the same weights
+        assert err == err and err <= max(2 * torch_err, 5e-3), (settings, err, torch_err)
 
 
 def test_q4f16_llama_block_matches_torch_at_every_bucket(tmp_path):

@@ -8,13 +8,15 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import tvm
 from tvm import relax, tirx
 
+from relaxtune.kernels import gemv as gemv_module
 from relaxtune.kernels import quant_gpu_tir
-from relaxtune.kernels.gemv import Q4_ADD_FUNCTION, Q4_FUNCTION
+from relaxtune.kernels.gemv import Q4_ADD_FUNCTION, Q4_FUNCTION, Q4_KERNEL_FUNCTION, Q4_STREAM_KERNELS
 from relaxtune.relax_passes.quant_gemv_cuda import RewriteQuantGemvToCuda
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
@@ -110,7 +112,7 @@ def test_kernel_assembles_without_spills_and_reads_weights_before_the_wait(tmp_p
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = dict(re.findall(r"Compiling entry function '(\w+)'.*?\n(.*?)(?=Compiling entry|\Z)", done.stderr, re.S))
-    names = sorted(n for n in report if n.startswith("relaxtune_q4gemv"))
+    names = sorted(n for n in report if n.startswith("relaxtune_q4gemv") and n not in Q4_STREAM_KERNELS)
     assert names == ["relaxtune_q4gemv_f16_m1", "relaxtune_q4gemv_f16_m2"], sorted(report)
     for name in names:
         assert "0 bytes spill stores, 0 bytes spill loads" in report[name] and "0 bytes stack frame" in report[name]
@@ -122,6 +124,7 @@ def test_kernel_assembles_without_spills_and_reads_weights_before_the_wait(tmp_p
     assert done.returncode == 0, done.stderr[-3000:]
     ptx = (tmp_path / "gemv.ptx").read_text()
     bodies = dict(re.findall(r"\.entry (relaxtune_q4gemv\w+)\((.*?)(?=\.entry|\Z)", ptx, re.S))
+    bodies = {name: body for name, body in bodies.items() if name not in Q4_STREAM_KERNELS}
     assert sorted(bodies) == names
     for name, body in bodies.items():
         assert ".maxntid 256, 1, 1" in body and ".minnctapersm 2" in body, name
@@ -137,6 +140,62 @@ def test_kernel_assembles_without_spills_and_reads_weights_before_the_wait(tmp_p
         assert not re.search(r"cvt\.rn\.f(16|32)\.[su](8|16|32)", body), name
 
 
+def _stream_kind(name: str) -> tuple[int, int, int, int]:
+    """(GR, RPG, PMAX, M) of a streamed kernel's name relaxtune_q4gemv_s<GR>r<RPG>p<PMAX>_m<M>."""
+    return tuple(int(v) for v in re.fullmatch(r"relaxtune_q4gemv_s(\d)r(\d)p(\d)_m(\d)", name).groups())
+
+
+@needs_nvcc
+def test_streamed_kernels_assemble_without_spills_copy_in_bulk_and_list_alike_in_the_host(tmp_path):
+    """qgemv_stream.cu for sm_90: every kernel the host lists exists, fits its launch bounds (one block of
+    256 GR + 32 threads per SM) without spills; its PTX issues the bulk copies (weights and scales) before the one
+    griddepcontrol.wait, counts them on mbarriers, reduces with shuffles and keeps the sums in shared memory (no
+    atomics), and dequantizes as qgemv.cu (the 0x64006400 exponent, f16x2 FMAs, no integer-to-float conversion)."""
+    from relaxtune.kernels.gemv import KERNEL_SOURCE, nvcc_command
+
+    host = (Path(gemv_module.__file__).parent / "qgemv_host.cc").read_text()
+    table = host[host.index("kQ4StreamKernels[] = {") : host.index("};", host.index("kQ4StreamKernels[] = {"))]
+    listed = {
+        f"relaxtune_q4gemv_{f}p{p}_m{m}" for f, p in re.findall(r'\{"(s\dr\d)", \d, \d, (\d)\}', table) for m in (1, 2)
+    }
+    for numbers in re.findall(r'\{"s(\d)r(\d)", (\d), (\d), \d\}', table):  # the label is s<GR>r<RPG>
+        assert numbers[:2] == numbers[2:], numbers
+    assert listed == set(Q4_STREAM_KERNELS), sorted(listed)
+    src = tmp_path / "gemv.cu"
+    src.write_text(KERNEL_SOURCE)
+    done = subprocess.run(
+        nvcc_command("sm_90", src, tmp_path / "gemv.fatbin", extra=("-Xptxas", "-v")), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = dict(re.findall(r"Compiling entry function '(\w+)'.*?\n(.*?)(?=Compiling entry|\Z)", done.stderr, re.S))
+    for name in Q4_STREAM_KERNELS:
+        groups = _stream_kind(name)[0]
+        assert "0 bytes spill stores, 0 bytes spill loads" in report[name] and "0 bytes stack frame" in report[name]
+        registers = int(re.search(r"Used (\d+) registers", report[name]).group(1))
+        assert registers * (256 * groups + 32) <= 65536, (name, registers)
+    done = subprocess.run(
+        nvcc_command("sm_90", src, tmp_path / "gemv.ptx", kind="--ptx"), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    ptx = (tmp_path / "gemv.ptx").read_text()
+    bodies = dict(re.findall(r"\.entry (relaxtune_q4gemv_s\w+)\((.*?)(?=\.entry|\Z)", ptx, re.S))
+    assert sorted(bodies) == sorted(Q4_STREAM_KERNELS)
+    for name, body in bodies.items():
+        groups, rows_per_group, pieces, rows = _stream_kind(name)
+        assert f".maxntid {256 * groups + 32}, 1, 1" in body and ".minnctapersm 1" in body, name
+        wait = body.index("griddepcontrol.wait")
+        assert body.count("griddepcontrol.wait") == 1, name
+        bulk = [
+            m.start() for m in re.finditer(r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier::complete_tx", body)
+        ]
+        assert len(bulk) >= 2 and max(bulk) < wait, name  # the producer's copies: before the consumers' wait
+        assert "mbarrier.arrive.expect_tx" in body and "mbarrier.try_wait.parity" in body, name
+        assert "atom." not in body and "red.global" not in body and "shfl.sync.bfly" in body, name
+        assert "ld.global.nc.L1::no_allocate" not in body, name  # weights and scales come by the bulk copies only
+        assert "1677747200" in body and body.count("fma.rn.f16x2") >= rows_per_group * pieces * (4 + 7 * rows), name
+        assert not re.search(r"cvt\.rn\.f(16|32)\.[su](8|16|32)", body), name
+
+
 @needs_nvcc
 def test_host_object_exports_the_4bit_entry_points(tmp_path):
     from relaxtune.kernels.gemv import FUNCTION, object_file
@@ -144,7 +203,7 @@ def test_host_object_exports_the_4bit_entry_points(tmp_path):
     symbols = subprocess.run(
         ["nm", "-g", "--defined-only", str(object_file("sm_90", tmp_path))], capture_output=True, text=True
     ).stdout
-    for name in (FUNCTION, Q4_FUNCTION, Q4_ADD_FUNCTION):
+    for name in (FUNCTION, Q4_FUNCTION, Q4_ADD_FUNCTION, Q4_KERNEL_FUNCTION):
         assert f"__tvm_ffi_{name}" in symbols, name
 
 
