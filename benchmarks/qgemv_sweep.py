@@ -29,16 +29,16 @@ from pathlib import Path
 # (label, settings): settings are the environment the host reads per launch; "" removes a name
 VARIANTS = {
     "reg": {"RELAXTUNE_Q4GEMV": "reg"},
-    "s2r4": {"RELAXTUNE_Q4GEMV": "s2r4"},
-    "s2r8": {"RELAXTUNE_Q4GEMV": "s2r8"},
-    "s2r2": {"RELAXTUNE_Q4GEMV": "s2r2"},
-    "s3r2": {"RELAXTUNE_Q4GEMV": "s3r2"},
-    "s1r8": {"RELAXTUNE_Q4GEMV": "s1r8"},
-    "s2r8,s2r4": {"RELAXTUNE_Q4GEMV": "s2r8,s2r4"},  # the first that applies: s2r4 for down
+    "s2r4": {"RELAXTUNE_Q4GEMV": "s2r4", "RELAXTUNE_Q4GEMV_STAGES": "0"},  # each family with the deepest ring
+    "s2r8": {"RELAXTUNE_Q4GEMV": "s2r8", "RELAXTUNE_Q4GEMV_STAGES": "0"},
+    "s2r2": {"RELAXTUNE_Q4GEMV": "s2r2", "RELAXTUNE_Q4GEMV_STAGES": "0"},
+    "s3r2": {"RELAXTUNE_Q4GEMV": "s3r2", "RELAXTUNE_Q4GEMV_STAGES": "0"},
+    "s1r8": {"RELAXTUNE_Q4GEMV": "s1r8", "RELAXTUNE_Q4GEMV_STAGES": "0"},
+    "s2r8-st2": {"RELAXTUNE_Q4GEMV": "s2r8", "RELAXTUNE_Q4GEMV_STAGES": "2"},
     "s2r4-st4": {"RELAXTUNE_Q4GEMV": "s2r4", "RELAXTUNE_Q4GEMV_STAGES": "4"},
     "s2r4-st2": {"RELAXTUNE_Q4GEMV": "s2r4", "RELAXTUNE_Q4GEMV_STAGES": "2"},
     "s2r4-nopdl": {"RELAXTUNE_Q4GEMV": "s2r4", "RELAXTUNE_GEMV_PDL": "0"},
-    "default": {"RELAXTUNE_Q4GEMV": ""},  # what artifacts launch (qgemv_host.cc's kQ4DefaultFamily)
+    "default": {"RELAXTUNE_Q4GEMV": "", "RELAXTUNE_Q4GEMV_STAGES": ""},  # what artifacts launch (qgemv_host.cc)
 }
 # (K, N, name): the block's 4-bit GEMVs at n = 1 (q/k/v and gate/up merged)
 SHAPES = [(4096, 4096, "o_proj"), (4096, 12288, "qkv"), (4096, 22016, "gate_up"), (11008, 4096, "down")]

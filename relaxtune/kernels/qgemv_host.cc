@@ -5,11 +5,14 @@
 // benchmarks/qgemv_sweep.py), that applies, a comma-separated list of reg|s2r4|s2r8|s2r2|s3r2|s1r8; qgemv.cu's
 // register kernel ("reg") where none does. A streamed family (qgemv_stream.cu) does not apply on compute capability
 // < 9.0, where K / group is not a multiple of 8, the scales are not 16-byte aligned, K is above its pieces, or a ring
-// of 2 slots does not fit. RELAXTUNE_Q4GEMV_STAGES=N caps its ring.
+// of 2 slots does not fit. RELAXTUNE_Q4GEMV_STAGES=N caps its ring (default kQ4DefaultStages; 0: no cap).
 #include <vector>
 
 namespace {
 constexpr const char* kQ4DefaultFamily = "s2r4";  // the kernel families the artifacts use: one line to change
+// the ring's default cap: 2 slots measured 2-6% faster than the deepest ring on the 7B shapes (H200, 1 and 2 rows;
+// docs/results.md "GPU 4-bit weights (q4f16)")
+constexpr int kQ4DefaultStages = 2;
 
 struct Q4StreamArgs {  // must match qgemv_stream.cu's Q4StreamParams
   const void *x, *w, *scale, *res;
@@ -33,8 +36,8 @@ std::string Q4Family() {
 }
 
 int Q4ForcedStages() {
-  const char* value = std::getenv("RELAXTUNE_Q4GEMV_STAGES");
-  return value != nullptr ? std::atoi(value) : 0;
+  const char* value = std::getenv("RELAXTUNE_Q4GEMV_STAGES");  // 0: as deep as shared memory allows
+  return value != nullptr && value[0] != '\0' ? std::atoi(value) : kQ4DefaultStages;
 }
 
 struct Q4StreamPlan {
