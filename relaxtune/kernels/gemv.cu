@@ -292,7 +292,7 @@ __device__ __forceinline__ float round_to(float v) { return to_float(from_float<
 
 template <typename T>
 __device__ __forceinline__ float silu_times(float gate, float up) {
-  const float sigmoid = round_to<T>(1.0f / round_to<T>(1.0f + round_to<T>(__expf(-gate))));
+  const float sigmoid = round_to<T>(__frcp_rn(round_to<T>(1.0f + round_to<T>(__expf(-gate)))));  // 1 / x, IEEE
   return round_to<T>(round_to<T>(gate * sigmoid) * up);
 }
 
