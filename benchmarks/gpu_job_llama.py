@@ -325,6 +325,9 @@ def kernels(model: Llama7B, name: str, copy_gbs: float | None):
             kname, us, shapes = row["kernel"], row["us"], row["shapes"]
             weight = shapes[1][1] if len(shapes) >= 3 else []
             a = shapes[0][1] if shapes else []
+            if kname.startswith(PROLOGUE_KERNELS) and len(shapes) >= 3:  # (x, g, w, ..) / (gate | up, w, ..): w (N, K)
+                weight = next(s for _dt, s in shapes[1:] if len(s) == 2)
+                a = [*a[:-1], weight[-1]]  # the product's x: K elements per row (computed by the kernel)
             # TIR GEMMs, relaxtune's cuBLAS calls (relaxtune_cublas_gemm / _gemm_add, the latter with its residual
             # add) and its GEMV kernels (relaxtune_gemv / _gemv_add), each also for (N, K) weights (_nk), against
             # torch.matmul on the same shapes and weight layout
@@ -370,6 +373,8 @@ def kernels(model: Llama7B, name: str, copy_gbs: float | None):
     del vm, params
 
 
+# the (N, K) GEMVs that compute their own x (fuse_gemv_prologue_cuda.py): compared with cuBLAS on the product alone
+PROLOGUE_KERNELS = ("relaxtune_gemv_nk_rms", "relaxtune_gemv_nk_swiglu")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 
 
