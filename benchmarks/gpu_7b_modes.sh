@@ -4,7 +4,8 @@
 # PROLOGUE_AB=1 also builds each dtype's block without the GEMV prologues (fuse_gemv_prologue_cuda.py) and times
 # the two at n = 1 in turns, with the floor and each one's ratio to it; for fp16 also both without CUDA graphs,
 # each kernel timed (the fused GEMVs against the plain ones plus the norm / SwiGLU kernels).
-#   [PROLOGUE_AB=1] bash benchmarks/gpu_7b_modes.sh OUT [fp16|bf16|both] [tests]
+# MODES=0 leaves out torch.compile (its modes and eager; the latency table keeps eager).
+#   [PROLOGUE_AB=1] [MODES=0] bash benchmarks/gpu_7b_modes.sh OUT [fp16|bf16|both] [tests]
 set -uo pipefail
 out=${1:?usage: gpu_7b_modes.sh OUT [fp16|bf16|both] [tests]}
 which=${2:-both}
@@ -27,6 +28,7 @@ echo "built in $((SECONDS - start)) s"
 skip=flash,gemv,tiny,runtime,compile
 [[ $which == bf16 ]] && skip+=,fp16
 [[ $ab != 1 ]] && skip+=,prologue,kernels
+[[ ${MODES:-1} == 0 ]] && skip+=,modes
 python3 benchmarks/gpu_job.py run --art "$art" --out "$out" --skip "$skip" 2>&1 | grep -v "^\s*$" | tail -60
 echo "ran in $((SECONDS - start)) s"
 if [[ ${3:-} == tests ]]; then
