@@ -6,9 +6,11 @@ In the calls RewriteGemvToCuda made for weights kept (N, K) (the decode buckets)
 - ``y = relaxtune_gemv_nk(h, w)`` with ``h = R.nn.rms_norm(x, g, axes=[-1], epsilon)`` read by nothing else,
   ``g`` of shape ``(K,)`` becomes ``y = relaxtune_gemv_nk_rms(x, g, w, epsilon)`` (epsilon a float64 PrimValue);
 - ``y = relaxtune_gemv_nk(m, w)`` (or ``relaxtune_gemv_nk_add(m, w, r)``) with ``m = silu(gate) * up``, where
-  ``gate = gu[..., 0:K]`` and ``up = gu[..., K:2K]`` are strided slices of one tensor ``gu (..., 2K)`` (the merged
-  gate/up product of MergeProjections(copy_slices=True)) and each of ``m``, ``silu(gate)``, ``gate``, ``up`` is
-  read by nothing else, becomes ``y = relaxtune_gemv_nk_swiglu(gu, w)`` (``relaxtune_gemv_nk_swiglu_add(gu, w, r)``).
+  ``gate = gu[..., 0:K]`` and ``up = gu[..., K:2K]`` are the halves of one tensor ``gu (..., 2K)``, as strided
+  slices (the merged gate/up product of MergeProjections(copy_slices=True)) or as the two fields of
+  ``R.split(gu, 2, axis=-1)`` (a language model's own merged gate/up), and each of ``m``, ``silu(gate)``, ``gate``,
+  ``up`` (and the split) is read by nothing else, becomes ``y = relaxtune_gemv_nk_swiglu(gu, w)``
+  (``relaxtune_gemv_nk_swiglu_add(gu, w, r)``).
 
 The kernel (kernels/gemv.py, gemv.cu's x prologues) computes that input once per block into shared memory,
 rounded where the kernels it replaces round, while its first weight loads are in flight. Matched by operators
@@ -121,10 +123,11 @@ class _Matcher:
         return None
 
     def _half(self, var, begin: int, k: int) -> relax.Expr | None:
-        """gu when `var` is a single-use unit-stride slice gu[..., begin:begin + K] of a gu (..., 2K), else None."""
+        """gu when `var` is read once and is gu[..., begin:begin + K] of a gu (..., 2K): a unit-stride slice, or field
+        begin / K of a split of gu's last axis into two halves read by nothing else; else None."""
         sliced = self.single_use(var, "relax.strided_slice")
         if sliced is None:
-            return None
+            return self._split_half(var, begin // k, k)
         gu = sliced.args[0]
         ty = _tensor(gu)
         if ty is None or _static(ty.shape.values[-1]) != 2 * k:
@@ -134,6 +137,20 @@ class _Matcher:
         if not _last_axis(axes, ty.ndim) or strides is None or any(s != 1 for s in strides):
             return None
         return gu if begins == [begin] and ends is not None and min(ends[0], 2 * k) == begin + k else None
+
+    def _split_half(self, var, index: int, k: int) -> relax.Expr | None:
+        item = self.var2val.get(var) if isinstance(var, relax.Var) else None
+        if not isinstance(item, relax.TupleGetItem) or item.index != index or self.uses[var] != 1:
+            return None
+        split = self.var2val.get(item.tuple_value) if isinstance(item.tuple_value, relax.Var) else None
+        if not is_op(split, "relax.split") or self.uses[item.tuple_value] != 2:  # the gate and the up field
+            return None
+        gu, parts = split.args[0], split.attrs.indices_or_sections
+        ty = _tensor(gu)
+        if ty is None or _static(ty.shape.values[-1]) != 2 * k or not _last_axis([int(split.attrs.axis)], ty.ndim):
+            return None
+        halves = int(parts) == 2 if isinstance(parts, tirx.IntImm) else [int(i) for i in parts] == [k]
+        return gu if halves else None
 
 
 @mutator

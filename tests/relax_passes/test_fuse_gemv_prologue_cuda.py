@@ -109,6 +109,61 @@ def test_either_operand_order_of_the_swiglu_product():
     tvm.ir.assert_structural_equal(fused, Expected)
 
 
+@I.ir_module
+class BeforeSplit:  # a language model's decode step: its merged gate/up halves by R.split (models/, gguf)
+    @R.function(private=True)
+    def decode(
+        gu: R.Tensor((1, 1, 96), "float16"), wd: R.Tensor((64, 48), "float16"), x: R.Tensor((1, 1, 64), "float16")
+    ) -> R.Tensor((1, 1, 64), "float16"):
+        with R.dataflow():
+            halves = R.split(gu, indices_or_sections=2, axis=-1)
+            gate = halves[0]
+            up = halves[1]
+            m = R.multiply(R.nn.silu(gate), up)
+            y = R.call_dps_packed("relaxtune_gemv_nk_add", (m, wd, x), out_ty=R.Tensor((1, 1, 64), "float16"))
+            R.output(y)
+        return y
+
+
+@I.ir_module
+class ExpectedSplit:
+    @R.function(private=True)
+    def decode(
+        gu: R.Tensor((1, 1, 96), "float16"), wd: R.Tensor((64, 48), "float16"), x: R.Tensor((1, 1, 64), "float16")
+    ) -> R.Tensor((1, 1, 64), "float16"):
+        with R.dataflow():
+            y = R.call_dps_packed("relaxtune_gemv_nk_swiglu_add", (gu, wd, x), out_ty=R.Tensor((1, 1, 64), "float16"))
+            R.output(y)
+        return y
+
+
+def _split_module(sections, gate_field: int, k: int = 48) -> tvm.IRModule:
+    """BeforeSplit with `R.split(gu, sections)`, silu on field `gate_field`, the other field as up, w (64, k)."""
+    bb = relax.BlockBuilder()
+    gu, x = (
+        relax.Var("gu", relax.TensorType((1, 1, 96), "float16")),
+        relax.Var("x", relax.TensorType((1, 1, 64), "float16")),
+    )
+    wd = relax.Var("wd", relax.TensorType((64, k), "float16"))
+    with bb.function("decode", [gu, wd, x], private=True):
+        with bb.dataflow():
+            halves = bb.emit(relax.op.split(gu, sections, axis=-1))
+            gate = bb.emit(relax.TupleGetItem(halves, gate_field))
+            up = bb.emit(relax.TupleGetItem(halves, 1 - gate_field))
+            m = bb.emit(relax.op.multiply(bb.emit(relax.op.nn.silu(gate)), up))
+            out = relax.TensorType((1, 1, 64), "float16")
+            y = bb.emit_output(relax.call_dps_packed("relaxtune_gemv_nk_add", [m, wd, x], out))
+        bb.emit_func_output(y)
+    return bb.get()
+
+
+def test_the_split_form_of_the_gate_up_halves():
+    tvm.ir.assert_structural_equal(FuseGemvPrologueCuda()(BeforeSplit), ExpectedSplit)
+    assert "relaxtune_gemv_nk_swiglu_add" in FuseGemvPrologueCuda()(_split_module([48], 0)).script()  # by index
+    for other in (_split_module(3, 0, k=32), _split_module(2, 1)):  # thirds; silu of the up half: left alone
+        tvm.ir.assert_structural_equal(FuseGemvPrologueCuda()(other), other)
+
+
 # ---- numerically: the kernels' contract (kernels/gemv.py) in numpy, before and after the pass on the CPU VM
 def _f32(t):
     return t.numpy().astype(np.float32)
@@ -148,8 +203,8 @@ def numpy_kernels():
         tvm_ffi.remove_global_func(name)
 
 
-def _run(mod, args):
-    mod = tvm.IRModule({"main": mod["main_n1"].with_attr("global_symbol", "main")})
+def _run(mod, args, name="main_n1"):
+    mod = tvm.IRModule({"main": mod[name].with_attr("global_symbol", "main")})
     ex = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}))
     vm = relax.VirtualMachine(ex, tvm.cpu())
     return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy().astype(np.float32)
@@ -165,6 +220,10 @@ def test_the_fused_calls_compute_what_the_chain_did(numpy_kernels):
     ]
     before, after = _run(Before, args), _run(FuseGemvPrologueCuda()(Before), args)
     assert np.isfinite(after).all() and np.abs(after).max() > 0.1
+    np.testing.assert_allclose(after, before, rtol=0, atol=1e-2)
+    split_args = [rng.standard_normal((1, 1, 96)).astype(np.float16), args[3], args[0]]
+    before, after = (_run(m, split_args, "decode") for m in (BeforeSplit, FuseGemvPrologueCuda()(BeforeSplit)))
+    assert np.abs(after).max() > 0.1
     np.testing.assert_allclose(after, before, rtol=0, atol=1e-2)
 
 
