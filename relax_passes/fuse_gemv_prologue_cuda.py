@@ -17,8 +17,8 @@ rounded where the kernels it replaces round, while its first weight loads are in
 and types, never by names: x, g, gu, w and y of one dtype (float16 / bfloat16), the norm over the last axis,
 unit strides, the slices' bounds static. K is at most kernels.gemv.PROLOGUE_MAX_K (shared memory).
 
-Why: at n = 1 each of these was a kernel of ~4-5 us in the block's CUDA graph (the Llama-7B block: two norms
-and the SwiGLU of ~120 us), with a write and a read of its output between it and the GEMV.
+Why: at n = 1 each of these is a small kernel of its own in the block's CUDA graph, whose launch and whose
+output's write and read cost about as much as a tenth of the GEMV after it (docs/results.md, GPU Llama-7B block).
 
 Runs after RewriteGemvToCuda (it reads that pass's calls) and before LegalizeOps; the pipeline adds it for
 cuda sm_80+ from config.CudaLibraries (`gemv`, `gemv_prologue`).
