@@ -38,6 +38,8 @@ from gpu_job_llama import (  # noqa: E402
     latency_compile_fp16,
     modes_bf16,
     modes_fp16,
+    prologue_ab_bf16,
+    prologue_ab_fp16,
 )
 from gpu_job_report import markdown  # noqa: E402
 from gpu_job_runtime import big_runtime_only, check_tiny  # noqa: E402
@@ -201,6 +203,8 @@ def run(art: Path, out: Path, skip: list[str]) -> None:
         rows = latency(model)
         if "modes" not in skip:
             modes_fp16(model)
+        if "prologue" not in skip:
+            prologue_ab_fp16(model)
         plain = [v for v, (_f, graphs, _c) in VARIANTS.items() if not graphs and rows and v in rows.get(128, {})]
         best = min(plain, key=lambda v: rows[128][v]["ms"]) if plain else "llama7b-sf"
         profiled = [v for v in KERNEL_VARIANTS if (art / f"{v}.so").exists()] or [best]
@@ -219,6 +223,8 @@ def run(art: Path, out: Path, skip: list[str]) -> None:
         rows = latency_bf16(model) if model is not None else None
         if model is not None and "modes" not in skip:
             modes_bf16(model)
+        if model is not None and "prologue" not in skip:
+            prologue_ab_bf16(model)
         if rows and "compile" not in skip:
             latency_compile_bf16(model, rows)
     if "q4" not in skip:  # the 4-bit GEMV kernel alone, and the q4f16 block when built (gpu_job_quant.py)
@@ -243,7 +249,7 @@ def main() -> None:
     parser.add_argument(
         "--skip",
         default="",
-        help="run: flash,gemv,tiny,kernels,runtime,compile,modes,fp16 (the fp16 7B block),q4 (4-bit), q4kernel",
+        help="run: flash,gemv,tiny,kernels,runtime,compile,modes,prologue,fp16 (the fp16 7B block),q4 (4-bit),q4kernel",
     )
     parser.add_argument(
         "--seqs", default=",".join(map(str, common.SEQS)), help="run: the sequence lengths n of the 7B block"

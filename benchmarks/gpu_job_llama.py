@@ -10,7 +10,7 @@ from pathlib import Path
 
 import gpu_job_common as common
 from gpu_job_common import RESULTS, float_weights, log, rel_err, section, time_ms
-from gpu_job_variants import BF16_SYSTEMS, LLAMA7B, SYSTEMS
+from gpu_job_variants import BF16_SYSTEMS, LLAMA7B, PROLOGUE_AB, SYSTEMS
 
 
 def torch_block(params: dict, config: dict):
@@ -209,6 +209,59 @@ def gemv_splits(model: Llama7B, rounds: int = 3):
     RESULTS["gemv_splits_n1"] = table
 
 
+def floor_ms(model: Llama7B) -> float | None:
+    """The n = 1 bandwidth floor: the block's weight bytes over the measured copy bandwidth (ms)."""
+    weight_bytes = sum(v.nbytes for v in model.workload.params.values())
+    return weight_bytes / (RESULTS["copy_GBps"] * 1e9) * 1e3 if RESULTS.get("copy_GBps") else None
+
+
+def prologue_ab(model: Llama7B, key: str, rounds: int = 9):
+    """n = 1: the default graph artifact (the decode GEMVs compute their RMSNorm / SwiGLU,
+    relax_passes/fuse_gemv_prologue_cuda.py) against the same build without that fusion, sampled in turns,
+    each checked against torch, with the bandwidth floor and each one's ratio to it."""
+    names = [n for n in PROLOGUE_AB[str(model.workload.config["dtype"])] if (model.art / f"{n}.so").exists()]
+    if len(names) < 2:
+        log(f"prologue A/B: needs {PROLOGUE_AB[str(model.workload.config['dtype'])]} built")
+        return None
+    calls = {}
+    for name in names:
+        vm, params, dev = model.vm(name)
+        x = model.tvm_args(1, dev)
+        out = vm["main"](x, *params).numpy()
+        calls[name] = (vm["main"], params, dev, x, rel_err(out, model.ref[1].float().cpu().numpy()))
+    samples: dict = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, (main, params, dev, x, _err) in calls.items():
+            samples[name].append(time_ms(lambda: main(x, *params), dev.sync, min_seconds=0.1, batches=3))
+    floor = floor_ms(model)
+    table: dict = {"floor_n1_ms": round(floor, 4) if floor else None}
+    for name, (_main, _params, _dev, _x, err) in calls.items():
+        ms = statistics.median(samples[name])
+        table[name] = {
+            "ms": round(ms, 4),
+            "rounds": [round(v, 4) for v in samples[name]],
+            "rel_err_vs_torch": round(err, 5),
+            "over_floor": round(ms / floor, 3) if floor else None,
+        }
+        log(f"n=1 {name}: {ms * 1e3:.1f} us, {table[name]['over_floor']} x the floor, rel err vs torch {err:.2e}")
+    with_, without = (table[n]["ms"] for n in names)
+    table["with_over_without"] = round(with_ / without, 3)
+    log(
+        f"floor {floor * 1e3 if floor else float('nan'):.1f} us; with / without the prologue fusion: "
+        f"{with_ / without:.3f}"
+    )
+    RESULTS[key] = table
+    return table
+
+
+prologue_ab_fp16 = section("llama-7B fp16 block at n = 1: GEMV prologues on / off, interleaved")(
+    lambda model: prologue_ab(model, "prologue_ab_fp16")
+)
+prologue_ab_bf16 = section("llama-7B bf16 block at n = 1: GEMV prologues on / off, interleaved")(
+    lambda model: prologue_ab(model, "prologue_ab_bf16")
+)
+
+
 def latency_compile(model: Llama7B, rows):
     import torch
 
@@ -272,6 +325,9 @@ def kernels(model: Llama7B, name: str, copy_gbs: float | None):
             kname, us, shapes = row["kernel"], row["us"], row["shapes"]
             weight = shapes[1][1] if len(shapes) >= 3 else []
             a = shapes[0][1] if shapes else []
+            if kname.startswith(PROLOGUE_KERNELS) and len(shapes) >= 3:  # (x, g, w, ..) / (gate | up, w, ..): w (N, K)
+                weight = next(s for _dt, s in shapes[1:] if len(s) == 2)
+                a = [*a[:-1], weight[-1]]  # the product's x: K elements per row (computed by the kernel)
             # TIR GEMMs, relaxtune's cuBLAS calls (relaxtune_cublas_gemm / _gemm_add, the latter with its residual
             # add) and its GEMV kernels (relaxtune_gemv / _gemv_add), each also for (N, K) weights (_nk), against
             # torch.matmul on the same shapes and weight layout
@@ -317,6 +373,8 @@ def kernels(model: Llama7B, name: str, copy_gbs: float | None):
     del vm, params
 
 
+# the (N, K) GEMVs that compute their own x (fuse_gemv_prologue_cuda.py): compared with cuBLAS on the product alone
+PROLOGUE_KERNELS = ("relaxtune_gemv_nk_rms", "relaxtune_gemv_nk_swiglu")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 
 
@@ -358,9 +416,8 @@ def against_compile_modes(model: Llama7B, artifact: str, key: str, rounds: int =
                     samples[name].append(time_ms(fn, sync, min_seconds=0.1, batches=3))
             table[n] = {name: round(statistics.median(v), 4) for name, v in samples.items()}
             log(f"n={n}: {table[n]}")
-    weight_bytes = sum(v.nbytes for v in model.workload.params.values())
-    if RESULTS.get("copy_GBps"):
-        floor = weight_bytes / (RESULTS["copy_GBps"] * 1e9) * 1e3  # the rate a copy moves bytes at
+    floor = floor_ms(model)
+    if floor:
         table["floor_n1_ms"] = round(floor, 4)
         table["relaxtune_n1_over_floor"] = round(table[common.SEQS[0]]["relaxtune"] / floor, 3)
     RESULTS[key] = table

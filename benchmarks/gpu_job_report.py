@@ -106,6 +106,7 @@ def markdown(results: dict) -> str:
             for r in gk
         ]
     lines += _q4(results)
+    lines += _prologue_ab(results)
     if results.get("errors"):
         lines += ["", "failed sections: " + ", ".join(results["errors"])]
     return "\n".join(lines) + "\n"
@@ -128,3 +129,26 @@ def _q4(results: dict) -> list[str]:
             for r in kernel
         ]
     return ["", *lines] if lines else []
+
+
+def _prologue_ab(results: dict) -> list[str]:
+    """n = 1, the default build against the one without the GEMV prologues (gpu_job_llama.prologue_ab)."""
+    lines = []
+    for key, dtype in (("prologue_ab_fp16", "float16"), ("prologue_ab_bf16", "bfloat16")):
+        ab = results.get(key)
+        if not ab:
+            continue
+        lines += [
+            "",
+            f"{dtype}, n = 1, GEMV prologues on / off in turns: floor {ab['floor_n1_ms']} ms, "
+            f"with / without {ab['with_over_without']}",
+            "",
+            "| artifact | ms | x floor | rel err vs torch |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {name} | {r['ms']} | {r['over_floor']} | {r['rel_err_vs_torch']} |"
+            for name, r in ab.items()
+            if isinstance(r, dict)
+        ]
+    return lines

@@ -97,6 +97,10 @@ VARIANTS = {
     # keep_weights_nk.py)
     "llama7b-rf-cublas-flash-kn-graph": ("relaxtune", True, CudaLibraries(weights_nk=False)),
     "llama7b-rf-cublas-flash-kn": ("relaxtune", False, CudaLibraries(weights_nk=False)),
+    # the decode GEMVs without their x prologues: the RMSNorms and the SwiGLU as kernels of their own (the default
+    # before relax_passes/fuse_gemv_prologue_cuda.py); `run` times it against the default at n = 1 (PROLOGUE_AB)
+    "llama7b-rf-cublas-flash-noprologue-graph": ("relaxtune", True, CudaLibraries(gemv_prologue=False)),
+    "llama7b-rf-cublas-flash-noprologue": ("relaxtune", False, CudaLibraries(gemv_prologue=False)),
     # the flash default before RowElementwise (dlight's Fallback for the element-wise kernels): see PREVIOUS_EW
     "llama7b-rf-cublas-flash-graph-prev": ("relaxtune", True, CudaLibraries()),
     "llama7b-rf-cublas-flash-prev": ("relaxtune", False, CudaLibraries()),
@@ -124,6 +128,8 @@ FLASH = {
     "llama7b-rf-cublas-flash-h8cprev": FlashAttention(lift_tables=False),
     "llama7b-rf-cublas-flash-kn-graph": FlashAttention(),
     "llama7b-rf-cublas-flash-kn": FlashAttention(),
+    "llama7b-rf-cublas-flash-noprologue-graph": FlashAttention(),
+    "llama7b-rf-cublas-flash-noprologue": FlashAttention(),
 }
 # built with the GPU rules as they were before schedules/rules/gpu_row_softmax.py (for comparison)
 PREVIOUS_RULES = ("llama7b-sf-cublas-all-prev", "llama7b-sf-cublas-all-graph-prev")
@@ -141,6 +147,7 @@ KERNEL_VARIANTS = (
     "llama7b-rf-cublas-flash-h8cprev",
     "llama7b-rf-cublas-flash-nogemv",
     "llama7b-rf-cublas-flash-kn",
+    "llama7b-rf-cublas-flash-noprologue",
     "llama7b-rf-cublas-flash",
 )
 # what the lead's device run needs: `build --only` with this list (tiny check artifacts included)
@@ -161,9 +168,15 @@ SYSTEMS = (*VARIANTS, "llama7b-stock")
 BF16_VARIANTS = {
     "llama7b-bf16-rf-cublas-flash-graph": ("relaxtune", True, CudaLibraries()),
     "llama7b-bf16-rf-cublas-flash": ("relaxtune", False, CudaLibraries()),
+    "llama7b-bf16-rf-cublas-flash-noprologue-graph": ("relaxtune", True, CudaLibraries(gemv_prologue=False)),
 }
 FLASH.update(dict.fromkeys(BF16_VARIANTS, FlashAttention()))
 BF16_SYSTEMS = tuple(BF16_VARIANTS)
+# n = 1 A/B per dtype: the default graph build (the GEMVs compute their RMSNorm / SwiGLU) and the same without that
+PROLOGUE_AB = {
+    "float16": ("llama7b-rf-cublas-flash-graph", "llama7b-rf-cublas-flash-noprologue-graph"),
+    "bfloat16": ("llama7b-bf16-rf-cublas-flash-graph", "llama7b-bf16-rf-cublas-flash-noprologue-graph"),
+}
 # the same block with its projections 4-bit (`--quantize q4f16`, groups of Q4_GROUP, fp16 scales): the GEMV kernel over
 # the GPU layout at n = 1 (relax_passes/quant_gemv_cuda.py), dequantize + cuBLAS beyond; timed against the floor for its
 # bytes (gpu_job_quant.py)

@@ -31,6 +31,7 @@ from .flash_attention_cuda import RewriteAttentionToFlash
 from .fold_batch_norm import FoldBatchNorm
 from .fuse_attention import FuseAttention
 from .fuse_attention_prologue import FuseAttentionPrologue
+from .fuse_gemv_prologue_cuda import FuseGemvPrologueCuda
 from .fuse_norm_gemv import FuseNormIntoGemv
 from .fuse_swiglu import FuseSwiGLU
 from .gemv_cuda import RewriteGemvToCuda
@@ -116,6 +117,7 @@ def fusion_passes(
             if library and libs.gemv and gemv.supports(arch)
             else []
         ),
+        *([FuseGemvPrologueCuda()] if library and libs.gemv and libs.gemv_prologue and gemv.supports(arch) else []),
         *([RewriteQuantGemvToCuda(max_rows=libs.gemv_max_rows)] if quant_gpu else []),  # 4-bit GEMV, or + cuBLAS
         *([RewriteGemmToCublas(min_rows=libs.min_rows, decode_wide=libs.decode_wide)] if library else []),
         *([RewriteResidualAddToCublas(min_rows=libs.residual_min_rows)] if library and libs.residual else []),

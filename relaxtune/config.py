@@ -155,6 +155,7 @@ class CudaLibraries:
     gemv_max_rows: int = 2
     gemv_max_cols: int | None = 16384  # the (K, N) kernel's widest output (None: any)
     gemv_max_cols_nk: int | None = None  # the (N, K) kernel's widest output (None: any)
+    gemv_prologue: bool = True  # the (N, K) GEMV computes the RMSNorm / SwiGLU before it (FuseGemvPrologueCuda)
     residual: bool = True  # a residual add as the cuBLASLt GEMM's epilogue (RewriteResidualAddToCublas)
     residual_min_rows: int = 17
     batched: bool = True  # attention's batched GEMMs on cuBLAS (RewriteBatchedGemmToCublas)

@@ -36,6 +36,8 @@ struct GemvParams {  // must match cuda_gemv.py's host code
   int rows;         // rows of x in this launch (<= M)
   int k, n;
   int k_per_split;  // weight rows per block of a cluster (the last may have fewer)
+  const void* g;    // the (N, K) kernel's RMSNorm prologue: the norm's weight (K), else null
+  float eps;        // and its epsilon
 };
 
 constexpr int kTX = 8, kCols = kTX * 8, kMaxSplits = 8;  // kMaxSplits: cuda_gemv.py's
@@ -251,12 +253,118 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b, __nv_bfloa
   return s;
 }
 
-template <typename T, int M, int R, int C>
+// ---- x prologues of the (N, K) kernel: the block computes the product's input x once, into shared memory
+// (rows x K elements of T), from what the separate kernel before it read, rounded where that kernel rounds:
+// kRmsX: x = rms_norm(x, g, eps) over K as TVM's legalized rms_norm computes it, in fp32
+//   ((x * rsqrt(sum(x^2) / K + eps)) * g, one rounding to T);
+// kSwiGluX: x (rows, 2K) is the merged gate/up product, gate | up: x = silu(gate) * up with every step rounded to
+//   T as the fused element-wise kernel's T arithmetic does (sigmoid as 1 / (1 + exp(-gate)), then the two products).
+// The weight loads of the first chunk are issued before (64 KB per SM in flight), so the prologue overlaps them.
+enum { kPlainX = 0, kRmsX = 1, kSwiGluX = 2 };
+constexpr int kNkMaxWarps = 16;
+
+template <typename T>
+__device__ __forceinline__ void unpack8(const uint4& v, float (&out)[8]) {
+  const uint32_t bits[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = to_float2(bits[j], T());
+    out[2 * j] = f.x, out[2 * j + 1] = f.y;
+  }
+}
+
+__device__ __forceinline__ uint32_t pack2(float lo, float hi, __half) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+__device__ __forceinline__ uint32_t pack2(float lo, float hi, __nv_bfloat16) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+template <typename T>
+__device__ __forceinline__ uint4 pack8(const float (&in)[8]) {
+  return make_uint4(pack2(in[0], in[1], T()), pack2(in[2], in[3], T()), pack2(in[4], in[5], T()), pack2(in[6], in[7], T()));
+}
+
+template <typename T>
+__device__ __forceinline__ float round_to(float v) { return to_float(from_float<T>(v)); }
+
+template <typename T>
+__device__ __forceinline__ float silu_times(float gate, float up) {
+  const float sigmoid = round_to<T>(__frcp_rn(round_to<T>(1.0f + round_to<T>(__expf(-gate)))));  // 1 / x, IEEE
+  return round_to<T>(round_to<T>(gate * sigmoid) * up);
+}
+
+// x for rows [0, p.rows) into xs (rows x K / 8 vectors), then a block barrier
+template <typename T, int M, int P>
+__device__ __forceinline__ void prepare_x(const GemvParams& p, uint4* xs) {
+  const int vectors = p.k / 8, threads = blockDim.x;
+  const uint4* x = static_cast<const uint4*>(p.x);
+  if constexpr (P == kSwiGluX) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      if (m >= p.rows) break;
+      for (int v = threadIdx.x; v < vectors; v += threads) {
+        float gate[8], up[8];
+        unpack8<T>(__ldg(x + static_cast<size_t>(2 * m) * vectors + v), gate);
+        unpack8<T>(__ldg(x + static_cast<size_t>(2 * m + 1) * vectors + v), up);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) gate[j] = silu_times<T>(gate[j], up[j]);
+        xs[m * vectors + v] = pack8<T>(gate);
+      }
+    }
+  } else {
+    static_assert(P == kRmsX, "a prologue");
+    __shared__ float partial[M][kNkMaxWarps];  // per warp: its share of each row's sum of squares
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    float squares[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      squares[m] = 0.0f;
+      if (m >= p.rows) continue;
+      for (int v = threadIdx.x; v < vectors; v += threads) {
+        const uint4 raw = __ldg(x + static_cast<size_t>(m) * vectors + v);
+        float f[8];
+        unpack8<T>(raw, f);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) squares[m] = fmaf(f[j], f[j], squares[m]);
+        xs[m * vectors + v] = raw;  // read back below by this thread only
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) squares[m] += __shfl_xor_sync(0xffffffffu, squares[m], o);
+      if (lane == 0) partial[m][warp] = squares[m];
+    }
+    __syncthreads();
+    const uint4* g = static_cast<const uint4*>(p.g);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      if (m >= p.rows) break;
+      float sum = 0.0f;
+      for (int q = 0; q < threads / 32; ++q) sum += partial[m][q];
+      const float scale = rsqrtf(sum / static_cast<float>(p.k) + p.eps);
+      for (int v = threadIdx.x; v < vectors; v += threads) {
+        float f[8], gf[8];
+        unpack8<T>(xs[m * vectors + v], f);
+        unpack8<T>(__ldg(g + v), gf);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) f[j] = scale * f[j] * gf[j];
+        xs[m * vectors + v] = pack8<T>(f);
+      }
+    }
+  }
+  __syncthreads();
+}
+
+// P: x as it is (kPlainX, read through L1 by every warp), or a prologue's x in shared memory (rows x K x 2
+// bytes of dynamic shared memory, given at launch)
+template <typename T, int M, int R, int C, int P = kPlainX>
 __device__ __forceinline__ void gemv_nk_body(const GemvParams& p) {
+  extern __shared__ uint4 nk_x[];  // the prologue's x (P != kPlainX)
   const int lane = threadIdx.x % 32, row0 = (blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * R;
   const int vectors = p.k / 8, chunks = (vectors + 32 * C - 1) / (32 * C);  // the host makes K a multiple of 8
   const uint4* w = static_cast<const uint4*>(p.w);
-  const uint4* x = static_cast<const uint4*>(p.x);
+  const uint4* x = P == kPlainX ? static_cast<const uint4*>(p.x) : nk_x;
   auto load = [&](uint4 (&buf)[R][C], int chunk) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -274,6 +382,7 @@ __device__ __forceinline__ void gemv_nk_body(const GemvParams& p) {
   uint4 cur[R][C];
   load(cur, 0);
   wait_for_previous_kernel();  // x, the residual and y only after the previous kernel
+  if constexpr (P != kPlainX) prepare_x<T, M, P>(p, nk_x);
   for (int chunk = 0; chunk < chunks; ++chunk) {
     uint4 next[R][C];
     load(next, chunk + 1);  // zeros past the last chunk
@@ -284,7 +393,8 @@ __device__ __forceinline__ void gemv_nk_body(const GemvParams& p) {
       const int v = (chunk * C + u) * 32 + lane;
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        const uint4 xv = v < vectors && m < p.rows ? __ldg(x + static_cast<size_t>(m) * vectors + v) : make_uint4(0, 0, 0, 0);
+        const size_t at = static_cast<size_t>(m) * vectors + v;
+        const uint4 xv = v < vectors && m < p.rows ? (P == kPlainX ? __ldg(x + at) : x[at]) : make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[m][r] += dot8(xv, cur[r][u], T());
       }
@@ -328,3 +438,25 @@ RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_f16_m4_narrow, __half, 4, 256, 2)
 RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_bf16_m1_narrow, __nv_bfloat16, 1, 256, 2)
 RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_bf16_m2_narrow, __nv_bfloat16, 2, 256, 2)
 RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_bf16_m4_narrow, __nv_bfloat16, 4, 256, 2)
+
+// the prologue kernels (rows <= 2 per launch: the shared x is 2 x K x 2 bytes): RMSNorm before the product
+// (q/k/v, gate/up), SwiGLU of the merged gate/up product before it (down)
+#define RELAXTUNE_GEMV_NK_X(NAME, T, M, THREADS, MINB, P) \
+  extern "C" __global__ void __launch_bounds__(THREADS, MINB) NAME(GemvParams p) { gemv_nk_body<T, M, 2, 4, P>(p); }
+
+RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_rms_f16_m1, __half, 1, 512, 1, kRmsX)
+RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_rms_f16_m2, __half, 2, 512, 1, kRmsX)
+RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_rms_bf16_m1, __nv_bfloat16, 1, 512, 1, kRmsX)
+RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_rms_bf16_m2, __nv_bfloat16, 2, 512, 1, kRmsX)
+RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_rms_f16_m1_narrow, __half, 1, 256, 2, kRmsX)
+RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_rms_f16_m2_narrow, __half, 2, 256, 2, kRmsX)
+RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_rms_bf16_m1_narrow, __nv_bfloat16, 1, 256, 2, kRmsX)
+RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_rms_bf16_m2_narrow, __nv_bfloat16, 2, 256, 2, kRmsX)
+RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_swiglu_f16_m1, __half, 1, 512, 1, kSwiGluX)
+RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_swiglu_f16_m2, __half, 2, 512, 1, kSwiGluX)
+RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_swiglu_bf16_m1, __nv_bfloat16, 1, 512, 1, kSwiGluX)
+RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_swiglu_bf16_m2, __nv_bfloat16, 2, 512, 1, kSwiGluX)
+RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_swiglu_f16_m1_narrow, __half, 1, 256, 2, kSwiGluX)
+RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_swiglu_f16_m2_narrow, __half, 2, 256, 2, kSwiGluX)
+RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_swiglu_bf16_m1_narrow, __nv_bfloat16, 1, 256, 2, kSwiGluX)
+RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_swiglu_bf16_m2_narrow, __nv_bfloat16, 2, 256, 2, kSwiGluX)

@@ -8,9 +8,15 @@ struct Params {  // must match cuda_gemv.cu
   const void *x, *w, *res;
   void* y;
   int rows, k, n, k_per_split;
+  const void* g;  // the nk RMSNorm prologue's weight, else null
+  float eps;
 };
 constexpr int kCols = 64, kMaxRows = 8, kMaxSplits = 8, kMinRowsPerSplit = 256;
 constexpr int kNkFeatures = 32, kNkMaxRows = 4;  // the nk kernel's features per 512-thread block (16 warps x 2), rows per launch
+// the nk kernel's x prologues (gemv.cu's kRmsX, kSwiGluX): up to 2 rows per launch, their x in dynamic shared memory
+enum class Prologue { kNone, kRms, kSwiGlu };
+constexpr int kNkPrologueMaxRows = 2, kSharedOptin = 97;  // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+constexpr int kNkStaticShared = 1024;  // more than the prologue kernels' static shared memory (the norm's partial sums)
 
 // RELAXTUNE_GEMV_SPLITS=1|2|4|8 replaces the default split of K (benchmarks/gpu_job.py measures each in the block); read per launch
 int64_t ForcedSplits() {
@@ -114,13 +120,23 @@ void Launch(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const 
   }
 }
 
-// y = x @ w^T (+ r) for w (N, K): warps of the "nk" kernel own 2 features each, up to 4 rows of x per launch
-void LaunchNk(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const tvm::ffi::TensorView* r, const tvm::ffi::TensorView& y) {
-  TVM_FFI_ICHECK_EQ(w.ndim(), 2) << "gemv_nk: the weight must be (N, K)";
+// y = x' @ w^T (+ r) for w (N, K): warps of the "nk" kernel own 2 features each, up to 4 rows of x per launch (2 with a
+// prologue). x' is x (kNone), rms_norm(x, g, eps) over K (kRms: g (K,)), or silu(gate) * up for x = gate | up (kSwiGlu:
+// x (..., 2K)), computed by each block into its shared memory
+void LaunchNk(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const tvm::ffi::TensorView* r, const tvm::ffi::TensorView& y,
+              Prologue prologue = Prologue::kNone, const tvm::ffi::TensorView* g = nullptr, double eps = 0.0) {
+  const char* what = prologue == Prologue::kRms ? "gemv_nk_rms" : prologue == Prologue::kSwiGlu ? "gemv_nk_swiglu" : "gemv_nk";
+  TVM_FFI_ICHECK_EQ(w.ndim(), 2) << what << ": the weight must be (N, K)";
   int64_t n = w.size(0), k = w.size(1);
-  TVM_FFI_ICHECK(k % 8 == 0) << "gemv_nk: K = " << k << " must be a multiple of 8 (16-byte vectors)";
-  int64_t m = CheckOperands("gemv_nk", x, w, r, y, k, n);
+  TVM_FFI_ICHECK(k % 8 == 0) << what << ": K = " << k << " must be a multiple of 8 (16-byte vectors)";
+  const int64_t x_k = prologue == Prologue::kSwiGlu ? 2 * k : k;  // gate | up: K each
+  int64_t m = CheckOperands(what, x, w, r, y, x_k, n);
   DLDataType dt = x.dtype();
+  if (g != nullptr) {
+    TVM_FFI_ICHECK(g->ndim() == 1 && g->size(0) == k) << what << ": the norm's weight must be (K,) with K = " << k;
+    TVM_FFI_ICHECK(g->dtype().code == dt.code && g->dtype().bits == 16 && g->IsContiguous()) << what << ": the norm's weight must be compact, of x's dtype";
+    TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(Data(*g)) % 16 == 0) << what << ": the norm's weight must be 16-byte aligned";
+  }
   if (m == 0 || n == 0) return;
   Driver* d = LoadDriver();
   DLDevice dev = y.device();
@@ -129,21 +145,35 @@ void LaunchNk(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, cons
   const bool narrow = (n + kNkFeatures - 1) / kNkFeatures > Attribute(d, dev.device_id, kMultiprocessors) || !WideAllowed();
   const unsigned threads = narrow ? 256 : 512, blocks = static_cast<unsigned>((n + threads / 16 - 1) / (threads / 16));
   const char* type = dt.code == kDLBfloat ? "bf16" : "f16";
+  const char* kind = prologue == Prologue::kRms ? "rms_" : prologue == Prologue::kSwiGlu ? "swiglu_" : "";
+  const int max_rows = prologue == Prologue::kNone ? kNkMaxRows : kNkPrologueMaxRows;
+  // the prologue's x: rows x K elements of shared memory; the kernels may take up to the device's opt-in limit
+  const int shared_limit = prologue == Prologue::kNone ? 0 : Attribute(d, dev.device_id, kSharedOptin) - kNkStaticShared;
   void* stream = TVMFFIEnvGetStream(dev.device_type, dev.device_id);
-  for (int64_t r0 = 0; r0 < m; r0 += kNkMaxRows) {
-    int rows = static_cast<int>(std::min<int64_t>(kNkMaxRows, m - r0));
+  for (int64_t r0 = 0; r0 < m; r0 += max_rows) {
+    int rows = static_cast<int>(std::min<int64_t>(max_rows, m - r0));
     int tile = rows <= 1 ? 1 : rows <= 2 ? 2 : 4;
-    Ptr fn = Kernel(d, relaxtune_gemv_fatbin, dev.device_id, std::string("relaxtune_gemv_nk_") + type + "_m" + std::to_string(tile) + (narrow ? "_narrow" : ""));
-    Params p{Data(x) + r0 * k * 2, Data(w), r != nullptr ? Data(*r) + r0 * n * 2 : nullptr, Data(y) + r0 * n * 2,
-             rows, static_cast<int>(k), static_cast<int>(n), static_cast<int>(k)};
+    const int64_t shared = prologue == Prologue::kNone ? 0 : tile * k * 2;
+    TVM_FFI_ICHECK(shared <= shared_limit) << what << ": K = " << k << " needs " << shared << " bytes of shared memory, the GPU allows " << shared_limit;
+    Ptr fn = Kernel(d, relaxtune_gemv_fatbin, dev.device_id,
+                    std::string("relaxtune_gemv_nk_") + kind + type + "_m" + std::to_string(tile) + (narrow ? "_narrow" : ""), shared_limit);
+    Params p{Data(x) + r0 * x_k * 2, Data(w), r != nullptr ? Data(*r) + r0 * n * 2 : nullptr, Data(y) + r0 * n * 2,
+             rows, static_cast<int>(k), static_cast<int>(n), static_cast<int>(k), g != nullptr ? Data(*g) : nullptr, static_cast<float>(eps)};
     void* args[] = {&p};
-    Start(d, fn, blocks, 1, threads, pdl, stream, args);
+    Start(d, fn, blocks, 1, threads, pdl, stream, args, static_cast<unsigned>(shared));
   }
 }
 
 void Gemv(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView y) { Launch(x, w, nullptr, y, 0); }
 void GemvNk(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView y) { LaunchNk(x, w, nullptr, y); }
 void GemvNkAdd(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView r, tvm::ffi::TensorView y) { LaunchNk(x, w, &r, y); }
+void GemvNkRms(tvm::ffi::TensorView x, tvm::ffi::TensorView g, tvm::ffi::TensorView w, double eps, tvm::ffi::TensorView y) {
+  LaunchNk(x, w, nullptr, y, Prologue::kRms, &g, eps);
+}
+void GemvNkSwiGlu(tvm::ffi::TensorView gu, tvm::ffi::TensorView w, tvm::ffi::TensorView y) { LaunchNk(gu, w, nullptr, y, Prologue::kSwiGlu); }
+void GemvNkSwiGluAdd(tvm::ffi::TensorView gu, tvm::ffi::TensorView w, tvm::ffi::TensorView r, tvm::ffi::TensorView y) {
+  LaunchNk(gu, w, &r, y, Prologue::kSwiGlu);
+}
 void GemvAdd(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView r, tvm::ffi::TensorView y) { Launch(x, w, &r, y, 0); }
 void GemvConfig(tvm::ffi::TensorView x, tvm::ffi::TensorView w, int64_t splits, tvm::ffi::TensorView y) { Launch(x, w, nullptr, y, splits); }
 }  // namespace
@@ -153,3 +183,6 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_add, GemvAdd);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_config, GemvConfig);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_nk, GemvNk);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_nk_add, GemvNkAdd);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_nk_rms, GemvNkRms);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_nk_swiglu, GemvNkSwiGlu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_nk_swiglu_add, GemvNkSwiGluAdd);

@@ -65,6 +65,61 @@ def test_gemv_kernel_matches_fp32_torch(gemv_library, rows, k, n, dtype, residua
     assert err == err and err <= max(2 * torch_err, 4e-3 if dtype == "float16" else 3e-2), (err, torch_err)
 
 
+# (rows, K, N, dtype): q/k/v and gate/up of the 7B block (their norm), down (its SwiGLU), K off the 32-lane vectors;
+# 3 rows: two launches (the prologue kernels take 2 rows each)
+PROLOGUE_CASES = [
+    (r, k, n, dt)
+    for dt in ("float16", "bfloat16")
+    for r in (1, 2, 3)
+    for k, n in ((4096, 12288), (11008, 4096), (1000, 4104))
+]
+
+
+def _prologue_check(y, ref, dt, torch_out):
+    torch_err = (torch_out.float() - ref).abs().max().item()
+    err = (y.float() - ref).abs().max().item()
+    assert err == err and err <= max(2 * torch_err, 4e-3 if dt == torch.float16 else 3e-2), (err, torch_err)
+
+
+@pytest.mark.parametrize("rows,k,n,dtype", PROLOGUE_CASES)
+def test_gemv_nk_rms_matches_fp32_torch(gemv_library, rows, k, n, dtype):
+    """rms_norm(x, g, eps) @ w^T: the norm in fp32 with one rounding to the dtype (TVM's rms_norm), then the product."""
+    import tvm_ffi
+
+    as_ffi, dt, eps = tvm_ffi.from_dlpack, getattr(torch, dtype), 1e-5
+    torch.manual_seed(0)
+    x, g = torch.randn(1, rows, k, device="cuda", dtype=dt) * 3, (1 + 0.1 * torch.randn(k, device="cuda")).to(dt)
+    w = torch.randn(n, k, device="cuda", dtype=dt) / k**0.5
+    x32 = x.float()
+    normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * g.float()).to(dt)
+    y = torch.full((1, rows, n), float("nan"), device="cuda", dtype=dt)
+    gemv_library["relaxtune_gemv_nk_rms"](as_ffi(x), as_ffi(g), as_ffi(w), eps, as_ffi(y))
+    torch.cuda.synchronize()
+    _prologue_check(y, normed.float() @ w.float().t(), dt, normed @ w.t())
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "add"])
+@pytest.mark.parametrize("rows,k,n,dtype", PROLOGUE_CASES)
+def test_gemv_nk_swiglu_matches_fp32_torch(gemv_library, rows, k, n, dtype, residual):
+    """(silu(gu[..., :K]) * gu[..., K:]) @ w^T (+ r): the SwiGLU step by step in the dtype, as its own kernel did."""
+    import tvm_ffi
+
+    as_ffi, dt = tvm_ffi.from_dlpack, getattr(torch, dtype)
+    torch.manual_seed(0)
+    gu = torch.randn(1, rows, 2 * k, device="cuda", dtype=dt)
+    w, r = torch.randn(n, k, device="cuda", dtype=dt) / k**0.5, torch.randn(1, rows, n, device="cuda", dtype=dt)
+    gate, up = gu[..., :k], gu[..., k:]
+    x = gate * (1 / (1 + torch.exp(-gate))) * up  # each op rounded to the dtype
+    ref = x.float() @ w.float().t() + (r.float() if residual else 0)
+    y = torch.full((1, rows, n), float("nan"), device="cuda", dtype=dt)
+    if residual:
+        gemv_library["relaxtune_gemv_nk_swiglu_add"](as_ffi(gu), as_ffi(w), as_ffi(r), as_ffi(y))
+    else:
+        gemv_library["relaxtune_gemv_nk_swiglu"](as_ffi(gu), as_ffi(w), as_ffi(y))
+    torch.cuda.synchronize()
+    _prologue_check(y, ref, dt, x @ w.t() + (r if residual else 0))
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_a_cuda_llama_block_matches_torch_at_every_bucket(tmp_path, dtype):
     """cuBLAS GEMMs, the GEMV kernel, the flash kernel and the TIR rules in one artifact."""

@@ -242,6 +242,13 @@ def test_kernel_assembles_without_spills(tmp_path, arch):
     expected |= {
         f"relaxtune_gemv_nk_{t}_m{m}{w}" for t in ("f16", "bf16") for m in (1, 2, 4) for w in ("", "_narrow")
     }  # the (N, K) kernel: 512 / 256 threads
+    expected |= {
+        f"relaxtune_gemv_nk_{x}_{t}_m{m}{w}"
+        for x in ("rms", "swiglu")
+        for t in ("f16", "bf16")
+        for m in (1, 2)
+        for w in ("", "_narrow")
+    }  # with an x prologue (fuse_gemv_prologue_cuda.py): 1 / 2 rows
     expected |= {"relaxtune_q4gemv_f16_m1", "relaxtune_q4gemv_f16_m2"}  # 4-bit weights (qgemv.cu, its own tests)
     expected |= set(Q4_STREAM_KERNELS)  # 4-bit weights streamed (qgemv_stream.cu, test_quant_gemv_cuda.py)
     assert sorted(kernels) == sorted(expected), kernels
@@ -270,7 +277,8 @@ def test_kernels_wait_for_the_previous_kernel_and_reduce_the_split_with_one_clus
     whole = dict(
         re.findall(r"\.entry (\w+)\((.*?)(?=\.entry|\Z)", ptx, re.S)
     )  # to the next kernel (inline asm has braces)
-    assert len(bodies) == 26 + len(Q4_STREAM_KERNELS) and len(whole) == len(bodies), sorted(bodies)
+    # 26 plain GEMVs, 16 with an x prologue (rms, swiglu), the streamed 4-bit ones
+    assert len(bodies) == 42 + len(Q4_STREAM_KERNELS) and len(whole) == len(bodies), sorted(bodies)
     for name, body in bodies.items():
         if "_q4gemv_" in name:  # the 4-bit kernel: test_quant_gemv_cuda.py
             continue
@@ -284,11 +292,17 @@ def test_kernels_wait_for_the_previous_kernel_and_reduce_the_split_with_one_clus
         assert body.index("griddepcontrol.wait") > body.index("ld.global.nc.L1::no_allocate.v4.u32"), name
         if "_nk_" in name:  # no split of K, no shared memory: a warp's shuffles reduce each feature
             body = whole[name]
-            assert "barrier.cluster" not in body and ".shared" not in body and "shfl.sync.bfly" in body, name
+            assert "barrier.cluster" not in body and "shfl.sync.bfly" in body, name
             # 2 features x 4 vectors loaded before the wait; 8 more per chunk in the loop
             assert body[: body.index("griddepcontrol.wait")].count("ld.global.nc.L1::no_allocate.v4.u32") == 8, name
             if "_f16_" in name:  # the 8 products of a vector summed in fp16 (HFMA2), then added in fp32
                 assert "fma.rn.f16x2" in body, name
+            after = body[body.index("griddepcontrol.wait") :]
+            if "_rms_" in name or "_swiglu_" in name:  # x computed into shared memory after the wait, read from there
+                assert "ld.global.nc.v4" in after and "st.shared.v4" in after and "ld.shared.v4" in after, name
+                assert "bar.sync" in after and "ld.global.nc.v4" not in body[: body.index("griddepcontrol.wait")]
+            else:  # x through L1, no shared memory
+                assert "ld.global.nc.v4" in after and ".shared" not in body, name
             continue
         # the "every block has started" phase arrived at early, then one full barrier (was two cluster.sync)
         assert (
@@ -314,13 +328,25 @@ def test_host_object_exports_the_entry_points(tmp_path):
         FUNCTION,
         NK_ADD_FUNCTION,
         NK_FUNCTION,
+        NK_RMS_FUNCTION,
+        NK_SWIGLU_ADD_FUNCTION,
+        NK_SWIGLU_FUNCTION,
         object_file,
     )
 
     symbols = subprocess.run(
         ["nm", "-g", "--defined-only", str(object_file("sm_90", tmp_path))], capture_output=True, text=True
     ).stdout
-    for name in (FUNCTION, ADD_FUNCTION, CONFIG_FUNCTION, NK_FUNCTION, NK_ADD_FUNCTION):
+    for name in (
+        FUNCTION,
+        ADD_FUNCTION,
+        CONFIG_FUNCTION,
+        NK_FUNCTION,
+        NK_ADD_FUNCTION,
+        NK_RMS_FUNCTION,
+        NK_SWIGLU_FUNCTION,
+        NK_SWIGLU_ADD_FUNCTION,
+    ):
         assert f"__tvm_ffi_{name}" in symbols, name
     with pytest.raises(ValueError, match="sm_80 or newer, not sm_75"):
         object_file("sm_75", tmp_path)
