@@ -217,13 +217,42 @@ def divisor_at_most(extent: int, limit: int) -> int:
     return next(d for d in range(max(1, min(limit, extent)), 0, -1) if extent % d == 0)
 
 
+# independent accumulators that keep the FMA unit busy: its latency (4-5 cycles) times the FMAs it starts a cycle
+MIN_ACCUMULATORS = 6
+
+
+def vector_registers(vector_bits: int) -> int:
+    """The vector registers of an x86 target: 32 with AVX-512, else 16."""
+    return 32 if vector_bits >= 512 else 16
+
+
 def pixel_tile(width: int, vectors: int, vector_bits: int) -> int:
     """Output pixels per register tile: 7 where the row width allows it (the widths of ImageNet
     models: 112, 56, 28, 14, 7), else the largest divisor of the width that leaves the tile, its
-    ``vectors`` weight vectors and a broadcast in the vector registers (32 with AVX-512, else 16)."""
-    registers = 32 if vector_bits >= 512 else 16
-    budget = max(1, (registers - vectors - 2) // vectors)
+    ``vectors`` weight vectors and a broadcast in the vector registers (`vector_registers`)."""
+    budget = max(1, (vector_registers(vector_bits) - vectors - 2) // vectors)
     return 7 if width % 7 == 0 and budget >= 7 else divisor_at_most(width, budget)
+
+
+def tile_vectors(width: int, blocks: int, vector_bits: int, max_vectors: int) -> int:
+    """Output-channel vectors per register tile of a convolution with ``width``-pixel rows and ``blocks``
+    vectors of output channels (a divisor of ``blocks``).
+
+    With 32 vector registers (AVX-512): two, for 7 x 2 accumulators. With 16 (AVX2) the count, up to
+    ``max_vectors``, whose tile (`pixel_tile` pixels R, V vectors) does the most FMAs per value it loads
+    (R x V FMAs for R broadcasts and V weight vectors), scaled down where it has fewer than
+    `MIN_ACCUMULATORS` (then each FMA waits for the last one into its accumulator); on a tie the more
+    vectors (fewer broadcasts). 2 pixels x 4 vectors on even rows, 7 x 1 on 7-pixel rows, where a tile of
+    two vectors would have 1 pixel (``docs/results.md``, CPU convolutional nets)."""
+    if vector_registers(vector_bits) >= 32:
+        return divisor_at_most(blocks, 2)
+
+    def score(vectors: int) -> tuple[float, int]:
+        pixels = pixel_tile(width, vectors, vector_bits)
+        latency = min(1.0, pixels * vectors / MIN_ACCUMULATORS)
+        return latency * pixels * vectors / (pixels + vectors), vectors
+
+    return max((v for v in range(1, max_vectors + 1) if blocks % v == 0), key=score)
 
 
 def channel_tile(channels: int, lanes: int, max_vectors: int) -> tuple[int, int]:

@@ -6,11 +6,13 @@ Matches a PrimFunc whose only reduction block is a ``dense`` channels-last windo
 (``conv_analysis.py``): ``out[n, h, w, c] += data[n, h*s + kh*d, w*s + kw*d, ic] * weight[kh, kw, ic, c]``.
 
 How it schedules (a direct convolution, no im2col buffer):
-1. Register tile: ``R`` output pixels of a row times ``V`` vectors of output channels
-   (7 x 2 x 16 with AVX-512: 14 vector accumulators, which LLVM keeps in registers; ``R`` as
-   ``conv_analysis.pixel_tile`` sizes it for the vector registers there are). Per step of the
-   reduction the tile loads ``V`` weight vectors (contiguous: output channels are the weight's
-   innermost axis) and broadcasts ``R`` input values, for ``R x V`` vector FMAs.
+1. Register tile: ``R`` output pixels of a row times ``V`` vectors of output channels, which LLVM
+   keeps in registers with the ``V`` weight vectors and a broadcast (``conv_analysis.tile_vectors``
+   and ``pixel_tile`` size it for the vector registers there are): 7 x 2 x 16 lanes with AVX-512's 32
+   registers (14 accumulators); with AVX2's 16, 2 x 4 x 8 lanes (8 accumulators, 4 weight vectors)
+   on even rows and 7 x 1 x 8 on 7-pixel rows. Per step of the reduction the tile loads ``V`` weight
+   vectors (contiguous: output channels are the weight's innermost axis) and broadcasts ``R`` input
+   values, for ``R x V`` vector FMAs.
 2. Loops: ``[tiles] (parallel) > kh > kw > ic > R (unrolled) > V (unrolled) > L (vector)``. Where
    the weight is larger than one image's input (deep layers), or the input has few channels (the
    stem), the tiles are ordered output channels outermost: each thread keeps its slice of the
@@ -54,8 +56,7 @@ from .tiling import STACK_LIMIT
 
 logger = logging.getLogger(__name__)
 
-VECTORS = 2  # output-channel vectors per register tile
-MAX_VECTORS = 4  # the most output-channel vectors per tile the search may choose
+MAX_VECTORS = 4  # the most output-channel vectors per tile (the search's and, with 16 registers, the rule's)
 # a convolution with few input channels reads its padding in place where each input value feeds at most this many
 # FMAs (kh * kw * output channels): MobileNetV3's stem (3x3, 16: 144) 0.088 -> 0.059 ms; ResNet-50's (7x7, 64:
 # 3136) keeps the padded copy, 1.08 against 1.25 ms in place (docs/results.md)
@@ -103,7 +104,7 @@ def _schedule(sch: s_tir.Schedule, block, info: W.WindowBlock, target: Target, d
     ext = {k: U.static(U.extent(sch, lp)) for k, lp in loops.items()}
     stmt = sch.get(block)
     lanes = U.lanes(target, stmt.writes[0].source.dtype)
-    vectors, width = W.channel_tile(ext["c"], lanes, VECTORS)
+    width = W.channel_tile(ext["c"], lanes, 1)[1]
     # The lanes split first, before `decide` annotates the root block: in TVM 0.27 a schedule whose first change
     # replaces the root block then edits the loops under it in place, in the module it was made from too (the
     # rules' space makes every sketch from one module); a first change below the root copies the path instead.
@@ -112,6 +113,7 @@ def _schedule(sch: s_tir.Schedule, block, info: W.WindowBlock, target: Target, d
     bits = U.vector_bits(target)
     blocks = ext["c"] // width
     vector_options = [v for v in range(1, MAX_VECTORS + 1) if blocks % v == 0]
+    vectors = W.tile_vectors(ext["w"], blocks, bits, MAX_VECTORS)
     vectors = decide.choose(sch, "units", vector_options, vectors, structural=True)
     pixels = W.pixel_tile(ext["w"], vectors, bits)
     # tiles that stay on the stack (in registers): a larger one is a workspace, 2.6-3.8x slower (docs/results.md)

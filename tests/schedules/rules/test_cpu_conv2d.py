@@ -192,7 +192,7 @@ def test_probe_lists_the_decisions_with_the_rules_values(kit, cpu_target):
     per tile, sampled), each default the rule's value, every pixel count a divisor of the row that fits."""
     from relaxtune.schedules.rules import _utils as U
     from relaxtune.schedules.rules import decisions
-    from relaxtune.schedules.rules.conv_analysis import pixel_tile
+    from relaxtune.schedules.rules.conv_analysis import pixel_tile, tile_vectors
 
     _, func = _conv_kernel(kit, cpu_target)
     probe = decisions.Probe()
@@ -205,10 +205,66 @@ def test_probe_lists_the_decisions_with_the_rules_values(kit, cpu_target):
     assert [by_name[n].structural for n in by_name] == [True, True, True, False]
     assert all(c.default in c.candidates for c in probe.choices)
     assert by_name["pad_in_place"].default == 1 and by_name["pad_in_place"].candidates == (0, 1)
-    assert by_name["units"].default == 2 and by_name["units"].candidates == (1, 2, 4)  # 64 channels
-    assert by_name["rows"].default == pixel_tile(14, 2, U.vector_bits(cpu_target))
-    lanes = U.lanes(cpu_target, "float32")  # divisors of 14 whose tile (2 vectors) stays under 1 KiB: the stack
-    assert set(by_name["rows"].candidates) == {d for d in (2, 7, 14) if d * 2 * lanes * 4 < 1024}
+    bits, lanes = U.vector_bits(cpu_target), U.lanes(cpu_target, "float32")
+    assert by_name["units"].candidates == (1, 2, 4)  # 64 channels
+    assert by_name["units"].default == tile_vectors(14, 64 // lanes, bits, 4)
+    assert by_name["rows"].default == pixel_tile(14, by_name["units"].default, bits)
+    tile = by_name["units"].default * lanes * 4  # divisors of 14 whose tile stays under 1 KiB: the stack
+    fitting = {d for d in (2, 7, 14) if d * tile < 1024}
+    assert set(by_name["rows"].candidates) == fitting | {by_name["rows"].default}
+
+
+AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+AVX2 = {cpu: tvm.target.Target({"kind": "llvm", "mcpu": cpu, "num-cores": 2}) for cpu in ("znver1", "haswell")}
+
+
+@pytest.mark.parametrize(
+    ("target", "size", "units", "rows"),
+    [
+        # 32 vector registers: 7 pixels x 2 vectors of 16 lanes, 14 accumulators, at every row width
+        (AVX512, 56, 2, 7),
+        (AVX512, 14, 2, 7),
+        (AVX512, 7, 2, 7),
+        # 16: 2 pixels x 4 vectors of 8 lanes on even rows (8 accumulators, 4 weight vectors, a broadcast) ...
+        (AVX2["znver1"], 56, 4, 2),
+        (AVX2["haswell"], 28, 4, 2),
+        (AVX2["znver1"], 14, 4, 2),
+        # ... 7 x 1 on rows of 7, where two vectors would leave room for one pixel
+        (AVX2["znver1"], 7, 1, 7),
+        (AVX2["haswell"], 7, 1, 7),
+    ],
+)
+def test_register_tile_by_vector_registers(kit, target, size, units, rows):
+    """The rule's tile (vectors of output channels x pixels of a row) for the registers the target has: the
+    AVX-512 tile as it always was, the AVX2 one sized for 16 registers; the tile is what the schedule unrolls."""
+    from relaxtune.schedules.rules import _utils as U
+    from relaxtune.schedules.rules import decisions
+
+    lanes = U.lanes(target, "float32")
+    mod = _fuse(_conv_module(kit, 64, 128, size, 3, 1, 2 * lanes), target)
+    probe = decisions.Probe()
+    with target:
+        sch = Conv2d().apply(kit.only_prim_func(mod, "conv2d"), target, False, decide=probe)
+    by_name = {c.name: c for c in probe.choices}
+    assert (by_name["units"].default, by_name["rows"].default) == (units, rows)
+    loops = [sch.get(lp) for lp in sch.get_loops(sch.get_sblock("conv2d_nhwc_update"))]
+    assert [int(lp.extent) for lp in loops if lp.kind == tvm.tirx.ForKind.UNROLLED] == [rows, units]
+    assert units in by_name["units"].candidates and rows in by_name["rows"].candidates
+
+
+def test_avx2_tile_on_7_pixel_rows_stays_in_registers(kit):
+    """3x3 64 -> 64 @7 on AVX2, the tile compiled and read back: 7 x 1 keeps its 7 accumulators, the weight
+    vector and a broadcast in ymm registers (no spill), where the tile of two vectors had 1 pixel."""
+    target = AVX2["znver1"]
+    mod = _fuse(_conv_module(kit, 64, 64, 7, 3, 1, 16), target)
+    func = kit.only_prim_func(mod, "conv2d")
+    with target:
+        sch = Conv2d().apply(func, target, False)
+    lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target=target)
+    asm = lib.mod.inspect_source("asm")
+    fmas = [line for line in asm.splitlines() if "vfmadd231ps" in line and "ymm" in line]
+    assert len(fmas) >= 7 and not any("zmm" in line for line in asm.splitlines())
+    assert "(%rsp), %ymm" not in asm  # nothing reloaded from the stack: no accumulator or weight spilled
 
 
 @pytest.mark.parametrize(
