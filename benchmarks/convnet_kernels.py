@@ -77,7 +77,9 @@ class Relaxtune:
         from relaxtune.runtime.artifact import prepare_params
         from relaxtune.schedules.tasks import bucket_functions, bucket_of, specialise
 
-        fused = fuse(workload.mod, target.target, bucket_plan(workload, job))
+        fused = fuse(
+            workload.mod, target.target, bucket_plan(workload, job), job.compile, workload.entries, workload.weights_nk
+        )
         self.keys, self.flops = {}, {}
         for gv in bucket_functions(fused):
             if not all(lo <= batch <= hi for lo, hi, _ in bucket_of(fused[gv]).values()):
