@@ -234,23 +234,39 @@ def pixel_tile(width: int, vectors: int, vector_bits: int) -> int:
     return 7 if width % 7 == 0 and budget >= 7 else divisor_at_most(width, budget)
 
 
-def tile_vectors(width: int, blocks: int, vector_bits: int, max_vectors: int) -> int:
+def row_split(width: int, vectors: int, vector_bits: int) -> int:
+    """Pixels of the first of two register tiles a row of ``width`` pixels is computed in (the rest the
+    second), or 0 where tiles of `pixel_tile` pixels divide the row. With 16 vector registers, where no
+    divisor of the row from 2 pixels up fits ``vectors`` vectors, the row's first half (rounded up) when it
+    fits: a 7-pixel row as 4 + 3 pixels of two vectors (8 and 6 accumulators) instead of 7 tiles of 1
+    pixel. With 32 registers: 0 (7 x 2 fits)."""
+    registers = vector_registers(vector_bits)
+    budget = (registers - vectors - 2) // vectors
+    if registers >= 32 or width <= budget or any(width % d == 0 for d in range(2, budget + 1)):
+        return 0
+    first = -(-width // 2)
+    return first if first <= budget else 0
+
+
+def tile_vectors(width: int, blocks: int, vector_bits: int, max_vectors: int, split_rows: bool = True) -> int:
     """Output-channel vectors per register tile of a convolution with ``width``-pixel rows and ``blocks``
     vectors of output channels (a divisor of ``blocks``).
 
     With 32 vector registers (AVX-512): two, for 7 x 2 accumulators. With 16 (AVX2) the count, up to
-    ``max_vectors``, whose tile (`pixel_tile` pixels R, V vectors) does the most FMAs per value it loads
-    (R x V FMAs for R broadcasts and V weight vectors), scaled down where it has fewer than
-    `MIN_ACCUMULATORS` (then each FMA waits for the last one into its accumulator); on a tie the more
-    vectors (fewer broadcasts). 2 pixels x 4 vectors on even rows, 7 x 1 on 7-pixel rows, where a tile of
-    two vectors would have 1 pixel (``docs/results.md``, CPU convolutional nets)."""
+    ``max_vectors``, whose tiles (`pixel_tile` pixels R, or the two of `row_split`; V vectors) do the most
+    FMAs per value they load (R x V FMAs for R broadcasts and V weight vectors), scaled down where a tile
+    has fewer than `MIN_ACCUMULATORS` (then each FMA waits for the last one into its accumulator); on a tie
+    the more vectors (fewer broadcasts). 2 pixels x 4 vectors on even rows, 4 + 3 pixels x 2 vectors on
+    7-pixel rows (``docs/results.md``, CPU convolutional nets). ``split_rows`` False: for a schedule without
+    `row_split`'s two tiles (7 x 1 on 7-pixel rows)."""
     if vector_registers(vector_bits) >= 32:
         return divisor_at_most(blocks, 2)
 
     def score(vectors: int) -> tuple[float, int]:
-        pixels = pixel_tile(width, vectors, vector_bits)
-        latency = min(1.0, pixels * vectors / MIN_ACCUMULATORS)
-        return latency * pixels * vectors / (pixels + vectors), vectors
+        split = row_split(width, vectors, vector_bits) if split_rows else 0
+        tiles = (split, width - split) if split else (pixel_tile(width, vectors, vector_bits),)
+        loads = [min(1.0, p * vectors / MIN_ACCUMULATORS) * p * vectors / (p + vectors) for p in tiles]
+        return sum(p * x for p, x in zip(tiles, loads)) / sum(tiles), vectors
 
     return max((v for v in range(1, max_vectors + 1) if blocks % v == 0), key=score)
 

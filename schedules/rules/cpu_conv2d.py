@@ -10,9 +10,11 @@ How it schedules (a direct convolution, no im2col buffer):
    keeps in registers with the ``V`` weight vectors and a broadcast (``conv_analysis.tile_vectors``
    and ``pixel_tile`` size it for the vector registers there are): 7 x 2 x 16 lanes with AVX-512's 32
    registers (14 accumulators); with AVX2's 16, 2 x 4 x 8 lanes (8 accumulators, 4 weight vectors)
-   on even rows and 7 x 1 x 8 on 7-pixel rows. Per step of the reduction the tile loads ``V`` weight
-   vectors (contiguous: output channels are the weight's innermost axis) and broadcasts ``R`` input
-   values, for ``R x V`` vector FMAs.
+   on even rows, and a 7-pixel row, whose divisors leave 1-pixel tiles, as two tiles of 4 and 3 pixels
+   x 2 vectors (``conv_analysis.row_split``: the pixel loop partitioned, each part a copy of the block
+   with its own reduction). Per step of the reduction the tile loads ``V`` weight vectors (contiguous:
+   output channels are the weight's innermost axis) and broadcasts ``R`` input values, for ``R x V``
+   vector FMAs.
 2. Loops: ``[tiles] (parallel) > kh > kw > ic > R (unrolled) > V (unrolled) > L (vector)``. Where
    the weight is larger than one image's input (deep layers), or the input has few channels (the
    stem), the tiles are ordered output channels outermost: each thread keeps its slice of the
@@ -30,6 +32,8 @@ How it schedules (a direct convolution, no im2col buffer):
 Its hand-made choices are decisions (`decisions.py`), so the rules' design space (`schedules/space.py`)
 can revisit them per kernel: ``units``, output-channel vectors per tile (structural, 1-4); ``rows``,
 output pixels per tile (numeric: a split factor, the divisors of the row width whose tile stays on the stack);
+``row_split``, a row as two tiles or as tiles that divide it (structural, where ``row_split`` offers one; ``rows``
+is not asked for a split row);
 ``by_weights``, the tile order above (structural); ``pad_in_place``, the padding read in place or copied
 (structural, where there is padding). ``sketch`` schedules a static kernel with a decider's choices,
 ``apply(..., decide=Given(values))`` a kernel at any batch with a record's; with the defaults both are
@@ -136,16 +140,21 @@ def _schedule(sch: s_tir.Schedule, block, info: W.WindowBlock, target: Target, d
     few_fmas = ext["kh"] * ext["kw"] * ext["c"] <= IN_PLACE_FMAS
     in_place = int(stage is not None and (ext["ic"] >= lanes or few_fmas))
     in_place = decide.choose(sch, "pad_in_place", (0, 1) if stage is not None else (), in_place, structural=True)
-    pixels = decide.choose(sch, "rows", pixel_options, pixels)  # last: the only sampled (numeric) choice
+    split = W.row_split(ext["w"], vectors, bits)
+    if split:  # a row as two tiles (first `split` pixels, then the rest), or tiles that divide it
+        split = decide.choose(sch, "row_split", (0, split), split, structural=True)
+    if not split:
+        pixels = decide.choose(sch, "rows", pixel_options, pixels)  # last: the only sampled (numeric) choice
 
-    w_o, w_i = sch.split(loops["w"], [None, pixels])
+    w_o, w_i = sch.split(loops["w"], [1, None]) if split else sch.split(loops["w"], [None, pixels])
     c_o, c_u = sch.split(c_b, [None, vectors])
     reduce = [loops[k] for k in ("kh", "kw", "ic")] + [lp for k, lp in loops.items() if k == "u"]
+    inner = [w_i] if split else []  # a split row's pixels stay outside the reduction until it is partitioned
     if by_weights:  # each thread keeps a slice of the weight in cache and walks every pixel with it
-        sch.reorder(c_o, loops["n"], loops["h"], w_o, *reduce, w_i, c_u, c_l)
+        sch.reorder(c_o, loops["n"], loops["h"], w_o, *inner, *reduce, *([] if split else [w_i]), c_u, c_l)
         tile = outer = sch.fuse(c_o, loops["n"], loops["h"], w_o)
     else:  # each thread takes pixel tiles and computes every output channel of them
-        sch.reorder(loops["n"], loops["h"], w_o, c_o, *reduce, w_i, c_u, c_l)
+        sch.reorder(loops["n"], loops["h"], w_o, c_o, *inner, *reduce, *([] if split else [w_i]), c_u, c_l)
         outer, tile = sch.fuse(loops["n"], loops["h"], w_o), c_o
     sch.parallel(outer)
 
@@ -163,10 +172,21 @@ def _schedule(sch: s_tir.Schedule, block, info: W.WindowBlock, target: Target, d
         sch.compute_at(stage, outer, preserve_unit_loops=True)
         U.vectorize_inner(sch, sch.get_loops(stage)[-1], lanes)
     W.output_tile(sch, block, tile, lanes)
-    sch.vectorize(c_l)
-    sch.unroll(c_u)
-    sch.unroll(w_i)
-    sch.decompose_reduction(block, reduce[0])
+    if not split:
+        sch.vectorize(c_l)
+        sch.unroll(c_u)
+        sch.unroll(w_i)
+        sch.decompose_reduction(block, reduce[0])
+        return
+    # the row's two tiles: the pixel loop partitioned into a copy of the block each, moved inside the reduction
+    for part in sch.loop_partition(w_i, [split, None]):
+        (copy,) = sch.get_child_blocks(part)
+        nest = sch.get_loops(copy)[-(len(reduce) + 3) :]  # pixels, the reduction, vectors, lanes
+        sch.reorder(*nest[1:-2], nest[0])
+        sch.vectorize(nest[-1])
+        sch.unroll(nest[-2])
+        sch.unroll(nest[0])
+        sch.decompose_reduction(copy, nest[1])
 
 
 def _product(shape) -> int:

@@ -49,7 +49,7 @@ class Window(fast_math.FastMathRule):
         dtype = sch.get(block).writes[0].source.dtype
         lanes = U.lanes(target, dtype)
         width = W.channel_tile(ext["c"], lanes, 1)[1]
-        vectors = W.tile_vectors(ext["w"], ext["c"] // width, U.vector_bits(target), 2)
+        vectors = W.tile_vectors(ext["w"], ext["c"] // width, U.vector_bits(target), 2, split_rows=False)
         pixels = W.pixel_tile(ext["w"], vectors, U.vector_bits(target))
         w_o, w_i = sch.split(loops["w"], [None, pixels])
         c_o, c_u, c_l = sch.split(loops["c"], [None, vectors, width])

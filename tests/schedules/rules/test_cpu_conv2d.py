@@ -3,6 +3,8 @@ a symbolic batch; what it declines."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -102,6 +104,7 @@ def test_small_stem_reads_its_padding_in_place(kit, cpu_target):
         (32, 64, 7, 1, 1, 32),  # 1x1, no padding: read in place
         (3, 32, 16, 7, 2, 32),  # a stem: 3 input channels, 7x7 stride 2
         (40, 24, 7, 1, 1, 0),  # channels that are not a multiple of the vector width
+        (32, 64, 7, 3, 1, 16),  # a 7-pixel row: with 16 registers two tiles, 4 + 3 pixels
     ],
 )
 def test_numerics_symbolic_batch(kit, cpu_target, ic, oc, size, kernel, stride, blocked):
@@ -229,9 +232,9 @@ AVX2 = {cpu: tvm.target.Target({"kind": "llvm", "mcpu": cpu, "num-cores": 2}) fo
         (AVX2["znver1"], 56, 4, 2),
         (AVX2["haswell"], 28, 4, 2),
         (AVX2["znver1"], 14, 4, 2),
-        # ... 7 x 1 on rows of 7, where two vectors would leave room for one pixel
-        (AVX2["znver1"], 7, 1, 7),
-        (AVX2["haswell"], 7, 1, 7),
+        # ... and rows of 7 as two tiles of 4 + 3 pixels x 2 vectors, where tiles that divide the row have 1 pixel
+        (AVX2["znver1"], 7, 2, (4, 3)),
+        (AVX2["haswell"], 7, 2, (4, 3)),
     ],
 )
 def test_register_tile_by_vector_registers(kit, target, size, units, rows):
@@ -246,15 +249,23 @@ def test_register_tile_by_vector_registers(kit, target, size, units, rows):
     with target:
         sch = Conv2d().apply(kit.only_prim_func(mod, "conv2d"), target, False, decide=probe)
     by_name = {c.name: c for c in probe.choices}
-    assert (by_name["units"].default, by_name["rows"].default) == (units, rows)
-    loops = [sch.get(lp) for lp in sch.get_loops(sch.get_sblock("conv2d_nhwc_update"))]
-    assert [int(lp.extent) for lp in loops if lp.kind == tvm.tirx.ForKind.UNROLLED] == [rows, units]
-    assert units in by_name["units"].candidates and rows in by_name["rows"].candidates
+    assert by_name["units"].default == units and units in by_name["units"].candidates
+    updates = re.findall(r'T\.sblock\("(conv2d_nhwc\w*_update)"\)', sch.mod["main"].script())
+    if isinstance(rows, tuple):  # a split row: no `rows` asked, each part its own block and unrolled tile
+        assert "rows" not in by_name and by_name["row_split"].default == rows[0]
+    else:
+        assert "row_split" not in by_name and by_name["rows"].default == rows and rows in by_name["rows"].candidates
+        rows = (rows,)
+    tiles = [sch.get_sblock(name) for name in updates]
+    assert len(tiles) == len(rows)
+    for pixels, tile in zip(rows, tiles):
+        loops = [sch.get(lp) for lp in sch.get_loops(tile)]
+        assert [int(lp.extent) for lp in loops if lp.kind == tvm.tirx.ForKind.UNROLLED] == [pixels, units]
 
 
 def test_avx2_tile_on_7_pixel_rows_stays_in_registers(kit):
-    """3x3 64 -> 64 @7 on AVX2, the tile compiled and read back: 7 x 1 keeps its 7 accumulators, the weight
-    vector and a broadcast in ymm registers (no spill), where the tile of two vectors had 1 pixel."""
+    """3x3 64 -> 64 @7 on AVX2, the tiles compiled and read back: 4 + 3 pixels x 2 vectors keep their 8 and 6
+    accumulators, the weight vectors and a broadcast in ymm registers (no spill)."""
     target = AVX2["znver1"]
     mod = _fuse(_conv_module(kit, 64, 64, 7, 3, 1, 16), target)
     func = kit.only_prim_func(mod, "conv2d")
@@ -263,8 +274,9 @@ def test_avx2_tile_on_7_pixel_rows_stays_in_registers(kit):
     lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target=target)
     asm = lib.mod.inspect_source("asm")
     fmas = [line for line in asm.splitlines() if "vfmadd231ps" in line and "ymm" in line]
-    assert len(fmas) >= 7 and not any("zmm" in line for line in asm.splitlines())
-    assert "(%rsp), %ymm" not in asm  # nothing reloaded from the stack: no accumulator or weight spilled
+    assert len(fmas) >= 14 and not any("zmm" in line for line in asm.splitlines())
+    blocks = re.split(r"\n(?=\.LBB|\S+:)", asm)  # basic blocks: no stack access where the FMAs are (a spill)
+    assert not [block for block in blocks if "vfmadd231ps" in block and "(%rsp)" in block]
 
 
 @pytest.mark.parametrize(
@@ -293,4 +305,35 @@ def test_given_decisions_match_torch_symbolic_batch(kit, cpu_target, values):
     packed = w.reshape(3, 3, 16, 2, 32).transpose(3, 0, 1, 2, 4).copy()
     for b in (1, 3, 16):
         x = kit.rand(rng, b, 14, 14, 16)
+        kit.assert_close(run(x, packed, bias), _reference(x, w, bias, 1))
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"row_split": 4, "by_weights": 1, "pad_in_place": 1},  # the AVX2 rule on 7-pixel rows
+        {"row_split": 4, "by_weights": 0, "pad_in_place": 0},  # pixel tiles outermost, the rows copied per tile
+        {"row_split": 4, "by_weights": 1, "pad_in_place": 0},  # the input padded whole
+        {"row_split": 0, "units": 2, "by_weights": 1, "pad_in_place": 1},  # tiles that divide the row: 1 pixel
+    ],
+)
+def test_split_row_matches_torch_symbolic_batch(kit, values):
+    """A 7-pixel row as two register tiles (4 + 3 pixels x 2 vectors, AVX2) with each tile order and padding:
+    torch's result at b = 1, 3, 16 (compiled for haswell, which this x86 host runs)."""
+    from relaxtune.schedules.rules import decisions
+
+    target = AVX2["haswell"]
+    mod = _fuse(_conv_module(kit, 16, 64, 7, 3, 1, 16), target)
+    gv = next(gv for gv, f in mod.functions_items() if "conv2d" in gv.name_hint)
+    with target:
+        sch = Conv2d().apply(mod[gv], target, False, decide=decisions.Given(values))
+    script = sch.mod["main"].script()
+    assert len(re.findall(r'T\.sblock\("conv2d_nhwc\w*_update"\)', script)) == (2 if values["row_split"] else 1)
+    mod[gv] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    run = kit.Runner(apply_cpu_rules(mod, target), target)
+    rng = np.random.default_rng(3)
+    w, bias = kit.rand(rng, 3, 3, 16, 64, scale=0.2), kit.rand(rng, 1, 1, 1, 64)
+    packed = w.reshape(3, 3, 16, 4, 16).transpose(3, 0, 1, 2, 4).copy()
+    for b in (1, 3, 16):
+        x = kit.rand(rng, b, 7, 7, 16)
         kit.assert_close(run(x, packed, bias), _reference(x, w, bias, 1))
