@@ -149,12 +149,13 @@ def _schedule(sch: s_tir.Schedule, block, info: W.WindowBlock, target: Target, d
     w_o, w_i = sch.split(loops["w"], [1, None]) if split else sch.split(loops["w"], [None, pixels])
     c_o, c_u = sch.split(c_b, [None, vectors])
     reduce = [loops[k] for k in ("kh", "kw", "ic")] + [lp for k, lp in loops.items() if k == "u"]
-    inner = [w_i] if split else []  # a split row's pixels stay outside the reduction until it is partitioned
+    # the tile's pixels inside the reduction; a split row's outside it, until the row is partitioned (below)
+    around, within = ([w_i], []) if split else ([], [w_i])
     if by_weights:  # each thread keeps a slice of the weight in cache and walks every pixel with it
-        sch.reorder(c_o, loops["n"], loops["h"], w_o, *inner, *reduce, *([] if split else [w_i]), c_u, c_l)
+        sch.reorder(c_o, loops["n"], loops["h"], w_o, *around, *reduce, *within, c_u, c_l)
         tile = outer = sch.fuse(c_o, loops["n"], loops["h"], w_o)
     else:  # each thread takes pixel tiles and computes every output channel of them
-        sch.reorder(loops["n"], loops["h"], w_o, c_o, *inner, *reduce, *([] if split else [w_i]), c_u, c_l)
+        sch.reorder(loops["n"], loops["h"], w_o, c_o, *around, *reduce, *within, c_u, c_l)
         outer, tile = sch.fuse(loops["n"], loops["h"], w_o), c_o
     sch.parallel(outer)
 
