@@ -77,7 +77,9 @@ class Relaxtune:
         from relaxtune.runtime.artifact import prepare_params
         from relaxtune.schedules.tasks import bucket_functions, bucket_of, specialise
 
-        fused = fuse(workload.mod, target.target, bucket_plan(workload, job))
+        fused = fuse(
+            workload.mod, target.target, bucket_plan(workload, job), job.compile, workload.entries, workload.weights_nk
+        )
         self.keys, self.flops = {}, {}
         for gv in bucket_functions(fused):
             if not all(lo <= batch <= hi for lo, hi, _ in bucket_of(fused[gv]).values()):
@@ -256,10 +258,11 @@ def _best(samples: list[dict]) -> dict:
 def measure(workload, target, job, onnx_path: Path, batch: int, args) -> dict:
     """Both systems at ``batch`` on 1 and ``args.threads`` threads, interleaved round by round."""
     ours = Relaxtune(workload, target, job, batch)
-    theirs = {t: OnnxRuntime(onnx_path, batch, t, args.image) for t in (1, args.threads)}
+    counts = tuple(dict.fromkeys((1, args.threads)))  # once each: a profiled session ends its profile once
+    theirs = {t: OnnxRuntime(onnx_path, batch, t, args.image) for t in counts}
     samples = collections.defaultdict(list)
     for _ in range(args.rounds):
-        for threads in (1, args.threads):
+        for threads in counts:
             layers, whole = ours.sample(threads, args.calls)
             samples[f"relaxtune/{threads}"].append(layers)
             samples[f"relaxtune/{threads}/whole"].append(whole)
@@ -267,7 +270,7 @@ def measure(workload, target, job, onnx_path: Path, batch: int, args) -> dict:
             samples[f"onnxruntime/{threads}/whole"].append(theirs[threads].whole())
     _set_threads(args.threads)
     report = {"batch": batch, "threads": args.threads}
-    for threads in (1, args.threads):
+    for threads in counts:
         report[f"relaxtune/{threads}"] = _best(samples[f"relaxtune/{threads}"])
         report[f"onnxruntime/{threads}"] = ort_layers(theirs[threads].events())
         for system in ("relaxtune", "onnxruntime"):

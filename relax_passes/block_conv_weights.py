@@ -3,8 +3,10 @@
     conv2d(x, w: (KH, KW, IC, OC), NHWC / HWIO)
         -> conv2d(x, layout_transform(w): (OC / T, KH, KW, IC, T), NHWC / OHWI{T}o)
 
-``T`` output channels are what the CPU convolution rule (``schedules/rules/cpu_conv2d.py``)
-computes per register tile (two vectors, ``conv_analysis.channel_tile``). In HWIO a tile's weights are
+``T`` output channels are two vectors (``conv_analysis.channel_tile``), what the CPU convolution rule
+(``schedules/rules/cpu_conv2d.py``) computes per register tile with AVX-512; its AVX2 tile of four
+8-lane vectors reads two blocks side by side (blocks of four vectors measured no faster there,
+``docs/results.md``). In HWIO a tile's weights are
 ``T`` floats out of every ``OC``-long row: 128 bytes every 8 KiB for a 2048-channel layer, a new
 page each row. Blocked, they are one contiguous stream, which the hardware prefetches. The
 ``layout_transform`` reads the weight only, so LiftTransformParams moves it to load time.

@@ -6,7 +6,9 @@ initialisation under ``seed``; the batch-norm statistics and affine parameters a
 state dict saved with ``torch.save`` (nothing is downloaded). It is exported by
 :func:`relaxtune.workloads.torch_import.from_module` with one input ``x: (b, C, image, image)``,
 ``b`` symbolic in ``[1, max_batch]`` (its buckets as for any symbolic dimension), and its reference
-is the torch model itself.
+is the torch model itself. Its linear layers' weights stay as stored, (out, in) (``Workload.weights_nk``):
+the classifier at batch 1 is then a GEMV over contiguous weight rows, not a strided walk of its
+transpose (``docs/results.md``, CPU convolutional nets).
 
 Config keys (:data:`DEFAULTS`): ``max_batch`` (16), ``image`` (224: the input's height and width),
 ``input`` (``CxHxW``, e.g. ``3x224x224``, instead of ``image``: its rank and channel count are
@@ -189,4 +191,5 @@ def load_torchvision(spec: str, config: Mapping[str, object] | None = None, dtyp
     bounds = {"b": (1, int(settings["max_batch"]))} if batch == "b" else {}
     recorded = {k: v for k, v in settings.items() if v != DEFAULTS[k]}
     workload = from_module(name, model, inputs, bounds, {"spec": spec, **recorded})
-    return dataclasses.replace(workload, bench_systems=BENCH_SYSTEMS)
+    # the classifier's weight stays (classes, features) as stored: at b = 1 its GEMV reads weight rows contiguously
+    return dataclasses.replace(workload, bench_systems=BENCH_SYSTEMS, weights_nk=True)

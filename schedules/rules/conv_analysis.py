@@ -217,13 +217,58 @@ def divisor_at_most(extent: int, limit: int) -> int:
     return next(d for d in range(max(1, min(limit, extent)), 0, -1) if extent % d == 0)
 
 
+# independent accumulators that keep the FMA unit busy: its latency (4-5 cycles) times the FMAs it starts a cycle
+MIN_ACCUMULATORS = 6
+
+
+def vector_registers(vector_bits: int) -> int:
+    """The vector registers of an x86 target: 32 with AVX-512, else 16."""
+    return 32 if vector_bits >= 512 else 16
+
+
 def pixel_tile(width: int, vectors: int, vector_bits: int) -> int:
     """Output pixels per register tile: 7 where the row width allows it (the widths of ImageNet
     models: 112, 56, 28, 14, 7), else the largest divisor of the width that leaves the tile, its
-    ``vectors`` weight vectors and a broadcast in the vector registers (32 with AVX-512, else 16)."""
-    registers = 32 if vector_bits >= 512 else 16
-    budget = max(1, (registers - vectors - 2) // vectors)
+    ``vectors`` weight vectors and a broadcast in the vector registers (`vector_registers`)."""
+    budget = max(1, (vector_registers(vector_bits) - vectors - 2) // vectors)
     return 7 if width % 7 == 0 and budget >= 7 else divisor_at_most(width, budget)
+
+
+def row_split(width: int, vectors: int, vector_bits: int) -> int:
+    """Pixels of the first of two register tiles a row of ``width`` pixels is computed in (the rest the
+    second), or 0 where tiles of `pixel_tile` pixels divide the row. With 16 vector registers, where no
+    divisor of the row from 2 pixels up fits ``vectors`` vectors, the row's first half (rounded up) when it
+    fits: a 7-pixel row as 4 + 3 pixels of two vectors (8 and 6 accumulators) instead of 7 tiles of 1
+    pixel. With 32 registers: 0 (7 x 2 fits)."""
+    registers = vector_registers(vector_bits)
+    budget = (registers - vectors - 2) // vectors
+    if registers >= 32 or width <= budget or any(width % d == 0 for d in range(2, budget + 1)):
+        return 0
+    first = -(-width // 2)
+    return first if first <= budget else 0
+
+
+def tile_vectors(width: int, blocks: int, vector_bits: int, max_vectors: int, split_rows: bool = True) -> int:
+    """Output-channel vectors per register tile of a convolution with ``width``-pixel rows and ``blocks``
+    vectors of output channels (a divisor of ``blocks``).
+
+    With 32 vector registers (AVX-512): two, for 7 x 2 accumulators. With 16 (AVX2) the count, up to
+    ``max_vectors``, whose tiles (`pixel_tile` pixels R, or the two of `row_split`; V vectors) do the most
+    FMAs per value they load (R x V FMAs for R broadcasts and V weight vectors), scaled down where a tile
+    has fewer than `MIN_ACCUMULATORS` (then each FMA waits for the last one into its accumulator); on a tie
+    the more vectors (fewer broadcasts). 2 pixels x 4 vectors on even rows, 4 + 3 pixels x 2 vectors on
+    7-pixel rows (``docs/results.md``, CPU convolutional nets). ``split_rows`` False: for a schedule without
+    `row_split`'s two tiles (7 x 1 on 7-pixel rows)."""
+    if vector_registers(vector_bits) >= 32:
+        return divisor_at_most(blocks, 2)
+
+    def score(vectors: int) -> tuple[float, int]:
+        split = row_split(width, vectors, vector_bits) if split_rows else 0
+        tiles = (split, width - split) if split else (pixel_tile(width, vectors, vector_bits),)
+        loads = [min(1.0, p * vectors / MIN_ACCUMULATORS) * p * vectors / (p + vectors) for p in tiles]
+        return sum(p * x for p, x in zip(tiles, loads)) / sum(tiles), vectors
+
+    return max((v for v in range(1, max_vectors + 1) if blocks % v == 0), key=score)
 
 
 def channel_tile(channels: int, lanes: int, max_vectors: int) -> tuple[int, int]:

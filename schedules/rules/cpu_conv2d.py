@@ -6,11 +6,15 @@ Matches a PrimFunc whose only reduction block is a ``dense`` channels-last windo
 (``conv_analysis.py``): ``out[n, h, w, c] += data[n, h*s + kh*d, w*s + kw*d, ic] * weight[kh, kw, ic, c]``.
 
 How it schedules (a direct convolution, no im2col buffer):
-1. Register tile: ``R`` output pixels of a row times ``V`` vectors of output channels
-   (7 x 2 x 16 with AVX-512: 14 vector accumulators, which LLVM keeps in registers; ``R`` as
-   ``conv_analysis.pixel_tile`` sizes it for the vector registers there are). Per step of the
-   reduction the tile loads ``V`` weight vectors (contiguous: output channels are the weight's
-   innermost axis) and broadcasts ``R`` input values, for ``R x V`` vector FMAs.
+1. Register tile: ``R`` output pixels of a row times ``V`` vectors of output channels, which LLVM
+   keeps in registers with the ``V`` weight vectors and a broadcast (``conv_analysis.tile_vectors``
+   and ``pixel_tile`` size it for the vector registers there are): 7 x 2 x 16 lanes with AVX-512's 32
+   registers (14 accumulators); with AVX2's 16, 2 x 4 x 8 lanes (8 accumulators, 4 weight vectors)
+   on even rows, and a 7-pixel row, whose divisors leave 1-pixel tiles, as two tiles of 4 and 3 pixels
+   x 2 vectors (``conv_analysis.row_split``: the pixel loop partitioned, each part a copy of the block
+   with its own reduction). Per step of the reduction the tile loads ``V`` weight vectors (contiguous:
+   output channels are the weight's innermost axis) and broadcasts ``R`` input values, for ``R x V``
+   vector FMAs.
 2. Loops: ``[tiles] (parallel) > kh > kw > ic > R (unrolled) > V (unrolled) > L (vector)``. Where
    the weight is larger than one image's input (deep layers), or the input has few channels (the
    stem), the tiles are ordered output channels outermost: each thread keeps its slice of the
@@ -28,6 +32,8 @@ How it schedules (a direct convolution, no im2col buffer):
 Its hand-made choices are decisions (`decisions.py`), so the rules' design space (`schedules/space.py`)
 can revisit them per kernel: ``units``, output-channel vectors per tile (structural, 1-4); ``rows``,
 output pixels per tile (numeric: a split factor, the divisors of the row width whose tile stays on the stack);
+``row_split``, a row as two tiles or as tiles that divide it (structural, where ``row_split`` offers one; ``rows``
+is not asked for a split row);
 ``by_weights``, the tile order above (structural); ``pad_in_place``, the padding read in place or copied
 (structural, where there is padding). ``sketch`` schedules a static kernel with a decider's choices,
 ``apply(..., decide=Given(values))`` a kernel at any batch with a record's; with the defaults both are
@@ -54,8 +60,7 @@ from .tiling import STACK_LIMIT
 
 logger = logging.getLogger(__name__)
 
-VECTORS = 2  # output-channel vectors per register tile
-MAX_VECTORS = 4  # the most output-channel vectors per tile the search may choose
+MAX_VECTORS = 4  # the most output-channel vectors per tile (the search's and, with 16 registers, the rule's)
 # a convolution with few input channels reads its padding in place where each input value feeds at most this many
 # FMAs (kh * kw * output channels): MobileNetV3's stem (3x3, 16: 144) 0.088 -> 0.059 ms; ResNet-50's (7x7, 64:
 # 3136) keeps the padded copy, 1.08 against 1.25 ms in place (docs/results.md)
@@ -103,7 +108,7 @@ def _schedule(sch: s_tir.Schedule, block, info: W.WindowBlock, target: Target, d
     ext = {k: U.static(U.extent(sch, lp)) for k, lp in loops.items()}
     stmt = sch.get(block)
     lanes = U.lanes(target, stmt.writes[0].source.dtype)
-    vectors, width = W.channel_tile(ext["c"], lanes, VECTORS)
+    width = W.channel_tile(ext["c"], lanes, 1)[1]
     # The lanes split first, before `decide` annotates the root block: in TVM 0.27 a schedule whose first change
     # replaces the root block then edits the loops under it in place, in the module it was made from too (the
     # rules' space makes every sketch from one module); a first change below the root copies the path instead.
@@ -112,6 +117,7 @@ def _schedule(sch: s_tir.Schedule, block, info: W.WindowBlock, target: Target, d
     bits = U.vector_bits(target)
     blocks = ext["c"] // width
     vector_options = [v for v in range(1, MAX_VECTORS + 1) if blocks % v == 0]
+    vectors = W.tile_vectors(ext["w"], blocks, bits, MAX_VECTORS)
     vectors = decide.choose(sch, "units", vector_options, vectors, structural=True)
     pixels = W.pixel_tile(ext["w"], vectors, bits)
     # tiles that stay on the stack (in registers): a larger one is a workspace, 2.6-3.8x slower (docs/results.md)
@@ -134,16 +140,22 @@ def _schedule(sch: s_tir.Schedule, block, info: W.WindowBlock, target: Target, d
     few_fmas = ext["kh"] * ext["kw"] * ext["c"] <= IN_PLACE_FMAS
     in_place = int(stage is not None and (ext["ic"] >= lanes or few_fmas))
     in_place = decide.choose(sch, "pad_in_place", (0, 1) if stage is not None else (), in_place, structural=True)
-    pixels = decide.choose(sch, "rows", pixel_options, pixels)  # last: the only sampled (numeric) choice
+    split = W.row_split(ext["w"], vectors, bits)
+    if split:  # a row as two tiles (first `split` pixels, then the rest), or tiles that divide it
+        split = decide.choose(sch, "row_split", (0, split), split, structural=True)
+    if not split:
+        pixels = decide.choose(sch, "rows", pixel_options, pixels)  # last: the only sampled (numeric) choice
 
-    w_o, w_i = sch.split(loops["w"], [None, pixels])
+    w_o, w_i = sch.split(loops["w"], [1, None]) if split else sch.split(loops["w"], [None, pixels])
     c_o, c_u = sch.split(c_b, [None, vectors])
     reduce = [loops[k] for k in ("kh", "kw", "ic")] + [lp for k, lp in loops.items() if k == "u"]
+    # the tile's pixels inside the reduction; a split row's outside it, until the row is partitioned (below)
+    around, within = ([w_i], []) if split else ([], [w_i])
     if by_weights:  # each thread keeps a slice of the weight in cache and walks every pixel with it
-        sch.reorder(c_o, loops["n"], loops["h"], w_o, *reduce, w_i, c_u, c_l)
+        sch.reorder(c_o, loops["n"], loops["h"], w_o, *around, *reduce, *within, c_u, c_l)
         tile = outer = sch.fuse(c_o, loops["n"], loops["h"], w_o)
     else:  # each thread takes pixel tiles and computes every output channel of them
-        sch.reorder(loops["n"], loops["h"], w_o, c_o, *reduce, w_i, c_u, c_l)
+        sch.reorder(loops["n"], loops["h"], w_o, c_o, *around, *reduce, *within, c_u, c_l)
         outer, tile = sch.fuse(loops["n"], loops["h"], w_o), c_o
     sch.parallel(outer)
 
@@ -161,10 +173,21 @@ def _schedule(sch: s_tir.Schedule, block, info: W.WindowBlock, target: Target, d
         sch.compute_at(stage, outer, preserve_unit_loops=True)
         U.vectorize_inner(sch, sch.get_loops(stage)[-1], lanes)
     W.output_tile(sch, block, tile, lanes)
-    sch.vectorize(c_l)
-    sch.unroll(c_u)
-    sch.unroll(w_i)
-    sch.decompose_reduction(block, reduce[0])
+    if not split:
+        sch.vectorize(c_l)
+        sch.unroll(c_u)
+        sch.unroll(w_i)
+        sch.decompose_reduction(block, reduce[0])
+        return
+    # the row's two tiles: the pixel loop partitioned into a copy of the block each, moved inside the reduction
+    for part in sch.loop_partition(w_i, [split, None]):
+        (copy,) = sch.get_child_blocks(part)
+        nest = sch.get_loops(copy)[-(len(reduce) + 3) :]  # pixels, the reduction, vectors, lanes
+        sch.reorder(*nest[1:-2], nest[0])
+        sch.vectorize(nest[-1])
+        sch.unroll(nest[-2])
+        sch.unroll(nest[0])
+        sch.decompose_reduction(copy, nest[1])
 
 
 def _product(shape) -> int:

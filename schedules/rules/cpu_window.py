@@ -8,8 +8,10 @@ Matches a PrimFunc whose only reduction block is a ``channelwise`` channels-last
 
 How it schedules:
 1. Register tile: ``R`` output pixels of a row times ``V`` (1 or 2) vectors of channels
-   (``conv_analysis.pixel_tile``), accumulated in registers; per window tap it loads ``V`` weight
-   vectors and ``R x V`` input vectors (channels are innermost in both).
+   (``conv_analysis.tile_vectors`` and ``pixel_tile``: 7 x 2 with AVX-512; with AVX2 4 x 2 on rows of 56
+   and 28, 7 x 1 on rows of 14 and 7, where two vectors would leave 2 and 1 pixels), accumulated in
+   registers; per window tap it loads ``V`` weight vectors and ``R x V`` input vectors (channels are
+   innermost in both).
 2. Loops: ``[n, h, w tiles, channel tiles] (parallel) > kh > kw > R (unrolled) > V (unrolled) >
    L (vector)``; for a mean over the whole image (output 1 x 1) the window is the image.
 3. The padding is read in place: the input stage (TOPI's ``pad_temp``) is inlined into the window
@@ -46,7 +48,8 @@ class Window(fast_math.FastMathRule):
             raise ValueError("only the batch may be symbolic")
         dtype = sch.get(block).writes[0].source.dtype
         lanes = U.lanes(target, dtype)
-        vectors, width = W.channel_tile(ext["c"], lanes, 2)
+        width = W.channel_tile(ext["c"], lanes, 1)[1]
+        vectors = W.tile_vectors(ext["w"], ext["c"] // width, U.vector_bits(target), 2, split_rows=False)
         pixels = W.pixel_tile(ext["w"], vectors, U.vector_bits(target))
         w_o, w_i = sch.split(loops["w"], [None, pixels])
         c_o, c_u, c_l = sch.split(loops["c"], [None, vectors, width])

@@ -14,6 +14,7 @@ from tvm.script import tirx as T
 from relaxtune.relax_passes.block_conv_weights import LEGALIZE, BlockConvWeights, block_size
 
 AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})  # 16 lanes: blocks of 2 vectors, 32 channels
+AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "znver1"})  # 8 lanes: blocks of 2 vectors, 16 channels
 
 
 @I.ir_module
@@ -158,3 +159,13 @@ def test_block_size_pads_to_vectors(channels, expected):
     """(padded channels, block) with 16 lanes: two vectors where that pads at most 15 % more, else one;
     no padding where half a vector or more would be padding."""
     assert block_size(channels, AVX512) == expected
+
+
+@pytest.mark.parametrize(
+    ("channels", "expected"),
+    [(3, (3, 1)), (12, (16, 16)), (24, (24, 8)), (40, (40, 8)), (64, (64, 16)), (120, (128, 16)), (200, (208, 16))],
+)
+def test_block_size_pads_to_vectors_avx2(channels, expected):
+    """The same with AVX2's 8 lanes: 24 and 40 channels are whole vectors (no padding), blocks of two vectors
+    (16 channels) where the channels are a multiple of them."""
+    assert block_size(channels, AVX2) == expected

@@ -115,6 +115,32 @@ def test_resnet18_is_imported_with_a_dynamic_batch(resnet18):
 
 
 @pytest.mark.slow
+def test_resnet18_classifier_reads_its_weight_as_stored(resnet18, target):
+    """The linear layer's weight stays (classes, features), as torch stores it (``Workload.weights_nk``): the
+    classifier's kernel reads it so, and at b = 1 (the matmul's single-row body) as contiguous rows."""
+    from relaxtune.relax_passes.pipeline import fuse
+
+    workload, _ = resnet18
+    job = JobConfig(buckets=BucketConfig(single={"b": 16}))
+    fused = fuse(
+        workload.mod,
+        target.target,
+        api.bucket_plan(workload, job),
+        CompileConfig(),
+        workload.entries,
+        workload.weights_nk,
+    )
+    weights = [
+        [int(d) for d in p.ty.shape]
+        for gv, f in fused.functions_items()
+        if isinstance(f, tvm.tirx.PrimFunc) and "matmul" in gv.name_hint
+        for p in f.params
+        if len(p.ty.shape) == 2 and all(isinstance(d, tvm.tirx.IntImm) for d in p.ty.shape)
+    ]
+    assert weights == [[10, 512]], weights
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [1, 3, 16])
 def test_resnet18_matches_torch(resnet18, batch):
     workload, ex = resnet18

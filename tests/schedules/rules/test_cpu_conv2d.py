@@ -3,6 +3,8 @@ a symbolic batch; what it declines."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -102,6 +104,7 @@ def test_small_stem_reads_its_padding_in_place(kit, cpu_target):
         (32, 64, 7, 1, 1, 32),  # 1x1, no padding: read in place
         (3, 32, 16, 7, 2, 32),  # a stem: 3 input channels, 7x7 stride 2
         (40, 24, 7, 1, 1, 0),  # channels that are not a multiple of the vector width
+        (32, 64, 7, 3, 1, 16),  # a 7-pixel row: with 16 registers two tiles, 4 + 3 pixels
     ],
 )
 def test_numerics_symbolic_batch(kit, cpu_target, ic, oc, size, kernel, stride, blocked):
@@ -192,7 +195,7 @@ def test_probe_lists_the_decisions_with_the_rules_values(kit, cpu_target):
     per tile, sampled), each default the rule's value, every pixel count a divisor of the row that fits."""
     from relaxtune.schedules.rules import _utils as U
     from relaxtune.schedules.rules import decisions
-    from relaxtune.schedules.rules.conv_analysis import pixel_tile
+    from relaxtune.schedules.rules.conv_analysis import pixel_tile, tile_vectors
 
     _, func = _conv_kernel(kit, cpu_target)
     probe = decisions.Probe()
@@ -205,10 +208,75 @@ def test_probe_lists_the_decisions_with_the_rules_values(kit, cpu_target):
     assert [by_name[n].structural for n in by_name] == [True, True, True, False]
     assert all(c.default in c.candidates for c in probe.choices)
     assert by_name["pad_in_place"].default == 1 and by_name["pad_in_place"].candidates == (0, 1)
-    assert by_name["units"].default == 2 and by_name["units"].candidates == (1, 2, 4)  # 64 channels
-    assert by_name["rows"].default == pixel_tile(14, 2, U.vector_bits(cpu_target))
-    lanes = U.lanes(cpu_target, "float32")  # divisors of 14 whose tile (2 vectors) stays under 1 KiB: the stack
-    assert set(by_name["rows"].candidates) == {d for d in (2, 7, 14) if d * 2 * lanes * 4 < 1024}
+    bits, lanes = U.vector_bits(cpu_target), U.lanes(cpu_target, "float32")
+    assert by_name["units"].candidates == (1, 2, 4)  # 64 channels
+    assert by_name["units"].default == tile_vectors(14, 64 // lanes, bits, 4)
+    assert by_name["rows"].default == pixel_tile(14, by_name["units"].default, bits)
+    tile = by_name["units"].default * lanes * 4  # divisors of 14 whose tile stays under 1 KiB: the stack
+    fitting = {d for d in (2, 7, 14) if d * tile < 1024}
+    assert set(by_name["rows"].candidates) == fitting | {by_name["rows"].default}
+
+
+AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+AVX2 = {cpu: tvm.target.Target({"kind": "llvm", "mcpu": cpu, "num-cores": 2}) for cpu in ("znver1", "haswell")}
+
+
+@pytest.mark.parametrize(
+    ("target", "size", "units", "rows"),
+    [
+        # 32 vector registers: 7 pixels x 2 vectors of 16 lanes, 14 accumulators, at every row width
+        (AVX512, 56, 2, 7),
+        (AVX512, 14, 2, 7),
+        (AVX512, 7, 2, 7),
+        # 16: 2 pixels x 4 vectors of 8 lanes on even rows (8 accumulators, 4 weight vectors, a broadcast) ...
+        (AVX2["znver1"], 56, 4, 2),
+        (AVX2["haswell"], 28, 4, 2),
+        (AVX2["znver1"], 14, 4, 2),
+        # ... and rows of 7 as two tiles of 4 + 3 pixels x 2 vectors, where tiles that divide the row have 1 pixel
+        (AVX2["znver1"], 7, 2, (4, 3)),
+        (AVX2["haswell"], 7, 2, (4, 3)),
+    ],
+)
+def test_register_tile_by_vector_registers(kit, target, size, units, rows):
+    """The rule's tile (vectors of output channels x pixels of a row) for the registers the target has: the
+    AVX-512 tile as it always was, the AVX2 one sized for 16 registers; the tile is what the schedule unrolls."""
+    from relaxtune.schedules.rules import _utils as U
+    from relaxtune.schedules.rules import decisions
+
+    lanes = U.lanes(target, "float32")
+    mod = _fuse(_conv_module(kit, 64, 128, size, 3, 1, 2 * lanes), target)
+    probe = decisions.Probe()
+    with target:
+        sch = Conv2d().apply(kit.only_prim_func(mod, "conv2d"), target, False, decide=probe)
+    by_name = {c.name: c for c in probe.choices}
+    assert by_name["units"].default == units and units in by_name["units"].candidates
+    updates = re.findall(r'T\.sblock\("(conv2d_nhwc\w*_update)"\)', sch.mod["main"].script())
+    if isinstance(rows, tuple):  # a split row: no `rows` asked, each part its own block and unrolled tile
+        assert "rows" not in by_name and by_name["row_split"].default == rows[0]
+    else:
+        assert "row_split" not in by_name and by_name["rows"].default == rows and rows in by_name["rows"].candidates
+        rows = (rows,)
+    tiles = [sch.get_sblock(name) for name in updates]
+    assert len(tiles) == len(rows)
+    for pixels, tile in zip(rows, tiles):
+        loops = [sch.get(lp) for lp in sch.get_loops(tile)]
+        assert [int(lp.extent) for lp in loops if lp.kind == tvm.tirx.ForKind.UNROLLED] == [pixels, units]
+
+
+def test_avx2_tile_on_7_pixel_rows_stays_in_registers(kit):
+    """3x3 64 -> 64 @7 on AVX2, the tiles compiled and read back: 4 + 3 pixels x 2 vectors keep their 8 and 6
+    accumulators, the weight vectors and a broadcast in ymm registers (no spill)."""
+    target = AVX2["znver1"]
+    mod = _fuse(_conv_module(kit, 64, 64, 7, 3, 1, 16), target)
+    func = kit.only_prim_func(mod, "conv2d")
+    with target:
+        sch = Conv2d().apply(func, target, False)
+    lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target=target)
+    asm = lib.mod.inspect_source("asm")
+    fmas = [line for line in asm.splitlines() if "vfmadd231ps" in line and "ymm" in line]
+    assert len(fmas) >= 14 and not any("zmm" in line for line in asm.splitlines())
+    blocks = re.split(r"\n(?=\.LBB|\S+:)", asm)  # basic blocks: no stack access where the FMAs are (a spill)
+    assert not [block for block in blocks if "vfmadd231ps" in block and "(%rsp)" in block]
 
 
 @pytest.mark.parametrize(
@@ -237,4 +305,35 @@ def test_given_decisions_match_torch_symbolic_batch(kit, cpu_target, values):
     packed = w.reshape(3, 3, 16, 2, 32).transpose(3, 0, 1, 2, 4).copy()
     for b in (1, 3, 16):
         x = kit.rand(rng, b, 14, 14, 16)
+        kit.assert_close(run(x, packed, bias), _reference(x, w, bias, 1))
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"row_split": 4, "by_weights": 1, "pad_in_place": 1},  # the AVX2 rule on 7-pixel rows
+        {"row_split": 4, "by_weights": 0, "pad_in_place": 0},  # pixel tiles outermost, the rows copied per tile
+        {"row_split": 4, "by_weights": 1, "pad_in_place": 0},  # the input padded whole
+        {"row_split": 0, "units": 2, "by_weights": 1, "pad_in_place": 1},  # tiles that divide the row: 1 pixel
+    ],
+)
+def test_split_row_matches_torch_symbolic_batch(kit, values):
+    """A 7-pixel row as two register tiles (4 + 3 pixels x 2 vectors, AVX2) with each tile order and padding:
+    torch's result at b = 1, 3, 16 (compiled for haswell, which this x86 host runs)."""
+    from relaxtune.schedules.rules import decisions
+
+    target = AVX2["haswell"]
+    mod = _fuse(_conv_module(kit, 16, 64, 7, 3, 1, 16), target)
+    gv = next(gv for gv, f in mod.functions_items() if "conv2d" in gv.name_hint)
+    with target:
+        sch = Conv2d().apply(mod[gv], target, False, decide=decisions.Given(values))
+    script = sch.mod["main"].script()
+    assert len(re.findall(r'T\.sblock\("conv2d_nhwc\w*_update"\)', script)) == (2 if values["row_split"] else 1)
+    mod[gv] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    run = kit.Runner(apply_cpu_rules(mod, target), target)
+    rng = np.random.default_rng(3)
+    w, bias = kit.rand(rng, 3, 3, 16, 64, scale=0.2), kit.rand(rng, 1, 1, 1, 64)
+    packed = w.reshape(3, 3, 16, 4, 16).transpose(3, 0, 1, 2, 4).copy()
+    for b in (1, 3, 16):
+        x = kit.rand(rng, b, 7, 7, 16)
         kit.assert_close(run(x, packed, bias), _reference(x, w, bias, 1))

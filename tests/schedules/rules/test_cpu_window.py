@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import tvm
 
 from relaxtune.schedules.rules import apply_cpu_rules
 from relaxtune.schedules.rules.cpu_window import Window
@@ -35,7 +36,7 @@ def _check(kit, cpu_target, mod, args_of, reference, sizes=(1, 3)):
         kit.assert_close(run(*args), reference(*args))
 
 
-@pytest.mark.parametrize(("kernel", "stride", "size"), [(3, 1, 14), (5, 2, 9), (3, 2, 16)])
+@pytest.mark.parametrize(("kernel", "stride", "size"), [(3, 1, 14), (5, 2, 9), (3, 2, 16), (5, 1, 7)])
 def test_depthwise_with_bias_and_clip(kit, cpu_target, kernel, stride, size):
     pad = kernel // 2
     x, w, bias = (
@@ -77,6 +78,33 @@ def test_depthwise_reads_its_padding_in_place(kit, cpu_target):
     assert 'T.sblock("pad_temp")' not in script and "sblock_alloc_buffer((T.int64(1), T.int64(16)" not in script
     update = script[script.index('_update")') :]
     assert "T.if_then_else" in update  # the bounds check in the window block itself
+
+
+@pytest.mark.parametrize(
+    ("mcpu", "size", "vectors", "pixels"),
+    [
+        ("skylake-avx512", 28, 2, 7),  # 32 registers: 7 pixels x 2 vectors of 16 lanes on every row
+        ("skylake-avx512", 7, 2, 7),
+        ("znver1", 28, 2, 4),  # 16: 4 x 2 vectors of 8 lanes ...
+        ("haswell", 14, 1, 7),  # ... and 7 x 1 on rows of 14 and 7, where two vectors would leave 2 and 1 pixels
+        ("znver1", 7, 1, 7),
+    ],
+)
+def test_register_tile_by_vector_registers(kit, mcpu, size, vectors, pixels):
+    """The depthwise tile (pixels of a row x vectors of channels, both unrolled) for the registers the target has."""
+    from tvm import tirx
+
+    from relaxtune.schedules.rules.conv_analysis import find
+
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    x, w = kit.tensor("x", (kit.B, size, size, 64)), kit.tensor("w", (3, 3, 1, 64))
+    mod = kit.build(
+        [x, w], lambda bb, x, w: kit.R.nn.conv2d(x, w, 1, 1, groups=64, data_layout="NHWC", kernel_layout="HWIO")
+    )
+    sch = kit.apply_rule(Window(), next(iter(kit.prim_funcs(kit.fuse(mod, target)).values())), target)
+    block, _ = find(sch, "channelwise")
+    loops = [sch.get(lp) for lp in sch.get_loops(block)]
+    assert [int(lp.extent) for lp in loops if lp.kind == tirx.ForKind.UNROLLED] == [pixels, vectors]
 
 
 def test_max_pool(kit, cpu_target):
