@@ -182,10 +182,13 @@ def test_cuda_pipeline_reads_every_weight_gemm_as_nk():
             fusion_passes(target.target, plan, CompileConfig(cublas=CudaLibraries(weights_nk=False)))
         )(workload.mod)
     calls = re.findall(r'"(relaxtune_(?:gemv|cublas_gemm)\w*)"', mod.script())
-    assert calls and all(c.endswith("_nk") or c.endswith("_nk_add") for c in calls), sorted(set(calls))
+    # the (N, K) kernels, with the residual add or an x prologue (fuse_gemv_prologue_cuda.py) where they take one
+    nk_forms = ("_nk", "_nk_add", "_nk_rms", "_nk_swiglu", "_nk_swiglu_add")
+    assert calls and all(c.endswith(nk_forms) for c in calls), sorted(set(calls))
     assert {
-        "relaxtune_gemv_nk",
+        "relaxtune_gemv_nk_rms",  # q/k/v and gate/up read the norms (their prologue)
         "relaxtune_gemv_nk_add",
+        "relaxtune_gemv_nk_swiglu_add",
         "relaxtune_cublas_gemm_nk",
         "relaxtune_cublas_gemm_add_nk",
     } <= set(calls)
