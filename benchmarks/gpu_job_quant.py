@@ -12,12 +12,12 @@ sections for the artifacts of gpu_job_variants.Q4_VARIANTS (issue 26: within 1.3
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 from gpu_job_common import RESULTS, log, section
 from gpu_job_llama import block_latency, kernel_times
 from gpu_job_variants import Q4_SYSTEMS
+from qgemv_sweep import library as gemv_library
 
 # (K, N, name): the block's 4-bit GEMVs at n = 1 (q/k/v and gate/up merged: relax_passes/merge_quant_projections.py)
 SHAPES = [(4096, 12288, "qkv"), (4096, 4096, "o_proj"), (4096, 22016, "gate_up"), (11008, 4096, "down")]
@@ -61,23 +61,6 @@ def q4_block(model, copy_gbs: float | None):
     RESULTS["q4_kernels_n1"] = {"artifact": plain, "total_us": round(total, 1), "calls": calls}
 
 
-def _library(art: Path, tmp: Path):
-    """The GEMV object (the artifacts' own, built here by nvcc when missing) as a loadable library."""
-    import torch
-    import tvm
-    import tvm_ffi.libinfo
-
-    from relaxtune.kernels.gemv import object_file
-
-    arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
-    out = tmp / "libqgemv.so"
-    lib_dir = Path(tvm_ffi.libinfo.find_libtvm_ffi()).parent
-    subprocess.run(
-        ["g++", "-shared", "-o", str(out), str(object_file(arch)), "-ldl", f"-L{lib_dir}", "-ltvm_ffi"], check=True
-    )
-    return tvm.runtime.load_module(str(out))
-
-
 @section("4-bit GEMV kernel alone against the copy bandwidth")
 def q4_kernel(art: Path, tmp: Path, copy_gbs: float | None):
     import numpy as np
@@ -88,7 +71,7 @@ def q4_kernel(art: Path, tmp: Path, copy_gbs: float | None):
 
     from relaxtune.kernels import quant_formats as qf
 
-    library = _library(art, tmp)
+    library = gemv_library(tmp)
     gemv, gemv_add = library["relaxtune_q4gemv"], library["relaxtune_q4gemv_add"]
     T = tvm_ffi.from_dlpack
     table = []

@@ -38,10 +38,10 @@ from __future__ import annotations
 import logging
 
 import tvm
-from tvm import relax, te, tirx, topi
+from tvm import relax, te, topi
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .fusion_utils import is_op, rewrite_functions
+from .fusion_utils import is_op, rewrite_functions, static_int
 
 logger = logging.getLogger(__name__)
 
@@ -88,10 +88,6 @@ def conv2d_nhwc_blocked(data, weight, strides, padding, dilation, out_dtype: str
     )
 
 
-def _static(dim) -> int | None:
-    return int(dim) if isinstance(dim, tirx.IntImm) else None
-
-
 @mutator
 class _Blocker(PyExprMutator):
     def __init__(self, mod: tvm.IRModule, target):
@@ -106,7 +102,7 @@ class _Blocker(PyExprMutator):
         attrs = call.attrs
         layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout or attrs.data_layout))
         weight = call.args[1]
-        shape = [_static(d) for d in weight.ty.shape.values] if weight.ty.shape is not None else [None]
+        shape = [static_int(d) for d in weight.ty.shape.values] if weight.ty.shape is not None else [None]
         if layouts != ("NHWC", "HWIO", "NHWC") or int(attrs.groups) != 1 or None in shape:
             return call
         channels = shape[3]

@@ -37,15 +37,11 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from ..kernels.flash_attention import FUNCTION, HEAD_DIMS, IN_PLACE_FUNCTION, ROPE_FUNCTION, supports
 from .bucket_dispatch import BUCKET_ATTR
 from .fuse_attention_prologue import _Source, _Tracer
-from .fusion_utils import is_op, use_counts
+from .fusion_utils import is_op, static_int, use_counts
 
 logger = logging.getLogger(__name__)
 
 DTYPES = ("float16", "bfloat16")
-
-
-def _static(value) -> int | None:
-    return int(value) if isinstance(value, tvm.tirx.IntImm) else None
 
 
 def _kv_heads(expr: relax.Expr, lookup) -> tuple[relax.Expr, int]:
@@ -78,11 +74,11 @@ def flash_args(call: relax.Call, lookup, block_m: int = 0) -> list | None:
     if k_rep != v_rep:
         k, v = call.args[1], call.args[2]  # only one of them repeated: pass both repeated
     qs, ks, vs = (x.ty.shape.values for x in (q, k, v))
-    d, heads, kv_heads = _static(qs[3]), _static(qs[2]), _static(ks[2])
+    d, heads, kv_heads = static_int(qs[3]), static_int(qs[2]), static_int(ks[2])
     if (
         d not in HEAD_DIMS
-        or _static(ks[3]) != d
-        or _static(vs[3]) != d
+        or static_int(ks[3]) != d
+        or static_int(vs[3]) != d
         or heads is None
         or not kv_heads
         or heads % kv_heads
@@ -143,7 +139,7 @@ class _Rewriter(PyExprMutator):
         ks, vs = tracer.heads(k) or _Source(k), tracer.heads(v) or _Source(v)
         if tables is None and all(s.tensor.same_as(x) for s, x in zip((qs, ks, vs), (q, k, v))):
             return None
-        heads = relax.ShapeExpr([qs.offset, ks.offset, vs.offset, _static(k.ty.shape.values[2])])
+        heads = relax.ShapeExpr([qs.offset, ks.offset, vs.offset, static_int(k.ty.shape.values[2])])
         self.read_in_place += 1
         if tables is None:
             return IN_PLACE_FUNCTION, [qs.tensor, ks.tensor, vs.tensor, heads]

@@ -45,15 +45,11 @@ from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..kernels.attention_tir import ATTR, CAUSAL_MASKS, KIND, attention_kernel
-from .fusion_utils import bound_call, rewrite_functions
+from .fusion_utils import bound_call, rewrite_functions, static_int
 
 logger = logging.getLogger(__name__)
 
 OPAQUE = 8  # tvm::relax::OpPatternKind::kOpaque
-
-
-def _static(value) -> int | None:
-    return int(value) if isinstance(value, tirx.IntImm) else None
 
 
 def _repeated_heads(bb: relax.BlockBuilder, expr: relax.Expr) -> tuple[relax.Expr, int]:
@@ -88,18 +84,18 @@ def _fuse(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | None:
     dtype = str(types[0].dtype)
     if any(str(t.dtype) != dtype for t in types) or not dtype.startswith(("float", "bfloat")):
         return None
-    heads, head_dim = (_static(x) for x in types[0].shape.values[2:])
-    value_dim = _static(types[2].shape.values[3])
+    heads, head_dim = (static_int(x) for x in types[0].shape.values[2:])
+    value_dim = static_int(types[2].shape.values[3])
     if heads is None or head_dim is None or value_dim != head_dim:
         return None
     key_src, key_group = _repeated_heads(bb, key)
     value_src, value_group = _repeated_heads(bb, value)
     if key_group != value_group or key_group < 1:  # one side repeated, the other not: keep the repeats
         key_src, value_src, key_group = key, value, 1
-    kv_heads = _static(key_src.ty.shape.values[2])
-    if kv_heads is None or kv_heads != _static(value_src.ty.shape.values[2]) or kv_heads * key_group != heads:
+    kv_heads = static_int(key_src.ty.shape.values[2])
+    if kv_heads is None or kv_heads != static_int(value_src.ty.shape.values[2]) or kv_heads * key_group != heads:
         return None
-    if _static(key_src.ty.shape.values[3]) != head_dim:
+    if static_int(key_src.ty.shape.values[3]) != head_dim:
         return None
     scale = None if attrs.scale is None else float(attrs.scale.value)
     gv = _kernel(bb, attention_kernel(heads, kv_heads, head_dim, dtype, attrs.causal_mask, scale))
@@ -258,7 +254,7 @@ def _heads_of(bb, expr) -> tuple[relax.Expr, int]:
     expand = None if bcast is None else bound_call(bb, bcast.args[0], "relax.expand_dims")
     if expand is None or [int(a) for a in expand.attrs.axis] != [2] or expand.args[0].ty.ndim != 4:
         return expr, 1
-    source, group = expand.args[0], _static(bcast.ty.shape.values[2])
+    source, group = expand.args[0], static_int(bcast.ty.shape.values[2])
     analyzer = tvm.sym.Analyzer()
     wide, out, src = bcast.ty.shape.values, expr.ty.shape.values, source.ty.shape.values
     same = [(src[i], wide[j]) for i, j in ((0, 0), (1, 1), (2, 3), (3, 4))] + [
@@ -334,13 +330,13 @@ def _fuse_decomposed(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | N
     analyzer = tvm.sym.Analyzer()
     if not all(analyzer.can_prove_equal(x.ty.shape.values[0], b) for x in [key, value, *masks]):
         return None
-    heads, head_dim = _static(heads), _static(head_dim)
+    heads, head_dim = static_int(heads), static_int(head_dim)
     (key, group), (value, v_group) = _heads_of(bb, key), _heads_of(bb, value)
-    kv_heads = _static(key.ty.shape.values[1])
+    kv_heads = static_int(key.ty.shape.values[1])
     if heads is None or head_dim is None or group != v_group or kv_heads is None:
         return None
     (_, v_heads, _, v_dim), k_dim = value.ty.shape.values, key.ty.shape.values[3]
-    if kv_heads * group != heads or [_static(x) for x in (v_heads, v_dim, k_dim)] != [kv_heads, head_dim, head_dim]:
+    if kv_heads * group != heads or [static_int(x) for x in (v_heads, v_dim, k_dim)] != [kv_heads, head_dim, head_dim]:
         return None
     scale = post_scale * q_scale * k_scale * k_scale2
     if masks:

@@ -41,25 +41,13 @@ from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..kernels.attention_tir import ARGS_ATTR, ATTR, KEY_MASK_ATTR, KIND, Operands, attention_kernel
-from .fusion_utils import FUSED_OPS_ATTR, is_op, use_counts
+from .fusion_utils import FUSED_OPS_ATTR, is_op, static_int, static_ints, use_counts
 
 logger = logging.getLogger(__name__)
 
 OPAQUE = 8  # tvm::relax::OpPatternKind::kOpaque (as FuseAttention marks the kernel)
 PROLOGUE_ATTR = "relaxtune.attention_operands"  # set on a kernel this pass wrote: never rewritten twice
 NAME = "fused_attention_in_place"
-
-
-def _static(value) -> int | None:
-    return int(value) if isinstance(value, tirx.IntImm) else None
-
-
-def _ints(expr) -> list[int] | None:
-    """The values of a tuple of static integers (a strided_slice's axes, begin, end, strides), else None."""
-    if not isinstance(expr, relax.Tuple):
-        return None
-    values = [getattr(f, "value", f) for f in expr.fields]
-    return [int(v) for v in values] if all(isinstance(v, (int, tirx.IntImm)) for v in values) else None
 
 
 def _equal(a, b) -> bool:
@@ -102,11 +90,11 @@ class _Tracer:
         split part reshaped to heads."""
         sliced = self.bound(expr, "relax.strided_slice", uses)
         if sliced is not None:
-            source, axes, begin = sliced.args[0], _ints(sliced.args[1]), _ints(sliced.args[2])
-            strides = _ints(sliced.args[4]) if len(sliced.args) > 4 else []
+            source, axes, begin = sliced.args[0], static_ints(sliced.args[1]), static_ints(sliced.args[2])
+            strides = static_ints(sliced.args[4]) if len(sliced.args) > 4 else []
             if axes != [2] or begin is None or strides is None or any(s != 1 for s in strides) or source.ty.ndim != 4:
                 return None
-            begin, total = begin[0], _static(source.ty.shape.values[2])
+            begin, total = begin[0], static_int(source.ty.shape.values[2])
             if (
                 total is None
                 or not 0 <= begin < total
@@ -120,14 +108,14 @@ class _Tracer:
             return None
         split, index = found
         whole, part = split.args[0], reshape.args[0]
-        head_dim = _static(expr.ty.shape.values[3])
+        head_dim = static_int(expr.ty.shape.values[3])
         if whole.ty.ndim != 3 or int(split.attrs.axis) not in (-1, 2) or head_dim is None:
             return None
         out, src = expr.ty.shape.values, part.ty.shape.values
         if not (_equal(out[0], src[0]) and _equal(out[1], src[1])):
             return None
-        sizes = [_static(f.shape.values[2]) for f in split.ty.fields]
-        width = _static(whole.ty.shape.values[2])
+        sizes = [static_int(f.shape.values[2]) for f in split.ty.fields]
+        width = static_int(whole.ty.shape.values[2])
         if width is None or None in sizes or width % head_dim or any(s % head_dim for s in sizes):
             return None
         if (whole, head_dim) not in self.views:
@@ -181,9 +169,9 @@ class _Tracer:
         sliced = self.bound(expr, "relax.strided_slice")
         if sliced is None or not sliced.args[0].same_as(x):
             return None
-        axes, begin, end = (_ints(a) for a in sliced.args[1:4])
-        strides = _ints(sliced.args[4]) if len(sliced.args) > 4 else []
-        d = _static(x.ty.shape.values[3])
+        axes, begin, end = (static_ints(a) for a in sliced.args[1:4])
+        strides = static_ints(sliced.args[4]) if len(sliced.args) > 4 else []
+        d = static_int(x.ty.shape.values[3])
         if (
             d is None
             or d % 2
@@ -204,8 +192,12 @@ class _Tracer:
         shape = table.ty.shape.values
         if seq_axis == 2:
             sliced = self.bb.lookup_binding(table) if isinstance(table, relax.Var) else None
-            if is_op(sliced, "relax.strided_slice") and _ints(sliced.args[1]) == [2] and _ints(sliced.args[2]) == [0]:
-                strides = _ints(sliced.args[4]) if len(sliced.args) > 4 else []
+            if (
+                is_op(sliced, "relax.strided_slice")
+                and static_ints(sliced.args[1]) == [2]
+                and static_ints(sliced.args[2]) == [0]
+            ):
+                strides = static_ints(sliced.args[4]) if len(sliced.args) > 4 else []
                 if strides is not None and all(s == 1 for s in strides):
                     table = sliced.args[0]
             return self.bb.emit(relax.op.reshape(table, [table.ty.shape.values[2], shape[3]]))
@@ -218,8 +210,12 @@ class _Tracer:
                 fields = self.bb.lookup_binding(sliced.tuple_value)
                 field = fields.fields[int(sliced.index)] if isinstance(fields, relax.Tuple) else None
                 sliced = self.bb.lookup_binding(field) if isinstance(field, relax.Var) else None
-            if is_op(sliced, "relax.strided_slice") and _ints(sliced.args[1]) == [0] and _ints(sliced.args[2]) == [0]:
-                strides = _ints(sliced.args[4]) if len(sliced.args) > 4 else []
+            if (
+                is_op(sliced, "relax.strided_slice")
+                and static_ints(sliced.args[1]) == [0]
+                and static_ints(sliced.args[2]) == [0]
+            ):
+                strides = static_ints(sliced.args[4]) if len(sliced.args) > 4 else []
                 if strides is not None and all(s == 1 for s in strides) and sliced.args[0].ty.ndim == 2:
                     return sliced.args[0]
         if flat is None:
@@ -234,7 +230,7 @@ class _Tracer:
         ones = [i for i in (0, 1, 2) if i != seq_axis]
         return (
             str(table.ty.dtype) == str(x.ty.dtype)
-            and all(_static(shape[i]) == 1 for i in ones)
+            and all(static_int(shape[i]) == 1 for i in ones)
             and _equal(shape[seq_axis], xs[seq_axis])
             and _equal(shape[3], xs[3])
         )
@@ -331,7 +327,7 @@ class _PrologueFuser(PyExprMutator):
         ]
         if all(s.tensor.same_as(x) for s, x in zip(sources, (query, key, value))):
             return call
-        heads = [_static(s.tensor.ty.shape.values[2]) for s in sources]
+        heads = [static_int(s.tensor.ty.shape.values[2]) for s in sources]
         operands = Operands(*heads, *(s.offset for s in sources), rope=rotated)
         causal = None if args["causal_mask"] == "none" else args["causal_mask"]
         kernel = attention_kernel(

@@ -41,24 +41,12 @@ from ..kernels.gemv import (
     NK_SWIGLU_FUNCTION,
     PROLOGUE_MAX_K,
 )
-from .fusion_utils import is_op, use_counts, with_functions
+from .fusion_utils import is_op, static_int, static_ints, use_counts, with_functions
 
 logger = logging.getLogger(__name__)
 
 DTYPES = ("float16", "bfloat16")
 SWIGLU = {NK_FUNCTION: NK_SWIGLU_FUNCTION, NK_ADD_FUNCTION: NK_SWIGLU_ADD_FUNCTION}  # each call and its SwiGLU form
-
-
-def _static(value) -> int | None:
-    return int(value) if isinstance(value, tirx.IntImm) else None
-
-
-def _ints(expr) -> list[int] | None:
-    """The values of a tuple of static integers (a strided_slice's axes, begin, end, strides), else None."""
-    if not isinstance(expr, relax.Tuple):
-        return None
-    values = [getattr(f, "value", f) for f in expr.fields]
-    return [int(v) for v in values] if all(isinstance(v, (int, tirx.IntImm)) for v in values) else None
 
 
 def _tensor(expr, ndim: int | None = None) -> relax.TensorType | None:
@@ -102,7 +90,7 @@ class _Matcher:
             return None
         x, g = norm.args
         xt, gt = _tensor(x), _tensor(g, ndim=1)
-        if xt is None or gt is None or xt.dtype != dtype or gt.dtype != dtype or _static(gt.shape.values[0]) != k:
+        if xt is None or gt is None or xt.dtype != dtype or gt.dtype != dtype or static_int(gt.shape.values[0]) != k:
             return None
         if not _last_axis([int(a) for a in norm.attrs.axes], xt.ndim):
             return None
@@ -130,10 +118,10 @@ class _Matcher:
             return self._split_half(var, begin // k, k)
         gu = sliced.args[0]
         ty = _tensor(gu)
-        if ty is None or _static(ty.shape.values[-1]) != 2 * k:
+        if ty is None or static_int(ty.shape.values[-1]) != 2 * k:
             return None
-        axes, begins, ends = (_ints(a) for a in sliced.args[1:4])
-        strides = _ints(sliced.args[4]) if len(sliced.args) > 4 else []
+        axes, begins, ends = (static_ints(a) for a in sliced.args[1:4])
+        strides = static_ints(sliced.args[4]) if len(sliced.args) > 4 else []
         if not _last_axis(axes, ty.ndim) or strides is None or any(s != 1 for s in strides):
             return None
         return gu if begins == [begin] and ends is not None and min(ends[0], 2 * k) == begin + k else None
@@ -147,7 +135,7 @@ class _Matcher:
             return None
         gu, parts = split.args[0], split.attrs.indices_or_sections
         ty = _tensor(gu)
-        if ty is None or _static(ty.shape.values[-1]) != 2 * k or not _last_axis([int(split.attrs.axis)], ty.ndim):
+        if ty is None or static_int(ty.shape.values[-1]) != 2 * k or not _last_axis([int(split.attrs.axis)], ty.ndim):
             return None
         halves = int(parts) == 2 if isinstance(parts, tirx.IntImm) else [int(i) for i in parts] == [k]
         return gu if halves else None
@@ -167,7 +155,7 @@ class _Rewriter(PyExprMutator):
     def _fused(self, call, name: str, operands: list) -> relax.Call | None:
         x_arg, w = operands[0], operands[1]
         wt, yt = _tensor(w, ndim=2), _tensor(call)
-        k = _static(wt.shape.values[1]) if wt is not None else None
+        k = static_int(wt.shape.values[1]) if wt is not None else None
         if k is None or k > PROLOGUE_MAX_K or yt is None or yt.dtype != wt.dtype:
             return None
         if name == NK_FUNCTION:

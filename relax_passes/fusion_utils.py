@@ -282,3 +282,16 @@ def is_gpu_q4_kernel(kernel) -> bool:
     found = []
     tvm_ffi.structural_walk(kernel.body, (s_tir.SBlock, lambda b: found.append(GPU_Q4_ATTR in b.annotations)))
     return any(found)
+
+
+def static_int(value) -> int | None:
+    """A dimension's (or any PrimExpr's) value when it is a constant integer, else None."""
+    return int(value) if isinstance(value, tirx.IntImm) else None
+
+
+def static_ints(expr) -> list[int] | None:
+    """The values of a tuple of static integers (a strided_slice's axes, begin, end, strides), else None."""
+    if not isinstance(expr, relax.Tuple):
+        return None
+    values = [getattr(f, "value", f) for f in expr.fields]
+    return [int(v) for v in values] if all(isinstance(v, (int, tirx.IntImm)) for v in values) else None

@@ -40,7 +40,7 @@ from ..kernels.gemv import ADD_FUNCTION, FUNCTION, NK_ADD_FUNCTION, NK_FUNCTION,
 from .cublas_gemm import kn_shape, weight_gemm
 from .cublas_gemm_add import _Matches
 from .cublas_gemm_add import _Rewriter as _AddRewriter
-from .fusion_utils import bucket_functions, with_functions
+from .fusion_utils import bucket_functions, static_int, with_functions
 
 EPILOGUES = {FUNCTION: ADD_FUNCTION, NK_FUNCTION: NK_ADD_FUNCTION}  # each GEMV and the call that takes its residual add
 
@@ -51,10 +51,6 @@ logger = logging.getLogger(__name__)
 MAX_ROWS = CudaLibraries.gemv_max_rows
 MAX_COLS = CudaLibraries.gemv_max_cols
 MAX_COLS_NK = CudaLibraries.gemv_max_cols_nk
-
-
-def _static(value) -> int | None:
-    return int(value) if isinstance(value, tvm.tirx.IntImm) else None
 
 
 @mutator
@@ -70,7 +66,7 @@ class _Rewriter(PyExprMutator):
             return call
         x, w, nk = matched
         xt = x.ty
-        k, n = (_static(d) for d in kn_shape(w, nk))
+        k, n = (static_int(d) for d in kn_shape(w, nk))
         if k is None or n is None or k % VECTOR or (not nk and n % VECTOR):
             return call
         limit = self.max_cols_nk if nk else self.max_cols

@@ -29,17 +29,13 @@ import logging
 from collections import defaultdict
 
 import tvm
-from tvm import relax, tirx
+from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .fusion_utils import absorbs_slice, inline_load_time, is_load_time, is_op, plain_matmul, weight_params
+from .fusion_utils import absorbs_slice, inline_load_time, is_load_time, is_op, plain_matmul, static_int, weight_params
 from .fusion_utils import consumers as value_consumers
 
 logger = logging.getLogger(__name__)
-
-
-def _static(dim) -> int | None:
-    return int(dim) if isinstance(dim, tirx.IntImm) else None
 
 
 def _bias_of(var, var2val, consumers, weights):
@@ -49,8 +45,8 @@ def _bias_of(var, var2val, consumers, weights):
         return None
     a, b = var2val[users[0]].args
     bias = b if a.same_as(var) else a
-    n = _static(var.ty.shape.values[-1])
-    if not isinstance(bias.ty, relax.TensorType) or bias.ty.ndim != 1 or _static(bias.ty.shape.values[0]) != n:
+    n = static_int(var.ty.shape.values[-1])
+    if not isinstance(bias.ty, relax.TensorType) or bias.ty.ndim != 1 or static_int(bias.ty.shape.values[0]) != n:
         return None
     return (users[0], bias) if is_load_time(bias, weights, var2val) else None
 
@@ -68,11 +64,11 @@ def _groups(func: relax.Function, var2val, weights, consumers) -> tuple[list[lis
             if not isinstance(binding, relax.VarBinding) or not plain_matmul(value):
                 continue
             x, w = value.args
-            if _static(w.ty.shape.values[1]) is None or not is_load_time(w, weights, var2val):
+            if static_int(w.ty.shape.values[1]) is None or not is_load_time(w, weights, var2val):
                 continue
             biased = _bias_of(binding.var, var2val, consumers, weights)
             ends[binding.var] = biased or (binding.var, None)
-            by_input[(x, str(w.ty.dtype), _static(w.ty.shape.values[0]), biased is not None)].append(binding.var)
+            by_input[(x, str(w.ty.dtype), static_int(w.ty.shape.values[0]), biased is not None)].append(binding.var)
     return [members for members in by_input.values() if len(members) >= 2], ends
 
 
@@ -86,13 +82,17 @@ def _head_reshapes(members, var2val, consumers) -> dict | None:
             return None
         out_shape = users[0].ty.shape.values
         in_shape = var.ty.shape.values
-        if len(out_shape) != len(in_shape) + 1 or _static(out_shape[-1]) is None or _static(out_shape[-2]) is None:
+        if (
+            len(out_shape) != len(in_shape) + 1
+            or static_int(out_shape[-1]) is None
+            or static_int(out_shape[-2]) is None
+        ):
             return None
         if [str(d) for d in out_shape[:-2]] != [str(d) for d in in_shape[:-1]]:
             return None  # only the last axis may be split into (heads, d)
-        if head_dim not in (None, _static(out_shape[-1])):
+        if head_dim not in (None, static_int(out_shape[-1])):
             return None
-        head_dim = _static(out_shape[-1])
+        head_dim = static_int(out_shape[-1])
         found[var] = users[0]
     return found
 
@@ -130,10 +130,10 @@ class _Merger(PyExprMutator):
         if self.ends[members[0]][1] is not None:
             biases = [inline_load_time(self.ends[m][1], self.weights, self.var2val) for m in members]
             y = bb.emit(relax.op.add(y, bb.emit(relax.op.concat(biases, axis=0), name_hint="merged_bias")))
-        sizes = [_static(self.var2val[m].args[1].ty.shape.values[1]) for m in members]
+        sizes = [static_int(self.var2val[m].args[1].ty.shape.values[1]) for m in members]
         if heads is not None:
             out = heads[self.ends[members[0]][0]].ty.shape.values
-            head_dim = _static(out[-1])
+            head_dim = static_int(out[-1])
             sizes = [s // head_dim for s in sizes]
             y = bb.emit(relax.op.reshape(y, [*out[:-2], sum(sizes), head_dim]))
         offsets = [sum(sizes[:i]) for i in range(len(sizes) + 1)]

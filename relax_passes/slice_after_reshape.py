@@ -31,16 +31,9 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .fusion_utils import is_op
+from .fusion_utils import is_op, static_ints
 
 logger = logging.getLogger(__name__)
-
-
-def _ints(expr) -> list[int] | None:
-    if not isinstance(expr, relax.Tuple):
-        return None
-    values = [getattr(f, "value", f) for f in expr.fields]
-    return [int(v) for v in values] if all(isinstance(v, (int, tirx.IntImm)) for v in values) else None
 
 
 def _static(ty) -> bool:
@@ -80,8 +73,8 @@ class _Rewriter(PyExprMutator):
         if sliced is None:
             return call
         table = sliced.args[0]
-        axes, begin = _ints(sliced.args[1]), _ints(sliced.args[2])
-        strides = _ints(sliced.args[4]) if len(sliced.args) > 4 else []
+        axes, begin = static_ints(sliced.args[1]), static_ints(sliced.args[2])
+        strides = static_ints(sliced.args[4]) if len(sliced.args) > 4 else []
         if (
             axes is None
             or len(axes) != 1

@@ -19,16 +19,12 @@ from __future__ import annotations
 import logging
 
 import tvm
-from tvm import relax, tirx
+from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .fusion_utils import absorbs_slice, consumers, is_op, use_counts
+from .fusion_utils import absorbs_slice, consumers, is_op, static_int, use_counts
 
 logger = logging.getLogger(__name__)
-
-
-def _static(dim) -> int | None:
-    return int(dim) if isinstance(dim, tirx.IntImm) else None
 
 
 def _plan(func: relax.Function) -> dict:
@@ -60,13 +56,13 @@ def _plan(func: relax.Function) -> dict:
             if target is None or uses[part] != 1 or not absorbs_slice(target, users):
                 break
             out, src = target.ty.shape.values, part.ty.shape.values
-            d = _static(out[-1])
+            d = static_int(out[-1])
             if (
                 len(out) != len(src) + 1
                 or d is None
                 or head_dim not in (None, d)
-                or _static(src[-1]) is None
-                or _static(src[-1]) % d
+                or static_int(src[-1]) is None
+                or static_int(src[-1]) % d
             ):
                 break
             head_dim = d
@@ -90,7 +86,7 @@ class _Slicer(PyExprMutator):
             head_dim, _ = self.plans[binding.var]
             source = self.visit_expr(binding.value.args[0])
             shape = source.ty.shape.values
-            heads = _static(shape[-1]) // head_dim
+            heads = static_int(shape[-1]) // head_dim
             self.views[binding.var] = self.builder_.emit(relax.op.reshape(source, [*shape[:-1], heads, head_dim]))
             self.count += 1
             return
@@ -125,7 +121,7 @@ class SplitToSlices:
             for split_var, (head_dim, parts) in plans.items():
                 begin = 0
                 for _, reshape_var in parts:
-                    heads = _static(reshape_var.ty.shape.values[-2])
+                    heads = static_int(reshape_var.ty.shape.values[-2])
                     slicer.replace[reshape_var] = (split_var, begin, begin + heads)
                     begin += heads
             slicer.builder_.update_func(gv, relax.analysis.remove_all_unused(slicer.visit_expr(func)))
