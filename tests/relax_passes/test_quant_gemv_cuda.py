@@ -21,6 +21,27 @@ from relaxtune.relax_passes.quant_gemv_cuda import RewriteQuantGemvToCuda
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
 
+
+@pytest.fixture(scope="module")
+def sm90_build(tmp_path_factory):
+    """The GEMV fatbin's sm_90 build, once for the module: ptxas's per-kernel report ({name: its lines}) and the PTX."""
+    from relaxtune.kernels.gemv import KERNEL_SOURCE, nvcc_command
+
+    tmp_path = tmp_path_factory.mktemp("sm90")
+    src = tmp_path / "gemv.cu"
+    src.write_text(KERNEL_SOURCE)
+    done = subprocess.run(
+        nvcc_command("sm_90", src, tmp_path / "gemv.fatbin", extra=("-Xptxas", "-v")), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = dict(re.findall(r"Compiling entry function '(\w+)'.*?\n(.*?)(?=Compiling entry|\Z)", done.stderr, re.S))
+    done = subprocess.run(
+        nvcc_command("sm_90", src, tmp_path / "gemv.ptx", kind="--ptx"), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return report, (tmp_path / "gemv.ptx").read_text()
+
+
 N, K, G = 16, 64, 32
 BUCKETS = {"main_n1": [1, 1, 1], "main_n2_16": [2, 16, 16]}
 
@@ -102,27 +123,15 @@ def test_q4f16_llama_block_builds_for_cuda_with_the_4bit_kernels():
 
 
 @needs_nvcc
-def test_kernel_assembles_without_spills_and_reads_weights_before_the_wait(tmp_path):
-    from relaxtune.kernels.gemv import KERNEL_SOURCE, nvcc_command
+def test_kernel_assembles_without_spills_and_reads_weights_before_the_wait(sm90_build):
 
-    src = tmp_path / "gemv.cu"
-    src.write_text(KERNEL_SOURCE)
-    done = subprocess.run(
-        nvcc_command("sm_90", src, tmp_path / "gemv.fatbin", extra=("-Xptxas", "-v")), capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = dict(re.findall(r"Compiling entry function '(\w+)'.*?\n(.*?)(?=Compiling entry|\Z)", done.stderr, re.S))
+    report, ptx = sm90_build
     names = sorted(n for n in report if n.startswith("relaxtune_q4gemv") and n not in Q4_STREAM_KERNELS)
     assert names == ["relaxtune_q4gemv_f16_m1", "relaxtune_q4gemv_f16_m2"], sorted(report)
     for name in names:
         assert "0 bytes spill stores, 0 bytes spill loads" in report[name] and "0 bytes stack frame" in report[name]
         registers = int(re.search(r"Used (\d+) registers", report[name]).group(1))
         assert registers <= 128, (name, registers)  # two 256-thread blocks per SM
-    done = subprocess.run(
-        nvcc_command("sm_90", src, tmp_path / "gemv.ptx", kind="--ptx"), capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    ptx = (tmp_path / "gemv.ptx").read_text()
     bodies = dict(re.findall(r"\.entry (relaxtune_q4gemv\w+)\((.*?)(?=\.entry|\Z)", ptx, re.S))
     bodies = {name: body for name, body in bodies.items() if name not in Q4_STREAM_KERNELS}
     assert sorted(bodies) == names
@@ -146,12 +155,11 @@ def _stream_kind(name: str) -> tuple[int, int, int, int]:
 
 
 @needs_nvcc
-def test_streamed_kernels_assemble_without_spills_copy_in_bulk_and_list_alike_in_the_host(tmp_path):
+def test_streamed_kernels_assemble_without_spills_copy_in_bulk_and_list_alike_in_the_host(sm90_build):
     """qgemv_stream.cu for sm_90: every kernel the host lists exists, fits its launch bounds (one block of
     256 GR + 32 threads per SM) without spills; its PTX issues the bulk copies (weights and scales) before the one
     griddepcontrol.wait, counts them on mbarriers, reduces with shuffles and keeps the sums in shared memory (no
     atomics), and dequantizes as qgemv.cu (the 0x64006400 exponent, f16x2 FMAs, no integer-to-float conversion)."""
-    from relaxtune.kernels.gemv import KERNEL_SOURCE, nvcc_command
 
     host = (Path(gemv_module.__file__).parent / "qgemv_host.cc").read_text()
     table = host[host.index("kQ4StreamKernels[] = {") : host.index("};", host.index("kQ4StreamKernels[] = {"))]
@@ -161,23 +169,12 @@ def test_streamed_kernels_assemble_without_spills_copy_in_bulk_and_list_alike_in
     for numbers in re.findall(r'\{"s(\d)r(\d)", (\d), (\d), \d\}', table):  # the label is s<GR>r<RPG>
         assert numbers[:2] == numbers[2:], numbers
     assert listed == set(Q4_STREAM_KERNELS), sorted(listed)
-    src = tmp_path / "gemv.cu"
-    src.write_text(KERNEL_SOURCE)
-    done = subprocess.run(
-        nvcc_command("sm_90", src, tmp_path / "gemv.fatbin", extra=("-Xptxas", "-v")), capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = dict(re.findall(r"Compiling entry function '(\w+)'.*?\n(.*?)(?=Compiling entry|\Z)", done.stderr, re.S))
+    report, ptx = sm90_build
     for name in Q4_STREAM_KERNELS:
         groups = _stream_kind(name)[0]
         assert "0 bytes spill stores, 0 bytes spill loads" in report[name] and "0 bytes stack frame" in report[name]
         registers = int(re.search(r"Used (\d+) registers", report[name]).group(1))
         assert registers * (256 * groups + 32) <= 65536, (name, registers)
-    done = subprocess.run(
-        nvcc_command("sm_90", src, tmp_path / "gemv.ptx", kind="--ptx"), capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    ptx = (tmp_path / "gemv.ptx").read_text()
     bodies = dict(re.findall(r"\.entry (relaxtune_q4gemv_s\w+)\((.*?)(?=\.entry|\Z)", ptx, re.S))
     assert sorted(bodies) == sorted(Q4_STREAM_KERNELS)
     for name, body in bodies.items():
