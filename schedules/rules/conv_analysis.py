@@ -234,6 +234,23 @@ def pixel_tile(width: int, vectors: int, vector_bits: int) -> int:
     return 7 if width % 7 == 0 and budget >= 7 else divisor_at_most(width, budget)
 
 
+def reduction_unroll(channels: int, vector_bits: int, limit: int = 8) -> int:
+    """Input channels per step of a convolution's reduction loop, unrolled (a divisor of ``channels``): with 32
+    vector registers (AVX-512), up to ``limit``, so that the tile's FMAs of several input channels are in flight between
+    two loop branches; with 16, 1 (its tiles keep the loop as it is)."""
+    return divisor_at_most(channels, limit) if vector_registers(vector_bits) >= 32 else 1
+
+
+def pads_in_place(channels: int, lanes: int, few_fmas: bool, vector_bits: int) -> bool:
+    """Whether a convolution reads its padding in place (a bounds check per broadcast) rather than from a padded
+    copy. With 16 vector registers: where it has at least a vector of input channels, or where each input value
+    feeds few FMAs (``few_fmas``). With 32, only there: a bounds check inside the unrolled reduction
+    (`reduction_unroll`) keeps it from being unrolled, and the copy is cheaper (``docs/results.md``)."""
+    if vector_registers(vector_bits) >= 32:
+        return few_fmas
+    return channels >= lanes or few_fmas
+
+
 def row_split(width: int, vectors: int, vector_bits: int) -> int:
     """Pixels of the first of two register tiles a row of ``width`` pixels is computed in (the rest the
     second), or 0 where tiles of `pixel_tile` pixels divide the row. With 16 vector registers, where no

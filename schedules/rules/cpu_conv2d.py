@@ -35,9 +35,11 @@ output pixels per tile (numeric: a split factor, the divisors of the row width w
 ``row_split``, a row as two tiles or as tiles that divide it (structural, where ``row_split`` offers one; ``rows``
 is not asked for a split row);
 ``by_weights``, the tile order above (structural); ``pad_in_place``, the padding read in place or copied
-(structural, where there is padding). ``sketch`` schedules a static kernel with a decider's choices,
-``apply(..., decide=Given(values))`` a kernel at any batch with a record's; with the defaults both are
-the rule. The names ``rows`` / ``units`` and the noted extents (``extent_i`` pixels, ``extent_j``
+(structural, where there is padding); ``ic_unroll``, input channels per unrolled step of the reduction
+(structural; 8 with AVX-512, whose in-place bounds checks would keep the loop from unrolling, so it copies the
+padding there, `conv_analysis.pads_in_place`; 1 with AVX2). ``sketch`` schedules a static kernel with a
+decider's choices, ``apply(..., decide=Given(values))`` a kernel at any batch with a record's; with the
+defaults both are the rule. The names ``rows`` / ``units`` and the noted extents (``extent_i`` pixels, ``extent_j``
 output channels, ``extent_k`` the reduction) are the matmul's, so the cost model's derived features
 (accumulators per tile, loads per FMA, tasks per thread) read a convolution as the GEMM it is.
 
@@ -65,6 +67,7 @@ MAX_VECTORS = 4  # the most output-channel vectors per tile (the search's and, w
 # FMAs (kh * kw * output channels): MobileNetV3's stem (3x3, 16: 144) 0.088 -> 0.059 ms; ResNet-50's (7x7, 64:
 # 3136) keeps the padded copy, 1.08 against 1.25 ms in place (docs/results.md)
 IN_PLACE_FMAS = 256
+MAX_UNROLL = 8  # input channels per unrolled step of the reduction (`conv_analysis.reduction_unroll`)
 
 
 class Conv2d(fast_math.FastMathRule):
@@ -138,8 +141,10 @@ def _schedule(sch: s_tir.Schedule, block, info: W.WindowBlock, target: Target, d
     stage = W.input_stage(sch, block, info.data)
     # read the padding in place (module docstring), or with few input channels where each loaded value feeds few FMAs
     few_fmas = ext["kh"] * ext["kw"] * ext["c"] <= IN_PLACE_FMAS
-    in_place = int(stage is not None and (ext["ic"] >= lanes or few_fmas))
+    in_place = int(stage is not None and W.pads_in_place(ext["ic"], lanes, few_fmas, bits))
     in_place = decide.choose(sch, "pad_in_place", (0, 1) if stage is not None else (), in_place, structural=True)
+    unroll_options = tuple(sorted({1, W.divisor_at_most(ext["ic"], MAX_UNROLL)}))  # a plain loop, or unrolled
+    unroll = decide.choose(sch, "ic_unroll", unroll_options, W.reduction_unroll(ext["ic"], bits), structural=True)
     split = W.row_split(ext["w"], vectors, bits)
     if split:  # a row as two tiles (first `split` pixels, then the rest), or tiles that divide it
         split = decide.choose(sch, "row_split", (0, split), split, structural=True)
@@ -148,7 +153,8 @@ def _schedule(sch: s_tir.Schedule, block, info: W.WindowBlock, target: Target, d
 
     w_o, w_i = sch.split(loops["w"], [1, None]) if split else sch.split(loops["w"], [None, pixels])
     c_o, c_u = sch.split(c_b, [None, vectors])
-    reduce = [loops[k] for k in ("kh", "kw", "ic")] + [lp for k, lp in loops.items() if k == "u"]
+    ic_loops = sch.split(loops["ic"], [None, unroll]) if unroll > 1 else [loops["ic"]]
+    reduce = [loops["kh"], loops["kw"], *ic_loops] + [lp for k, lp in loops.items() if k == "u"]
     # the tile's pixels inside the reduction; a split row's outside it, until the row is partitioned (below)
     around, within = ([w_i], []) if split else ([], [w_i])
     if by_weights:  # each thread keeps a slice of the weight in cache and walks every pixel with it
@@ -173,6 +179,8 @@ def _schedule(sch: s_tir.Schedule, block, info: W.WindowBlock, target: Target, d
         sch.compute_at(stage, outer, preserve_unit_loops=True)
         U.vectorize_inner(sch, sch.get_loops(stage)[-1], lanes)
     W.output_tile(sch, block, tile, lanes)
+    if unroll > 1:
+        sch.unroll(ic_loops[1])
     if not split:
         sch.vectorize(c_l)
         sch.unroll(c_u)

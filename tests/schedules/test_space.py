@@ -120,17 +120,17 @@ def test_one_sketch_per_structural_combination_the_rules_first(target):
 
 
 def test_convolution_sketches_and_mutants(target):
-    """The Conv2d rule's space: one sketch per (units, by_weights, pad_in_place), the rule's first; a mutant moves
-    one decision, the pixels per tile included (and with the vectors where its value no longer fits), and is the
-    rule's schedule at its decisions."""
+    """The Conv2d rule's space: one sketch per (units, by_weights, pad_in_place, ic_unroll), the rule's first; a
+    mutant moves one decision, the pixels per tile included (and with the vectors where its value no longer fits),
+    and is the rule's schedule at its decisions."""
     mod = _conv()
     rule = space.tunable_rule(mod, target.target)
     probe = decisions.Probe()
     assert rule.sketch(s_tir.Schedule(mod), target.target, probe)
-    names = ("units", "by_weights", "pad_in_place")
+    names = ("units", "by_weights", "pad_in_place", "ic_unroll")
     found = space.sketches(s_tir.Schedule(mod), target.target, rule)
     combos = [tuple(decisions.read(s.trace)[1][n] for n in names) for s in found]
-    assert len(found) == len(set(combos)) == 3 * 2 * 2
+    assert len(found) == len(set(combos)) == 3 * 2 * 2 * 2
     assert combos[0] == tuple(c.default for c in probe.choices if c.structural)
     candidate = space.rule_candidate(mod, target.target, space.postprocs())
     mutator = MutateDecision(seed=3)
@@ -148,7 +148,7 @@ def test_convolution_sketches_and_mutants(target):
         trace.apply_to_schedule(sch, remove_postproc=True)
         again = space.from_decisions(mod, target.target, "Conv2d", after, space.postprocs())
         tvm.ir.assert_structural_equal(sch.mod, s_tir.Schedule(again.sch.mod).mod)
-    assert moved == {"units", "by_weights", "pad_in_place", "rows"}
+    assert moved == {"units", "by_weights", "pad_in_place", "ic_unroll", "rows"}
 
 
 def test_quant_gemv_sketches_every_tile_and_unit_combination(target):

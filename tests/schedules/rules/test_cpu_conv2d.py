@@ -15,6 +15,9 @@ from relaxtune.relax_passes.block_conv_weights import LEGALIZE
 from relaxtune.schedules.rules import apply_cpu_rules
 from relaxtune.schedules.rules.cpu_conv2d import Conv2d
 
+AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+AVX2 = {cpu: tvm.target.Target({"kind": "llvm", "mcpu": cpu, "num-cores": 2}) for cpu in ("znver1", "haswell")}
+
 
 def _conv_module(kit, ic, oc, size, kernel, stride, blocked=0, residual=False):
     """relu(conv(x, w) + bias [+ r]) in NHWC; the weight HWIO, or (OC/T, KH, KW, IC, T) when ``blocked`` = T."""
@@ -64,16 +67,23 @@ def _reference(x, w_hwio, bias, stride, residual=None):
     return np.maximum(out + (residual if residual is not None else 0), 0)
 
 
-def test_fires_vectorised_over_output_channels_register_tiled_parallel(kit, cpu_target):
-    func = kit.only_prim_func(_fuse(_conv_module(kit, 16, 64, 14, 3, 1), cpu_target), "conv2d")
-    sch = kit.apply_rule(Conv2d(), func, cpu_target)
+@pytest.mark.parametrize("avx512", [False, True])
+def test_fires_vectorised_over_output_channels_register_tiled_parallel(kit, avx512):
+    """16 input channels: with AVX2 the padding read in place and the reduction a plain loop; with AVX-512 the
+    padding copied and 8 input channels per unrolled step (no bounds check in the unrolled FMAs)."""
+    target = AVX512 if avx512 else AVX2["znver1"]
+    func = kit.only_prim_func(_fuse(_conv_module(kit, 16, 64, 14, 3, 1), target), "conv2d")
+    sch = kit.apply_rule(Conv2d(), func, target)
     assert sch is not None
     script = sch.mod["main"].script()
     assert "T.parallel" in script and "T.vectorized" in script and "T.unroll" in script
     assert kit.block_predicates(sch.mod["main"])["conv2d_nhwc_update"] == "T.bool(True)"
     update = script[script.index('T.sblock("conv2d_nhwc_update")') :]
-    assert "if_then_else" in update.split("T.sblock(")[1]  # 16 input channels: the padding read in place
-    assert 'T.sblock("pad_temp")' not in script
+    assert ("if_then_else" in update.split("T.sblock(")[1]) == (not avx512)
+    assert ('T.sblock("pad_temp")' in script) == avx512
+    unrolled = [sch.get(lp) for lp in sch.get_loops(sch.get_sblock("conv2d_nhwc_update"))]
+    unrolled = [int(lp.extent) for lp in unrolled if lp.kind == tvm.tirx.ForKind.UNROLLED]
+    assert unrolled == ([8, 7, 2] if avx512 else [2, 4])
 
 
 def test_stem_pads_its_input_in_a_stage(kit, cpu_target):
@@ -190,35 +200,35 @@ def _conv_kernel(kit, target):
     return mod, kit.only_prim_func(mod, "conv2d")
 
 
-def test_probe_lists_the_decisions_with_the_rules_values(kit, cpu_target):
-    """The rule's hand-made choices as decisions (units, by_weights, pad_in_place structural; rows, the pixels
-    per tile, sampled), each default the rule's value, every pixel count a divisor of the row that fits."""
+@pytest.mark.parametrize("avx512", [False, True])
+def test_probe_lists_the_decisions_with_the_rules_values(kit, avx512):
+    """The rule's hand-made choices as decisions (units, by_weights, pad_in_place, ic_unroll structural; rows,
+    the pixels per tile, sampled), each default the rule's value, every pixel count a divisor of the row that fits;
+    the padding read in place and a plain reduction loop with AVX2, copied and unrolled by 8 with AVX-512."""
     from relaxtune.schedules.rules import _utils as U
     from relaxtune.schedules.rules import decisions
     from relaxtune.schedules.rules.conv_analysis import pixel_tile, tile_vectors
 
-    _, func = _conv_kernel(kit, cpu_target)
+    target = AVX512 if avx512 else AVX2["znver1"]
+    _, func = _conv_kernel(kit, target)
     probe = decisions.Probe()
-    with cpu_target:
-        sch = Conv2d().apply(func, cpu_target, False, decide=probe)
-        plain = Conv2d().apply(func, cpu_target, False)
+    with target:
+        sch = Conv2d().apply(func, target, False, decide=probe)
+        plain = Conv2d().apply(func, target, False)
     tvm.ir.assert_structural_equal(sch.mod["main"], plain.mod["main"])  # the defaults are the rule
     by_name = {c.name: c for c in probe.choices}
-    assert list(by_name) == ["units", "by_weights", "pad_in_place", "rows"]
-    assert [by_name[n].structural for n in by_name] == [True, True, True, False]
+    assert list(by_name) == ["units", "by_weights", "pad_in_place", "ic_unroll", "rows"]
+    assert [by_name[n].structural for n in by_name] == [True, True, True, True, False]
     assert all(c.default in c.candidates for c in probe.choices)
-    assert by_name["pad_in_place"].default == 1 and by_name["pad_in_place"].candidates == (0, 1)
-    bits, lanes = U.vector_bits(cpu_target), U.lanes(cpu_target, "float32")
+    assert by_name["pad_in_place"].default == int(not avx512) and by_name["pad_in_place"].candidates == (0, 1)
+    assert by_name["ic_unroll"].default == (8 if avx512 else 1) and by_name["ic_unroll"].candidates == (1, 8)
+    bits, lanes = U.vector_bits(target), U.lanes(target, "float32")
     assert by_name["units"].candidates == (1, 2, 4)  # 64 channels
     assert by_name["units"].default == tile_vectors(14, 64 // lanes, bits, 4)
     assert by_name["rows"].default == pixel_tile(14, by_name["units"].default, bits)
     tile = by_name["units"].default * lanes * 4  # divisors of 14 whose tile stays under 1 KiB: the stack
     fitting = {d for d in (2, 7, 14) if d * tile < 1024}
     assert set(by_name["rows"].candidates) == fitting | {by_name["rows"].default}
-
-
-AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
-AVX2 = {cpu: tvm.target.Target({"kind": "llvm", "mcpu": cpu, "num-cores": 2}) for cpu in ("znver1", "haswell")}
 
 
 @pytest.mark.parametrize(
@@ -260,7 +270,8 @@ def test_register_tile_by_vector_registers(kit, target, size, units, rows):
     assert len(tiles) == len(rows)
     for pixels, tile in zip(rows, tiles):
         loops = [sch.get(lp) for lp in sch.get_loops(tile)]
-        assert [int(lp.extent) for lp in loops if lp.kind == tvm.tirx.ForKind.UNROLLED] == [pixels, units]
+        unroll = [8] if U.vector_bits(target) >= 512 else []  # AVX-512: 8 input channels per step, unrolled
+        assert [int(lp.extent) for lp in loops if lp.kind == tvm.tirx.ForKind.UNROLLED] == [*unroll, pixels, units]
 
 
 def test_avx2_tile_on_7_pixel_rows_stays_in_registers(kit):
@@ -285,6 +296,8 @@ def test_avx2_tile_on_7_pixel_rows_stays_in_registers(kit):
         {"units": 1, "rows": 2, "by_weights": 1, "pad_in_place": 0},  # padded whole, channel tiles outermost
         {"units": 4, "rows": 2, "by_weights": 0, "pad_in_place": 0},  # rows copied per pixel tile
         {"units": 1, "rows": 14, "by_weights": 1, "pad_in_place": 1},
+        {"units": 2, "rows": 7, "by_weights": 1, "pad_in_place": 0, "ic_unroll": 8},  # the AVX-512 rule
+        {"units": 4, "rows": 2, "by_weights": 0, "pad_in_place": 1, "ic_unroll": 4},  # unrolled, bounds checked
     ],
 )
 def test_given_decisions_match_torch_symbolic_batch(kit, cpu_target, values):
