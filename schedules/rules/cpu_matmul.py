@@ -23,7 +23,10 @@ How it schedules:
    float32 exp / erf / tanh in them (gelu, silu) become vectorizable approximations (``fast_math``).
 5. With a symbolic row count the function gets two bodies, ``if rows == 1`` (decode) and else:
    the single-row body uses a 1-row tile (x(1, 256) @ W(256, 704): 8.5 us instead of 12 us with
-   the 3-row tile) or, for a K-contiguous weight, ``cpu_gemv``'s dot products (11 us instead of 128 us).
+   the 3-row tile). For a K-contiguous weight the first body is ``cpu_gemv``'s dot products (11 us
+   instead of 128 us at one row), for up to ``DOT_ROWS`` rows: one task per tile of weight rows, which
+   walks the rows with it in cache, where the general body would pack (transpose) the whole weight on
+   every call (a classifier's 960 x 1280 weight at batch 8, ``docs/results.md``).
 
 Its hand-made choices (rows and vectors per tile, packing B, reduction unrolling: ``tiling.tiled_matmul``)
 are decisions (`decisions.py`): ``sketch`` schedules a static kernel with a decider's choices (a point of
@@ -46,6 +49,8 @@ from .decisions import Defaults
 from .tiling import schedule_dot, tiled_matmul, two_versions
 
 logger = logging.getLogger(__name__)
+
+DOT_ROWS = 16  # the most rows a K-contiguous weight's matmul computes as dot products (module docstring, 5.)
 
 
 class Matmul(CPUScheduleRule):
@@ -77,8 +82,8 @@ class Matmul(CPUScheduleRule):
         try:
             tiled_matmul(sch, main, target, self.rows, self.units, decide=decide)
             if self.single_row and U.static(rows) is None:
-                small = self._single_row(func, target)
-                return s_tir.Schedule(two_versions(rows == 1, small, sch.mod["main"]))
+                small, few = self._few_rows(func, target)
+                return s_tir.Schedule(two_versions(rows <= few, small, sch.mod["main"]))
         except Exception as err:  # pylint: disable=broad-except  # a primitive refused: not ours
             logger.debug("cpu Matmul rule gave up on %s: %s", func.attrs.get("global_symbol", "?"), err)
             return None
@@ -94,12 +99,13 @@ class Matmul(CPUScheduleRule):
         tiled_matmul(sch, main, target, self.rows, self.units, decide=decide)
         return True
 
-    def _single_row(self, func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc:
-        """The n == 1 (decode) version: dot products for a K-contiguous weight, else a 1-row tile."""
+    def _few_rows(self, func: tirx.PrimFunc, target: Target) -> tuple[tirx.PrimFunc, int]:
+        """The version for few rows and the most rows it takes: dot products over a K-contiguous weight, row by
+        row (up to `DOT_ROWS`), else a 1-row tile (n == 1, decode)."""
         sch = s_tir.Schedule(func)
         main = main_contraction(sch)
         if dot_eligible(sch.get(main)):
-            schedule_dot(sch, main, target, rows=1)
-        else:
-            tiled_matmul(sch, main, target, rows=1, units=self.units)
-        return sch.mod["main"]
+            schedule_dot(sch, main, target, rows=1, rows_inner=True)
+            return sch.mod["main"], DOT_ROWS
+        tiled_matmul(sch, main, target, rows=1, units=self.units)
+        return sch.mod["main"], 1

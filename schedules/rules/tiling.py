@@ -198,12 +198,16 @@ def tiled_matmul(
     sch.decompose_reduction(main, k_loops[0])
 
 
-def schedule_dot(sch: s_tir.Schedule, main, target: Target, rows: int, decide: Defaults | None = None) -> None:
+def schedule_dot(
+    sch: s_tir.Schedule, main, target: Target, rows: int, decide: Defaults | None = None, rows_inner: bool = False
+) -> None:
     """Vectorized dot products over K; ``rows`` rows per tile (the row extent must divide by it).
 
     ``decide`` (`decisions.py`) answers ``k_lanes`` (reduction elements per partial-sum vector: one
     SIMD width or a multiple, for independent accumulators) and ``cols`` (outputs per tile,
-    structural); the defaults are the values this rule always chose."""
+    structural); the defaults are the values this rule always chose. ``rows_inner``: the parallel tasks
+    ordered columns first, so that the tasks one thread runs in a row share the tile's weight rows (in
+    cache) across the row tiles, instead of reading the whole weight once per row tile."""
     decide = decide or Defaults()
     normalize(sch, main, b_order=("S", "J", "K"))
     stmt = sch.get(main)
@@ -223,8 +227,9 @@ def schedule_dot(sch: s_tir.Schedule, main, target: Target, rows: int, decide: D
     i_o, i_i = sch.split(i_loop, [None, rows])
     j_o, j_i = sch.split(j_loop, [None, cols])
     k_o, k_v = sch.split(k_loop, [None, lanes])
-    sch.reorder(s_loop, i_o, j_o, k_o, i_i, j_i, k_v)
-    tile = sch.fuse(s_loop, i_o, j_o)
+    outer = (s_loop, j_o, i_o) if rows_inner else (s_loop, i_o, j_o)
+    sch.reorder(*outer, k_o, i_i, j_i, k_v)
+    tile = sch.fuse(*outer)
     sch.parallel(tile)
     for prod in sch.get_producers(main):  # reindex copies and prologues read in place
         U.inline_producers(sch, prod)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -40,20 +42,27 @@ def test_fires_on_static_decode_rows_and_matches_numpy(kit, cpu_target, rows):
     kit.assert_close(got, kit.np_gelu(x.astype("float64") @ wt.T + bias))
 
 
-def test_symbolic_rows_use_dot_products_only_for_n_equal_1(kit, cpu_target):
-    """With symbolic b, n the Matmul rule owns the kernel and branches: dot products when b*n == 1."""
+def test_symbolic_rows_use_dot_products_up_to_16_rows(kit, cpu_target):
+    """With symbolic b, n the Matmul rule owns the kernel and branches: dot products while b*n <= 16, one task per
+    tile of weight rows walking the rows (columns outermost in the parallel loop); the packed, padded matmul
+    beyond. Numerics on both sides of the branch, at 0 rows too."""
     x, wt = kit.tensor("x", (kit.B, kit.N, K)), kit.tensor("wt", (F, K))
     fused = _fuse_nt(kit, kit.build([x, wt], lambda bb, x, wt: kit.R.matmul(x, kit.R.permute_dims(wt))), cpu_target)
     func = kit.only_prim_func(fused, "NT_matmul")
     assert kit.apply_rule(Gemv(), func, cpu_target) is None
     script = kit.apply_rule(Matmul(), func, cpu_target).mod["main"].script()
-    assert "if b * n == T.int64(1):" in script and "_rf" in script and "_pad" in script
+    assert "if b * n <= T.int64(16):" in script and "_rf" in script and "_pad" in script
+    dot = script[: script.index("else:")]
+    assert re.search(r"for ax0_ax2_0_ax1_0_fused in T\.parallel\(b \* n \* T\.int64\(\d+\)\)", dot)  # j, then i
     run = kit.Runner(apply_cpu_rules(fused, cpu_target), cpu_target)
     rng = np.random.default_rng(1)
     wv = kit.rand(rng, F, K)
-    for b, n in [(1, 1), (2, 1), (2, 37), (1, 128)]:
+    for b, n in [(1, 0), (1, 1), (2, 1), (2, 8), (1, 16), (1, 17), (2, 37), (1, 128)]:
         xv = kit.rand(rng, b, n, K)
-        kit.assert_close(run(xv, wv), xv.astype("float64") @ wv.T)
+        got = run(xv, wv)
+        assert got.shape == (b, n, F)
+        if got.size:
+            kit.assert_close(got, xv.astype("float64") @ wv.T)
 
 
 def test_does_not_fire_on_row_major_weight_or_many_rows(kit, cpu_target):
