@@ -196,6 +196,11 @@ def output_tile(sch: s_tir.Schedule, block, tile, vec: int):
     which is computed per tile and vectorised; the block's own output becomes a buffer of the
     tile's size (a stack array under 1 KiB, else a workspace; LLVM keeps a tile of a few vector
     registers in registers across the reduction either way).
+
+    An epilogue that broadcasts the output over a larger tensor (a squeeze-and-excitation's scale times the
+    feature map: a 1 x 1 output, ``out[n, 0, 0, c] * x[n, h, w, c]``) is not computed per tile, where each
+    tile would walk the whole map in slices of its channels: it is a loop nest of its own after the
+    convolution, parallel over the map's pixels and vectorised over its contiguous channels.
     """
     consumers = U.collect_consumers(sch, block)
     if not consumers:  # the block writes the function's output: accumulate in a cache of it
@@ -206,10 +211,27 @@ def output_tile(sch: s_tir.Schedule, block, tile, vec: int):
                 sch.compute_inline(blk)
             except Exception:  # pylint: disable=broad-except  # keep it as its own stage
                 pass
+    size = _elements(sch.get(block).writes[0].source.shape[1:])
     for blk in U.collect_consumers(sch, block):
+        if size is not None and (_elements(sch.get(blk).writes[0].source.shape[1:]) or 0) > size:
+            loops = sch.get_loops(blk)
+            sch.parallel(sch.fuse(*loops[:-1]))
+            U.vectorize_inner(sch, loops[-1], vec)
+            continue
         sch.reverse_compute_at(blk, tile, preserve_unit_loops=True)
         U.vectorize_inner(sch, sch.get_loops(blk)[-1], vec)
     sch.set_scope(block, 0, "global")
+
+
+def _elements(shape) -> int | None:
+    """Elements of a static ``shape``; None where an extent is symbolic."""
+    out = 1
+    for dim in shape:
+        value = U.static(dim)
+        if value is None:
+            return None
+        out *= value
+    return out
 
 
 def divisor_at_most(extent: int, limit: int) -> int:

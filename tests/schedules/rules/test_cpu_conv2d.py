@@ -350,3 +350,45 @@ def test_split_row_matches_torch_symbolic_batch(kit, values):
     for b in (1, 3, 16):
         x = kit.rand(rng, b, 7, 7, 16)
         kit.assert_close(run(x, packed, bias), _reference(x, w, bias, 1))
+
+
+@pytest.mark.parametrize("channels", [32, 120])
+def test_excitation_scale_times_the_map_is_its_own_parallel_nest(kit, cpu_target, channels):
+    """A squeeze-and-excitation's 1x1 convolution on the pooled (b, 1, 1, C) vector, hard-sigmoid, times the
+    (b, 14, 14, C) map, in one kernel: the multiply is not under the convolution's tiles (which would walk the
+    whole map once per tile of channels) but a nest of its own, parallel over the map's pixels and vectorised
+    over its channels; against torch at b = 1, 3 and 16 (the padded 120 channels included)."""
+    from relaxtune.relax_passes.block_conv_weights import BlockConvWeights
+
+    s, w, x = (
+        kit.tensor("s", (kit.B, 1, 1, 16)),
+        kit.tensor("w", (1, 1, 16, channels)),
+        kit.tensor("x", (kit.B, 14, 14, channels)),
+    )
+
+    def body(bb, s, w, x):
+        scale = kit.R.nn.conv2d(s, w, 1, 0, data_layout="NHWC", kernel_layout="HWIO")
+        return kit.R.multiply(
+            kit.R.divide(
+                kit.R.clip(kit.R.add(scale, relax.const(3.0, "float32")), 0.0, 6.0), relax.const(6.0, "float32")
+            ),
+            x,
+        )
+
+    with cpu_target:
+        mod = _fuse(BlockConvWeights()(kit.build([s, w, x], body)), cpu_target)
+    (name,) = [n for n in kit.prim_funcs(mod) if "conv2d" in n]
+    assert "multiply" in name
+    sch = kit.apply_rule(Conv2d(), kit.prim_funcs(mod)[name], cpu_target)
+    multiply = sch.get_sblock("T_multiply")
+    loops = [sch.get(lp) for lp in sch.get_loops(multiply)]
+    assert loops[0].kind == tvm.tirx.ForKind.PARALLEL and loops[-1].kind == tvm.tirx.ForKind.VECTORIZED
+    conv_tile = sch.get(sch.get_loops(sch.get_sblock("conv2d_nhwc_update"))[0])
+    assert not any(lp.same_as(conv_tile) for lp in loops)  # not under the convolution's tiles
+    run = kit.Runner(apply_cpu_rules(mod, cpu_target), cpu_target)
+    rng = np.random.default_rng(channels)
+    wv = kit.rand(rng, 1, 1, 16, channels)
+    for b in (1, 3, 16):
+        sv, xv = kit.rand(rng, b, 1, 1, 16), kit.rand(rng, b, 14, 14, channels)
+        ref = np.clip(sv.astype("float64") @ wv[0, 0] + 3.0, 0.0, 6.0) / 6.0 * xv
+        kit.assert_close(run(sv, wv, xv), ref)
