@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 
+import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.target import Target
@@ -82,8 +83,8 @@ class Matmul(CPUScheduleRule):
         try:
             tiled_matmul(sch, main, target, self.rows, self.units, decide=decide)
             if self.single_row and U.static(rows) is None:
-                small, few = self._few_rows(func, target)
-                return s_tir.Schedule(two_versions(rows <= few, small, sch.mod["main"]))
+                small, few = self._few_rows(func, target, rows)
+                return s_tir.Schedule(two_versions(rows == 1 if few == 1 else rows <= few, small, sch.mod["main"]))
         except Exception as err:  # pylint: disable=broad-except  # a primitive refused: not ours
             logger.debug("cpu Matmul rule gave up on %s: %s", func.attrs.get("global_symbol", "?"), err)
             return None
@@ -99,12 +100,16 @@ class Matmul(CPUScheduleRule):
         tiled_matmul(sch, main, target, self.rows, self.units, decide=decide)
         return True
 
-    def _few_rows(self, func: tirx.PrimFunc, target: Target) -> tuple[tirx.PrimFunc, int]:
+    def _few_rows(self, func: tirx.PrimFunc, target: Target, rows) -> tuple[tirx.PrimFunc, int]:
         """The version for few rows and the most rows it takes: dot products over a K-contiguous weight, row by
-        row (up to `DOT_ROWS`), else a 1-row tile (n == 1, decode)."""
+        row (up to `DOT_ROWS`), else a 1-row tile (n == 1, decode). Not the dot products where ``rows`` is a
+        multiple of more than `DOT_ROWS` (``b * 32``): ``rows <= DOT_ROWS`` would make the branch's rows 0."""
         sch = s_tir.Schedule(func)
         main = main_contraction(sch)
-        if dot_eligible(sch.get(main)):
+        least = tvm.sym.Analyzer()  # the rows with every symbolic extent 1
+        for var in tirx.analysis.undefined_vars(rows):
+            least.bind(var, tirx.IntImm(str(var.ty), 1))
+        if dot_eligible(sch.get(main)) and (U.static(least.simplify(rows)) or DOT_ROWS + 1) <= DOT_ROWS:
             schedule_dot(sch, main, target, rows=1, rows_inner=True)
             return sch.mod["main"], DOT_ROWS
         tiled_matmul(sch, main, target, rows=1, units=self.units)

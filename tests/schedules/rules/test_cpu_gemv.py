@@ -65,6 +65,21 @@ def test_symbolic_rows_use_dot_products_up_to_16_rows(kit, cpu_target):
             kit.assert_close(got, xv.astype("float64") @ wv.T)
 
 
+def test_rows_a_multiple_of_more_than_16_keep_the_packed_matmul(kit, cpu_target):
+    """Rows b * 32: a branch for b * 32 <= 16 would hold only b = 0 (a loop over 0 rows, divided by), so the
+    rule keeps its one-row branch and the packed matmul, which build and match numpy at b = 1 and 2."""
+    x, wt = kit.tensor("x", (kit.B, 32, K)), kit.tensor("wt", (F, K))
+    fused = _fuse_nt(kit, kit.build([x, wt], lambda bb, x, wt: kit.R.matmul(x, kit.R.permute_dims(wt))), cpu_target)
+    script = kit.apply_rule(Matmul(), kit.only_prim_func(fused, "NT_matmul"), cpu_target).mod["main"].script()
+    assert "if b * T.int64(32) == T.int64(1):" in script
+    run = kit.Runner(apply_cpu_rules(fused, cpu_target), cpu_target)
+    rng = np.random.default_rng(2)
+    wv = kit.rand(rng, F, K)
+    for b in (1, 2):
+        xv = kit.rand(rng, b, 32, K)
+        kit.assert_close(run(xv, wv), xv.astype("float64") @ wv.T)
+
+
 def test_does_not_fire_on_row_major_weight_or_many_rows(kit, cpu_target):
     x, w = kit.tensor("x", (1, 1, K)), kit.tensor("w", (K, F))
     dense = kit.only_prim_func(kit.fuse(kit.build([x, w], lambda bb, x, w: kit.R.matmul(x, w)), cpu_target))
