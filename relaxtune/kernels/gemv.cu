@@ -253,15 +253,20 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b, __nv_bfloa
   return s;
 }
 
-// ---- x prologues of the (N, K) kernel: the block computes the product's input x once, into shared memory
-// (rows x K elements of T), from what the separate kernel before it read, rounded where that kernel rounds:
-// kRmsX: x = rms_norm(x, g, eps) over K as TVM's legalized rms_norm computes it, in fp32
-//   ((x * rsqrt(sum(x^2) / K + eps)) * g, one rounding to T);
-// kSwiGluX: x (rows, 2K) is the merged gate/up product, gate | up: x = silu(gate) * up with every step rounded to
-//   T as the fused element-wise kernel's T arithmetic does (sigmoid as 1 / (1 + exp(-gate)), then the two products).
-// The weight loads of the first chunk are issued before (64 KB per SM in flight), so the prologue overlaps them.
+// ---- x prologues and epilogues of the (N, K) kernel
+// kRmsX: the product's x is rms_norm(x, g, eps) over K: every warp reads all of x anyway, so it multiplies each x
+//   vector by g's (one rounding to T, like the x the norm kernel would write) and sums x's squares in fp32 as it
+//   goes; the scale rsqrt(sum / K + eps) multiplies the reduced sums. No shared memory, no block barrier: nothing
+//   between the first weight loads and the stream (a prologue computing x into shared memory first: q/k/v 26.1 us
+//   against 24.6 without, on an H200, docs/results.md);
+// kSwiGluX: x (rows, 2K) is the merged gate/up product, gate | up: the block computes x = silu(gate) * up once into
+//   shared memory (rows x K elements of T) with every step rounded to T as the fused element-wise kernel's T
+//   arithmetic does (sigmoid as 1 / (1 + exp(-gate)), then the two products), while its first weight loads are in
+//   flight;
+// GLU (an epilogue): the weight is the merged gate | up (2N, K); warp f owns features f and f + N (rows gate_f and
+//   up_f) and writes silu(gate_f) * up_f, both sums rounded to T first, then kSwiGluX's steps: the product the down
+//   projection reads, so that one needs no prologue.
 enum { kPlainX = 0, kRmsX = 1, kSwiGluX = 2 };
-constexpr int kNkMaxWarps = 16;
 
 template <typename T>
 __device__ __forceinline__ void unpack8(const uint4& v, float (&out)[8]) {
@@ -296,93 +301,72 @@ __device__ __forceinline__ float silu_times(float gate, float up) {
   return round_to<T>(round_to<T>(gate * sigmoid) * up);
 }
 
-// x for rows [0, p.rows) into xs (rows x K / 8 vectors), then a block barrier
-template <typename T, int M, int P>
-__device__ __forceinline__ void prepare_x(const GemvParams& p, uint4* xs) {
+// x * g, 8 elements, each product rounded to T; adds x's 8 squares (fp32) to `squares`
+template <typename T>
+__device__ __forceinline__ uint4 scale_by_g(const uint4& xv, const uint4& gv, float& squares) {
+  float xf[8], gf[8];
+  unpack8<T>(xv, xf);
+  unpack8<T>(gv, gf);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) squares = fmaf(xf[j], xf[j], squares), xf[j] *= gf[j];
+  return pack8<T>(xf);
+}
+
+// kSwiGluX: x = silu(gate) * up for rows [0, p.rows) into xs (rows x K / 8 vectors), then a block barrier
+template <typename T, int M>
+__device__ __forceinline__ void prepare_swiglu_x(const GemvParams& p, uint4* xs) {
   const int vectors = p.k / 8, threads = blockDim.x;
   const uint4* x = static_cast<const uint4*>(p.x);
-  if constexpr (P == kSwiGluX) {
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      if (m >= p.rows) break;
-      for (int v = threadIdx.x; v < vectors; v += threads) {
-        float gate[8], up[8];
-        unpack8<T>(__ldg(x + static_cast<size_t>(2 * m) * vectors + v), gate);
-        unpack8<T>(__ldg(x + static_cast<size_t>(2 * m + 1) * vectors + v), up);
+  for (int m = 0; m < M; ++m) {
+    if (m >= p.rows) break;
+    for (int v = threadIdx.x; v < vectors; v += threads) {
+      float gate[8], up[8];
+      unpack8<T>(__ldg(x + static_cast<size_t>(2 * m) * vectors + v), gate);
+      unpack8<T>(__ldg(x + static_cast<size_t>(2 * m + 1) * vectors + v), up);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) gate[j] = silu_times<T>(gate[j], up[j]);
-        xs[m * vectors + v] = pack8<T>(gate);
-      }
-    }
-  } else {
-    static_assert(P == kRmsX, "a prologue");
-    __shared__ float partial[M][kNkMaxWarps];  // per warp: its share of each row's sum of squares
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    float squares[M];
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      squares[m] = 0.0f;
-      if (m >= p.rows) continue;
-      for (int v = threadIdx.x; v < vectors; v += threads) {
-        const uint4 raw = __ldg(x + static_cast<size_t>(m) * vectors + v);
-        float f[8];
-        unpack8<T>(raw, f);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) squares[m] = fmaf(f[j], f[j], squares[m]);
-        xs[m * vectors + v] = raw;  // read back below by this thread only
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2) squares[m] += __shfl_xor_sync(0xffffffffu, squares[m], o);
-      if (lane == 0) partial[m][warp] = squares[m];
-    }
-    __syncthreads();
-    const uint4* g = static_cast<const uint4*>(p.g);
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      if (m >= p.rows) break;
-      float sum = 0.0f;
-      for (int q = 0; q < threads / 32; ++q) sum += partial[m][q];
-      const float scale = rsqrtf(sum / static_cast<float>(p.k) + p.eps);
-      for (int v = threadIdx.x; v < vectors; v += threads) {
-        float f[8], gf[8];
-        unpack8<T>(xs[m * vectors + v], f);
-        unpack8<T>(__ldg(g + v), gf);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) f[j] = scale * f[j] * gf[j];
-        xs[m * vectors + v] = pack8<T>(f);
-      }
+      for (int j = 0; j < 8; ++j) gate[j] = silu_times<T>(gate[j], up[j]);
+      xs[m * vectors + v] = pack8<T>(gate);
     }
   }
   __syncthreads();
 }
 
-// P: x as it is (kPlainX, read through L1 by every warp), or a prologue's x in shared memory (rows x K x 2
-// bytes of dynamic shared memory, given at launch)
-template <typename T, int M, int R, int C, int P = kPlainX>
+// P: x as it is (kPlainX, read through L1 by every warp), normalized on the way (kRmsX), or kSwiGluX's x in shared
+// memory (rows x K x 2 bytes of dynamic shared memory, given at launch); GLU: the SwiGLU epilogue (R = 2)
+template <typename T, int M, int R, int C, int P = kPlainX, bool GLU = false>
 __device__ __forceinline__ void gemv_nk_body(const GemvParams& p) {
-  extern __shared__ uint4 nk_x[];  // the prologue's x (P != kPlainX)
-  const int lane = threadIdx.x % 32, row0 = (blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * R;
+  static_assert(!GLU || R == 2, "the SwiGLU epilogue pairs a gate row with its up row");
+  extern __shared__ uint4 nk_x[];  // kSwiGluX's x
+  const int lane = threadIdx.x % 32, warp_id = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  // the warp's rows of w: row0 + r (its R features), or with GLU row0 + r * N (gate_f, up_f for feature f = row0)
+  const int row0 = GLU ? warp_id : warp_id * R, row_step = GLU ? p.n : 1;
   const int vectors = p.k / 8, chunks = (vectors + 32 * C - 1) / (32 * C);  // the host makes K a multiple of 8
   const uint4* w = static_cast<const uint4*>(p.w);
-  const uint4* x = P == kPlainX ? static_cast<const uint4*>(p.x) : nk_x;
+  const uint4* x = P == kSwiGluX ? nk_x : static_cast<const uint4*>(p.x);
+  const uint4* g = static_cast<const uint4*>(p.g);
+  auto feature_ok = [&](int r) { return (GLU ? row0 : row0 + r) < p.n; };
   auto load = [&](uint4 (&buf)[R][C], int chunk) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int u = 0; u < C; ++u) {
         const int v = (chunk * C + u) * 32 + lane;
-        buf[r][u] = row0 + r < p.n && v < vectors ? load_stream(w + static_cast<size_t>(row0 + r) * vectors + v) : make_uint4(0, 0, 0, 0);
+        const size_t row = static_cast<size_t>(row0) + static_cast<size_t>(r) * row_step;
+        buf[r][u] = feature_ok(r) && v < vectors ? load_stream(w + row * vectors + v) : make_uint4(0, 0, 0, 0);
       }
   };
-  float acc[M][R];
+  float acc[M][R], squares[M];
 #pragma unroll
-  for (int m = 0; m < M; ++m)
+  for (int m = 0; m < M; ++m) {
+    squares[m] = 0.0f;
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[m][r] = 0.0f;
+  }
   uint4 cur[R][C];
   load(cur, 0);
   wait_for_previous_kernel();  // x, the residual and y only after the previous kernel
-  if constexpr (P != kPlainX) prepare_x<T, M, P>(p, nk_x);
+  if constexpr (P == kSwiGluX) prepare_swiglu_x<T, M>(p, nk_x);
   for (int chunk = 0; chunk < chunks; ++chunk) {
     uint4 next[R][C];
     load(next, chunk + 1);  // zeros past the last chunk
@@ -391,10 +375,13 @@ __device__ __forceinline__ void gemv_nk_body(const GemvParams& p) {
       // past K both the weights and x are zeros: no branch around the products (a `continue` here
       // kept the x loads from issuing together: o_proj 11.9 us against 9.6 on an H200, notes s17)
       const int v = (chunk * C + u) * 32 + lane;
+      uint4 gv = make_uint4(0, 0, 0, 0);
+      if constexpr (P == kRmsX) gv = v < vectors ? __ldg(g + v) : gv;
 #pragma unroll
       for (int m = 0; m < M; ++m) {
         const size_t at = static_cast<size_t>(m) * vectors + v;
-        const uint4 xv = v < vectors && m < p.rows ? (P == kPlainX ? __ldg(x + at) : x[at]) : make_uint4(0, 0, 0, 0);
+        uint4 xv = v < vectors && m < p.rows ? (P == kSwiGluX ? x[at] : __ldg(x + at)) : make_uint4(0, 0, 0, 0);
+        if constexpr (P == kRmsX) xv = scale_by_g<T>(xv, gv, squares[m]);
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[m][r] += dot8(xv, cur[r][u], T());
       }
@@ -407,17 +394,33 @@ __device__ __forceinline__ void gemv_nk_body(const GemvParams& p) {
   const T* res = static_cast<const T*>(p.res);
   T* y = static_cast<T*>(p.y);
 #pragma unroll
-  for (int m = 0; m < M; ++m)
+  for (int m = 0; m < M; ++m) {
+    float scale = 1.0f;
+    if constexpr (P == kRmsX) {
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) squares[m] += __shfl_xor_sync(0xffffffffu, squares[m], o);
+      scale = rsqrtf(squares[m] / static_cast<float>(p.k) + p.eps);
+    }
+    float s[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      float s = acc[m][r];
+      s[r] = acc[m][r];
 #pragma unroll
-      for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
-      if (lane == 0 && m < p.rows && row0 + r < p.n) {
+      for (int o = 16; o > 0; o /= 2) s[r] += __shfl_xor_sync(0xffffffffu, s[r], o);
+      s[r] *= scale;
+    }
+    if (lane != 0 || m >= p.rows) continue;
+    if constexpr (GLU) {
+      if (row0 < p.n) y[static_cast<size_t>(m) * p.n + row0] = from_float<T>(silu_times<T>(round_to<T>(s[0]), round_to<T>(s[1])));
+    } else {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (row0 + r >= p.n) continue;
         const size_t at = static_cast<size_t>(m) * p.n + row0 + r;
-        y[at] = from_float<T>(res != nullptr ? s + to_float(res[at]) : s);
+        y[at] = from_float<T>(res != nullptr ? s[r] + to_float(res[at]) : s[r]);
       }
     }
+  }
 }
 
 // R = 2 features per warp, C = 4 vectors per row per chunk; 512 threads (16 warps, one block per SM)
@@ -439,24 +442,20 @@ RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_bf16_m1_narrow, __nv_bfloat16, 1, 256, 2)
 RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_bf16_m2_narrow, __nv_bfloat16, 2, 256, 2)
 RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_bf16_m4_narrow, __nv_bfloat16, 4, 256, 2)
 
-// the prologue kernels (rows <= 2 per launch: the shared x is 2 x K x 2 bytes): RMSNorm before the product
-// (q/k/v, gate/up), SwiGLU of the merged gate/up product before it (down)
-#define RELAXTUNE_GEMV_NK_X(NAME, T, M, THREADS, MINB, P) \
-  extern "C" __global__ void __launch_bounds__(THREADS, MINB) NAME(GemvParams p) { gemv_nk_body<T, M, 2, 4, P>(p); }
+// the prologue / epilogue kernels (rows <= 2 per launch: kSwiGluX's x is 2 x K x 2 bytes of shared memory): RMSNorm
+// before the product (q/k/v), SwiGLU of the merged gate/up product before it (down, when gate/up is no GEMV of
+// this kind), the SwiGLU epilogue with (gate/up) or without the norm
+#define RELAXTUNE_GEMV_NK_X(NAME, P, GLU)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(512, 1) relaxtune_gemv_nk_##NAME##_f16_m1(GemvParams p) { gemv_nk_body<__half, 1, 2, 4, P, GLU>(p); } \
+  extern "C" __global__ void __launch_bounds__(512, 1) relaxtune_gemv_nk_##NAME##_f16_m2(GemvParams p) { gemv_nk_body<__half, 2, 2, 4, P, GLU>(p); } \
+  extern "C" __global__ void __launch_bounds__(512, 1) relaxtune_gemv_nk_##NAME##_bf16_m1(GemvParams p) { gemv_nk_body<__nv_bfloat16, 1, 2, 4, P, GLU>(p); } \
+  extern "C" __global__ void __launch_bounds__(512, 1) relaxtune_gemv_nk_##NAME##_bf16_m2(GemvParams p) { gemv_nk_body<__nv_bfloat16, 2, 2, 4, P, GLU>(p); } \
+  extern "C" __global__ void __launch_bounds__(256, 2) relaxtune_gemv_nk_##NAME##_f16_m1_narrow(GemvParams p) { gemv_nk_body<__half, 1, 2, 4, P, GLU>(p); } \
+  extern "C" __global__ void __launch_bounds__(256, 2) relaxtune_gemv_nk_##NAME##_f16_m2_narrow(GemvParams p) { gemv_nk_body<__half, 2, 2, 4, P, GLU>(p); } \
+  extern "C" __global__ void __launch_bounds__(256, 2) relaxtune_gemv_nk_##NAME##_bf16_m1_narrow(GemvParams p) { gemv_nk_body<__nv_bfloat16, 1, 2, 4, P, GLU>(p); } \
+  extern "C" __global__ void __launch_bounds__(256, 2) relaxtune_gemv_nk_##NAME##_bf16_m2_narrow(GemvParams p) { gemv_nk_body<__nv_bfloat16, 2, 2, 4, P, GLU>(p); }
 
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_rms_f16_m1, __half, 1, 512, 1, kRmsX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_rms_f16_m2, __half, 2, 512, 1, kRmsX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_rms_bf16_m1, __nv_bfloat16, 1, 512, 1, kRmsX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_rms_bf16_m2, __nv_bfloat16, 2, 512, 1, kRmsX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_rms_f16_m1_narrow, __half, 1, 256, 2, kRmsX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_rms_f16_m2_narrow, __half, 2, 256, 2, kRmsX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_rms_bf16_m1_narrow, __nv_bfloat16, 1, 256, 2, kRmsX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_rms_bf16_m2_narrow, __nv_bfloat16, 2, 256, 2, kRmsX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_swiglu_f16_m1, __half, 1, 512, 1, kSwiGluX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_swiglu_f16_m2, __half, 2, 512, 1, kSwiGluX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_swiglu_bf16_m1, __nv_bfloat16, 1, 512, 1, kSwiGluX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_swiglu_bf16_m2, __nv_bfloat16, 2, 512, 1, kSwiGluX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_swiglu_f16_m1_narrow, __half, 1, 256, 2, kSwiGluX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_swiglu_f16_m2_narrow, __half, 2, 256, 2, kSwiGluX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_swiglu_bf16_m1_narrow, __nv_bfloat16, 1, 256, 2, kSwiGluX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_swiglu_bf16_m2_narrow, __nv_bfloat16, 2, 256, 2, kSwiGluX)
+RELAXTUNE_GEMV_NK_X(rms, kRmsX, false)
+RELAXTUNE_GEMV_NK_X(swiglu, kSwiGluX, false)
+RELAXTUNE_GEMV_NK_X(glu, kPlainX, true)
+RELAXTUNE_GEMV_NK_X(rms_glu, kRmsX, true)
