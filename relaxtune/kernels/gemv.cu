@@ -401,23 +401,27 @@ __device__ __forceinline__ void gemv_nk_body(const GemvParams& p) {
       for (int o = 16; o > 0; o /= 2) squares[m] += __shfl_xor_sync(0xffffffffu, squares[m], o);
       scale = rsqrtf(squares[m] / static_cast<float>(p.k) + p.eps);
     }
-    float s[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      s[r] = acc[m][r];
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2) s[r] += __shfl_xor_sync(0xffffffffu, s[r], o);
-      s[r] *= scale;
-    }
-    if (lane != 0 || m >= p.rows) continue;
     if constexpr (GLU) {
-      if (row0 < p.n) y[static_cast<size_t>(m) * p.n + row0] = from_float<T>(silu_times<T>(round_to<T>(s[0]), round_to<T>(s[1])));
+      float s[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        s[r] = acc[m][r];
+#pragma unroll
+        for (int o = 16; o > 0; o /= 2) s[r] += __shfl_xor_sync(0xffffffffu, s[r], o);
+      }
+      if (lane == 0 && m < p.rows && row0 < p.n)
+        y[static_cast<size_t>(m) * p.n + row0] = from_float<T>(silu_times<T>(round_to<T>(s[0] * scale), round_to<T>(s[1] * scale)));
     } else {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        if (row0 + r >= p.n) continue;
-        const size_t at = static_cast<size_t>(m) * p.n + row0 + r;
-        y[at] = from_float<T>(res != nullptr ? s[r] + to_float(res[at]) : s[r]);
+        float s = acc[m][r];
+#pragma unroll
+        for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+        s *= scale;
+        if (lane == 0 && m < p.rows && row0 + r < p.n) {
+          const size_t at = static_cast<size_t>(m) * p.n + row0 + r;
+          y[at] = from_float<T>(res != nullptr ? s + to_float(res[at]) : s);
+        }
       }
     }
   }
