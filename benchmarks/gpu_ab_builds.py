@@ -6,6 +6,9 @@ Build each in its own checkout first (`gpu_job.py build --art DIR --only VARIANT
 with any one of them installed (the artifacts need only the TVM runtime):
 
     python3 benchmarks/gpu_ab_builds.py --build main=/tmp/base --build gpu=/tmp/mine --out $OUT/ab
+
+`--build LABEL=DIR:VARIANT` times that build's VARIANT instead of --variant (e.g. one built without a feature), and
+profiles no kernels of it.
 """
 
 from __future__ import annotations
@@ -25,11 +28,17 @@ def _load(model: Llama7B, art: Path, name: str):
     return model.vm(name)
 
 
+def _where(build: str, variant: str) -> tuple[Path, str]:
+    """(artifact folder, variant) of a --build value DIR or DIR:VARIANT."""
+    folder, _, name = build.partition(":")
+    return Path(folder), name or variant
+
+
 @section("builds at every n, CUDA graphs, in turns")
 def latency_ab(model: Llama7B, builds: dict, variant: str, rounds: int) -> None:
     calls = {}
-    for label, art in builds.items():
-        vm, params, dev = _load(model, art, variant)
+    for label, build in builds.items():
+        vm, params, dev = _load(model, *_where(build, variant))
         for n in common.SEQS:
             x = model.tvm_args(n, dev)
             err = rel_err(vm["main"](x, *params).numpy(), model.ref[n].float().cpu().numpy())
@@ -55,8 +64,10 @@ def latency_ab(model: Llama7B, builds: dict, variant: str, rounds: int) -> None:
 @section("builds per kernel, n = 1, no graphs")
 def kernels_ab(model: Llama7B, builds: dict, variant: str) -> None:
     table = RESULTS.setdefault("ab_kernels", {})
-    for label, art in builds.items():
-        vm, params, dev = _load(model, art, variant)
+    for label, build in builds.items():
+        if ":" in build or not (Path(build) / f"{variant}.so").exists():
+            continue
+        vm, params, dev = _load(model, Path(build), variant)
         x = model.tvm_args(1, dev)
         vm["main"](x, *params)
         rows = kernel_times(vm, [x, *params], dev.sync, budget_s=0.05)
@@ -76,7 +87,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    builds = {label: Path(art) for label, art in (b.split("=", 1) for b in args.build)}
+    builds = dict(b.split("=", 1) for b in args.build)
     common.SEQS = tuple(int(n) for n in args.seqs.split(","))
     args.out.mkdir(parents=True, exist_ok=True)
     OUT_DIR.append(args.out)
@@ -86,7 +97,7 @@ def main() -> None:
     if model is None:
         return
     latency_ab(model, builds, args.variant, args.rounds)
-    if all((art / f"{args.plain}.so").exists() for art in builds.values()):
+    if any((Path(b) / f"{args.plain}.so").exists() for b in builds.values() if ":" not in b):
         kernels_ab(model, builds, args.plain)
     save()
 

@@ -172,8 +172,11 @@ class _Rewriter(PyExprMutator):
 class RewriteAttentionToFlash:
     """Attention calls of functions whose bucket of `dim` starts at >= `min_rows` call the flash kernel."""
 
-    def __init__(self, arch: str, dim: str = "n", min_rows: int = 1, block_m: int = 0, in_place: bool = True):
+    def __init__(
+        self, arch: str, dim: str = "n", min_rows: int = 1, block_m: int = 0, in_place: bool = True, rope_k: bool = True
+    ):
         self.arch, self.dim, self.min_rows, self.block_m, self.in_place = arch, dim, min_rows, block_m, in_place
+        self.rope_k = rope_k
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if not supports(self.arch):
@@ -186,7 +189,7 @@ class RewriteAttentionToFlash:
             bucket = func.attrs[BUCKET_ATTR] if func.attrs is not None and BUCKET_ATTR in func.attrs else None
             if bucket is not None and self.dim in bucket and int(bucket[self.dim][0]) < self.min_rows:
                 continue
-            one_block = bucket is not None and self.dim in bucket and self._one_block(bucket)
+            one_block = self.rope_k and bucket is not None and self.dim in bucket and self._one_block(bucket)
             new = rewriter.rewrite(func, one_block=one_block)
             if new is not None:
                 rewriter.builder_.update_func(gvar, new)

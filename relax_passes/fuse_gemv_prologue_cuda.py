@@ -27,7 +27,7 @@ Why: at n = 1 each of these is a small kernel of its own in the block's CUDA gra
 output's write and read cost about as much as a tenth of the GEMV after it (docs/results.md, GPU Llama-7B block).
 
 Runs after RewriteGemvToCuda (it reads that pass's calls) and before LegalizeOps; the pipeline adds it for
-cuda sm_80+ from config.CudaLibraries (`gemv`, `gemv_prologue`).
+cuda sm_80+ from config.CudaLibraries (`gemv`, `gemv_prologue`, `gemv_glu`).
 """
 
 from __future__ import annotations
@@ -180,10 +180,10 @@ class _Matcher:
 
 @mutator
 class _Rewriter(PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, matcher: _Matcher):
+    def __init__(self, mod: tvm.IRModule, matcher: _Matcher, glu: bool = True):
         super().__init__(mod)
         self.matcher, self.counts = matcher, Counter()
-        self.glu, self.dropped = matcher.glu_producers()
+        self.glu, self.dropped = matcher.glu_producers() if glu else ({}, set())
 
     def visit_var_binding_(self, binding):
         if binding.var in self.dropped:  # the SwiGLU a GEMV's epilogue computes: read by nothing else
@@ -242,14 +242,18 @@ def _has_nk_call(func: relax.Function) -> bool:
 
 @tvm.transform.module_pass(opt_level=0, name="FuseGemvPrologueCuda")
 class FuseGemvPrologueCuda:
-    """The RMSNorm / SwiGLU before an (N, K) GEMV call computed by the kernel itself (see above)."""
+    """The RMSNorm / SwiGLU before an (N, K) GEMV call computed by the kernel itself (see above); `glu` False: the
+    SwiGLU always as down's prologue, never as gate/up's epilogue."""
+
+    def __init__(self, glu: bool = True):
+        self.glu = glu
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         updates = {}
         for gvar, func in mod.functions_items():
             if not isinstance(func, relax.Function) or not _has_nk_call(func):
                 continue
-            rewriter = _Rewriter(mod, _Matcher(func))
+            rewriter = _Rewriter(mod, _Matcher(func), self.glu)
             new = rewriter.visit_expr(func)
             if not rewriter.counts:
                 continue

@@ -159,6 +159,9 @@ __device__ __forceinline__ void flash_forward(const Params& p) {
   const T* k = static_cast<const T*>(p.k) + b * p.k_batch + (p.k_head0 + h / p.group) * D;
   const T* v = static_cast<const T*>(p.v) + b * p.v_batch + (p.v_head0 + h / p.group) * D;
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // launched as a programmatic dependent: q, k, v once they are written
+#endif
   const int kv_end = p.causal ? min(p.m, m0 + BM) : p.m;
   const int tiles = (kv_end + BN - 1) / BN;
   const int warp_row0 = m0 + warp * WM;            // this warp's first query row

@@ -38,6 +38,7 @@ struct GemvParams {  // must match cuda_gemv.py's host code
   int k_per_split;  // weight rows per block of a cluster (the last may have fewer)
   const void* g;    // the (N, K) kernel's RMSNorm prologue: the norm's weight (K), else null
   float eps;        // and its epsilon
+  int trigger;      // the (N, K) kernel: 1 lets the next programmatic dependent launch once every block's loop is done
 };
 
 constexpr int kTX = 8, kCols = kTX * 8, kMaxSplits = 8;  // kMaxSplits: cuda_gemv.py's
@@ -45,6 +46,14 @@ constexpr int kTX = 8, kCols = kTX * 8, kMaxSplits = 8;  // kMaxSplits: cuda_gem
 __device__ __forceinline__ void wait_for_previous_kernel() {  // programmatic dependent launch; a no-op otherwise
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// this block will write y soon: the next kernel, when launched as a programmatic dependent, may start its blocks (they
+// load weights, then wait for this grid to complete); a no-op before compute capability 9.0
+__device__ __forceinline__ void let_dependents_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 
@@ -255,10 +264,12 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b, __nv_bfloa
 
 // ---- x prologues and epilogues of the (N, K) kernel
 // kRmsX: the product's x is rms_norm(x, g, eps) over K: every warp reads all of x anyway, so it multiplies each x
-//   vector by g's (one rounding to T, like the x the norm kernel would write) and sums x's squares in fp32 as it
-//   goes; the scale rsqrt(sum / K + eps) multiplies the reduced sums. No shared memory, no block barrier: nothing
-//   between the first weight loads and the stream (a prologue computing x into shared memory first: q/k/v 26.1 us
-//   against 24.6 without, on an H200, docs/results.md);
+//   vector by g's as it goes (HMUL2: the product x * g rounded to T once, like the x the norm kernel would write),
+//   and the block's warps take turns summing x's squares in fp32 (vector step s by warp s % warps: each square once
+//   per block); after the loop one barrier gathers the sums and rsqrt(sum / K + eps) scales the reduced products.
+//   Nothing between the first weight loads and the stream (a prologue computing x into shared memory first: q/k/v
+//   26.4 us against 24.6 without, on an H200, docs/results.md; every warp summing all the squares and multiplying
+//   by g in fp32: 26.9);
 // kSwiGluX: x (rows, 2K) is the merged gate/up product, gate | up: the block computes x = silu(gate) * up once into
 //   shared memory (rows x K elements of T) with every step rounded to T as the fused element-wise kernel's T
 //   arithmetic does (sigmoid as 1 / (1 + exp(-gate)), then the two products), while its first weight loads are in
@@ -267,6 +278,7 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b, __nv_bfloa
 //   up_f) and writes silu(gate_f) * up_f, both sums rounded to T first, then kSwiGluX's steps: the product the down
 //   projection reads, so that one needs no prologue.
 enum { kPlainX = 0, kRmsX = 1, kSwiGluX = 2 };
+constexpr int kNkMaxWarps = 16;
 
 template <typename T>
 __device__ __forceinline__ void unpack8(const uint4& v, float (&out)[8]) {
@@ -301,15 +313,44 @@ __device__ __forceinline__ float silu_times(float gate, float up) {
   return round_to<T>(round_to<T>(gate * sigmoid) * up);
 }
 
-// x * g, 8 elements, each product rounded to T; adds x's 8 squares (fp32) to `squares`
-template <typename T>
-__device__ __forceinline__ uint4 scale_by_g(const uint4& xv, const uint4& gv, float& squares) {
-  float xf[8], gf[8];
-  unpack8<T>(xv, xf);
-  unpack8<T>(gv, gf);
+// x * g, 8 elements, each product rounded to T (exact in fp32, so as fp32 math rounded once)
+template <typename T2>
+__device__ __forceinline__ uint4 times_g(const uint4& xv, const uint4& gv) {
+  const uint32_t a[4] = {xv.x, xv.y, xv.z, xv.w}, b[4] = {gv.x, gv.y, gv.z, gv.w};
+  uint32_t c[4];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) squares = fmaf(xf[j], xf[j], squares), xf[j] *= gf[j];
-  return pack8<T>(xf);
+  for (int j = 0; j < 4; ++j) {
+    const T2 h = __hmul2(*reinterpret_cast<const T2*>(&a[j]), *reinterpret_cast<const T2*>(&b[j]));
+    c[j] = *reinterpret_cast<const uint32_t*>(&h);
+  }
+  return make_uint4(c[0], c[1], c[2], c[3]);
+}
+__device__ __forceinline__ uint4 times_g(const uint4& xv, const uint4& gv, __half) { return times_g<__half2>(xv, gv); }
+__device__ __forceinline__ uint4 times_g(const uint4& xv, const uint4& gv, __nv_bfloat16) { return times_g<__nv_bfloat162>(xv, gv); }
+
+// where x's squares are summed: after the products, x read again (an L1 hit), so that only x * g stays live
+// (sm_90), or from the x already loaded (sm_80): either keeps ptxas's 2-row kernels within 128 registers unspilled
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr bool kSquaresAfter = true;
+#else
+constexpr bool kSquaresAfter = false;
+#endif
+
+__device__ __forceinline__ uint4 load_l1(const uint4* p) {  // not merged with the earlier load of the same x
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// adds x's 8 squares (fp32) to `squares`
+template <typename T>
+__device__ __forceinline__ void add_squares(const uint4& xv, float& squares) {
+  const uint32_t bits[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = to_float2(bits[j], T());
+    squares = fmaf(f.y, f.y, fmaf(f.x, f.x, squares));
+  }
 }
 
 // kSwiGluX: x = silu(gate) * up for rows [0, p.rows) into xs (rows x K / 8 vectors), then a block barrier
@@ -338,7 +379,7 @@ template <typename T, int M, int R, int C, int P = kPlainX, bool GLU = false>
 __device__ __forceinline__ void gemv_nk_body(const GemvParams& p) {
   static_assert(!GLU || R == 2, "the SwiGLU epilogue pairs a gate row with its up row");
   extern __shared__ uint4 nk_x[];  // kSwiGluX's x
-  const int lane = threadIdx.x % 32, warp_id = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32, warp_id = blockIdx.x * warps + warp;
   // the warp's rows of w: row0 + r (its R features), or with GLU row0 + r * N (gate_f, up_f for feature f = row0)
   const int row0 = GLU ? warp_id : warp_id * R, row_step = GLU ? p.n : 1;
   const int vectors = p.k / 8, chunks = (vectors + 32 * C - 1) / (32 * C);  // the host makes K a multiple of 8
@@ -377,13 +418,20 @@ __device__ __forceinline__ void gemv_nk_body(const GemvParams& p) {
       const int v = (chunk * C + u) * 32 + lane;
       uint4 gv = make_uint4(0, 0, 0, 0);
       if constexpr (P == kRmsX) gv = v < vectors ? __ldg(g + v) : gv;
+      const bool my_squares = P == kRmsX && ((chunk * C + u) & (warps - 1)) == warp;  // warps: a power of two
 #pragma unroll
       for (int m = 0; m < M; ++m) {
         const size_t at = static_cast<size_t>(m) * vectors + v;
         uint4 xv = v < vectors && m < p.rows ? (P == kSwiGluX ? x[at] : __ldg(x + at)) : make_uint4(0, 0, 0, 0);
-        if constexpr (P == kRmsX) xv = scale_by_g<T>(xv, gv, squares[m]);
+        if constexpr (P == kRmsX && !kSquaresAfter) {
+          if (my_squares) add_squares<T>(xv, squares[m]);
+        }
+        if constexpr (P == kRmsX) xv = times_g(xv, gv, T());
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[m][r] += dot8(xv, cur[r][u], T());
+        if constexpr (P == kRmsX && kSquaresAfter) {
+          if (my_squares && v < vectors && m < p.rows) add_squares<T>(load_l1(static_cast<const uint4*>(p.x) + at), squares[m]);
+        }
       }
     }
 #pragma unroll
@@ -391,16 +439,30 @@ __device__ __forceinline__ void gemv_nk_body(const GemvParams& p) {
 #pragma unroll
       for (int u = 0; u < C; ++u) cur[r][u] = next[r][u];
   }
+  if (p.trigger) let_dependents_start();  // every block past its loop: none of this grid is left to schedule
   const T* res = static_cast<const T*>(p.res);
   T* y = static_cast<T*>(p.y);
+  float scale[M];
 #pragma unroll
-  for (int m = 0; m < M; ++m) {
-    float scale = 1.0f;
-    if constexpr (P == kRmsX) {
+  for (int m = 0; m < M; ++m) scale[m] = 1.0f;
+  if constexpr (P == kRmsX) {  // the warps' shares of each row's sum of squares
+    __shared__ float partial[M][kNkMaxWarps];
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
 #pragma unroll
       for (int o = 16; o > 0; o /= 2) squares[m] += __shfl_xor_sync(0xffffffffu, squares[m], o);
-      scale = rsqrtf(squares[m] / static_cast<float>(p.k) + p.eps);
+      if (lane == 0) partial[m][warp] = squares[m];
     }
+    __syncthreads();
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float sum = 0.0f;
+      for (int q = 0; q < warps; ++q) sum += partial[m][q];
+      scale[m] = rsqrtf(sum / static_cast<float>(p.k) + p.eps);
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
     if constexpr (GLU) {
       float s[2];
 #pragma unroll
@@ -410,14 +472,14 @@ __device__ __forceinline__ void gemv_nk_body(const GemvParams& p) {
         for (int o = 16; o > 0; o /= 2) s[r] += __shfl_xor_sync(0xffffffffu, s[r], o);
       }
       if (lane == 0 && m < p.rows && row0 < p.n)
-        y[static_cast<size_t>(m) * p.n + row0] = from_float<T>(silu_times<T>(round_to<T>(s[0] * scale), round_to<T>(s[1] * scale)));
+        y[static_cast<size_t>(m) * p.n + row0] = from_float<T>(silu_times<T>(round_to<T>(s[0] * scale[m]), round_to<T>(s[1] * scale[m])));
     } else {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         float s = acc[m][r];
 #pragma unroll
         for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
-        s *= scale;
+        s *= scale[m];
         if (lane == 0 && m < p.rows && row0 + r < p.n) {
           const size_t at = static_cast<size_t>(m) * p.n + row0 + r;
           y[at] = from_float<T>(res != nullptr ? s + to_float(res[at]) : s);

@@ -10,6 +10,7 @@ struct Params {  // must match cuda_gemv.cu
   int rows, k, n, k_per_split;
   const void* g;  // the nk RMSNorm prologue's weight, else null
   float eps;
+  int trigger;    // the nk kernel lets the next programmatic dependent start after its loop
 };
 constexpr int kCols = 64, kMaxRows = 8, kMaxSplits = 8, kMinRowsPerSplit = 256;
 constexpr int kNkFeatures = 32, kNkMaxRows = 4;  // the nk kernel's features per 512-thread block (16 warps x 2), rows per launch
@@ -30,6 +31,11 @@ int64_t ForcedSplits() {
 // (its first weight loads overlap that kernel's end); RELAXTUNE_GEMV_PDL=0: a plain launch (for measurements)
 bool ProgrammaticLaunch() {
   const char* value = std::getenv("RELAXTUNE_GEMV_PDL");
+  return value == nullptr || value[0] != '0';
+}
+// RELAXTUNE_GEMV_TRIGGER=0: the nk kernel never lets the next kernel start before it ends (for measurements)
+bool TriggerAllowed() {
+  const char* value = std::getenv("RELAXTUNE_GEMV_TRIGGER");
   return value == nullptr || value[0] != '0';
 }
 // RELAXTUNE_GEMV_WIDE=0: never the 512-thread kernels (for measurements)
@@ -167,7 +173,8 @@ void LaunchNk(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, cons
     Ptr fn = Kernel(d, relaxtune_gemv_fatbin, dev.device_id,
                     std::string("relaxtune_gemv_nk_") + kind + type + "_m" + std::to_string(tile) + (narrow ? "_narrow" : ""), shared_limit);
     Params p{Data(x) + r0 * x_k * 2, Data(w), r != nullptr ? Data(*r) + r0 * n * 2 : nullptr, Data(y) + r0 * n * 2,
-             rows, static_cast<int>(k), static_cast<int>(n), static_cast<int>(k), g != nullptr ? Data(*g) : nullptr, static_cast<float>(eps)};
+             rows, static_cast<int>(k), static_cast<int>(n), static_cast<int>(k), g != nullptr ? Data(*g) : nullptr, static_cast<float>(eps),
+             pdl && TriggerAllowed() ? 1 : 0};
     void* args[] = {&p};
     Start(d, fn, blocks, 1, threads, pdl, stream, args, static_cast<unsigned>(shared));
   }

@@ -168,6 +168,7 @@ def test_buckets_of_one_query_block_rotate_k_on_load_too():
         assert call and call.group(1) == call.group(2) == call.group(3), body
         assert "concatenate" not in body and "negative" not in body, body  # no rotation kernel left
     assert "_rope_qk" not in _bucket(mod, "main_n65_128")  # two query blocks: k's rotation stays a kernel
+    assert "_rope_qk" not in _bucket(_llama_block_fused(FlashAttention(rope_k=False)), "main_n1_")  # the switch
     for flash in (FlashAttention(block_m=90), FlashAttention(block_m=128)):  # the wgmma kernel; 128-row blocks
         mod = _llama_block_fused(flash)
         assert ("_rope_qk" in _bucket(mod, "main_n65_128")) == (flash.block_m == 128)

@@ -77,6 +77,11 @@ def _with_gu(read_twice: bool = False, norm: bool = True) -> tvm.IRModule:
     return tvm.script.from_source(text)
 
 
+def test_without_the_epilogue_switch_the_swiglu_stays_down_s_prologue():
+    text = FuseGemvPrologueCuda(glu=False)(Before).script()
+    assert "relaxtune_gemv_nk_swiglu_add" in text and "_glu" not in text and "silu" not in text, text
+
+
 def test_the_swiglu_is_the_gate_up_gemv_epilogue_only_where_that_gemv_alone_reads_it():
     shared = FuseGemvPrologueCuda()(_with_gu(read_twice=True)).script()  # gu is an output too: down's prologue
     assert "relaxtune_gemv_nk_swiglu_add" in shared and 'relaxtune_gemv_nk_rms"' in shared, shared
@@ -297,4 +302,5 @@ def test_the_pass_follows_its_switch_and_the_gemv_one(chosen_passes):
         return chosen_passes(target, CompileConfig(cublas=libraries), "FuseGemvPrologueCuda")
 
     assert [type(p) for p in passes(CudaLibraries())] == [FuseGemvPrologueCuda]
+    assert passes(CudaLibraries())[0].glu and not passes(CudaLibraries(gemv_glu=False))[0].glu
     assert passes(CudaLibraries(gemv_prologue=False)) == [] and passes(CudaLibraries(gemv=False)) == []

@@ -302,7 +302,10 @@ def test_kernels_wait_for_the_previous_kernel_and_reduce_the_split_with_one_clus
             if "_swiglu_" in name:  # x computed into shared memory after the wait, read from there
                 assert "ld.global.nc.v4" in after and "st.shared.v4" in after and "ld.shared.v4" in after, name
                 assert "bar.sync" in after and "ld.global.nc.v4" not in body[: body.index("griddepcontrol.wait")]
-            else:  # x through L1 (the norm's g too), no shared memory, no barrier
+            elif "_rms_" in name:  # x and g through L1; one barrier, after the loop: the warps' sums of squares
+                assert "ld.global.nc.v4" in after and "ld.shared.v4" not in body and body.count("bar.sync") == 1, name
+                assert body.index("bar.sync") > body.rindex("ld.global.nc.L1::no_allocate.v4.u32"), name
+            else:  # x through L1, no shared memory, no barrier
                 assert "bar.sync" not in body, name
                 assert "ld.global.nc.v4" in after and ".shared" not in body, name
             continue
