@@ -16,12 +16,11 @@ In the calls RewriteGemvToCuda made for weights kept (N, K) (the decode buckets)
   (``relaxtune_gemv_nk_rms_glu(x, g, w_gu, epsilon)``), ``m (..., K)``, and the down projection reads ``m``:
   ``y = relaxtune_gemv_nk(m, w)`` (``relaxtune_gemv_nk_add(m, w, r)``).
 
-The kernel (kernels/gemv.py, gemv.cu's x prologues and SwiGLU epilogue) applies the norm as it reads x (each warp
-sums x's squares and scales its sums), computes the SwiGLU input once per block into shared memory, or pairs each
-gate row with its up row and writes silu(gate) * up; rounded where the kernels it replaces round. Matched by
-operators and types, never by names: x, g, gu, w and y of one dtype (float16 / bfloat16), the norm over the last
-axis, unit strides, the slices' bounds static. K is at most kernels.gemv.PROLOGUE_MAX_K (the SwiGLU prologue's
-shared memory).
+The kernel (kernels/gemv.py, gemv.cu's x prologues and SwiGLU epilogue) computes a prologue's input once per
+block into shared memory while its first weight loads are in flight, or pairs each gate row with its up row and
+writes silu(gate) * up; rounded where the kernels it replaces round. Matched by operators and types, never by
+names: x, g, gu, w and y of one dtype (float16 / bfloat16), the norm over the last axis, unit strides, the slices'
+bounds static. K is at most kernels.gemv.PROLOGUE_MAX_K (shared memory).
 
 Why: at n = 1 each of these is a small kernel of its own in the block's CUDA graph, whose launch and whose
 output's write and read cost about as much as a tenth of the GEMV after it (docs/results.md, GPU Llama-7B block).

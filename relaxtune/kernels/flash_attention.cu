@@ -118,27 +118,34 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const T* src, int stride
 }
 
 // RoPE in shared memory on the tile at `tile` (ROWS rows, the first at sequence position `pos0`; rows from
-// `valid_rows` on are left): x * cos + concat(-x2, x1) * sin, in fp32, one rounding
+// `valid_rows` on are left), and with the same table rows on the tile at `tile2` (its first `valid2` rows; none
+// when 0): x * cos + concat(-x2, x1) * sin, in fp32, one rounding
 template <typename T, int D, int ROWS, int THREADS>
-__device__ __forceinline__ void rotate_tile(uint32_t tile, int pos0, int valid_rows, const Params& p, int tid) {
+__device__ __forceinline__ void rotate_tile(uint32_t tile, int pos0, int valid_rows, const Params& p, int tid,
+                                            uint32_t tile2 = 0, int valid2 = 0) {
   const T* cos = static_cast<const T*>(p.cos);
   const T* sin = static_cast<const T*>(p.sin);
 #pragma unroll 8  // the table loads of 8 steps in flight at once
   for (int i = tid; i < ROWS * D / 4; i += THREADS) {  // two neighbouring columns j, j + 1 of each half
     int row = i / (D / 4), j = (i % (D / 4)) * 2;
-    if (row >= valid_rows) continue;
-    uint32_t a1 = tile + swz<D>(row, j / 8) + (j % 8) * 2, a2 = tile + swz<D>(row, (j + D / 2) / 8) + (j % 8) * 2;
-    uint32_t r1, r2;
-    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(r1) : "r"(a1));
-    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(r2) : "r"(a2));
+    if (row >= max(valid_rows, valid2)) continue;
     const long long t = static_cast<long long>(pos0 + row) * D + j;
-    float2 x1 = unpack<T>(r1), x2 = unpack<T>(r2);
     float2 c1 = unpack<T>(*reinterpret_cast<const uint32_t*>(cos + t)), c2 = unpack<T>(*reinterpret_cast<const uint32_t*>(cos + t + D / 2));
     float2 s1 = unpack<T>(*reinterpret_cast<const uint32_t*>(sin + t)), s2 = unpack<T>(*reinterpret_cast<const uint32_t*>(sin + t + D / 2));
-    r1 = pack<T>(x1.x * c1.x - x2.x * s1.x, x1.y * c1.y - x2.y * s1.y);
-    r2 = pack<T>(x2.x * c2.x + x1.x * s2.x, x2.y * c2.y + x1.y * s2.y);
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a1), "r"(r1));
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a2), "r"(r2));
+#pragma unroll
+    for (int which = 0; which < 2; ++which) {
+      if (row >= (which ? valid2 : valid_rows)) continue;
+      const uint32_t base = which ? tile2 : tile;
+      uint32_t a1 = base + swz<D>(row, j / 8) + (j % 8) * 2, a2 = base + swz<D>(row, (j + D / 2) / 8) + (j % 8) * 2;
+      uint32_t r1, r2;
+      asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(r1) : "r"(a1));
+      asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(r2) : "r"(a2));
+      float2 x1 = unpack<T>(r1), x2 = unpack<T>(r2);
+      r1 = pack<T>(x1.x * c1.x - x2.x * s1.x, x1.y * c1.y - x2.y * s1.y);
+      r2 = pack<T>(x2.x * c2.x + x1.x * s2.x, x2.y * c2.y + x1.y * s2.y);
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a1), "r"(r1));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a2), "r"(r2));
+    }
   }
 }
 
@@ -159,9 +166,6 @@ __device__ __forceinline__ void flash_forward(const Params& p) {
   const T* k = static_cast<const T*>(p.k) + b * p.k_batch + (p.k_head0 + h / p.group) * D;
   const T* v = static_cast<const T*>(p.v) + b * p.v_batch + (p.v_head0 + h / p.group) * D;
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");  // launched as a programmatic dependent: q, k, v once they are written
-#endif
   const int kv_end = p.causal ? min(p.m, m0 + BM) : p.m;
   const int tiles = (kv_end + BN - 1) / BN;
   const int warp_row0 = m0 + warp * WM;            // this warp's first query row
@@ -174,10 +178,12 @@ __device__ __forceinline__ void flash_forward(const Params& p) {
     load_tile<T, D, BN, THREADS>(s_v, v, p.v_row, p.m, tid);
     cp_commit();
   }
-  if (p.cos != nullptr) {  // RoPE on q in shared memory
+  // one query block with k rotated too: K_0's rows are at q's positions, so one pass rotates both with one table read
+  const bool k0_with_q = BM == BN && p.rope_k && m0 == 0;
+  if (p.cos != nullptr) {  // RoPE on q (and K_0) in shared memory
     if (STAGES == 2) cp_wait1(); else cp_wait0();
     __syncthreads();
-    rotate_tile<T, D, BM, THREADS>(s_q, m0, p.n - m0, p, tid);
+    rotate_tile<T, D, BM, THREADS>(s_q, m0, p.n - m0, p, tid, s_k, k0_with_q ? min(p.m, BN) : 0);
   }
 
   float o[MT][D / 8][4];
@@ -204,7 +210,7 @@ __device__ __forceinline__ void flash_forward(const Params& p) {
       load_tile<T, D, BN, THREADS>(s_v, v + static_cast<long long>(key0) * p.v_row, p.v_row, p.m - key0, tid);
       cp_commit();
     }
-    if (p.rope_k) {  // K_j rotated where it landed, before any warp reads it
+    if (p.rope_k && !(k0_with_q && j == 0)) {  // K_j rotated where it landed, before any warp reads it
       rotate_tile<T, D, BN, THREADS>(s_k + stage * TILE_BYTES, key0, p.m - key0, p, tid);
       __syncthreads();
     }

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 #include <cmath>
 
 extern "C" const char relaxtune_flash_fatbin[];  // the nvcc fatbin, linked in by .incbin below
@@ -34,12 +33,6 @@ constexpr int kSm90MinRows = 256;
 constexpr int kSm90BlockN = 64;
 constexpr int kSm90 = 90;  // block_m value that asks for that kernel
 
-
-// the mma.sync kernel launches as a programmatic dependent on 9.0+; RELAXTUNE_FLASH_PDL=0: plainly (measurements)
-bool ProgrammaticLaunch() {
-  const char* value = std::getenv("RELAXTUNE_FLASH_PDL");
-  return value == nullptr || value[0] != '0';
-}
 
 // whether `device` is compute capability 9.0 (the fatbin's sm_90a code runs there), cached per device
 bool IsSm90(Driver* d, int device) {
@@ -124,14 +117,6 @@ void Launch(const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& k, const 
   int smem = static_cast<int>((block_m + 2 * stages * kBlockN) * dim * 2);
   std::string name = std::string("relaxtune_flash_") + type + "_d" + std::to_string(dim) + "_m" + std::to_string(block_m) + (stages == 1 ? "_s1" : "");
   Ptr fn = Kernel(d, relaxtune_flash_fatbin, dev.device_id, name, smem);
-  if (Attribute(d, dev.device_id, kComputeMajor) >= 9 && d->launch_ex != nullptr && ProgrammaticLaunch()) {
-    // a programmatic dependent of the previous kernel: its blocks start as that one's end (the kernel waits first)
-    LaunchAttribute attr{};
-    attr.id = kProgrammaticSerialization, attr.value.cluster.x = 1;  // the union's first int: allowed = 1
-    LaunchConfig config{blocks, static_cast<unsigned>(heads), static_cast<unsigned>(b), 128, 1, 1, static_cast<unsigned>(smem), stream, &attr, 1};
-    Check(d, d->launch_ex(&config, fn, args, nullptr), "cuLaunchKernelEx (programmatic)");
-    return;
-  }
   Check(d, d->launch(fn, blocks, static_cast<unsigned>(heads), static_cast<unsigned>(b), 128, 1, 1, smem, stream, args, nullptr), "cuLaunchKernel");
 }
 

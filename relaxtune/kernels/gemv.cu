@@ -38,7 +38,6 @@ struct GemvParams {  // must match cuda_gemv.py's host code
   int k_per_split;  // weight rows per block of a cluster (the last may have fewer)
   const void* g;    // the (N, K) kernel's RMSNorm prologue: the norm's weight (K), else null
   float eps;        // and its epsilon
-  int trigger;      // the (N, K) kernel: 1 lets the next programmatic dependent launch once every block's loop is done
 };
 
 constexpr int kTX = 8, kCols = kTX * 8, kMaxSplits = 8;  // kMaxSplits: cuda_gemv.py's
@@ -46,14 +45,6 @@ constexpr int kTX = 8, kCols = kTX * 8, kMaxSplits = 8;  // kMaxSplits: cuda_gem
 __device__ __forceinline__ void wait_for_previous_kernel() {  // programmatic dependent launch; a no-op otherwise
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-// this block will write y soon: the next kernel, when launched as a programmatic dependent, may start its blocks (they
-// load weights, then wait for this grid to complete); a no-op before compute capability 9.0
-__device__ __forceinline__ void let_dependents_start() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 
@@ -262,21 +253,18 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b, __nv_bfloa
   return s;
 }
 
-// ---- x prologues and epilogues of the (N, K) kernel
-// kRmsX: the product's x is rms_norm(x, g, eps) over K: every warp reads all of x anyway, so it multiplies each x
-//   vector by g's as it goes (HMUL2: the product x * g rounded to T once, like the x the norm kernel would write),
-//   and the block's warps take turns summing x's squares in fp32 (vector step s by warp s % warps: each square once
-//   per block); after the loop one barrier gathers the sums and rsqrt(sum / K + eps) scales the reduced products.
-//   Nothing between the first weight loads and the stream (a prologue computing x into shared memory first: q/k/v
-//   26.4 us against 24.6 without, on an H200, docs/results.md; every warp summing all the squares and multiplying
-//   by g in fp32: 26.9);
-// kSwiGluX: x (rows, 2K) is the merged gate/up product, gate | up: the block computes x = silu(gate) * up once into
-//   shared memory (rows x K elements of T) with every step rounded to T as the fused element-wise kernel's T
-//   arithmetic does (sigmoid as 1 / (1 + exp(-gate)), then the two products), while its first weight loads are in
-//   flight;
-// GLU (an epilogue): the weight is the merged gate | up (2N, K); warp f owns features f and f + N (rows gate_f and
-//   up_f) and writes silu(gate_f) * up_f, both sums rounded to T first, then kSwiGluX's steps: the product the down
-//   projection reads, so that one needs no prologue.
+// ---- x prologues of the (N, K) kernel: the block computes the product's input x once, into shared memory
+// (rows x K elements of T), from what the separate kernel before it read, rounded where that kernel rounds:
+// kRmsX: x = rms_norm(x, g, eps) over K as TVM's legalized rms_norm computes it, in fp32
+//   ((x * rsqrt(sum(x^2) / K + eps)) * g, one rounding to T);
+// kSwiGluX: x (rows, 2K) is the merged gate/up product, gate | up: x = silu(gate) * up with every step rounded to
+//   T as the fused element-wise kernel's T arithmetic does (sigmoid as 1 / (1 + exp(-gate)), then the two products).
+// The weight loads of the first chunk are issued before (64 KB per SM in flight), so the prologue overlaps them.
+// (The norm applied by each warp as it reads x instead, g on the way and the squares summed by the warps in turns,
+// measured no faster on an H200: q/k/v 26.7 us against 26.5, docs/results.md.)
+// ---- and its SwiGLU epilogue (GLU): the weight is the merged gate | up (2N, K); warp f owns features f and f + N
+// (rows gate_f and up_f) and writes silu(gate_f) * up_f, both sums rounded to T first, then kSwiGluX's steps: the
+// product the down projection reads, so that one needs no prologue.
 enum { kPlainX = 0, kRmsX = 1, kSwiGluX = 2 };
 constexpr int kNkMaxWarps = 16;
 
@@ -313,79 +301,78 @@ __device__ __forceinline__ float silu_times(float gate, float up) {
   return round_to<T>(round_to<T>(gate * sigmoid) * up);
 }
 
-// x * g, 8 elements, each product rounded to T (exact in fp32, so as fp32 math rounded once)
-template <typename T2>
-__device__ __forceinline__ uint4 times_g(const uint4& xv, const uint4& gv) {
-  const uint32_t a[4] = {xv.x, xv.y, xv.z, xv.w}, b[4] = {gv.x, gv.y, gv.z, gv.w};
-  uint32_t c[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const T2 h = __hmul2(*reinterpret_cast<const T2*>(&a[j]), *reinterpret_cast<const T2*>(&b[j]));
-    c[j] = *reinterpret_cast<const uint32_t*>(&h);
-  }
-  return make_uint4(c[0], c[1], c[2], c[3]);
-}
-__device__ __forceinline__ uint4 times_g(const uint4& xv, const uint4& gv, __half) { return times_g<__half2>(xv, gv); }
-__device__ __forceinline__ uint4 times_g(const uint4& xv, const uint4& gv, __nv_bfloat16) { return times_g<__nv_bfloat162>(xv, gv); }
-
-// where x's squares are summed: after the products, x read again (an L1 hit), so that only x * g stays live
-// (sm_90), or from the x already loaded (sm_80): either keeps ptxas's 2-row kernels within 128 registers unspilled
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-constexpr bool kSquaresAfter = true;
-#else
-constexpr bool kSquaresAfter = false;
-#endif
-
-__device__ __forceinline__ uint4 load_l1(const uint4* p) {  // not merged with the earlier load of the same x
-  uint4 v;
-  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-
-// adds x's 8 squares (fp32) to `squares`
-template <typename T>
-__device__ __forceinline__ void add_squares(const uint4& xv, float& squares) {
-  const uint32_t bits[4] = {xv.x, xv.y, xv.z, xv.w};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float2 f = to_float2(bits[j], T());
-    squares = fmaf(f.y, f.y, fmaf(f.x, f.x, squares));
-  }
-}
-
-// kSwiGluX: x = silu(gate) * up for rows [0, p.rows) into xs (rows x K / 8 vectors), then a block barrier
-template <typename T, int M>
-__device__ __forceinline__ void prepare_swiglu_x(const GemvParams& p, uint4* xs) {
+// x for rows [0, p.rows) into xs (rows x K / 8 vectors), then a block barrier
+template <typename T, int M, int P>
+__device__ __forceinline__ void prepare_x(const GemvParams& p, uint4* xs) {
   const int vectors = p.k / 8, threads = blockDim.x;
   const uint4* x = static_cast<const uint4*>(p.x);
+  if constexpr (P == kSwiGluX) {
 #pragma unroll
-  for (int m = 0; m < M; ++m) {
-    if (m >= p.rows) break;
-    for (int v = threadIdx.x; v < vectors; v += threads) {
-      float gate[8], up[8];
-      unpack8<T>(__ldg(x + static_cast<size_t>(2 * m) * vectors + v), gate);
-      unpack8<T>(__ldg(x + static_cast<size_t>(2 * m + 1) * vectors + v), up);
+    for (int m = 0; m < M; ++m) {
+      if (m >= p.rows) break;
+      for (int v = threadIdx.x; v < vectors; v += threads) {
+        float gate[8], up[8];
+        unpack8<T>(__ldg(x + static_cast<size_t>(2 * m) * vectors + v), gate);
+        unpack8<T>(__ldg(x + static_cast<size_t>(2 * m + 1) * vectors + v), up);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) gate[j] = silu_times<T>(gate[j], up[j]);
-      xs[m * vectors + v] = pack8<T>(gate);
+        for (int j = 0; j < 8; ++j) gate[j] = silu_times<T>(gate[j], up[j]);
+        xs[m * vectors + v] = pack8<T>(gate);
+      }
+    }
+  } else {
+    static_assert(P == kRmsX, "a prologue");
+    __shared__ float partial[M][kNkMaxWarps];  // per warp: its share of each row's sum of squares
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    float squares[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      squares[m] = 0.0f;
+      if (m >= p.rows) continue;
+      for (int v = threadIdx.x; v < vectors; v += threads) {
+        const uint4 raw = __ldg(x + static_cast<size_t>(m) * vectors + v);
+        float f[8];
+        unpack8<T>(raw, f);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) squares[m] = fmaf(f[j], f[j], squares[m]);
+        xs[m * vectors + v] = raw;  // read back below by this thread only
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) squares[m] += __shfl_xor_sync(0xffffffffu, squares[m], o);
+      if (lane == 0) partial[m][warp] = squares[m];
+    }
+    __syncthreads();
+    const uint4* g = static_cast<const uint4*>(p.g);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      if (m >= p.rows) break;
+      float sum = 0.0f;
+      for (int q = 0; q < threads / 32; ++q) sum += partial[m][q];
+      const float scale = rsqrtf(sum / static_cast<float>(p.k) + p.eps);
+      for (int v = threadIdx.x; v < vectors; v += threads) {
+        float f[8], gf[8];
+        unpack8<T>(xs[m * vectors + v], f);
+        unpack8<T>(__ldg(g + v), gf);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) f[j] = scale * f[j] * gf[j];
+        xs[m * vectors + v] = pack8<T>(f);
+      }
     }
   }
   __syncthreads();
 }
 
-// P: x as it is (kPlainX, read through L1 by every warp), normalized on the way (kRmsX), or kSwiGluX's x in shared
-// memory (rows x K x 2 bytes of dynamic shared memory, given at launch); GLU: the SwiGLU epilogue (R = 2)
+// P: x as it is (kPlainX, read through L1 by every warp), or a prologue's x in shared memory (rows x K x 2
+// bytes of dynamic shared memory, given at launch); GLU: the SwiGLU epilogue (R = 2)
 template <typename T, int M, int R, int C, int P = kPlainX, bool GLU = false>
 __device__ __forceinline__ void gemv_nk_body(const GemvParams& p) {
   static_assert(!GLU || R == 2, "the SwiGLU epilogue pairs a gate row with its up row");
-  extern __shared__ uint4 nk_x[];  // kSwiGluX's x
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32, warp_id = blockIdx.x * warps + warp;
+  extern __shared__ uint4 nk_x[];  // the prologue's x (P != kPlainX)
+  const int lane = threadIdx.x % 32, warp_id = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   // the warp's rows of w: row0 + r (its R features), or with GLU row0 + r * N (gate_f, up_f for feature f = row0)
   const int row0 = GLU ? warp_id : warp_id * R, row_step = GLU ? p.n : 1;
   const int vectors = p.k / 8, chunks = (vectors + 32 * C - 1) / (32 * C);  // the host makes K a multiple of 8
   const uint4* w = static_cast<const uint4*>(p.w);
-  const uint4* x = P == kSwiGluX ? nk_x : static_cast<const uint4*>(p.x);
-  const uint4* g = static_cast<const uint4*>(p.g);
+  const uint4* x = P == kPlainX ? static_cast<const uint4*>(p.x) : nk_x;
   auto feature_ok = [&](int r) { return (GLU ? row0 : row0 + r) < p.n; };
   auto load = [&](uint4 (&buf)[R][C], int chunk) {
 #pragma unroll
@@ -397,17 +384,15 @@ __device__ __forceinline__ void gemv_nk_body(const GemvParams& p) {
         buf[r][u] = feature_ok(r) && v < vectors ? load_stream(w + row * vectors + v) : make_uint4(0, 0, 0, 0);
       }
   };
-  float acc[M][R], squares[M];
+  float acc[M][R];
 #pragma unroll
-  for (int m = 0; m < M; ++m) {
-    squares[m] = 0.0f;
+  for (int m = 0; m < M; ++m)
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[m][r] = 0.0f;
-  }
   uint4 cur[R][C];
   load(cur, 0);
   wait_for_previous_kernel();  // x, the residual and y only after the previous kernel
-  if constexpr (P == kSwiGluX) prepare_swiglu_x<T, M>(p, nk_x);
+  if constexpr (P != kPlainX) prepare_x<T, M, P>(p, nk_x);
   for (int chunk = 0; chunk < chunks; ++chunk) {
     uint4 next[R][C];
     load(next, chunk + 1);  // zeros past the last chunk
@@ -416,22 +401,12 @@ __device__ __forceinline__ void gemv_nk_body(const GemvParams& p) {
       // past K both the weights and x are zeros: no branch around the products (a `continue` here
       // kept the x loads from issuing together: o_proj 11.9 us against 9.6 on an H200, notes s17)
       const int v = (chunk * C + u) * 32 + lane;
-      uint4 gv = make_uint4(0, 0, 0, 0);
-      if constexpr (P == kRmsX) gv = v < vectors ? __ldg(g + v) : gv;
-      const bool my_squares = P == kRmsX && ((chunk * C + u) & (warps - 1)) == warp;  // warps: a power of two
 #pragma unroll
       for (int m = 0; m < M; ++m) {
         const size_t at = static_cast<size_t>(m) * vectors + v;
-        uint4 xv = v < vectors && m < p.rows ? (P == kSwiGluX ? x[at] : __ldg(x + at)) : make_uint4(0, 0, 0, 0);
-        if constexpr (P == kRmsX && !kSquaresAfter) {
-          if (my_squares) add_squares<T>(xv, squares[m]);
-        }
-        if constexpr (P == kRmsX) xv = times_g(xv, gv, T());
+        const uint4 xv = v < vectors && m < p.rows ? (P == kPlainX ? __ldg(x + at) : x[at]) : make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[m][r] += dot8(xv, cur[r][u], T());
-        if constexpr (P == kRmsX && kSquaresAfter) {
-          if (my_squares && v < vectors && m < p.rows) add_squares<T>(load_l1(static_cast<const uint4*>(p.x) + at), squares[m]);
-        }
       }
     }
 #pragma unroll
@@ -439,28 +414,8 @@ __device__ __forceinline__ void gemv_nk_body(const GemvParams& p) {
 #pragma unroll
       for (int u = 0; u < C; ++u) cur[r][u] = next[r][u];
   }
-  if (p.trigger) let_dependents_start();  // every block past its loop: none of this grid is left to schedule
   const T* res = static_cast<const T*>(p.res);
   T* y = static_cast<T*>(p.y);
-  float scale[M];
-#pragma unroll
-  for (int m = 0; m < M; ++m) scale[m] = 1.0f;
-  if constexpr (P == kRmsX) {  // the warps' shares of each row's sum of squares
-    __shared__ float partial[M][kNkMaxWarps];
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2) squares[m] += __shfl_xor_sync(0xffffffffu, squares[m], o);
-      if (lane == 0) partial[m][warp] = squares[m];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      float sum = 0.0f;
-      for (int q = 0; q < warps; ++q) sum += partial[m][q];
-      scale[m] = rsqrtf(sum / static_cast<float>(p.k) + p.eps);
-    }
-  }
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     if constexpr (GLU) {
@@ -472,14 +427,13 @@ __device__ __forceinline__ void gemv_nk_body(const GemvParams& p) {
         for (int o = 16; o > 0; o /= 2) s[r] += __shfl_xor_sync(0xffffffffu, s[r], o);
       }
       if (lane == 0 && m < p.rows && row0 < p.n)
-        y[static_cast<size_t>(m) * p.n + row0] = from_float<T>(silu_times<T>(round_to<T>(s[0] * scale[m]), round_to<T>(s[1] * scale[m])));
+        y[static_cast<size_t>(m) * p.n + row0] = from_float<T>(silu_times<T>(round_to<T>(s[0]), round_to<T>(s[1])));
     } else {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         float s = acc[m][r];
 #pragma unroll
         for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
-        s *= scale[m];
         if (lane == 0 && m < p.rows && row0 + r < p.n) {
           const size_t at = static_cast<size_t>(m) * p.n + row0 + r;
           y[at] = from_float<T>(res != nullptr ? s + to_float(res[at]) : s);
@@ -508,7 +462,7 @@ RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_bf16_m1_narrow, __nv_bfloat16, 1, 256, 2)
 RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_bf16_m2_narrow, __nv_bfloat16, 2, 256, 2)
 RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_bf16_m4_narrow, __nv_bfloat16, 4, 256, 2)
 
-// the prologue / epilogue kernels (rows <= 2 per launch: kSwiGluX's x is 2 x K x 2 bytes of shared memory): RMSNorm
+// the prologue / epilogue kernels (rows <= 2 per launch: a prologue's x is 2 x K x 2 bytes of shared memory): RMSNorm
 // before the product (q/k/v), SwiGLU of the merged gate/up product before it (down, when gate/up is no GEMV of
 // this kind), the SwiGLU epilogue with (gate/up) or without the norm
 #define RELAXTUNE_GEMV_NK_X(NAME, P, GLU)                                                                                  \

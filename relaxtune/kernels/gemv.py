@@ -15,11 +15,12 @@
   (GPU decode GEMVs; `benchmarks/gemv_check.py`).
 Emitted by `RewriteGemvToCuda` (relax_passes/gemv_cuda.py) in the small (decode) buckets.
 - `relaxtune_gemv_nk_rms(x, g, w, eps, y)`: `y = rms_norm(x, g, eps) @ w^T` (the norm over K, g (K,), eps a
-  float64 PrimValue): each warp multiplies the x vectors it reads by g's and sums x's squares on the way, then
-  scales its sums by rsqrt(mean + eps) (no shared memory, no barrier). `relaxtune_gemv_nk_swiglu(gu, w, y)` /
-  `relaxtune_gemv_nk_swiglu_add(gu, w, r, y)`: `y = (silu(gu[..., :K]) * gu[..., K:]) @ w^T (+ r)` for the merged
-  gate/up product gu (..., 2K): each block first computes its x (up to 2 rows per launch) into shared memory,
-  step by step in the dtype as the element-wise kernel rounds, while its first weight loads are in flight.
+  float64 PrimValue), and `relaxtune_gemv_nk_swiglu(gu, w, y)` / `relaxtune_gemv_nk_swiglu_add(gu, w, r, y)`:
+  `y = (silu(gu[..., :K]) * gu[..., K:]) @ w^T (+ r)` for the merged gate/up product gu (..., 2K): the (N, K)
+  kernel with an x prologue. Each block first computes its x (up to 2 rows per launch) into shared memory,
+  rounded where the separate kernels round (the norm in fp32 with one rounding, as TVM's legalized rms_norm;
+  the SwiGLU step by step in the dtype, as its element-wise kernel), while its first weight loads are in
+  flight; then the product as above.
   `relaxtune_gemv_nk_glu(x, w, y)` / `relaxtune_gemv_nk_rms_glu(x, g, w, eps, y)`: for the merged gate | up weight w
   (2N, K), `y (..., N) = silu(x' @ gate^T) * (x' @ up^T)` (x' = x or its norm): a warp owns gate row f and up row
   f + N, rounds both sums to the dtype and applies the SwiGLU's steps, so the down projection reads its x as it is.
@@ -74,7 +75,7 @@ NK_SWIGLU_FUNCTION = "relaxtune_gemv_nk_swiglu"  # (silu(gate) * up) @ w^T from 
 NK_SWIGLU_ADD_FUNCTION = "relaxtune_gemv_nk_swiglu_add"
 NK_GLU_FUNCTION = "relaxtune_gemv_nk_glu"  # silu(x @ gate^T) * (x @ up^T) for the merged gate | up weight (2N, K)
 NK_RMS_GLU_FUNCTION = "relaxtune_gemv_nk_rms_glu"  # the same of rms_norm(x)
-PROLOGUE_MAX_K = 16384  # the SwiGLU prologue keeps 2 rows of K elements in shared memory (64 KB at this K)
+PROLOGUE_MAX_K = 16384  # the prologue kernels keep 2 rows of K elements in shared memory (64 KB at this K)
 CONFIG_FUNCTION = "relaxtune_gemv_config"
 Q4_FUNCTION = "relaxtune_q4gemv"  # the weight as 4-bit groups in the GPU layout (qgemv.cu)
 Q4_ADD_FUNCTION = "relaxtune_q4gemv_add"

@@ -10,15 +10,14 @@ struct Params {  // must match cuda_gemv.cu
   int rows, k, n, k_per_split;
   const void* g;  // the nk RMSNorm prologue's weight, else null
   float eps;
-  int trigger;    // the nk kernel lets the next programmatic dependent start after its loop
 };
 constexpr int kCols = 64, kMaxRows = 8, kMaxSplits = 8, kMinRowsPerSplit = 256;
 constexpr int kNkFeatures = 32, kNkMaxRows = 4;  // the nk kernel's features per 512-thread block (16 warps x 2), rows per launch
-// the nk kernel's x prologues (gemv.cu's kRmsX, kSwiGluX; the latter's x in dynamic shared memory) and its SwiGLU
-// epilogue (GLU): up to 2 rows per launch
+// the nk kernel's x prologues (gemv.cu's kRmsX, kSwiGluX: their x in dynamic shared memory) and its SwiGLU epilogue
+// (GLU): up to 2 rows per launch
 enum class Prologue { kNone, kRms, kSwiGlu };
 constexpr int kNkPrologueMaxRows = 2, kSharedOptin = 97;  // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
-constexpr int kNkStaticShared = 1024;  // a margin for static shared memory beside kSwiGlu's x
+constexpr int kNkStaticShared = 1024;  // more than the prologue kernels' static shared memory (the norm's partial sums)
 
 // RELAXTUNE_GEMV_SPLITS=1|2|4|8 replaces the default split of K (benchmarks/gpu_job.py measures each in the block); read per launch
 int64_t ForcedSplits() {
@@ -31,11 +30,6 @@ int64_t ForcedSplits() {
 // (its first weight loads overlap that kernel's end); RELAXTUNE_GEMV_PDL=0: a plain launch (for measurements)
 bool ProgrammaticLaunch() {
   const char* value = std::getenv("RELAXTUNE_GEMV_PDL");
-  return value == nullptr || value[0] != '0';
-}
-// RELAXTUNE_GEMV_TRIGGER=0: the nk kernel never lets the next kernel start before it ends (for measurements)
-bool TriggerAllowed() {
-  const char* value = std::getenv("RELAXTUNE_GEMV_TRIGGER");
   return value == nullptr || value[0] != '0';
 }
 // RELAXTUNE_GEMV_WIDE=0: never the 512-thread kernels (for measurements)
@@ -129,7 +123,7 @@ void Launch(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const 
 
 // y = x' @ w^T (+ r) for w (N, K): warps of the "nk" kernel own 2 features each, up to 4 rows of x per launch (2 with a
 // prologue or the epilogue). x' is x (kNone), rms_norm(x, g, eps) over K (kRms: g (K,)), or silu(gate) * up for
-// x = gate | up (kSwiGlu: x (..., 2K), computed by each block into its shared memory). glu: w is gate | up (2N, K) and
+// x = gate | up (kSwiGlu: x (..., 2K)), computed by each block into its shared memory. glu: w is gate | up (2N, K) and
 // y (..., N) = silu(x' @ gate^T) * (x' @ up^T), no residual
 void LaunchNk(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const tvm::ffi::TensorView* r, const tvm::ffi::TensorView& y,
               Prologue prologue = Prologue::kNone, const tvm::ffi::TensorView* g = nullptr, double eps = 0.0, bool glu = false) {
@@ -162,19 +156,18 @@ void LaunchNk(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, cons
   std::string kind = prologue == Prologue::kRms ? "rms_" : prologue == Prologue::kSwiGlu ? "swiglu_" : "";
   if (glu) kind += "glu_";
   const int max_rows = prologue == Prologue::kNone && !glu ? kNkMaxRows : kNkPrologueMaxRows;
-  // kSwiGlu's x: rows x K elements of shared memory; the kernels may take up to the device's opt-in limit
-  const int shared_limit = prologue != Prologue::kSwiGlu ? 0 : Attribute(d, dev.device_id, kSharedOptin) - kNkStaticShared;
+  // the prologue's x: rows x K elements of shared memory; the kernels may take up to the device's opt-in limit
+  const int shared_limit = prologue == Prologue::kNone ? 0 : Attribute(d, dev.device_id, kSharedOptin) - kNkStaticShared;
   void* stream = TVMFFIEnvGetStream(dev.device_type, dev.device_id);
   for (int64_t r0 = 0; r0 < m; r0 += max_rows) {
     int rows = static_cast<int>(std::min<int64_t>(max_rows, m - r0));
     int tile = rows <= 1 ? 1 : rows <= 2 ? 2 : 4;
-    const int64_t shared = prologue != Prologue::kSwiGlu ? 0 : tile * k * 2;
+    const int64_t shared = prologue == Prologue::kNone ? 0 : tile * k * 2;
     TVM_FFI_ICHECK(shared <= shared_limit) << what << ": K = " << k << " needs " << shared << " bytes of shared memory, the GPU allows " << shared_limit;
     Ptr fn = Kernel(d, relaxtune_gemv_fatbin, dev.device_id,
                     std::string("relaxtune_gemv_nk_") + kind + type + "_m" + std::to_string(tile) + (narrow ? "_narrow" : ""), shared_limit);
     Params p{Data(x) + r0 * x_k * 2, Data(w), r != nullptr ? Data(*r) + r0 * n * 2 : nullptr, Data(y) + r0 * n * 2,
-             rows, static_cast<int>(k), static_cast<int>(n), static_cast<int>(k), g != nullptr ? Data(*g) : nullptr, static_cast<float>(eps),
-             pdl && TriggerAllowed() ? 1 : 0};
+             rows, static_cast<int>(k), static_cast<int>(n), static_cast<int>(k), g != nullptr ? Data(*g) : nullptr, static_cast<float>(eps)};
     void* args[] = {&p};
     Start(d, fn, blocks, 1, threads, pdl, stream, args, static_cast<unsigned>(shared));
   }
