@@ -101,6 +101,10 @@ VARIANTS = {
     # before relax_passes/fuse_gemv_prologue_cuda.py); `run` times it against the default at n = 1 (PROLOGUE_AB)
     "llama7b-rf-cublas-flash-noprologue-graph": ("relaxtune", True, CudaLibraries(gemv_prologue=False)),
     "llama7b-rf-cublas-flash-noprologue": ("relaxtune", False, CudaLibraries(gemv_prologue=False)),
+    # the default with the SwiGLU as down's prologue rather than gate/up's epilogue (the default before gemv_glu), and
+    # with k rotated by its own kernel in the decode buckets (before FlashAttention.rope_k): gpu_ab_builds.py
+    "llama7b-rf-cublas-flash-noglu-graph": ("relaxtune", True, CudaLibraries(gemv_glu=False)),
+    "llama7b-rf-cublas-flash-noropek-graph": ("relaxtune", True, CudaLibraries()),
     # the flash default before RowElementwise (dlight's Fallback for the element-wise kernels): see PREVIOUS_EW
     "llama7b-rf-cublas-flash-graph-prev": ("relaxtune", True, CudaLibraries()),
     "llama7b-rf-cublas-flash-prev": ("relaxtune", False, CudaLibraries()),
@@ -130,6 +134,8 @@ FLASH = {
     "llama7b-rf-cublas-flash-kn": FlashAttention(),
     "llama7b-rf-cublas-flash-noprologue-graph": FlashAttention(),
     "llama7b-rf-cublas-flash-noprologue": FlashAttention(),
+    "llama7b-rf-cublas-flash-noglu-graph": FlashAttention(),
+    "llama7b-rf-cublas-flash-noropek-graph": FlashAttention(rope_k=False),
 }
 # built with the GPU rules as they were before schedules/rules/gpu_row_softmax.py (for comparison)
 PREVIOUS_RULES = ("llama7b-sf-cublas-all-prev", "llama7b-sf-cublas-all-graph-prev")

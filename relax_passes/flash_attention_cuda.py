@@ -14,7 +14,9 @@ q/k/v projection) is read from that tensor at a head offset
 (`relaxtune_flash_attention_in_place`), and a q that is a rotate-half RoPE of such a slice (or of
 any tensor) with (1, n, 1, d) cos/sin tables is rotated as the kernel loads it
 (`relaxtune_flash_attention_rope`), so the slice copies and q's rotation kernel go away. k's
-rotation stays a kernel: every query block would rotate every key tile again.
+rotation stays a kernel where there are several query blocks (each would rotate every key tile again); in a
+bucket whose upper bound of `dim` fits one query block (the decode buckets), a k that is the same rotation of a
+head slice is rotated as the kernel loads it too (`relaxtune_flash_attention_rope_qk`), and its kernel goes away.
 
 What it does not match is left to DecomposeAttention (matmul / masked softmax / matmul, then
 RewriteBatchedGemmToCublas in the larger buckets). Only bucket functions whose lower bound of
@@ -34,7 +36,16 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from ..kernels.flash_attention import FUNCTION, HEAD_DIMS, IN_PLACE_FUNCTION, ROPE_FUNCTION, supports
+from ..kernels.flash_attention import (
+    BLOCK_ROWS,
+    FUNCTION,
+    HEAD_DIMS,
+    IN_PLACE_FUNCTION,
+    ROPE_FUNCTION,
+    ROPE_QK_FUNCTION,
+    SM90_MIN_ROWS,
+    supports,
+)
 from .bucket_dispatch import BUCKET_ATTR
 from .fuse_attention_prologue import _Source, _Tracer
 from .fusion_utils import is_op, static_int, use_counts
@@ -106,9 +117,12 @@ class _Rewriter(PyExprMutator):
         super().__init__(mod)
         self.block_m, self.in_place = block_m, in_place
         self.uses, self.views, self.count, self.read_in_place, self.rotated = {}, {}, 0, 0, 0
+        self.one_block, self.rotated_k = False, 0
 
-    def rewrite(self, func: relax.Function) -> relax.Function | None:
+    def rewrite(self, func: relax.Function, one_block: bool = False) -> relax.Function | None:
+        """`func` with its attention calls on the flash kernel, or None; `one_block`: its query rows fit one block."""
         self.uses, self.views, self.count, self.read_in_place, self.rotated = use_counts(func), {}, 0, 0, 0
+        self.one_block, self.rotated_k = one_block, 0
         new = self.visit_expr(func)
         return relax.analysis.remove_all_unused(new) if self.count else None  # the absorbed repeats, slices, rotation
 
@@ -144,6 +158,13 @@ class _Rewriter(PyExprMutator):
         if tables is None:
             return IN_PLACE_FUNCTION, [qs.tensor, ks.tensor, vs.tensor, heads]
         self.rotated += 1
+        k_rope = tracer.rope(k) if self.one_block else None
+        if k_rope is not None and all(a.same_as(b) for a, b in zip(k_rope[1], tables)):
+            kx, _tables, reads = k_rope
+            ks = tracer.heads(kx, uses=reads) or _Source(kx)
+            heads = relax.ShapeExpr([qs.offset, ks.offset, vs.offset, static_int(k.ty.shape.values[2])])
+            self.rotated_k += 1
+            return ROPE_QK_FUNCTION, [qs.tensor, ks.tensor, vs.tensor, *(tracer.rows(t) for t in tables), heads]
         return ROPE_FUNCTION, [qs.tensor, ks.tensor, vs.tensor, *(tracer.rows(t) for t in tables), heads]
 
 
@@ -151,8 +172,11 @@ class _Rewriter(PyExprMutator):
 class RewriteAttentionToFlash:
     """Attention calls of functions whose bucket of `dim` starts at >= `min_rows` call the flash kernel."""
 
-    def __init__(self, arch: str, dim: str = "n", min_rows: int = 1, block_m: int = 0, in_place: bool = True):
+    def __init__(
+        self, arch: str, dim: str = "n", min_rows: int = 1, block_m: int = 0, in_place: bool = True, rope_k: bool = True
+    ):
         self.arch, self.dim, self.min_rows, self.block_m, self.in_place = arch, dim, min_rows, block_m, in_place
+        self.rope_k = rope_k
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if not supports(self.arch):
@@ -165,15 +189,23 @@ class RewriteAttentionToFlash:
             bucket = func.attrs[BUCKET_ATTR] if func.attrs is not None and BUCKET_ATTR in func.attrs else None
             if bucket is not None and self.dim in bucket and int(bucket[self.dim][0]) < self.min_rows:
                 continue
-            new = rewriter.rewrite(func)
+            one_block = self.rope_k and bucket is not None and self.dim in bucket and self._one_block(bucket)
+            new = rewriter.rewrite(func, one_block=one_block)
             if new is not None:
                 rewriter.builder_.update_func(gvar, new)
                 changed = True
                 logger.info(
-                    "%s: %d attention call(s) -> flash attention (%d reading q/k/v in place, %d rotating q on load)",
+                    "%s: %d attention call(s) -> flash attention (%d reading q/k/v in place, %d rotating q on load, "
+                    "%d k too)",
                     gvar.name_hint,
                     rewriter.count,
                     rewriter.read_in_place,
                     rewriter.rotated,
+                    rewriter.rotated_k,
                 )
         return rewriter.builder_.get() if changed else mod
+
+    def _one_block(self, bucket) -> bool:
+        """Whether the bucket's largest `dim` fits one query block of the kernel that `block_m` picks (mma.sync)."""
+        rows = self.block_m if self.block_m in (64, 128) else BLOCK_ROWS if self.block_m == 0 else 0
+        return int(bucket[self.dim][1]) <= min(rows, SM90_MIN_ROWS - 1)

@@ -1,5 +1,5 @@
-"""FuseGemvPrologueCuda: relaxtune's (N, K) GEMV kernel computes its own input: the RMSNorm before a
-projection and the SwiGLU before the down projection are no longer kernels of their own (CUDA only).
+"""FuseGemvPrologueCuda: relaxtune's (N, K) GEMV kernel computes its own input and its SwiGLU: the RMSNorm before a
+projection and the SwiGLU between gate/up and down are no longer kernels of their own (CUDA only).
 
 In the calls RewriteGemvToCuda made for weights kept (N, K) (the decode buckets):
 
@@ -10,18 +10,23 @@ In the calls RewriteGemvToCuda made for weights kept (N, K) (the decode buckets)
   slices (the merged gate/up product of MergeProjections(copy_slices=True)) or as the two fields of
   ``R.split(gu, 2, axis=-1)`` (a language model's own merged gate/up), and each of ``m``, ``silu(gate)``, ``gate``,
   ``up`` (and the split) is read by nothing else, becomes ``y = relaxtune_gemv_nk_swiglu(gu, w)``
-  (``relaxtune_gemv_nk_swiglu_add(gu, w, r)``).
+  (``relaxtune_gemv_nk_swiglu_add(gu, w, r)``);
+- but where that ``gu`` is itself ``relaxtune_gemv_nk(x, w_gu)`` (or its RMSNorm form, above) read by nothing
+  else, the SwiGLU is that GEMV's epilogue instead: ``m = relaxtune_gemv_nk_glu(x, w_gu)``
+  (``relaxtune_gemv_nk_rms_glu(x, g, w_gu, epsilon)``), ``m (..., K)``, and the down projection reads ``m``:
+  ``y = relaxtune_gemv_nk(m, w)`` (``relaxtune_gemv_nk_add(m, w, r)``).
 
-The kernel (kernels/gemv.py, gemv.cu's x prologues) computes that input once per block into shared memory,
-rounded where the kernels it replaces round, while its first weight loads are in flight. Matched by operators
-and types, never by names: x, g, gu, w and y of one dtype (float16 / bfloat16), the norm over the last axis,
-unit strides, the slices' bounds static. K is at most kernels.gemv.PROLOGUE_MAX_K (shared memory).
+The kernel (kernels/gemv.py, gemv.cu's x prologues and SwiGLU epilogue) computes a prologue's input once per
+block into shared memory while its first weight loads are in flight, or pairs each gate row with its up row and
+writes silu(gate) * up; rounded where the kernels it replaces round. Matched by operators and types, never by
+names: x, g, gu, w and y of one dtype (float16 / bfloat16), the norm over the last axis, unit strides, the slices'
+bounds static. K is at most kernels.gemv.PROLOGUE_MAX_K (shared memory).
 
 Why: at n = 1 each of these is a small kernel of its own in the block's CUDA graph, whose launch and whose
 output's write and read cost about as much as a tenth of the GEMV after it (docs/results.md, GPU Llama-7B block).
 
 Runs after RewriteGemvToCuda (it reads that pass's calls) and before LegalizeOps; the pipeline adds it for
-cuda sm_80+ from config.CudaLibraries (`gemv`, `gemv_prologue`).
+cuda sm_80+ from config.CudaLibraries (`gemv`, `gemv_prologue`, `gemv_glu`).
 """
 
 from __future__ import annotations
@@ -36,7 +41,9 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from ..kernels.gemv import (
     NK_ADD_FUNCTION,
     NK_FUNCTION,
+    NK_GLU_FUNCTION,
     NK_RMS_FUNCTION,
+    NK_RMS_GLU_FUNCTION,
     NK_SWIGLU_ADD_FUNCTION,
     NK_SWIGLU_FUNCTION,
     PROLOGUE_MAX_K,
@@ -98,6 +105,11 @@ class _Matcher:
 
     def swiglu(self, x_arg, k: int, dtype: str) -> relax.Expr | None:
         """gu when `x_arg` is single-use `silu(gu[..., :K]) * gu[..., K:2K]` (either operand order), else None."""
+        found = self.swiglu_chain(x_arg, k, dtype)
+        return found[0] if found else None
+
+    def swiglu_chain(self, x_arg, k: int, dtype: str) -> tuple[relax.Expr, list] | None:
+        """(gu, the variables between gu and `x_arg`, `x_arg` included) for `swiglu`'s match, else None."""
         product = self.single_use(x_arg, "relax.multiply")
         if product is None:
             return None
@@ -107,8 +119,32 @@ class _Matcher:
                 continue
             gu = self._half(silu.args[0], 0, k)
             if gu is not None and gu.same_as(self._half(up, k, k)) and _tensor(gu).dtype == dtype:
-                return gu
+                halves = [silu.args[0], up]
+                split = self.var2val[up].tuple_value if isinstance(self.var2val[up], relax.TupleGetItem) else None
+                return gu, [x_arg, gated, *halves, *([split] if split is not None else [])]
         return None
+
+    def glu_producers(self) -> tuple[dict, set]:
+        """({gu: K} for each gu that a SwiGLU-form call reads and a plain (N, K) GEMV call makes, read by nothing else;
+        the variables between each such gu and its reader): the GEMVs that take the SwiGLU as their epilogue."""
+        producers, dropped = {}, set()
+        for value in list(self.var2val.values()):
+            found = nk_call(value)
+            if found is None or len(found[1]) < 2 or _tensor(found[1][1], ndim=2) is None:
+                continue
+            k = static_int(found[1][1].ty.shape.values[1])
+            chain = self.swiglu_chain(found[1][0], k, found[1][1].ty.dtype) if k is not None else None
+            if chain is None or not isinstance(chain[0], relax.Var):
+                continue
+            gu, between = chain
+            made = nk_call(self.var2val.get(gu))
+            readers = 1 if len(between) == 5 else 2  # the split, or the two slices
+            wt = _tensor(made[1][1], ndim=2) if made is not None else None
+            k_in = static_int(wt.shape.values[1]) if wt is not None else None
+            if k_in is not None and made[0] == NK_FUNCTION and k_in <= PROLOGUE_MAX_K and self.uses[gu] == readers:
+                producers[gu] = k
+                dropped.update(between)
+        return producers, dropped
 
     def _half(self, var, begin: int, k: int) -> relax.Expr | None:
         """gu when `var` is read once and is gu[..., begin:begin + K] of a gu (..., 2K): a unit-stride slice, or field
@@ -143,35 +179,58 @@ class _Matcher:
 
 @mutator
 class _Rewriter(PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, matcher: _Matcher):
+    def __init__(self, mod: tvm.IRModule, matcher: _Matcher, glu: bool = True):
         super().__init__(mod)
         self.matcher, self.counts = matcher, Counter()
+        self.glu, self.dropped = matcher.glu_producers() if glu else ({}, set())
+
+    def visit_var_binding_(self, binding):
+        if binding.var in self.dropped:  # the SwiGLU a GEMV's epilogue computes: read by nothing else
+            return
+        k = self.glu.get(binding.var)
+        if k is None:
+            super().visit_var_binding_(binding)
+            return
+        # gu (..., 2K) -> silu(gate) * up (..., K): the GEMV's SwiGLU epilogue
+        name, operands = nk_call(binding.value)
+        shape = [*binding.value.ty.shape.values[:-1], k]
+        fused = self._fused(binding.value, name, operands, relax.TensorType(shape, binding.value.ty.dtype), glu=True)
+        dataflow = isinstance(binding.var, relax.DataflowVar)
+        self.set_var_remap(binding.var, self.builder_.emit(fused) if dataflow else self.builder_.emit_output(fused))
 
     def visit_call_(self, call):
         found = nk_call(call)
         new = self._fused(call, *found) if found else None
         return new if new is not None else super().visit_call_(call)
 
-    def _fused(self, call, name: str, operands: list) -> relax.Call | None:
+    def _fused(self, call, name: str, operands: list, ty=None, glu: bool = False) -> relax.Call | None:
         x_arg, w = operands[0], operands[1]
         wt, yt = _tensor(w, ndim=2), _tensor(call)
         k = static_int(wt.shape.values[1]) if wt is not None else None
         if k is None or k > PROLOGUE_MAX_K or yt is None or yt.dtype != wt.dtype:
             return None
+        ty = ty or call.ty
         if name == NK_FUNCTION:
             norm = self.matcher.rms(x_arg, k, wt.dtype)
             if norm is not None:
                 x, g, eps = norm
                 self.counts["rms"] += 1
+                self.counts["glu"] += glu
                 eps_value = relax.prim_value(tirx.FloatImm("float64", eps))
                 args = [self.visit_expr(x), self.visit_expr(g), self.visit_expr(w), eps_value]
-                return relax.call_dps_packed(NK_RMS_FUNCTION, args, call.ty)
-        gu = self.matcher.swiglu(x_arg, k, wt.dtype)
-        if gu is None:
+                return relax.call_dps_packed(NK_RMS_GLU_FUNCTION if glu else NK_RMS_FUNCTION, args, ty)
+        if glu:
+            self.counts["glu"] += 1
+            return relax.call_dps_packed(NK_GLU_FUNCTION, [self.visit_expr(a) for a in operands], ty)
+        found = self.matcher.swiglu_chain(x_arg, k, wt.dtype)
+        if found is None:
             return None
+        gu, between = found
+        if between[0] in self.dropped:  # gu's GEMV computes the SwiGLU: the plain product of it
+            return relax.call_dps_packed(name, [self.visit_expr(gu), *(self.visit_expr(a) for a in operands[1:])], ty)
         self.counts["swiglu"] += 1
         args = [self.visit_expr(gu), *(self.visit_expr(a) for a in operands[1:])]
-        return relax.call_dps_packed(SWIGLU[name], args, call.ty)
+        return relax.call_dps_packed(SWIGLU[name], args, ty)
 
 
 def _has_nk_call(func: relax.Function) -> bool:
@@ -182,22 +241,27 @@ def _has_nk_call(func: relax.Function) -> bool:
 
 @tvm.transform.module_pass(opt_level=0, name="FuseGemvPrologueCuda")
 class FuseGemvPrologueCuda:
-    """The RMSNorm / SwiGLU before an (N, K) GEMV call computed by the kernel itself (see above)."""
+    """The RMSNorm / SwiGLU before an (N, K) GEMV call computed by the kernel itself (see above); `glu` False: the
+    SwiGLU always as down's prologue, never as gate/up's epilogue."""
+
+    def __init__(self, glu: bool = True):
+        self.glu = glu
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         updates = {}
         for gvar, func in mod.functions_items():
             if not isinstance(func, relax.Function) or not _has_nk_call(func):
                 continue
-            rewriter = _Rewriter(mod, _Matcher(func))
+            rewriter = _Rewriter(mod, _Matcher(func), self.glu)
             new = rewriter.visit_expr(func)
             if not rewriter.counts:
                 continue
             updates[gvar] = relax.analysis.remove_all_unused(new)  # the norms, SwiGLUs and slices read no more
             logger.info(
-                "%s: %d RMSNorm(s) and %d SwiGLU(s) into the (N, K) GEMV",
+                "%s: %d RMSNorm(s), %d SwiGLU(s) as prologue and %d as epilogue into the (N, K) GEMV",
                 gvar.name_hint,
                 rewriter.counts["rms"],
                 rewriter.counts["swiglu"],
+                rewriter.counts["glu"],
             )
         return with_functions(mod, updates)

@@ -101,7 +101,11 @@ def fusion_passes(
         *([SmallAttentionTiles(), FuseNormIntoGemv()] if ours and not gpu else []),  # short-sequence buckets
         *([LiftPositionTables()] if lift_tables else []),  # rotary tables once up to each bucket's bound
         *(
-            [RewriteAttentionToFlash(arch, min_rows=flash.min_rows, block_m=flash.block_m, in_place=flash.in_place)]
+            [
+                RewriteAttentionToFlash(
+                    arch, min_rows=flash.min_rows, block_m=flash.block_m, in_place=flash.in_place, rope_k=flash.rope_k
+                )
+            ]
             if flash_on
             else []
         ),
@@ -117,7 +121,11 @@ def fusion_passes(
             if library and libs.gemv and gemv.supports(arch)
             else []
         ),
-        *([FuseGemvPrologueCuda()] if library and libs.gemv and libs.gemv_prologue and gemv.supports(arch) else []),
+        *(
+            [FuseGemvPrologueCuda(glu=libs.gemv_glu)]
+            if library and libs.gemv and libs.gemv_prologue and gemv.supports(arch)
+            else []
+        ),
         *([RewriteQuantGemvToCuda(max_rows=libs.gemv_max_rows)] if quant_gpu else []),  # 4-bit GEMV, or + cuBLAS
         *([RewriteGemmToCublas(min_rows=libs.min_rows, decode_wide=libs.decode_wide)] if library else []),
         *([RewriteResidualAddToCublas(min_rows=libs.residual_min_rows)] if library and libs.residual else []),

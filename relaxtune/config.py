@@ -156,6 +156,7 @@ class CudaLibraries:
     gemv_max_cols: int | None = 16384  # the (K, N) kernel's widest output (None: any)
     gemv_max_cols_nk: int | None = None  # the (N, K) kernel's widest output (None: any)
     gemv_prologue: bool = True  # the (N, K) GEMV computes the RMSNorm / SwiGLU before it (FuseGemvPrologueCuda)
+    gemv_glu: bool = True  # and gate/up's GEMV the SwiGLU after it, where it can (else down's prologue does)
     residual: bool = True  # a residual add as the cuBLASLt GEMM's epilogue (RewriteResidualAddToCublas)
     residual_min_rows: int = 17
     batched: bool = True  # attention's batched GEMMs on cuBLAS (RewriteBatchedGemmToCublas)
@@ -172,6 +173,7 @@ class FlashAttention:
     block_m: int = 0  # query rows per block (0: the kernel's choice per arch)
     in_place: bool = True  # read q, k, v in place from the merged projection
     lift_tables: bool = True  # rotary tables computed once up to each bucket's bound (LiftPositionTables)
+    rope_k: bool = True  # k rotated on load too in buckets of one query block (else by its own kernel)
 
 
 @dataclass(frozen=True)

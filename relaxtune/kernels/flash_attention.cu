@@ -10,7 +10,9 @@
 // tiles crossing the diagonal (or the end of the keys) are masked. GQA: query head h reads
 // key/value head h / group. Rows are 128 or 64 elements wide, 16-byte chunks XOR-swizzled by
 // row so ldmatrix reads are conflict-free. Layouts: o (b, n, heads, D); q, k, v are head ranges of
-// (b, rows, H, D) tensors (e.g. the merged q/k/v projection), and q may be rotated (RoPE) on load.
+// (b, rows, H, D) tensors (e.g. the merged q/k/v projection), and q may be rotated (RoPE) on load, k too
+// (rope_k: each key tile in shared memory once it has landed; what a grid of one query block per head wants, where
+// no tile is rotated twice).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -26,6 +28,7 @@ struct Params {
   int q_head0, k_head0, v_head0;
   int n, m, group, causal;      // query rows, key rows, query heads per kv head, top-left causal mask
   float scale_log2;             // softmax scale * log2(e)
+  int rope_k;                   // 1: k is rotated too, with the same tables (>= m rows), tile by tile (this kernel only)
 };
 
 constexpr int BN = 64;
@@ -114,6 +117,38 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const T* src, int stride
   }
 }
 
+// RoPE in shared memory on the tile at `tile` (ROWS rows, the first at sequence position `pos0`; rows from
+// `valid_rows` on are left), and with the same table rows on the tile at `tile2` (its first `valid2` rows; none
+// when 0): x * cos + concat(-x2, x1) * sin, in fp32, one rounding
+template <typename T, int D, int ROWS, int THREADS>
+__device__ __forceinline__ void rotate_tile(uint32_t tile, int pos0, int valid_rows, const Params& p, int tid,
+                                            uint32_t tile2 = 0, int valid2 = 0) {
+  const T* cos = static_cast<const T*>(p.cos);
+  const T* sin = static_cast<const T*>(p.sin);
+#pragma unroll 8  // the table loads of 8 steps in flight at once
+  for (int i = tid; i < ROWS * D / 4; i += THREADS) {  // two neighbouring columns j, j + 1 of each half
+    int row = i / (D / 4), j = (i % (D / 4)) * 2;
+    if (row >= max(valid_rows, valid2)) continue;
+    const long long t = static_cast<long long>(pos0 + row) * D + j;
+    float2 c1 = unpack<T>(*reinterpret_cast<const uint32_t*>(cos + t)), c2 = unpack<T>(*reinterpret_cast<const uint32_t*>(cos + t + D / 2));
+    float2 s1 = unpack<T>(*reinterpret_cast<const uint32_t*>(sin + t)), s2 = unpack<T>(*reinterpret_cast<const uint32_t*>(sin + t + D / 2));
+#pragma unroll
+    for (int which = 0; which < 2; ++which) {
+      if (row >= (which ? valid2 : valid_rows)) continue;
+      const uint32_t base = which ? tile2 : tile;
+      uint32_t a1 = base + swz<D>(row, j / 8) + (j % 8) * 2, a2 = base + swz<D>(row, (j + D / 2) / 8) + (j % 8) * 2;
+      uint32_t r1, r2;
+      asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(r1) : "r"(a1));
+      asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(r2) : "r"(a2));
+      float2 x1 = unpack<T>(r1), x2 = unpack<T>(r2);
+      r1 = pack<T>(x1.x * c1.x - x2.x * s1.x, x1.y * c1.y - x2.y * s1.y);
+      r2 = pack<T>(x2.x * c2.x + x1.x * s2.x, x2.y * c2.y + x1.y * s2.y);
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a1), "r"(r1));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a2), "r"(r2));
+    }
+  }
+}
+
 // STAGES 2: K and V tiles double-buffered (the next K loads during S, the next V during P V);
 // STAGES 1: one buffer each (V_j loads during S_j, K_{j+1} during P V_j): less shared memory per block
 template <typename T, int D, int WARPS, int MT, int STAGES>
@@ -143,28 +178,12 @@ __device__ __forceinline__ void flash_forward(const Params& p) {
     load_tile<T, D, BN, THREADS>(s_v, v, p.v_row, p.m, tid);
     cp_commit();
   }
-  if (p.cos != nullptr) {  // RoPE on q in shared memory: x * cos + concat(-x2, x1) * sin, in fp32
+  // one query block with k rotated too: K_0's rows are at q's positions, so one pass rotates both with one table read
+  const bool k0_with_q = BM == BN && p.rope_k && m0 == 0;
+  if (p.cos != nullptr) {  // RoPE on q (and K_0) in shared memory
     if (STAGES == 2) cp_wait1(); else cp_wait0();
     __syncthreads();
-    const T* cos = static_cast<const T*>(p.cos);
-    const T* sin = static_cast<const T*>(p.sin);
-#pragma unroll 8  // the table loads of 8 steps in flight at once
-    for (int i = tid; i < BM * D / 4; i += THREADS) {  // two neighbouring columns j, j + 1 of each half
-      int row = i / (D / 4), j = (i % (D / 4)) * 2;
-      if (m0 + row >= p.n) continue;
-      uint32_t a1 = s_q + swz<D>(row, j / 8) + (j % 8) * 2, a2 = s_q + swz<D>(row, (j + D / 2) / 8) + (j % 8) * 2;
-      uint32_t r1, r2;
-      asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(r1) : "r"(a1));
-      asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(r2) : "r"(a2));
-      const long long t = static_cast<long long>(m0 + row) * D + j;
-      float2 x1 = unpack<T>(r1), x2 = unpack<T>(r2);
-      float2 c1 = unpack<T>(*reinterpret_cast<const uint32_t*>(cos + t)), c2 = unpack<T>(*reinterpret_cast<const uint32_t*>(cos + t + D / 2));
-      float2 s1 = unpack<T>(*reinterpret_cast<const uint32_t*>(sin + t)), s2 = unpack<T>(*reinterpret_cast<const uint32_t*>(sin + t + D / 2));
-      r1 = pack<T>(x1.x * c1.x - x2.x * s1.x, x1.y * c1.y - x2.y * s1.y);
-      r2 = pack<T>(x2.x * c2.x + x1.x * s2.x, x2.y * c2.y + x1.y * s2.y);
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a1), "r"(r1));
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a2), "r"(r2));
-    }
+    rotate_tile<T, D, BM, THREADS>(s_q, m0, p.n - m0, p, tid, s_k, k0_with_q ? min(p.m, BN) : 0);
   }
 
   float o[MT][D / 8][4];
@@ -190,6 +209,10 @@ __device__ __forceinline__ void flash_forward(const Params& p) {
       __syncthreads();  // K_j (and Q) landed; every warp is done with V_{j-1}
       load_tile<T, D, BN, THREADS>(s_v, v + static_cast<long long>(key0) * p.v_row, p.v_row, p.m - key0, tid);
       cp_commit();
+    }
+    if (p.rope_k && !(k0_with_q && j == 0)) {  // K_j rotated where it landed, before any warp reads it
+      rotate_tile<T, D, BN, THREADS>(s_k + stage * TILE_BYTES, key0, p.m - key0, p, tid);
+      __syncthreads();
     }
 
     float s[MT][BN / 8][4];

@@ -10,8 +10,10 @@ warp-specialized wgmma kernel (compute capability 9.0 only), 0 the measured defa
 `relaxtune_flash_attention_in_place(q, k, v, heads, causal, scale, block_m, out)` reads q, k, v
 as head ranges of larger (b, rows, H, d) tensors (the merged q/k/v projection): `heads` =
 (q_head0, k_head0, v_head0, kv_heads); `relaxtune_flash_attention_rope(q, k, v, cos, sin, heads,
-...)` also rotates q (rotate-half RoPE with (>= n, d) tables) as it loads it. Emitted by
-`RewriteAttentionToFlash` (relax_passes/flash_attention_cuda.py).
+...)` also rotates q (rotate-half RoPE with (>= n, d) tables) as it loads it, and
+`relaxtune_flash_attention_rope_qk(...)` (the same arguments) k too, each key tile in shared memory once it has
+landed (the mma.sync kernel; tables of >= m rows): for grids of one query block per head, where no key tile is
+rotated twice. Emitted by `RewriteAttentionToFlash` (relax_passes/flash_attention_cuda.py).
 
 The kernels (cuda_flash_attention.cu, FlashAttention-2 style: mma.sync tensor cores, cp.async
 double buffering, online softmax; cuda_flash_attention_sm90.cu, the same with Hopper's wgmma, two
@@ -37,6 +39,9 @@ logger = logging.getLogger(__name__)
 FUNCTION = "relaxtune_flash_attention"
 IN_PLACE_FUNCTION = "relaxtune_flash_attention_in_place"
 ROPE_FUNCTION = "relaxtune_flash_attention_rope"
+ROPE_QK_FUNCTION = "relaxtune_flash_attention_rope_qk"  # k rotated on load too
+BLOCK_ROWS = 64  # query rows per block of the kernel that block_m 0 picks below SM90_MIN_ROWS rows (the host's kBlockM)
+SM90_MIN_ROWS = 256  # from these query rows on block_m 0 picks the wgmma kernel on 9.0 (the host's kSm90MinRows)
 HEAD_DIMS = (64, 128)
 MIN_ARCH = 80  # mma.sync with bf16, cp.async
 # the mma.sync kernels (sm_80+) and, appended in the same translation unit, the wgmma kernels (sm_90a)

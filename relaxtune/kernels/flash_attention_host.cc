@@ -15,6 +15,7 @@ struct Params {  // must match cuda_flash_attention.cu
   int q_head0, k_head0, v_head0;
   int n, m, group, causal;
   float scale_log2;
+  int rope_k;
 };
 
 constexpr int kBlockN = 64;
@@ -42,7 +43,7 @@ bool IsSm90(Driver* d, int device) {
 // (each (b, rows, heads of the tensor, d), compact); cos/sin: (>= n, d) tables to rotate q with, or null
 void Launch(const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& k, const tvm::ffi::TensorView& v, const tvm::ffi::TensorView* cos,
             const tvm::ffi::TensorView* sin, int64_t q_head0, int64_t k_head0, int64_t v_head0, int64_t kv_heads, int64_t causal,
-            double scale, int64_t block_m, const tvm::ffi::TensorView& o, int64_t stages = kStages) {
+            double scale, int64_t block_m, const tvm::ffi::TensorView& o, int64_t stages = kStages, bool rope_k = false) {
   for (const auto* t : {&q, &k, &v, &o}) {
     TVM_FFI_ICHECK_EQ(t->ndim(), 4) << "flash attention: q, k, v and out must be (batch, rows, heads, head_dim)";
     TVM_FFI_ICHECK(t->IsContiguous()) << "flash attention: operands must be compact";
@@ -64,6 +65,7 @@ void Launch(const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& k, const 
     for (const auto* t : {cos, sin}) {
       TVM_FFI_ICHECK(t->ndim() == 2 && t->size(0) >= n && t->size(1) == dim && t->IsContiguous() && t->dtype().code == dt.code && t->dtype().bits == 16)
           << "flash attention: cos/sin must be compact (>= n, head_dim) tables of q's dtype";
+      TVM_FFI_ICHECK(!rope_k || t->size(0) >= m) << "flash attention: rotating k needs tables of >= m rows";
     }
   }
   TVM_FFI_ICHECK(n * q.size(2) * dim <= INT_MAX && m * std::max(k.size(2), v.size(2)) * dim <= INT_MAX && heads <= 65535 && b <= 65535)
@@ -75,9 +77,11 @@ void Launch(const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& k, const 
   // block_m 0: the warp-specialized wgmma kernel on compute capability 9.0 from kSm90MinRows query rows, else 64 rows of the
   // mma.sync one. The config entry point: stages 0 = the two-warpgroup wgmma kernel, 3 = the warp-specialized one, 4 = that
   // with ping-pong, block_m then their key rows per tile (64 or 128; 64 for 3 and 4)
-  bool hopper = block_m == kSm90 || (block_m == 0 && n >= kSm90MinRows && IsSm90(d, dev.device_id));
+  bool hopper = block_m == kSm90 || (block_m == 0 && !rope_k && n >= kSm90MinRows && IsSm90(d, dev.device_id));
   bool ws = stages == 3 || stages == 4 || hopper, pingpong = stages == 4 || hopper;
   bool sm90 = stages == 0 || ws;
+  TVM_FFI_ICHECK(!rope_k || !sm90) << "flash attention: k rotated on load needs the mma.sync kernel (block_m 0, 64 or 128, n < "
+                                   << kSm90MinRows << ")";
   TVM_FFI_ICHECK(!sm90 || IsSm90(d, dev.device_id)) << "flash attention: the wgmma kernels need compute capability 9.0";
   int64_t block_n = hopper ? kSm90BlockN : block_m;
   TVM_FFI_ICHECK(!ws || block_n == 64) << "flash attention: the warp-specialized kernel has 64 key rows per tile, not " << block_n;
@@ -91,7 +95,7 @@ void Launch(const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& k, const 
            n * row(q), m * row(k), m * row(v), n * row(o), row(q), row(k), row(v), row(o),
            static_cast<int>(q_head0), static_cast<int>(k_head0), static_cast<int>(v_head0),
            static_cast<int>(n), static_cast<int>(m), static_cast<int>(heads / kv_heads), causal ? 1 : 0,
-           static_cast<float>(scale * 1.4426950408889634)};
+           static_cast<float>(scale * 1.4426950408889634), rope_k ? 1 : 0};
   const char* type = dt.code == kDLBfloat ? "bf16" : "f16";
   void* args[] = {&p};
   unsigned blocks = static_cast<unsigned>((n + block_m - 1) / block_m);
@@ -136,6 +140,13 @@ void Rope(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v
   Launch(q, k, v, &cos, &sin, At(heads, 0), At(heads, 1), At(heads, 2), At(heads, 3), causal, scale, block_m, o);
 }
 
+// k rotated too, tile by tile as each lands (the mma.sync kernel): for a grid of one query block per head, where
+// no key tile is rotated twice (RewriteAttentionToFlash emits it where the bucket's n fits one block)
+void RopeQk(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::ffi::TensorView cos, tvm::ffi::TensorView sin,
+            tvm::ffi::Shape heads, int64_t causal, double scale, int64_t block_m, tvm::ffi::TensorView o) {
+  Launch(q, k, v, &cos, &sin, At(heads, 0), At(heads, 1), At(heads, 2), At(heads, 3), causal, scale, block_m, o, kStages, true);
+}
+
 // the rope entry point with the kernel chosen (benchmarks/flash_check.py times each): block_m 64 / 128 and
 // stages 1 / 2 for the mma.sync kernel; stages 0 for the wgmma one, 3 for its warp-specialized form, 4 for
 // that with ping-pong: block_m then the key rows per tile (64 / 128; 64 for 3 and 4)
@@ -148,4 +159,5 @@ void RopeConfig(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::Tensor
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_flash_attention, Plain);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_flash_attention_in_place, InPlace);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_flash_attention_rope, Rope);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_flash_attention_rope_qk, RopeQk);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_flash_attention_config, RopeConfig);

@@ -260,6 +260,11 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b, __nv_bfloa
 // kSwiGluX: x (rows, 2K) is the merged gate/up product, gate | up: x = silu(gate) * up with every step rounded to
 //   T as the fused element-wise kernel's T arithmetic does (sigmoid as 1 / (1 + exp(-gate)), then the two products).
 // The weight loads of the first chunk are issued before (64 KB per SM in flight), so the prologue overlaps them.
+// (The norm applied by each warp as it reads x instead, g on the way and the squares summed by the warps in turns,
+// measured no faster on an H200: q/k/v 26.7 us against 26.5, docs/results.md.)
+// ---- and its SwiGLU epilogue (GLU): the weight is the merged gate | up (2N, K); warp f owns features f and f + N
+// (rows gate_f and up_f) and writes silu(gate_f) * up_f, both sums rounded to T first, then kSwiGluX's steps: the
+// product the down projection reads, so that one needs no prologue.
 enum { kPlainX = 0, kRmsX = 1, kSwiGluX = 2 };
 constexpr int kNkMaxWarps = 16;
 
@@ -357,21 +362,26 @@ __device__ __forceinline__ void prepare_x(const GemvParams& p, uint4* xs) {
 }
 
 // P: x as it is (kPlainX, read through L1 by every warp), or a prologue's x in shared memory (rows x K x 2
-// bytes of dynamic shared memory, given at launch)
-template <typename T, int M, int R, int C, int P = kPlainX>
+// bytes of dynamic shared memory, given at launch); GLU: the SwiGLU epilogue (R = 2)
+template <typename T, int M, int R, int C, int P = kPlainX, bool GLU = false>
 __device__ __forceinline__ void gemv_nk_body(const GemvParams& p) {
+  static_assert(!GLU || R == 2, "the SwiGLU epilogue pairs a gate row with its up row");
   extern __shared__ uint4 nk_x[];  // the prologue's x (P != kPlainX)
-  const int lane = threadIdx.x % 32, row0 = (blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * R;
+  const int lane = threadIdx.x % 32, warp_id = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  // the warp's rows of w: row0 + r (its R features), or with GLU row0 + r * N (gate_f, up_f for feature f = row0)
+  const int row0 = GLU ? warp_id : warp_id * R, row_step = GLU ? p.n : 1;
   const int vectors = p.k / 8, chunks = (vectors + 32 * C - 1) / (32 * C);  // the host makes K a multiple of 8
   const uint4* w = static_cast<const uint4*>(p.w);
   const uint4* x = P == kPlainX ? static_cast<const uint4*>(p.x) : nk_x;
+  auto feature_ok = [&](int r) { return (GLU ? row0 : row0 + r) < p.n; };
   auto load = [&](uint4 (&buf)[R][C], int chunk) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int u = 0; u < C; ++u) {
         const int v = (chunk * C + u) * 32 + lane;
-        buf[r][u] = row0 + r < p.n && v < vectors ? load_stream(w + static_cast<size_t>(row0 + r) * vectors + v) : make_uint4(0, 0, 0, 0);
+        const size_t row = static_cast<size_t>(row0) + static_cast<size_t>(r) * row_step;
+        buf[r][u] = feature_ok(r) && v < vectors ? load_stream(w + row * vectors + v) : make_uint4(0, 0, 0, 0);
       }
   };
   float acc[M][R];
@@ -407,17 +417,30 @@ __device__ __forceinline__ void gemv_nk_body(const GemvParams& p) {
   const T* res = static_cast<const T*>(p.res);
   T* y = static_cast<T*>(p.y);
 #pragma unroll
-  for (int m = 0; m < M; ++m)
+  for (int m = 0; m < M; ++m) {
+    if constexpr (GLU) {
+      float s[2];
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      float s = acc[m][r];
+      for (int r = 0; r < 2; ++r) {
+        s[r] = acc[m][r];
 #pragma unroll
-      for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
-      if (lane == 0 && m < p.rows && row0 + r < p.n) {
-        const size_t at = static_cast<size_t>(m) * p.n + row0 + r;
-        y[at] = from_float<T>(res != nullptr ? s + to_float(res[at]) : s);
+        for (int o = 16; o > 0; o /= 2) s[r] += __shfl_xor_sync(0xffffffffu, s[r], o);
+      }
+      if (lane == 0 && m < p.rows && row0 < p.n)
+        y[static_cast<size_t>(m) * p.n + row0] = from_float<T>(silu_times<T>(round_to<T>(s[0]), round_to<T>(s[1])));
+    } else {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float s = acc[m][r];
+#pragma unroll
+        for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0 && m < p.rows && row0 + r < p.n) {
+          const size_t at = static_cast<size_t>(m) * p.n + row0 + r;
+          y[at] = from_float<T>(res != nullptr ? s + to_float(res[at]) : s);
+        }
       }
     }
+  }
 }
 
 // R = 2 features per warp, C = 4 vectors per row per chunk; 512 threads (16 warps, one block per SM)
@@ -439,24 +462,20 @@ RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_bf16_m1_narrow, __nv_bfloat16, 1, 256, 2)
 RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_bf16_m2_narrow, __nv_bfloat16, 2, 256, 2)
 RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_bf16_m4_narrow, __nv_bfloat16, 4, 256, 2)
 
-// the prologue kernels (rows <= 2 per launch: the shared x is 2 x K x 2 bytes): RMSNorm before the product
-// (q/k/v, gate/up), SwiGLU of the merged gate/up product before it (down)
-#define RELAXTUNE_GEMV_NK_X(NAME, T, M, THREADS, MINB, P) \
-  extern "C" __global__ void __launch_bounds__(THREADS, MINB) NAME(GemvParams p) { gemv_nk_body<T, M, 2, 4, P>(p); }
+// the prologue / epilogue kernels (rows <= 2 per launch: a prologue's x is 2 x K x 2 bytes of shared memory): RMSNorm
+// before the product (q/k/v), SwiGLU of the merged gate/up product before it (down, when gate/up is no GEMV of
+// this kind), the SwiGLU epilogue with (gate/up) or without the norm
+#define RELAXTUNE_GEMV_NK_X(NAME, P, GLU)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(512, 1) relaxtune_gemv_nk_##NAME##_f16_m1(GemvParams p) { gemv_nk_body<__half, 1, 2, 4, P, GLU>(p); } \
+  extern "C" __global__ void __launch_bounds__(512, 1) relaxtune_gemv_nk_##NAME##_f16_m2(GemvParams p) { gemv_nk_body<__half, 2, 2, 4, P, GLU>(p); } \
+  extern "C" __global__ void __launch_bounds__(512, 1) relaxtune_gemv_nk_##NAME##_bf16_m1(GemvParams p) { gemv_nk_body<__nv_bfloat16, 1, 2, 4, P, GLU>(p); } \
+  extern "C" __global__ void __launch_bounds__(512, 1) relaxtune_gemv_nk_##NAME##_bf16_m2(GemvParams p) { gemv_nk_body<__nv_bfloat16, 2, 2, 4, P, GLU>(p); } \
+  extern "C" __global__ void __launch_bounds__(256, 2) relaxtune_gemv_nk_##NAME##_f16_m1_narrow(GemvParams p) { gemv_nk_body<__half, 1, 2, 4, P, GLU>(p); } \
+  extern "C" __global__ void __launch_bounds__(256, 2) relaxtune_gemv_nk_##NAME##_f16_m2_narrow(GemvParams p) { gemv_nk_body<__half, 2, 2, 4, P, GLU>(p); } \
+  extern "C" __global__ void __launch_bounds__(256, 2) relaxtune_gemv_nk_##NAME##_bf16_m1_narrow(GemvParams p) { gemv_nk_body<__nv_bfloat16, 1, 2, 4, P, GLU>(p); } \
+  extern "C" __global__ void __launch_bounds__(256, 2) relaxtune_gemv_nk_##NAME##_bf16_m2_narrow(GemvParams p) { gemv_nk_body<__nv_bfloat16, 2, 2, 4, P, GLU>(p); }
 
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_rms_f16_m1, __half, 1, 512, 1, kRmsX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_rms_f16_m2, __half, 2, 512, 1, kRmsX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_rms_bf16_m1, __nv_bfloat16, 1, 512, 1, kRmsX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_rms_bf16_m2, __nv_bfloat16, 2, 512, 1, kRmsX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_rms_f16_m1_narrow, __half, 1, 256, 2, kRmsX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_rms_f16_m2_narrow, __half, 2, 256, 2, kRmsX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_rms_bf16_m1_narrow, __nv_bfloat16, 1, 256, 2, kRmsX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_rms_bf16_m2_narrow, __nv_bfloat16, 2, 256, 2, kRmsX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_swiglu_f16_m1, __half, 1, 512, 1, kSwiGluX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_swiglu_f16_m2, __half, 2, 512, 1, kSwiGluX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_swiglu_bf16_m1, __nv_bfloat16, 1, 512, 1, kSwiGluX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_swiglu_bf16_m2, __nv_bfloat16, 2, 512, 1, kSwiGluX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_swiglu_f16_m1_narrow, __half, 1, 256, 2, kSwiGluX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_swiglu_f16_m2_narrow, __half, 2, 256, 2, kSwiGluX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_swiglu_bf16_m1_narrow, __nv_bfloat16, 1, 256, 2, kSwiGluX)
-RELAXTUNE_GEMV_NK_X(relaxtune_gemv_nk_swiglu_bf16_m2_narrow, __nv_bfloat16, 2, 256, 2, kSwiGluX)
+RELAXTUNE_GEMV_NK_X(rms, kRmsX, false)
+RELAXTUNE_GEMV_NK_X(swiglu, kSwiGluX, false)
+RELAXTUNE_GEMV_NK_X(glu, kPlainX, true)
+RELAXTUNE_GEMV_NK_X(rms_glu, kRmsX, true)

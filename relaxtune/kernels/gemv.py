@@ -20,7 +20,11 @@ Emitted by `RewriteGemvToCuda` (relax_passes/gemv_cuda.py) in the small (decode)
   kernel with an x prologue. Each block first computes its x (up to 2 rows per launch) into shared memory,
   rounded where the separate kernels round (the norm in fp32 with one rounding, as TVM's legalized rms_norm;
   the SwiGLU step by step in the dtype, as its element-wise kernel), while its first weight loads are in
-  flight; then the product as above. Emitted by `FuseGemvPrologueCuda` (relax_passes/fuse_gemv_prologue_cuda.py).
+  flight; then the product as above.
+  `relaxtune_gemv_nk_glu(x, w, y)` / `relaxtune_gemv_nk_rms_glu(x, g, w, eps, y)`: for the merged gate | up weight w
+  (2N, K), `y (..., N) = silu(x' @ gate^T) * (x' @ up^T)` (x' = x or its norm): a warp owns gate row f and up row
+  f + N, rounds both sums to the dtype and applies the SwiGLU's steps, so the down projection reads its x as it is.
+  Emitted by `FuseGemvPrologueCuda` (relax_passes/fuse_gemv_prologue_cuda.py).
 - `relaxtune_q4gemv(x, w, scale, y)` and `relaxtune_q4gemv_add(x, w, scale, r, y)`: the same product for a 4-bit
   weight in the GPU layout (`quant_formats.pack_q4_gpu`, (N, K / 8) uint32, fp16 scales (N, K / group)), dequantized
   in registers; on compute capability 9.0+ streamed through a shared-memory ring by bulk asynchronous copies
@@ -69,6 +73,8 @@ NK_ADD_FUNCTION = "relaxtune_gemv_nk_add"
 NK_RMS_FUNCTION = "relaxtune_gemv_nk_rms"  # rms_norm(x) @ w^T
 NK_SWIGLU_FUNCTION = "relaxtune_gemv_nk_swiglu"  # (silu(gate) * up) @ w^T from the merged gate | up product
 NK_SWIGLU_ADD_FUNCTION = "relaxtune_gemv_nk_swiglu_add"
+NK_GLU_FUNCTION = "relaxtune_gemv_nk_glu"  # silu(x @ gate^T) * (x @ up^T) for the merged gate | up weight (2N, K)
+NK_RMS_GLU_FUNCTION = "relaxtune_gemv_nk_rms_glu"  # the same of rms_norm(x)
 PROLOGUE_MAX_K = 16384  # the prologue kernels keep 2 rows of K elements in shared memory (64 KB at this K)
 CONFIG_FUNCTION = "relaxtune_gemv_config"
 Q4_FUNCTION = "relaxtune_q4gemv"  # the weight as 4-bit groups in the GPU layout (qgemv.cu)

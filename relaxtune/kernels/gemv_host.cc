@@ -13,7 +13,8 @@ struct Params {  // must match cuda_gemv.cu
 };
 constexpr int kCols = 64, kMaxRows = 8, kMaxSplits = 8, kMinRowsPerSplit = 256;
 constexpr int kNkFeatures = 32, kNkMaxRows = 4;  // the nk kernel's features per 512-thread block (16 warps x 2), rows per launch
-// the nk kernel's x prologues (gemv.cu's kRmsX, kSwiGluX): up to 2 rows per launch, their x in dynamic shared memory
+// the nk kernel's x prologues (gemv.cu's kRmsX, kSwiGluX: their x in dynamic shared memory) and its SwiGLU epilogue
+// (GLU): up to 2 rows per launch
 enum class Prologue { kNone, kRms, kSwiGlu };
 constexpr int kNkPrologueMaxRows = 2, kSharedOptin = 97;  // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
 constexpr int kNkStaticShared = 1024;  // more than the prologue kernels' static shared memory (the norm's partial sums)
@@ -121,13 +122,18 @@ void Launch(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const 
 }
 
 // y = x' @ w^T (+ r) for w (N, K): warps of the "nk" kernel own 2 features each, up to 4 rows of x per launch (2 with a
-// prologue). x' is x (kNone), rms_norm(x, g, eps) over K (kRms: g (K,)), or silu(gate) * up for x = gate | up (kSwiGlu:
-// x (..., 2K)), computed by each block into its shared memory
+// prologue or the epilogue). x' is x (kNone), rms_norm(x, g, eps) over K (kRms: g (K,)), or silu(gate) * up for
+// x = gate | up (kSwiGlu: x (..., 2K)), computed by each block into its shared memory. glu: w is gate | up (2N, K) and
+// y (..., N) = silu(x' @ gate^T) * (x' @ up^T), no residual
 void LaunchNk(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const tvm::ffi::TensorView* r, const tvm::ffi::TensorView& y,
-              Prologue prologue = Prologue::kNone, const tvm::ffi::TensorView* g = nullptr, double eps = 0.0) {
-  const char* what = prologue == Prologue::kRms ? "gemv_nk_rms" : prologue == Prologue::kSwiGlu ? "gemv_nk_swiglu" : "gemv_nk";
+              Prologue prologue = Prologue::kNone, const tvm::ffi::TensorView* g = nullptr, double eps = 0.0, bool glu = false) {
+  const char* what = glu ? (prologue == Prologue::kRms ? "gemv_nk_rms_glu" : "gemv_nk_glu")
+                     : prologue == Prologue::kRms  ? "gemv_nk_rms"
+                     : prologue == Prologue::kSwiGlu ? "gemv_nk_swiglu"
+                                                     : "gemv_nk";
   TVM_FFI_ICHECK_EQ(w.ndim(), 2) << what << ": the weight must be (N, K)";
-  int64_t n = w.size(0), k = w.size(1);
+  TVM_FFI_ICHECK(!glu || (w.size(0) % 2 == 0 && r == nullptr && prologue != Prologue::kSwiGlu)) << what << ": the weight must be gate | up (2N, K)";
+  int64_t n = glu ? w.size(0) / 2 : w.size(0), k = w.size(1);
   TVM_FFI_ICHECK(k % 8 == 0) << what << ": K = " << k << " must be a multiple of 8 (16-byte vectors)";
   const int64_t x_k = prologue == Prologue::kSwiGlu ? 2 * k : k;  // gate | up: K each
   int64_t m = CheckOperands(what, x, w, r, y, x_k, n);
@@ -142,11 +148,14 @@ void LaunchNk(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, cons
   DLDevice dev = y.device();
   const bool pdl = Attribute(d, dev.device_id, kComputeMajor) >= 9 && ProgrammaticLaunch();
   // a grid of 512-thread blocks that fits the SMs in one wave keeps them; larger ones take 256-thread blocks, two per SM
-  const bool narrow = (n + kNkFeatures - 1) / kNkFeatures > Attribute(d, dev.device_id, kMultiprocessors) || !WideAllowed();
-  const unsigned threads = narrow ? 256 : 512, blocks = static_cast<unsigned>((n + threads / 16 - 1) / (threads / 16));
+  const int64_t rows_of_w = glu ? 2 * n : n, per_block = glu ? 1 : 2;  // features per warp (each 2 rows of w)
+  const bool narrow = (rows_of_w + kNkFeatures - 1) / kNkFeatures > Attribute(d, dev.device_id, kMultiprocessors) || !WideAllowed();
+  const unsigned threads = narrow ? 256 : 512;
+  const unsigned blocks = static_cast<unsigned>((n + threads / 32 * per_block - 1) / (threads / 32 * per_block));
   const char* type = dt.code == kDLBfloat ? "bf16" : "f16";
-  const char* kind = prologue == Prologue::kRms ? "rms_" : prologue == Prologue::kSwiGlu ? "swiglu_" : "";
-  const int max_rows = prologue == Prologue::kNone ? kNkMaxRows : kNkPrologueMaxRows;
+  std::string kind = prologue == Prologue::kRms ? "rms_" : prologue == Prologue::kSwiGlu ? "swiglu_" : "";
+  if (glu) kind += "glu_";
+  const int max_rows = prologue == Prologue::kNone && !glu ? kNkMaxRows : kNkPrologueMaxRows;
   // the prologue's x: rows x K elements of shared memory; the kernels may take up to the device's opt-in limit
   const int shared_limit = prologue == Prologue::kNone ? 0 : Attribute(d, dev.device_id, kSharedOptin) - kNkStaticShared;
   void* stream = TVMFFIEnvGetStream(dev.device_type, dev.device_id);
@@ -170,6 +179,10 @@ void GemvNkAdd(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorV
 void GemvNkRms(tvm::ffi::TensorView x, tvm::ffi::TensorView g, tvm::ffi::TensorView w, double eps, tvm::ffi::TensorView y) {
   LaunchNk(x, w, nullptr, y, Prologue::kRms, &g, eps);
 }
+void GemvNkGlu(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView y) { LaunchNk(x, w, nullptr, y, Prologue::kNone, nullptr, 0.0, true); }
+void GemvNkRmsGlu(tvm::ffi::TensorView x, tvm::ffi::TensorView g, tvm::ffi::TensorView w, double eps, tvm::ffi::TensorView y) {
+  LaunchNk(x, w, nullptr, y, Prologue::kRms, &g, eps, true);
+}
 void GemvNkSwiGlu(tvm::ffi::TensorView gu, tvm::ffi::TensorView w, tvm::ffi::TensorView y) { LaunchNk(gu, w, nullptr, y, Prologue::kSwiGlu); }
 void GemvNkSwiGluAdd(tvm::ffi::TensorView gu, tvm::ffi::TensorView w, tvm::ffi::TensorView r, tvm::ffi::TensorView y) {
   LaunchNk(gu, w, &r, y, Prologue::kSwiGlu);
@@ -184,5 +197,7 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_config, GemvConfig);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_nk, GemvNk);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_nk_add, GemvNkAdd);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_nk_rms, GemvNkRms);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_nk_glu, GemvNkGlu);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_nk_rms_glu, GemvNkRmsGlu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_nk_swiglu, GemvNkSwiGlu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_nk_swiglu_add, GemvNkSwiGluAdd);

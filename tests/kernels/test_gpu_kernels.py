@@ -120,6 +120,38 @@ def test_gemv_nk_swiglu_matches_fp32_torch(gemv_library, rows, k, n, dtype, resi
     _prologue_check(y, ref, dt, x @ w.t() + (r if residual else 0))
 
 
+# (rows, K, N, dtype): the 7B block's gate/up (N = 11008 SwiGLU outputs of a (2N, K) weight), K and N off the tiles
+GLU_CASES = [
+    (r, k, n, dt) for dt in ("float16", "bfloat16") for r in (1, 2, 3) for k, n in ((4096, 11008), (1000, 2052))
+]
+
+
+@pytest.mark.parametrize("norm", [False, True], ids=["plain", "rms"])
+@pytest.mark.parametrize("rows,k,n,dtype", GLU_CASES)
+def test_gemv_nk_glu_matches_fp32_torch(gemv_library, rows, k, n, dtype, norm):
+    """silu(x' @ gate^T) * (x' @ up^T) for w = gate | up (2N, K), x' = x or rms_norm(x, g, eps): the two sums rounded
+    to the dtype (the GEMV's output), then the SwiGLU step by step in the dtype, as its own kernel did."""
+    import tvm_ffi
+
+    as_ffi, dt, eps = tvm_ffi.from_dlpack, getattr(torch, dtype), 1e-5
+    torch.manual_seed(0)
+    x, g = torch.randn(1, rows, k, device="cuda", dtype=dt) * 3, (1 + 0.1 * torch.randn(k, device="cuda")).to(dt)
+    w = torch.randn(2 * n, k, device="cuda", dtype=dt) / k**0.5
+    x32 = x.float()
+    xin = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * g.float()).to(dt) if norm else x
+    gu32 = xin.float() @ w.float().t()
+    ref = torch.nn.functional.silu(gu32[..., :n]) * gu32[..., n:]
+    gu = gu32.to(dt)
+    gate, up = gu[..., :n], gu[..., n:]
+    y = torch.full((1, rows, n), float("nan"), device="cuda", dtype=dt)
+    if norm:
+        gemv_library["relaxtune_gemv_nk_rms_glu"](as_ffi(x), as_ffi(g), as_ffi(w), eps, as_ffi(y))
+    else:
+        gemv_library["relaxtune_gemv_nk_glu"](as_ffi(x), as_ffi(w), as_ffi(y))
+    torch.cuda.synchronize()
+    _prologue_check(y, ref, dt, gate * (1 / (1 + torch.exp(-gate))) * up)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_a_cuda_llama_block_matches_torch_at_every_bucket(tmp_path, dtype):
     """cuBLAS GEMMs, the GEMV kernel, the flash kernel and the TIR rules in one artifact."""

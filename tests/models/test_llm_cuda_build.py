@@ -51,9 +51,9 @@ def test_decode_calls_the_gemv_kernel_and_graphs_stop_at_the_cache(cuda_build):
     decode = text[text.index("\n@decode:") : text.index("\n@", text.index("\n@decode:") + 2)]
     prefill = text[text.index("\n@prefill_n2_16:") :]
     assert "relaxtune_gemv_nk" in decode and "relaxtune_cublas_gemm_nk" not in decode
-    # the norms before q/k/v, gate/up and the head, the SwiGLU before down: in the GEMVs (fuse_gemv_prologue_cuda.py;
-    # their calls sit in the decode's captured graphs)
-    assert "relaxtune_gemv_nk_rms" in text and "relaxtune_gemv_nk_swiglu_add" in text
+    # the norms before q/k/v, gate/up and the head, the SwiGLU between gate/up and down: in the GEMVs
+    # (fuse_gemv_prologue_cuda.py; their calls sit in the decode's captured graphs)
+    assert "relaxtune_gemv_nk_rms" in text and "relaxtune_gemv_nk_rms_glu" in text and "_swiglu" not in decode
     assert "relaxtune_cublas_gemm_nk" in prefill[: prefill.index("\n@", 2)]
     # the static stretches between the cache's attention calls are CUDA graphs; the builtin stays outside
     assert decode.count("attention_kv_cache_attention_with_fused_qkv") == 2  # one per layer (2 layers)

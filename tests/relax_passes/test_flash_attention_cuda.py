@@ -112,9 +112,9 @@ def test_head_slices_are_read_in_place():
     assert '"relaxtune_flash_attention", (q, k, v,' in plain and "repeat" not in plain
 
 
-def test_llama_block_reads_qkv_in_place_and_rotates_q_on_load():
+def _llama_block_fused(flash=None) -> tvm.IRModule:
     from relaxtune import api, targets
-    from relaxtune.config import CompileConfig, CudaLibraries, JobConfig
+    from relaxtune.config import CompileConfig, CudaLibraries, FlashAttention, JobConfig
     from relaxtune.relax_passes.pipeline import fusion_passes
     from relaxtune.workloads import load, parse_config
 
@@ -123,11 +123,20 @@ def test_llama_block_reads_qkv_in_place_and_rotates_q_on_load():
     )
     target = targets.resolve("cuda")
     plan = api.bucket_plan(workload, JobConfig(compile=CompileConfig(use_cache=False)))
-    passes = fusion_passes(target.target, plan, CompileConfig(cublas=CudaLibraries(gemv=False, weights_nk=False)))
+    options = CompileConfig(
+        cublas=CudaLibraries(gemv=False, weights_nk=False), flash_attention=flash or FlashAttention()
+    )
     with target.target:
-        mod = tvm.transform.Sequential(passes)(workload.mod)
-    (gv,) = [gv for gv in mod.get_global_vars() if gv.name_hint.startswith("main_n65_128")]
-    body = mod[gv].script()
+        return tvm.transform.Sequential(fusion_passes(target.target, plan, options))(workload.mod)
+
+
+def _bucket(mod: tvm.IRModule, prefix: str) -> str:
+    (gv,) = [gv for gv in mod.get_global_vars() if gv.name_hint.startswith(prefix)]
+    return mod[gv].script()
+
+
+def test_llama_block_reads_qkv_in_place_and_rotates_q_on_load():
+    body = _bucket(_llama_block_fused(), "main_n65_128")
     # q (heads 0-3, rotated on load) and v (heads 6-7) from the merged projection; k rotated by its own kernel;
     # the tables: constants (LiftPositionTables), passed whole
     call = re.search(
@@ -146,6 +155,24 @@ def test_llama_block_reads_qkv_in_place_and_rotates_q_on_load():
     assert rope.startswith("fused_strided_slice") and rope.count("strided_slice") == 3, (
         rope
     )  # k's head slice and both tables
+
+
+def test_buckets_of_one_query_block_rotate_k_on_load_too():
+    from relaxtune.config import FlashAttention
+
+    mod = _llama_block_fused()
+    for prefix in ("main_n1_", "main_n33_64"):  # n <= 64: one block of the mma.sync kernel per head
+        body = _bucket(mod, prefix)
+        # q (heads 0-3), k (4-5), v (6-7) all read from the merged projection; both rotations on load
+        call = re.search(r'"relaxtune_flash_attention_rope_qk", \((\w+), (\w+), (\w+), .*R.shape\(\[0, 4, 6, 2\]', body)
+        assert call and call.group(1) == call.group(2) == call.group(3), body
+        assert "concatenate" not in body and "negative" not in body, body  # no rotation kernel left
+    assert "_rope_qk" not in _bucket(mod, "main_n65_128")  # two query blocks: k's rotation stays a kernel
+    assert "_rope_qk" not in _bucket(_llama_block_fused(FlashAttention(rope_k=False)), "main_n1_")  # the switch
+    for flash in (FlashAttention(block_m=90), FlashAttention(block_m=128)):  # the wgmma kernel; 128-row blocks
+        mod = _llama_block_fused(flash)
+        assert ("_rope_qk" in _bucket(mod, "main_n65_128")) == (flash.block_m == 128)
+        assert ("_rope_qk" in _bucket(mod, "main_n1_")) == (flash.block_m == 128)
 
 
 @I.ir_module

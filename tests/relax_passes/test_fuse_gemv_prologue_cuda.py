@@ -54,13 +54,41 @@ class Expected:
         wd: R.Tensor((64, 48), "float16"),
     ) -> R.Tensor((1, 1, 64), "float16"):
         R.func_attr({"relaxtune.bucket": {"n": [1, 1, 1]}})
-        with R.dataflow():
-            gu = R.call_dps_packed(
-                "relaxtune_gemv_nk_rms", (x, g, wgu, T.float64(1e-5)), out_ty=R.Tensor((1, 1, 96), "float16")
+        with R.dataflow():  # the norm as gate/up's prologue, the SwiGLU as its epilogue: down reads m as it is
+            m = R.call_dps_packed(
+                "relaxtune_gemv_nk_rms_glu", (x, g, wgu, T.float64(1e-5)), out_ty=R.Tensor((1, 1, 48), "float16")
             )
-            y = R.call_dps_packed("relaxtune_gemv_nk_swiglu_add", (gu, wd, x), out_ty=R.Tensor((1, 1, 64), "float16"))
+            y = R.call_dps_packed("relaxtune_gemv_nk_add", (m, wd, x), out_ty=R.Tensor((1, 1, 64), "float16"))
             R.output(y)
         return y
+
+
+def _with_gu(read_twice: bool = False, norm: bool = True) -> tvm.IRModule:
+    """Before, with gu also returned (`read_twice`: the SwiGLU stays down's prologue) or no norm before gate/up."""
+    text = Before.script()
+    if read_twice:
+        text = text.replace("R.output(y)", "R.output(y, gu)").replace("return y", "return (y, gu)")
+        text = text.replace(
+            '-> R.Tensor((1, 1, 64), dtype="float16"):',
+            '-> R.Tuple(R.Tensor((1, 1, 64), dtype="float16"), R.Tensor((1, 1, 96), dtype="float16")):',
+        )
+    if not norm:
+        text = text.replace('relaxtune_gemv_nk", (h, wgu)', 'relaxtune_gemv_nk", (x, wgu)')
+    return tvm.script.from_source(text)
+
+
+def test_without_the_epilogue_switch_the_swiglu_stays_down_s_prologue():
+    text = FuseGemvPrologueCuda(glu=False)(Before).script()
+    assert "relaxtune_gemv_nk_swiglu_add" in text and "_glu" not in text and "silu" not in text, text
+
+
+def test_the_swiglu_is_the_gate_up_gemv_epilogue_only_where_that_gemv_alone_reads_it():
+    shared = FuseGemvPrologueCuda()(_with_gu(read_twice=True)).script()  # gu is an output too: down's prologue
+    assert "relaxtune_gemv_nk_swiglu_add" in shared and 'relaxtune_gemv_nk_rms"' in shared, shared
+    assert "_glu" not in shared
+    plain = FuseGemvPrologueCuda()(_with_gu(norm=False)).script()  # no norm before gate/up: the plain epilogue form
+    assert 'R.call_dps_packed("relaxtune_gemv_nk_glu", (x, wgu)' in plain, plain
+    assert "silu" not in plain and "strided_slice" not in plain and 'relaxtune_gemv_nk_add", (lv' in plain, plain
 
 
 @I.ir_module
@@ -191,6 +219,10 @@ CONTRACT = {
     gemv.NK_RMS_FUNCTION: lambda x, g, w, eps, y: _store(y, _rms(_f32(x), _f32(g), eps) @ _f32(w).T),
     gemv.NK_SWIGLU_FUNCTION: lambda gu, w, y: _store(y, _swiglu(_f32(gu)) @ _f32(w).T),
     gemv.NK_SWIGLU_ADD_FUNCTION: lambda gu, w, r, y: _store(y, _swiglu(_f32(gu)) @ _f32(w).T + _f32(r)),
+    gemv.NK_GLU_FUNCTION: lambda x, w, y: _store(y, _swiglu((_f32(x) @ _f32(w).T).astype(np.float16))),
+    gemv.NK_RMS_GLU_FUNCTION: lambda x, g, w, eps, y: _store(
+        y, _swiglu((_rms(_f32(x), _f32(g), eps) @ _f32(w).T).astype(np.float16))
+    ),
 }
 
 
@@ -218,9 +250,10 @@ def test_the_fused_calls_compute_what_the_chain_did(numpy_kernels):
         (rng.standard_normal((96, 64)) / 8).astype(np.float16),
         (rng.standard_normal((64, 48)) / 7).astype(np.float16),
     ]
-    before, after = _run(Before, args), _run(FuseGemvPrologueCuda()(Before), args)
-    assert np.isfinite(after).all() and np.abs(after).max() > 0.1
-    np.testing.assert_allclose(after, before, rtol=0, atol=1e-2)
+    for mod in (Before, _with_gu(norm=False)):
+        before, after = _run(mod, args), _run(FuseGemvPrologueCuda()(mod), args)
+        assert np.isfinite(after).all() and np.abs(after).max() > 0.1
+        np.testing.assert_allclose(after, before, rtol=0, atol=1e-2)
     split_args = [rng.standard_normal((1, 1, 96)).astype(np.float16), args[3], args[0]]
     before, after = (_run(m, split_args, "decode") for m in (BeforeSplit, FuseGemvPrologueCuda()(BeforeSplit)))
     assert np.abs(after).max() > 0.1
@@ -257,7 +290,8 @@ def _bucket_calls(prologue: bool) -> list[str]:
 
 def test_llama_block_decode_bucket_ends_with_the_fused_calls_and_three_kernels_fewer():
     fused, plain = _bucket_calls(True), _bucket_calls(False)
-    assert fused.count(gemv.NK_RMS_FUNCTION) == 2 and fused.count(gemv.NK_SWIGLU_ADD_FUNCTION) == 1, fused
+    assert fused.count(gemv.NK_RMS_FUNCTION) == 1 and fused.count(gemv.NK_RMS_GLU_FUNCTION) == 1, fused
+    assert fused.count(gemv.NK_ADD_FUNCTION) == 2 and gemv.NK_SWIGLU_ADD_FUNCTION not in fused, fused
     assert gemv.NK_FUNCTION not in fused and plain.count(gemv.NK_FUNCTION) == 2, plain
     assert len(fused) == len(plain) - 3, (fused, plain)
 
@@ -268,4 +302,5 @@ def test_the_pass_follows_its_switch_and_the_gemv_one(chosen_passes):
         return chosen_passes(target, CompileConfig(cublas=libraries), "FuseGemvPrologueCuda")
 
     assert [type(p) for p in passes(CudaLibraries())] == [FuseGemvPrologueCuda]
+    assert passes(CudaLibraries())[0].glu and not passes(CudaLibraries(gemv_glu=False))[0].glu
     assert passes(CudaLibraries(gemv_prologue=False)) == [] and passes(CudaLibraries(gemv=False)) == []

@@ -183,12 +183,12 @@ def test_cuda_pipeline_reads_every_weight_gemm_as_nk():
         )(workload.mod)
     calls = re.findall(r'"(relaxtune_(?:gemv|cublas_gemm)\w*)"', mod.script())
     # the (N, K) kernels, with the residual add or an x prologue (fuse_gemv_prologue_cuda.py) where they take one
-    nk_forms = ("_nk", "_nk_add", "_nk_rms", "_nk_swiglu", "_nk_swiglu_add")
+    nk_forms = ("_nk", "_nk_add", "_nk_rms", "_nk_rms_glu", "_nk_swiglu", "_nk_swiglu_add")
     assert calls and all(c.endswith(nk_forms) for c in calls), sorted(set(calls))
     assert {
-        "relaxtune_gemv_nk_rms",  # q/k/v and gate/up read the norms (their prologue)
+        "relaxtune_gemv_nk_rms",  # q/k/v read the norm (its prologue)
+        "relaxtune_gemv_nk_rms_glu",  # gate/up the norm, and compute the SwiGLU (its epilogue)
         "relaxtune_gemv_nk_add",
-        "relaxtune_gemv_nk_swiglu_add",
         "relaxtune_cublas_gemm_nk",
         "relaxtune_cublas_gemm_add_nk",
     } <= set(calls)
