@@ -211,9 +211,9 @@ def output_tile(sch: s_tir.Schedule, block, tile, vec: int):
                 sch.compute_inline(blk)
             except Exception:  # pylint: disable=broad-except  # keep it as its own stage
                 pass
-    size = _elements(sch.get(block).writes[0].source.shape[1:])
+    size = elements(sch.get(block).writes[0].source.shape[1:])
     for blk in U.collect_consumers(sch, block):
-        if size is not None and (_elements(sch.get(blk).writes[0].source.shape[1:]) or 0) > size:
+        if size is not None and (elements(sch.get(blk).writes[0].source.shape[1:]) or 0) > size:
             loops = sch.get_loops(blk)
             sch.parallel(sch.fuse(*loops[:-1]))
             U.vectorize_inner(sch, loops[-1], vec)
@@ -223,14 +223,14 @@ def output_tile(sch: s_tir.Schedule, block, tile, vec: int):
     sch.set_scope(block, 0, "global")
 
 
-def _elements(shape) -> int | None:
-    """Elements of a static ``shape``; None where an extent is symbolic."""
+def elements(shape, symbolic: int | None = None) -> int | None:
+    """Elements of ``shape``, a symbolic extent counted as ``symbolic`` (None: the count is None)."""
     out = 1
     for dim in shape:
         value = U.static(dim)
-        if value is None:
+        if value is None and symbolic is None:
             return None
-        out *= value
+        out *= symbolic if value is None else value
     return out
 
 
@@ -256,7 +256,7 @@ def pixel_tile(width: int, vectors: int, vector_bits: int) -> int:
     return 7 if width % 7 == 0 and budget >= 7 else divisor_at_most(width, budget)
 
 
-def reduction_unroll(channels: int, vector_bits: int, limit: int = 8) -> int:
+def reduction_unroll(channels: int, vector_bits: int, limit: int) -> int:
     """Input channels per step of a convolution's reduction loop, unrolled (a divisor of ``channels``): with 32
     vector registers (AVX-512), up to ``limit``, so that the tile's FMAs of several input channels are in flight between
     two loop branches; with 16, 1 (its tiles keep the loop as it is)."""

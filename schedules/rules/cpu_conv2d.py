@@ -126,8 +126,8 @@ def _schedule(sch: s_tir.Schedule, block, info: W.WindowBlock, target: Target, d
     # tiles that stay on the stack (in registers): a larger one is a workspace, 2.6-3.8x slower (docs/results.md)
     tile_bytes = vectors * width * DataType(stmt.writes[0].source.dtype).bits // 8
     pixel_options = [d for d in range(2, ext["w"] + 1) if ext["w"] % d == 0 and d * tile_bytes < STACK_LIMIT]
-    data_bytes = _product(stmt.reads[info.data].source.shape[1:])
-    weight_bytes = _product(stmt.reads[info.weight].source.shape)
+    data_bytes = W.elements(stmt.reads[info.data].source.shape[1:], symbolic=1)
+    weight_bytes = W.elements(stmt.reads[info.weight].source.shape, symbolic=1)
     by_weights = int(weight_bytes > data_bytes or ext["ic"] < lanes // 2)
     by_weights = decide.choose(sch, "by_weights", (0, 1), by_weights, structural=True)
     for name, value in (
@@ -144,7 +144,9 @@ def _schedule(sch: s_tir.Schedule, block, info: W.WindowBlock, target: Target, d
     in_place = int(stage is not None and W.pads_in_place(ext["ic"], lanes, few_fmas, bits))
     in_place = decide.choose(sch, "pad_in_place", (0, 1) if stage is not None else (), in_place, structural=True)
     unroll_options = tuple(sorted({1, W.divisor_at_most(ext["ic"], MAX_UNROLL)}))  # a plain loop, or unrolled
-    unroll = decide.choose(sch, "ic_unroll", unroll_options, W.reduction_unroll(ext["ic"], bits), structural=True)
+    unroll = decide.choose(
+        sch, "ic_unroll", unroll_options, W.reduction_unroll(ext["ic"], bits, MAX_UNROLL), structural=True
+    )
     split = W.row_split(ext["w"], vectors, bits)
     if split:  # a row as two tiles (first `split` pixels, then the rest), or tiles that divide it
         split = decide.choose(sch, "row_split", (0, split), split, structural=True)
@@ -196,10 +198,3 @@ def _schedule(sch: s_tir.Schedule, block, info: W.WindowBlock, target: Target, d
         sch.unroll(nest[-2])
         sch.unroll(nest[0])
         sch.decompose_reduction(copy, nest[1])
-
-
-def _product(shape) -> int:
-    out = 1
-    for dim in shape:
-        out *= U.static(dim) or 1
-    return out
