@@ -8,7 +8,9 @@ with any one of them installed (the artifacts need only the TVM runtime):
     python3 benchmarks/gpu_ab_builds.py --build main=/tmp/base --build gpu=/tmp/mine --out $OUT/ab
 
 `--build LABEL=DIR:VARIANT` times that build's VARIANT instead of --variant (e.g. one built without a feature), and
-profiles no kernels of it.
+profiles no kernels of it. `--q4`: the q4f16 block (its floor is that of its 4-bit bytes), e.g. `--variant
+llama7b-q4-rf-cublas-flash-graph --plain llama7b-q4-rf-cublas-flash --build i8=DIR --build
+f16act=DIR:llama7b-q4-f16act-rf-cublas-flash-graph`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from pathlib import Path
 import gpu_job_common as common
 from gpu_job_common import OUT_DIR, RESULTS, copy_bandwidth, environment, log, rel_err, save, section, time_ms
 from gpu_job_llama import Llama7B, floor_ms, kernel_times
-from gpu_job_variants import LLAMA7B, LLAMA7B_BF16
+from gpu_job_variants import LLAMA7B, LLAMA7B_BF16, Q4_GROUP
+
+from relaxtune.config import QuantizeConfig
 
 
 def _load(model: Llama7B, art: Path, name: str):
@@ -83,6 +87,7 @@ def main() -> None:
     parser.add_argument("--variant", default="llama7b-rf-cublas-flash-graph", help="the artifact timed with graphs")
     parser.add_argument("--plain", default="llama7b-rf-cublas-flash", help="the artifact profiled per kernel")
     parser.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
+    parser.add_argument("--q4", action="store_true", help="the q4f16 block (gpu_job_variants.Q4_VARIANTS' weights)")
     parser.add_argument("--seqs", default="1,128,2048")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--out", type=Path, required=True)
@@ -93,7 +98,9 @@ def main() -> None:
     OUT_DIR.append(args.out)
     environment()
     copy_bandwidth()
-    model = section("llama-7B setup")(Llama7B)(None, None, LLAMA7B if args.dtype == "float16" else LLAMA7B_BF16)
+    quantize = QuantizeConfig("q4f16", Q4_GROUP) if args.q4 else None
+    config = LLAMA7B if args.dtype == "float16" else LLAMA7B_BF16
+    model = section("llama-7B setup")(Llama7B)(None, None, config, quantize)
     if model is None:
         return
     latency_ab(model, builds, args.variant, args.rounds)

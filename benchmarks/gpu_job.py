@@ -48,6 +48,7 @@ from gpu_job_variants import (  # noqa: E402
     BIG_BUCKETS,
     DEVICE_SET,
     FLASH,
+    FLOAT16_ACTIVATIONS,
     KERNEL_VARIANTS,
     LLAMA7B,
     LLAMA7B_BF16,
@@ -76,11 +77,13 @@ def compile_variant(
     flash=FlashAttention(enabled=False),
     previous_ew: bool = False,
     previous_h8c: bool = False,
+    int8: bool = True,
 ):
     """relaxtune's pipeline (rules only, no cache) with the variant's fusion, CUDA graphs and libraries;
     `previous_rules`: without RowSoftmax (dlight's GeneralReduction schedules the softmax kernels);
     `previous_rules` and `previous_ew`: without RowElementwise (dlight's Fallback for element-wise kernels);
-    `previous_h8c`: RowSoftmax with scalar reduction loads, RowElementwise declining RoPE."""
+    `previous_h8c`: RowSoftmax with scalar reduction loads, RowElementwise declining RoPE; `int8`: int8 activations
+    in the 4-bit GEMV (CompileConfig.int8_activations)."""
     from collections import Counter
 
     import tvm
@@ -97,7 +100,9 @@ def compile_variant(
     if previous_rules or previous_ew:
         elementwise = None
     rules = gpu_rules(softmax, elementwise, softmax_first=not (previous_h8c or previous_rules or previous_ew))
-    options = CompileConfig(use_cache=False, fusion=fusion, cublas=cublas, cuda_graphs=graphs, flash_attention=flash)
+    options = CompileConfig(
+        use_cache=False, fusion=fusion, cublas=cublas, cuda_graphs=graphs, flash_attention=flash, int8_activations=int8
+    )
     passes = pipeline(target.target, plan, options, None, Counter(), {}, rules=rules)
     with tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": graphs}):
         return tvm.compile(workload.mod, target=target.target, relax_pipeline=passes)
@@ -128,6 +133,7 @@ def build_7b(art: Path, target, variants: dict, config: dict, quantize=None) -> 
             flash=FLASH.get(name, FlashAttention(enabled=False)),
             previous_ew=name in PREVIOUS_EW,
             previous_h8c=name in PREVIOUS_H8C,
+            int8=name not in FLOAT16_ACTIVATIONS,
         )
         manifest = artifact.export(executable, big, target, art / f"{name}.so", plan, None, {})
         artifact.paths(art / f"{name}.so")[0].unlink()

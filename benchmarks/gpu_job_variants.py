@@ -188,8 +188,10 @@ PROLOGUE_AB = {
 # bytes (gpu_job_quant.py)
 Q4_GROUP = 32
 Q4_VARIANTS = {
-    "llama7b-q4-rf-cublas-flash-graph": ("relaxtune", True, CudaLibraries()),
+    "llama7b-q4-rf-cublas-flash-graph": ("relaxtune", True, CudaLibraries()),  # int8 activations in the GEMV (default)
     "llama7b-q4-rf-cublas-flash": ("relaxtune", False, CudaLibraries()),  # per-kernel times
+    "llama7b-q4-f16act-rf-cublas-flash-graph": ("relaxtune", True, CudaLibraries()),  # float16 activations
 }
+FLOAT16_ACTIVATIONS = ("llama7b-q4-f16act-rf-cublas-flash-graph",)  # built with CompileConfig(int8_activations=False)
 FLASH.update(dict.fromkeys(Q4_VARIANTS, FlashAttention()))
 Q4_SYSTEMS = tuple(Q4_VARIANTS)

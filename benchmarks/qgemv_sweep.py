@@ -5,17 +5,17 @@ on the Llama-7B block's shapes at 1 and 2 rows, graph-launched, against the meas
 
 A variant is a set of the host's settings (qgemv_host.cc, read per launch): RELAXTUNE_Q4GEMV picks the kernel family
 (`reg`: qgemv.cu's register-pipelined kernel, the one before; `s<GR>r<RPG>`: qgemv_stream.cu's, GR row groups of 8
-warps, RPG rows per group per ring slot; s2r8 and s3r2 take K <= 4096 only: down falls back to `reg` there; a
-comma-separated list: the first that applies),
-RELAXTUNE_Q4GEMV_STAGES caps its ring, RELAXTUNE_GEMV_PDL=0 launches plainly. Every variant runs in the same process
-on the same weights. First the checks: each variant on ragged and real shapes (1..3 rows, with and without the
-residual) against float32 torch on the same dequantized weights, next to torch's own fp16 matmul error (bound: max(2
-x torch's, 5e-3), the gpu test's); a variant off anywhere is not timed. Then the times: weights cycled through > 200
-MB of copies (every call reads its weight from memory, as in the block), 100 calls in one CUDA graph
-(tvm_ffi.use_torch_stream), the median of 5 replays, as GB/s of the bytes a call must move (packed weight, scales,
-x, y) and % of the 1 GiB copy's rate (gpu_job_common.copy_bandwidth), with the kernel each variant launched there
-(relaxtune_q4gemv_kernel). Prints one table (us and % per variant, the fastest marked) and writes
-DIR/qgemv_sweep.json.
+warps, RPG rows per group per ring slot; s2r8 and s3r2 take K <= 4096 only: down falls back to `reg` there; a comma-
+separated list: the first that applies), RELAXTUNE_Q4GEMV_STAGES caps its ring, RELAXTUNE_GEMV_PDL=0 launches plainly;
+the `i8` families take int8 activations (checked against their own arithmetic in numpy,
+quant_formats.q4_gemv_int8_reference, with the same bound). Every variant runs in the same process on the same
+weights. First the checks: each variant on ragged and real shapes (1..3 rows, with and without the residual) against
+float32 torch on the same dequantized weights, next to torch's own fp16 matmul error (bound: max(2 x torch's, 5e-3),
+the gpu test's); a variant off anywhere is not timed. Then the times: weights cycled through > 200 MB of copies (every
+call reads its weight from memory, as in the block), 100 calls in one CUDA graph (tvm_ffi.use_torch_stream), the
+median of 5 replays, as GB/s of the bytes a call must move (packed weight, scales, x, y) and % of the 1 GiB copy's
+rate (gpu_job_common.copy_bandwidth), with the kernel each variant launched there (relaxtune_q4gemv_kernel). Prints
+one table (us and % per variant, the fastest marked) and writes DIR/qgemv_sweep.json.
 """
 
 from __future__ import annotations
@@ -39,6 +39,12 @@ VARIANTS = {
     "s2r4-st2": {"RELAXTUNE_Q4GEMV": "s2r4", "RELAXTUNE_Q4GEMV_STAGES": "2"},
     "s2r4-nopdl": {"RELAXTUNE_Q4GEMV": "s2r4", "RELAXTUNE_GEMV_PDL": "0"},
     "default": {"RELAXTUNE_Q4GEMV": "", "RELAXTUNE_Q4GEMV_STAGES": ""},  # what artifacts launch (qgemv_host.cc)
+    # int8 activations (the i8 families: x rounded to int8 per 16 values in the kernel, dp4a products)
+    "i8s2r4": {"RELAXTUNE_Q4GEMV": "i8s2r4", "RELAXTUNE_Q4GEMV_STAGES": ""},
+    "i8s2r8": {"RELAXTUNE_Q4GEMV": "i8s2r8,i8s2r4", "RELAXTUNE_Q4GEMV_STAGES": ""},
+    "i8s1r8": {"RELAXTUNE_Q4GEMV": "i8s1r8", "RELAXTUNE_Q4GEMV_STAGES": ""},
+    "i8s2r4-st4": {"RELAXTUNE_Q4GEMV": "i8s2r4", "RELAXTUNE_Q4GEMV_STAGES": "4"},
+    "i8s1r8-st4": {"RELAXTUNE_Q4GEMV": "i8s1r8", "RELAXTUNE_Q4GEMV_STAGES": "4"},
 }
 # (K, N, name): the block's 4-bit GEMVs at n = 1 (q/k/v and gate/up merged)
 SHAPES = [(4096, 4096, "o_proj"), (4096, 12288, "qkv"), (4096, 22016, "gate_up"), (11008, 4096, "down")]
@@ -119,6 +125,8 @@ def check(lib, variants: dict) -> dict:
     import tvm
     import tvm_ffi
 
+    from relaxtune.kernels import quant_formats as qf
+
     T = tvm_ffi.from_dlpack
     failed: dict = {name: [] for name in variants}
     for rows, k, n, group, residual in CHECKS:
@@ -137,8 +145,13 @@ def check(lib, variants: dict) -> dict:
                     lib["relaxtune_q4gemv_add"](T(x), wq, s, T(r), T(y))
                 else:
                     lib["relaxtune_q4gemv"](T(x), wq, s, T(y))
+                kernel = str(lib["relaxtune_q4gemv_kernel"](T(x), wq, s, T(y)))
             torch.cuda.synchronize()
-            err = (y.float() - ref).abs().max().item()
+            want = ref
+            if "_i8" in kernel:  # int8 activations: against the same arithmetic in numpy (quant_formats)
+                want = torch.from_numpy(qf.q4_gemv_int8_reference(x[0].cpu().numpy(), packed, scale)).cuda()
+                want = want.float()[None] + (r.float() if residual else 0)
+            err = (y.float() - want).abs().max().item()
             if not (err == err and err <= max(2 * torch_err, 5e-3)):
                 failed[name].append({"rows": rows, "K": k, "N": n, "group": group, "err": err, "torch_err": torch_err})
     return failed

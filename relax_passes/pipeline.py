@@ -126,7 +126,9 @@ def fusion_passes(
             if library and libs.gemv and libs.gemv_prologue and gemv.supports(arch)
             else []
         ),
-        *([RewriteQuantGemvToCuda(max_rows=libs.gemv_max_rows)] if quant_gpu else []),  # 4-bit GEMV, or + cuBLAS
+        *(  # 4-bit GEMV (int8 activations where the streamed kernel runs), or dequantize + cuBLAS
+            [RewriteQuantGemvToCuda(max_rows=libs.gemv_max_rows, int8=options.int8_activations)] if quant_gpu else []
+        ),
         *([RewriteGemmToCublas(min_rows=libs.min_rows, decode_wide=libs.decode_wide)] if library else []),
         *([RewriteResidualAddToCublas(min_rows=libs.residual_min_rows)] if library and libs.residual else []),
         *([RewriteBatchedGemmToCublas(min_rows=libs.batched_min_rows)] if library and libs.batched else []),

@@ -8,8 +8,10 @@ uint32 and scale (N, K / group) float16 parameters of the bucket function, x (..
   (x, packed, scale), out)`, relaxtune's 4-bit GEMV (kernels/qgemv.cu: the weights dequantized in registers, read
   once); a product used by nothing but an add of a same-typed tensor r (the residual) becomes
   `"relaxtune_q4gemv_add"(x, packed, scale, r)`: the add in the kernel's epilogue (the matcher is
-  RewriteResidualAddToCublas's). The weight parts are parameters, so no kernel launched just before writes them
-  (the kernel starts loading them before the previous kernel ends).
+  RewriteResidualAddToCublas's). With `int8`, `relaxtune_q4gemv_i8` / `_i8_add`: x rounded to int8 per 16 values
+  inside the kernel and multiplied by dp4a where the streamed kernel runs (compute capability 9.0+). The weight
+  parts are parameters, so no kernel launched just before writes them (the kernel starts loading them before the
+  previous kernel ends).
 - In the other buckets: `w = R.call_tir(dequantize, (packed, scale))`, W (N, K) float16
   (`quant_gpu_tir.dequantize_kernel`, scheduled), then `R.call_dps_packed("relaxtune_cublas_gemm_nk", (x, w),
   out)`: cuBLAS on the dequantized weight, as for a float16 weight kept (N, K) (RewriteResidualAddToCublas then
@@ -30,7 +32,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..config import CudaLibraries
 from ..kernels import quant_gpu_tir
-from ..kernels.gemv import Q4_ADD_FUNCTION, Q4_FUNCTION
+from ..kernels.gemv import Q4_ADD_FUNCTION, Q4_FUNCTION, Q4_I8_ADD_FUNCTION, Q4_I8_FUNCTION
 from .cublas_gemm import NK_FUNCTION as CUBLAS_NK_FUNCTION
 from .cublas_gemm_add import _Matches
 from .cublas_gemm_add import _Rewriter as _AddRewriter
@@ -43,9 +45,9 @@ MAX_ROWS = CudaLibraries.gemv_max_rows  # the decode buckets: where relaxtune's 
 
 @mutator
 class _Rewriter(PyExprMutator):
-    def __init__(self, mod, params: set, decode: bool):
+    def __init__(self, mod, params: set, decode: bool, function: str):
         super().__init__(mod)
-        self.mod, self.params, self.decode, self.count = mod, params, decode, 0
+        self.mod, self.params, self.decode, self.function, self.count = mod, params, decode, function, 0
         self.kernels: dict = {}  # (rows, words, groups) -> the dequantize kernel's GlobalVar
 
     def dequantize(self, packed: relax.Var, scale: relax.Var) -> relax.Expr:
@@ -69,29 +71,33 @@ class _Rewriter(PyExprMutator):
             return call
         self.count += 1
         if self.decode:
-            return relax.call_dps_packed(Q4_FUNCTION, [x, packed, scale], call.ty)
+            return relax.call_dps_packed(self.function, [x, packed, scale], call.ty)
         return relax.call_dps_packed(CUBLAS_NK_FUNCTION, [x, self.dequantize(packed, scale)], call.ty)
 
 
 @tvm.transform.module_pass(opt_level=0, name="RewriteQuantGemvToCuda")
 class RewriteQuantGemvToCuda:
     """4-bit projections: the GEMV kernel in buckets whose `dim` ends at <= `max_rows`, dequantize + cuBLAS in
-    the others (see above); `residual`: the decode buckets' residual adds in the GEMV's epilogue."""
+    the others (see above); `residual`: the decode buckets' residual adds in the GEMV's epilogue; `int8`: the
+    GEMV with int8 activations."""
 
-    def __init__(self, dim: str = "n", max_rows: int = MAX_ROWS, residual: bool = True):
+    def __init__(self, dim: str = "n", max_rows: int = MAX_ROWS, residual: bool = True, int8: bool = False):
         self.dim, self.max_rows, self.residual = dim, max_rows, residual
+        self.function, self.add_function = (
+            (Q4_I8_FUNCTION, Q4_I8_ADD_FUNCTION) if int8 else (Q4_FUNCTION, Q4_ADD_FUNCTION)
+        )
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         updates = {}
         for gvar, func, bucket in bucket_functions(mod, self.dim):
             decode = int(bucket[self.dim][1]) <= self.max_rows
-            rewriter = _Rewriter(mod, set(func.params), decode)
+            rewriter = _Rewriter(mod, set(func.params), decode, self.function)
             new = rewriter.visit_expr(func)
             if not rewriter.count:
                 continue
             fused = 0
             if decode and self.residual:
-                matches = _Matches({Q4_FUNCTION: Q4_ADD_FUNCTION})
+                matches = _Matches({self.function: self.add_function})
                 matches.visit_expr(new)
                 found = matches.matches()
                 if found:
@@ -102,7 +108,7 @@ class RewriteQuantGemvToCuda:
                 "%s: %d 4-bit projection(s) -> %s (%d with the residual add)",
                 gvar.name_hint,
                 rewriter.count,
-                Q4_FUNCTION if decode else "dequantize + cuBLAS",
+                self.function if decode else "dequantize + cuBLAS",
                 fused,
             )
         return with_functions(mod, updates)

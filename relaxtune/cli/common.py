@@ -42,8 +42,8 @@ def add_workload(parser: argparse.ArgumentParser) -> None:
         dest="int8_activations",
         action="store_false",
         default=None,
-        help="one-row projections over 4-bit blocks with float32 FMAs on dequantized weights instead of int8 dot "
-        "products against activations quantized per 32 (CPUs with VNNI)",
+        help="one-row projections over 4-bit blocks with float FMAs on dequantized weights instead of int8 dot "
+        "products against activations quantized per 32 (CPUs with VNNI) or per 16 (cuda sm_90+, q4f16)",
     )
 
 

@@ -31,6 +31,8 @@ Emitted by `RewriteGemvToCuda` (relax_passes/gemv_cuda.py) in the small (decode)
   (qgemv_stream.cu), else, or where its conditions fail, register-pipelined (qgemv.cu); the host code
   (qgemv_host.cc) picks, RELAXTUNE_Q4GEMV / RELAXTUNE_Q4GEMV_STAGES override it for measurements
   (benchmarks/qgemv_sweep.py), and `relaxtune_q4gemv_kernel(x, w, scale, y)` names the kernel it would launch.
+  `relaxtune_q4gemv_i8` / `_i8_add` / `_i8_kernel`: the same with int8 activations (x quantized per 16 values in
+  the kernel, dp4a products; the `i8` families of qgemv_stream.cu) where a streamed kernel applies.
   Compiled with this file's kernels into one fatbin and one host object; emitted by `RewriteQuantGemvToCuda`
   (relax_passes/quant_gemv_cuda.py).
 
@@ -80,11 +82,15 @@ CONFIG_FUNCTION = "relaxtune_gemv_config"
 Q4_FUNCTION = "relaxtune_q4gemv"  # the weight as 4-bit groups in the GPU layout (qgemv.cu)
 Q4_ADD_FUNCTION = "relaxtune_q4gemv_add"
 Q4_KERNEL_FUNCTION = "relaxtune_q4gemv_kernel"  # (x, w, scale, y) -> the kernel relaxtune_q4gemv would launch
+Q4_I8_FUNCTION = "relaxtune_q4gemv_i8"  # the same with int8 activations where a streamed kernel applies
+Q4_I8_ADD_FUNCTION = "relaxtune_q4gemv_i8_add"
+Q4_I8_KERNEL_FUNCTION = "relaxtune_q4gemv_i8_kernel"
 # qgemv_stream.cu's kernels, as qgemv_host.cc's kQ4StreamKernels lists them: family s<GR>r<RPG> (GR row groups of 8
 # warps, RPG rows per group per ring slot), p<PMAX> (K up to 256 * 16 * PMAX), _m<rows of x>
 Q4_STREAM_KERNELS = tuple(
     f"relaxtune_q4gemv_{kind}_m{m}"
     for kind in ("s2r4p1", "s2r4p3", "s2r8p1", "s2r2p3", "s3r2p1", "s1r8p1", "s1r8p3")
+    + ("i8s2r4p1", "i8s2r4p3", "i8s2r8p1", "i8s1r8p1", "i8s1r8p3")
     for m in (1, 2)
 )
 MIN_ARCH = 80

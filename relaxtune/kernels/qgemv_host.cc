@@ -6,10 +6,13 @@
 // register kernel ("reg") where none does. A streamed family (qgemv_stream.cu) does not apply on compute capability
 // < 9.0, where K / group is not a multiple of 8, the scales are not 16-byte aligned, K is above its pieces, or a ring
 // of 2 slots does not fit. RELAXTUNE_Q4GEMV_STAGES=N caps its ring (default kQ4DefaultStages; 0: no cap).
+// relaxtune_q4gemv_i8 / _i8_add: the same with int8 activations where a streamed kernel applies (the i8 families,
+// default kQ4DefaultInt8Family), the fp16 register kernel elsewhere; RELAXTUNE_Q4GEMV overrides both defaults.
 #include <vector>
 
 namespace {
 constexpr const char* kQ4DefaultFamily = "s2r4";  // the kernel families the artifacts use: one line to change
+constexpr const char* kQ4DefaultInt8Family = "i8s2r4";  // with int8 activations
 // the ring's default cap: 2 slots measured 2-6% faster than the deepest ring on the 7B shapes (H200, 1 and 2 rows;
 // docs/results.md "GPU 4-bit weights (q4f16)")
 constexpr int kQ4DefaultStages = 2;
@@ -26,13 +29,15 @@ struct Q4StreamKernel {
 // qgemv_stream.cu's instantiations relaxtune_q4gemv_s<GR>r<RPG>p<PMAX>_m1 / _m2, fewest pieces first
 constexpr Q4StreamKernel kQ4StreamKernels[] = {{"s2r4", 2, 4, 1}, {"s2r4", 2, 4, 3}, {"s2r8", 2, 8, 1},
                                                {"s2r2", 2, 2, 3}, {"s3r2", 3, 2, 1}, {"s1r8", 1, 8, 1},
-                                               {"s1r8", 1, 8, 3}};
+                                               {"s1r8", 1, 8, 3}, {"i8s2r4", 2, 4, 1}, {"i8s2r4", 2, 4, 3},
+                                               {"i8s2r8", 2, 8, 1}, {"i8s1r8", 1, 8, 1}, {"i8s1r8", 1, 8, 3}};
 constexpr int kQ4PieceThreads = 256, kQ4PieceWeights = 16, kQ4BarrierBytes = 1024, kQ4MaxStages = 64;
 constexpr int kMaxSharedOptIn = 97;  // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
 
-std::string Q4Family() {
+std::string Q4Family(bool int8) {
   const char* value = std::getenv("RELAXTUNE_Q4GEMV");
-  return value != nullptr && value[0] != '\0' ? std::string(value) : std::string(kQ4DefaultFamily);
+  if (value != nullptr && value[0] != '\0') return std::string(value);
+  return std::string(int8 ? kQ4DefaultInt8Family : kQ4DefaultFamily);
 }
 
 int Q4ForcedStages() {
@@ -84,7 +89,8 @@ bool IsHalf(const DLDataType& t) { return t.code == kDLFloat && t.bits == 16 && 
 // y = x @ W^T (+ r) for W (N, K) in the GPU layout `w` (N, K / 8) uint32 with `scale` (N, K / group) fp16; with
 // `chosen`, nothing is launched: the first launch's kernel name is put there (for tests and measurements)
 void LaunchQ4(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const tvm::ffi::TensorView& scale,
-              const tvm::ffi::TensorView* r, const tvm::ffi::TensorView& y, std::string* chosen = nullptr) {
+              const tvm::ffi::TensorView* r, const tvm::ffi::TensorView& y, bool int8,
+              std::string* chosen = nullptr) {
   const DLDataType wt = w.dtype();
   TVM_FFI_ICHECK(w.ndim() == 2 && wt.code == kDLUInt && wt.bits == 32 && wt.lanes == 1)
       << "q4gemv: the weight must be (N, K / 8) uint32 (the GPU layout)";
@@ -113,7 +119,7 @@ void LaunchQ4(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, cons
   const bool pdl = major >= 9 && ProgrammaticLaunch();
   void* stream = TVMFFIEnvGetStream(dev.device_type, dev.device_id);
   std::vector<std::string> families;  // in order of preference, up to the first "reg"
-  for (std::string rest = Q4Family(); !rest.empty();) {
+  for (std::string rest = Q4Family(int8); !rest.empty();) {
     const size_t comma = rest.find(',');
     families.push_back(rest.substr(0, comma));
     rest = comma == std::string::npos ? std::string() : rest.substr(comma + 1);
@@ -155,19 +161,40 @@ void LaunchQ4(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, cons
   }
 }
 
-void Q4Gemv(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView s, tvm::ffi::TensorView y) { LaunchQ4(x, w, s, nullptr, y); }
-void Q4GemvAdd(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView s, tvm::ffi::TensorView r, tvm::ffi::TensorView y) {
-  LaunchQ4(x, w, s, &r, y);
+void Q4Gemv(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView s, tvm::ffi::TensorView y) {
+  LaunchQ4(x, w, s, nullptr, y, false);
 }
-// the kernel relaxtune_q4gemv(x, w, s, y) would launch first, under the current settings
+void Q4GemvAdd(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView s, tvm::ffi::TensorView r,
+               tvm::ffi::TensorView y) {
+  LaunchQ4(x, w, s, &r, y, false);
+}
+void Q4GemvI8(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView s, tvm::ffi::TensorView y) {
+  LaunchQ4(x, w, s, nullptr, y, true);
+}
+void Q4GemvI8Add(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView s, tvm::ffi::TensorView r,
+                 tvm::ffi::TensorView y) {
+  LaunchQ4(x, w, s, &r, y, true);
+}
+// the kernel relaxtune_q4gemv(x, w, s, y) (int8: relaxtune_q4gemv_i8) would launch first, under the current settings
+std::string ChosenQ4(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView s, tvm::ffi::TensorView y,
+                     bool int8) {
+  std::string chosen;
+  LaunchQ4(x, w, s, nullptr, y, int8, &chosen);
+  return chosen;
+}
 std::string Q4GemvKernel(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView s,
                          tvm::ffi::TensorView y) {
-  std::string chosen;
-  LaunchQ4(x, w, s, nullptr, y, &chosen);
-  return chosen;
+  return ChosenQ4(x, w, s, y, false);
+}
+std::string Q4GemvI8Kernel(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView s,
+                           tvm::ffi::TensorView y) {
+  return ChosenQ4(x, w, s, y, true);
 }
 }  // namespace
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4gemv, Q4Gemv);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4gemv_add, Q4GemvAdd);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4gemv_i8, Q4GemvI8);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4gemv_i8_add, Q4GemvI8Add);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4gemv_kernel, Q4GemvKernel);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4gemv_i8_kernel, Q4GemvI8Kernel);

@@ -19,6 +19,14 @@
 // butterfly (RPG * M - 1 shuffles and adds for the first halvings, then one per remaining lane bit) and kept in
 // shared memory per (row, warp); at the end the 8 warps' sums of each row are added in a fixed order, with the
 // residual, and written. No global workspace, no atomics: a CUDA graph captures the launch as it is.
+//
+// With int8 activations (I8; the i8 families, as llama.cpp's Q8_1 dot products): each thread quantizes its pieces of
+// x once, before the loop, to int8 with one float scale per piece of 16 (absmax / 127, round to nearest even), the
+// bytes permuted to the nibbles' order in a word, and keeps -8 x their sum. A row's piece is then 4 lop3 masks
+// (low nibbles, and high nibbles 16 x as large) and 4 dp4a (u8 x s8, int32 sums starting at -8 sum(x)), one IMAD
+// that joins the two sums, one conversion and one FMA with the weight's and x's scales: about 15 instructions per 16
+// weights against about 35 for the fp16 products, which bound the fp16 kernel below the copy rate. The integer sums
+// are exact; x's rounding to int8 is the only other error.
 #include <cuda_fp16.h>
 #include <stdint.h>
 
@@ -40,6 +48,40 @@ constexpr int kQ4BarrierBytes = 1024;
 
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// d = c + a . b over 4 bytes, a's unsigned and b's signed
+__device__ __forceinline__ int dot4_u8s8(uint32_t a, uint32_t b, int c) {
+  int d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// 16 halfs of x (h[0]: 0-7, h[1]: 8-15) as int8 q = rint(x * 127 / absmax) in the order dot4_u8s8 meets the nibbles
+// of two words of the GPU layout (word & 0x0F0F0F0F holds weights 0, 4, 1, 5 of its 8; word & 0xF0F0F0F0 2, 6, 3, 7,
+// as 16 x): q[0] = x 0 4 1 5, q[1] = x 2 6 3 7, q[2] = x 8 12 9 13, q[3] = x 10 14 11 15; corr = -8 sum(q), and
+// scale16 = absmax / (127 * 16), the factor of the joined sums (16 x the low nibbles' + the high nibbles')
+__device__ __forceinline__ void quantize_piece(const uint4 (&h)[2], uint32_t (&q)[4], int& corr, float& scale16) {
+  const uint32_t words[8] = {h[0].x, h[0].y, h[0].z, h[0].w, h[1].x, h[1].y, h[1].z, h[1].w};
+  __half2 top = __habs2(half2_bits(words[0]));
+#pragma unroll
+  for (int e = 1; e < 8; ++e) top = __hmax2(top, __habs2(half2_bits(words[e])));
+  const float amax = fmaxf(__low2float(top), __high2float(top));
+  const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  int v[16], sum = 0;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const float2 f = __half22float2(half2_bits(words[e]));
+    v[2 * e] = __float2int_rn(f.x * inv), v[2 * e + 1] = __float2int_rn(f.y * inv);
+    sum += v[2 * e] + v[2 * e + 1];
+  }
+  auto bytes = [&](int a, int b, int c, int d) {
+    return (static_cast<uint32_t>(a) & 0xFFu) | (static_cast<uint32_t>(b) & 0xFFu) << 8 |
+           (static_cast<uint32_t>(c) & 0xFFu) << 16 | static_cast<uint32_t>(d) << 24;
+  };
+  q[0] = bytes(v[0], v[4], v[1], v[5]), q[1] = bytes(v[2], v[6], v[3], v[7]);
+  q[2] = bytes(v[8], v[12], v[9], v[13]), q[3] = bytes(v[10], v[14], v[11], v[15]);
+  corr = -8 * sum, scale16 = amax / 2032.0f;
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -98,7 +140,7 @@ __device__ __forceinline__ float warp_transposed_sum(float (&v)[NV], int lane) {
 }
 #endif
 
-template <int M, int GR, int RPG, int PMAX>
+template <int M, int GR, int RPG, int PMAX, bool I8>
 __device__ __forceinline__ void q4stream_body(const Q4StreamParams& p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int RS = GR * RPG, kConsumers = kQ4PieceThreads * GR, NV = RPG * M, kWarpsPerGroup = kQ4PieceThreads / 32;
@@ -151,6 +193,15 @@ __device__ __forceinline__ void q4stream_body(const Q4StreamParams& p) {
         xv[m][j][h] = m < p.rows && piece < pieces ? __ldg(x + static_cast<size_t>(m) * (p.k / 8) + 2 * piece + h)
                                                    : make_uint4(0, 0, 0, 0);
       }
+  uint32_t xq[M][PMAX][4];  // I8: the pieces as int8, -8 x their sums, their scales / 16 (else unused)
+  int xcorr[M][PMAX];
+  float xscale[M][PMAX];
+  if constexpr (I8) {
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int j = 0; j < PMAX; ++j) quantize_piece(xv[m][j], xq[m][j], xcorr[m][j], xscale[m][j]);
+  }
   const int first_out = threadIdx.x, first_row = first_out / M, first_m = first_out % M;  // its first output, below
   const float first_res = res != nullptr && first_row < rows && first_m < p.rows
                               ? __half2float(res[static_cast<size_t>(first_m) * p.n + row0 + first_row]) : 0.0f;
@@ -172,6 +223,17 @@ __device__ __forceinline__ void q4stream_body(const Q4StreamParams& p) {
         if (piece >= pieces) break;
         const uint2 q = *reinterpret_cast<const uint2*>(wslot + i * row_bytes + 8 * piece);
         const float sc = __half2float(sslot[i * groups + (piece >> (1 + p.group_shift))]);
+        if constexpr (I8) {
+          const uint32_t lo0 = q.x & 0x0F0F0F0Fu, hi0 = q.x & 0xF0F0F0F0u;
+          const uint32_t lo1 = q.y & 0x0F0F0F0Fu, hi1 = q.y & 0xF0F0F0F0u;
+#pragma unroll
+          for (int m = 0; m < M; ++m) {
+            const int lo = dot4_u8s8(lo1, xq[m][j][2], dot4_u8s8(lo0, xq[m][j][0], xcorr[m][j]));
+            const int hi = dot4_u8s8(hi1, xq[m][j][3], dot4_u8s8(hi0, xq[m][j][1], 0));
+            acc[i * M + m] = fmaf(static_cast<float>(16 * lo + hi), sc * xscale[m][j], acc[i * M + m]);
+          }
+          continue;
+        }
         __half2 wv[8];
         dequantize_word(q.x, wv), dequantize_word(q.y, wv + 4);
 #pragma unroll
@@ -207,24 +269,34 @@ __device__ __forceinline__ void q4stream_body(const Q4StreamParams& p) {
 }
 
 // GR row groups of 8 warps (+ the producer warp), RPG rows per group per slot, up to PMAX pieces of K per thread
-#define RELAXTUNE_Q4STREAM(NAME, M, GR, RPG, PMAX)                                                         \
+#define RELAXTUNE_Q4STREAM(NAME, M, GR, RPG, PMAX, I8)                                                     \
   extern "C" __global__ void __launch_bounds__(kQ4PieceThreads * GR + 32, 1) NAME(Q4StreamParams p) { \
-    q4stream_body<M, GR, RPG, PMAX>(p);                                                                    \
+    q4stream_body<M, GR, RPG, PMAX, I8>(p);                                                                \
   }
 
-// name: relaxtune_q4gemv_s<GR>r<RPG>p<PMAX>_m<M>; qgemv_host.cc's kQ4StreamKernels lists them. Three row groups
+// name: relaxtune_q4gemv_[i8]s<GR>r<RPG>p<PMAX>_m<M> (i8: int8 activations); qgemv_host.cc's kQ4StreamKernels lists them. Three row groups
 // (800 threads: <= 80 registers) only with one piece: with three, two rows of x spill
-RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s2r4p1_m1, 1, 2, 4, 1)
-RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s2r4p1_m2, 2, 2, 4, 1)
-RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s2r4p3_m1, 1, 2, 4, 3)
-RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s2r4p3_m2, 2, 2, 4, 3)
-RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s2r8p1_m1, 1, 2, 8, 1)
-RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s2r8p1_m2, 2, 2, 8, 1)
-RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s2r2p3_m1, 1, 2, 2, 3)
-RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s2r2p3_m2, 2, 2, 2, 3)
-RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s3r2p1_m1, 1, 3, 2, 1)
-RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s3r2p1_m2, 2, 3, 2, 1)
-RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s1r8p1_m1, 1, 1, 8, 1)
-RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s1r8p1_m2, 2, 1, 8, 1)
-RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s1r8p3_m1, 1, 1, 8, 3)
-RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s1r8p3_m2, 2, 1, 8, 3)
+RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s2r4p1_m1, 1, 2, 4, 1, false)
+RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s2r4p1_m2, 2, 2, 4, 1, false)
+RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s2r4p3_m1, 1, 2, 4, 3, false)
+RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s2r4p3_m2, 2, 2, 4, 3, false)
+RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s2r8p1_m1, 1, 2, 8, 1, false)
+RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s2r8p1_m2, 2, 2, 8, 1, false)
+RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s2r2p3_m1, 1, 2, 2, 3, false)
+RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s2r2p3_m2, 2, 2, 2, 3, false)
+RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s3r2p1_m1, 1, 3, 2, 1, false)
+RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s3r2p1_m2, 2, 3, 2, 1, false)
+RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s1r8p1_m1, 1, 1, 8, 1, false)
+RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s1r8p1_m2, 2, 1, 8, 1, false)
+RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s1r8p3_m1, 1, 1, 8, 3, false)
+RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s1r8p3_m2, 2, 1, 8, 3, false)
+RELAXTUNE_Q4STREAM(relaxtune_q4gemv_i8s2r4p1_m1, 1, 2, 4, 1, true)
+RELAXTUNE_Q4STREAM(relaxtune_q4gemv_i8s2r4p1_m2, 2, 2, 4, 1, true)
+RELAXTUNE_Q4STREAM(relaxtune_q4gemv_i8s2r4p3_m1, 1, 2, 4, 3, true)
+RELAXTUNE_Q4STREAM(relaxtune_q4gemv_i8s2r4p3_m2, 2, 2, 4, 3, true)
+RELAXTUNE_Q4STREAM(relaxtune_q4gemv_i8s2r8p1_m1, 1, 2, 8, 1, true)
+RELAXTUNE_Q4STREAM(relaxtune_q4gemv_i8s2r8p1_m2, 2, 2, 8, 1, true)
+RELAXTUNE_Q4STREAM(relaxtune_q4gemv_i8s1r8p1_m1, 1, 1, 8, 1, true)
+RELAXTUNE_Q4STREAM(relaxtune_q4gemv_i8s1r8p1_m2, 2, 1, 8, 1, true)
+RELAXTUNE_Q4STREAM(relaxtune_q4gemv_i8s1r8p3_m1, 1, 1, 8, 3, true)
+RELAXTUNE_Q4STREAM(relaxtune_q4gemv_i8s1r8p3_m2, 2, 1, 8, 3, true)

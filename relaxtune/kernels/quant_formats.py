@@ -197,3 +197,31 @@ def dequantize_q4_gpu(packed: np.ndarray, scale: np.ndarray) -> np.ndarray:
     ints = unpack_q4_gpu(packed)
     group = ints.shape[1] // scale.shape[1]
     return (ints.astype(np.int8) - np.int8(8)).astype(np.float32) * np.repeat(scale.astype(np.float32), group, axis=1)
+
+
+ACTIVATION_PIECE = 16  # x values per int8 scale in the GPU's int8-activation GEMV (qgemv_stream.cu's i8 families)
+
+
+def quantize_activation_pieces(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(int8 values (..., K), float32 scales (..., K / 16)) of float16 `x` as the int8-activation GEMV rounds it:
+    per piece of 16, ``rint(x * (127 / absmax))`` in float32 (half to even), the scale ``absmax / 127``."""
+    pieces = np.asarray(x, dtype=np.float16).astype(np.float32).reshape(*x.shape[:-1], -1, ACTIVATION_PIECE)
+    amax = np.abs(pieces).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(pieces * inv).astype(np.int8)
+    return q.reshape(x.shape), (amax[..., 0] / np.float32(127)).astype(np.float32)
+
+
+def q4_gemv_int8_reference(x: np.ndarray, packed: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """float64 (rows, N) of `x` (rows, K) float16 times a GPU-layout 4-bit weight as the int8-activation kernel
+    computes it: x rounded to int8 per piece of 16 (`quantize_activation_pieces`), each piece's integer dot product
+    with (q - 8) exact, times the piece's and the group's scales; only the kernel's float32 sum order differs."""
+    xq, xs = quantize_activation_pieces(x)
+    ints = unpack_q4_gpu(packed).astype(np.int64) - 8  # (N, K)
+    rows, k = xq.shape
+    n, pieces = ints.shape[0], k // ACTIVATION_PIECE
+    dots = np.einsum("npe,rpe->rnp", ints.reshape(n, pieces, -1), xq.astype(np.int64).reshape(rows, pieces, -1))
+    group = k // scale.shape[1]
+    w_scale = np.repeat(scale.astype(np.float64), group // ACTIVATION_PIECE, axis=1)  # (N, pieces)
+    return np.einsum("rnp,np,rp->rn", dots.astype(np.float64), w_scale, xs.astype(np.float64))

@@ -76,3 +76,28 @@ def test_refusals():
         qf.GGUF["Q4_1"].shapes(4, 48)
     with pytest.raises(ValueError, match="unknown weight format"):
         qf.format_named("q5_k")
+
+
+def test_int8_activation_reference_is_the_exact_integer_product_of_its_roundings():
+    """quantize_activation_pieces rounds each piece of 16 to [-127, 127] with its absmax at +-127 (a zero piece stays
+    zero); q4_gemv_int8_reference is then x's int8 values times (q - 8), scaled: it equals the float64 product of the
+    rounded x and the dequantized weight, and is within a few steps of x's rounding of the float32 product."""
+    rng = np.random.default_rng(3)
+    k, n = 256, 24
+    w = rng.standard_normal((n, k)).astype(np.float32) / k**0.5
+    parts = qf.quantize(qf.own_format(4, 32), w)
+    packed = qf.pack_q4_gpu(parts["qweight"])
+    x = rng.standard_normal((2, k)).astype(np.float16)
+    x[1, :16] = 0
+    xq, xs = qf.quantize_activation_pieces(x)
+    assert xq.dtype == np.int8 and xs.shape == (2, k // 16) and xs[1, 0] == 0 and not xq[1, :16].any()
+    assert np.abs(xq).max(axis=-1).tolist() == [127, 127]
+    assert np.all(np.abs(xq.reshape(2, -1, 16)).max(axis=-1)[xs > 0] == 127)
+    rounded = (xq.astype(np.float64).reshape(2, -1, 16) * xs[..., None]).reshape(2, k)
+    weight = qf.dequantize_q4_gpu(packed, parts["scale"]).astype(np.float64)
+    got = qf.q4_gemv_int8_reference(x, packed, parts["scale"])
+    np.testing.assert_allclose(got, rounded @ weight.T, rtol=1e-12, atol=1e-12)
+    exact = x.astype(np.float64) @ weight.T
+    step = np.repeat(xs, 16, axis=1).astype(np.float64) / 2  # half a step of x's rounding per value
+    assert np.all(np.abs(got - exact) <= step @ np.abs(weight.T) + 1e-9)
+    assert np.abs(got - exact).max() > 0  # the rounding is there

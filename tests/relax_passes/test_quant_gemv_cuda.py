@@ -16,7 +16,15 @@ from tvm import relax, tirx
 
 from relaxtune.kernels import gemv as gemv_module
 from relaxtune.kernels import quant_gpu_tir
-from relaxtune.kernels.gemv import Q4_ADD_FUNCTION, Q4_FUNCTION, Q4_KERNEL_FUNCTION, Q4_STREAM_KERNELS
+from relaxtune.kernels.gemv import (
+    Q4_ADD_FUNCTION,
+    Q4_FUNCTION,
+    Q4_I8_ADD_FUNCTION,
+    Q4_I8_FUNCTION,
+    Q4_I8_KERNEL_FUNCTION,
+    Q4_KERNEL_FUNCTION,
+    Q4_STREAM_KERNELS,
+)
 from relaxtune.relax_passes.quant_gemv_cuda import RewriteQuantGemvToCuda
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
@@ -93,6 +101,9 @@ def test_options_and_where_it_does_not_fire():
     assert f'"{Q4_FUNCTION}"' in plain and Q4_ADD_FUNCTION not in plain and "R.add(r" in plain
     wide = _rewritten(_module(False), max_rows=16)["main_n2_16"].script()
     assert Q4_ADD_FUNCTION in wide and "cublas" not in wide
+    int8 = _rewritten(_module(False), int8=True)
+    assert f'"{Q4_I8_ADD_FUNCTION}"' in int8["main_n1"].script() and "q4gemv" not in int8["main_n2_16"].script()
+    assert f'"{Q4_I8_FUNCTION}"' in _rewritten(_module(False), int8=True, residual=False)["main_n1"].script()
     bb = relax.BlockBuilder()  # a weight computed in the function, not a parameter: no kernel may read it early
     tx, _tr, tw, ts = _types(1)
     x, w, s = relax.Var("x", tx), relax.Var("w", tw), relax.Var("s", ts)
@@ -118,7 +129,8 @@ def test_q4f16_llama_block_builds_for_cuda_with_the_4bit_kernels():
     assert workload.config["dtype"] == "float16"
     ex = api.build(workload, targets.resolve("cuda"), JobConfig(compile=CompileConfig(use_cache=False)))[0]
     text = ex.as_text()
-    assert text.count(f"{Q4_ADD_FUNCTION}") >= 2 and re.search(rf"\b{Q4_FUNCTION}\b", text)
+    # int8 activations by default (CompileConfig.int8_activations)
+    assert text.count(f"{Q4_I8_ADD_FUNCTION}") >= 2 and re.search(rf"\b{Q4_I8_FUNCTION}\b", text)
     assert "relaxtune_cublas_gemm" in text and "dequantize_q4_gpu" in text and "pack_q4_gpu" in text
 
 
@@ -150,8 +162,8 @@ def test_kernel_assembles_without_spills_and_reads_weights_before_the_wait(sm90_
 
 
 def _stream_kind(name: str) -> tuple[int, int, int, int]:
-    """(GR, RPG, PMAX, M) of a streamed kernel's name relaxtune_q4gemv_s<GR>r<RPG>p<PMAX>_m<M>."""
-    return tuple(int(v) for v in re.fullmatch(r"relaxtune_q4gemv_s(\d)r(\d)p(\d)_m(\d)", name).groups())
+    """(GR, RPG, PMAX, M) of a streamed kernel's name relaxtune_q4gemv_[i8]s<GR>r<RPG>p<PMAX>_m<M>."""
+    return tuple(int(v) for v in re.fullmatch(r"relaxtune_q4gemv_(?:i8)?s(\d)r(\d)p(\d)_m(\d)", name).groups())
 
 
 @needs_nvcc
@@ -164,9 +176,11 @@ def test_streamed_kernels_assemble_without_spills_copy_in_bulk_and_list_alike_in
     host = (Path(gemv_module.__file__).parent / "qgemv_host.cc").read_text()
     table = host[host.index("kQ4StreamKernels[] = {") : host.index("};", host.index("kQ4StreamKernels[] = {"))]
     listed = {
-        f"relaxtune_q4gemv_{f}p{p}_m{m}" for f, p in re.findall(r'\{"(s\dr\d)", \d, \d, (\d)\}', table) for m in (1, 2)
+        f"relaxtune_q4gemv_{f}p{p}_m{m}"
+        for f, p in re.findall(r'\{"((?:i8)?s\dr\d)", \d, \d, (\d)\}', table)
+        for m in (1, 2)
     }
-    for numbers in re.findall(r'\{"s(\d)r(\d)", (\d), (\d), \d\}', table):  # the label is s<GR>r<RPG>
+    for numbers in re.findall(r'\{"(?:i8)?s(\d)r(\d)", (\d), (\d), \d\}', table):  # the label is [i8]s<GR>r<RPG>
         assert numbers[:2] == numbers[2:], numbers
     assert listed == set(Q4_STREAM_KERNELS), sorted(listed)
     report, ptx = sm90_build
@@ -175,7 +189,7 @@ def test_streamed_kernels_assemble_without_spills_copy_in_bulk_and_list_alike_in
         assert "0 bytes spill stores, 0 bytes spill loads" in report[name] and "0 bytes stack frame" in report[name]
         registers = int(re.search(r"Used (\d+) registers", report[name]).group(1))
         assert registers * (256 * groups + 32) <= 65536, (name, registers)
-    bodies = dict(re.findall(r"\.entry (relaxtune_q4gemv_s\w+)\((.*?)(?=\.entry|\Z)", ptx, re.S))
+    bodies = dict(re.findall(r"\.entry (relaxtune_q4gemv_(?:i8)?s\w+)\((.*?)(?=\.entry|\Z)", ptx, re.S))
     assert sorted(bodies) == sorted(Q4_STREAM_KERNELS)
     for name, body in bodies.items():
         groups, rows_per_group, pieces, rows = _stream_kind(name)
@@ -189,8 +203,15 @@ def test_streamed_kernels_assemble_without_spills_copy_in_bulk_and_list_alike_in
         assert "mbarrier.arrive.expect_tx" in body and "mbarrier.try_wait.parity" in body, name
         assert "atom." not in body and "red.global" not in body and "shfl.sync.bfly" in body, name
         assert "ld.global.nc.L1::no_allocate" not in body, name  # weights and scales come by the bulk copies only
+        if name.startswith("relaxtune_q4gemv_i8"):  # int8 activations: 4 dp4a per row, piece and row of x
+            assert body.count("dp4a.u32.s32") >= rows_per_group * pieces * 4 * rows, name
+            assert "fma.rn.f16x2" not in body and "cvt.rni.s32.f32" in body, name  # x rounded to int8 once
+            continue
         assert "1677747200" in body and body.count("fma.rn.f16x2") >= rows_per_group * pieces * (4 + 7 * rows), name
         assert not re.search(r"cvt\.rn\.f(16|32)\.[su](8|16|32)", body), name
+
+
+Q4_I8_FUNCTIONS = (Q4_I8_FUNCTION, Q4_I8_ADD_FUNCTION, Q4_I8_KERNEL_FUNCTION)
 
 
 @needs_nvcc
@@ -200,7 +221,7 @@ def test_host_object_exports_the_4bit_entry_points(tmp_path):
     symbols = subprocess.run(
         ["nm", "-g", "--defined-only", str(object_file("sm_90", tmp_path))], capture_output=True, text=True
     ).stdout
-    for name in (FUNCTION, Q4_FUNCTION, Q4_ADD_FUNCTION, Q4_KERNEL_FUNCTION):
+    for name in (FUNCTION, Q4_FUNCTION, Q4_ADD_FUNCTION, Q4_KERNEL_FUNCTION, *Q4_I8_FUNCTIONS):
         assert f"__tvm_ffi_{name}" in symbols, name
 
 
