@@ -3,6 +3,8 @@
     bash benchmarks/gpu_llm.sh OUT                       # on the GPU machine: TVM from .device, then this script
     python benchmarks/gpu_llm.py --out OUT               # the same, TVM and relaxtune already importable
     python benchmarks/gpu_llm.py --out OUT --device cpu --model tiny --modes eager   # every step on a CPU
+    bash benchmarks/gpu_llm.sh OUT --quantize f16,q4f16   # the float16 build and relaxtune's 4-bit one, each
+                                                          # against transformers on its own weights
 
 The GPU machine cannot receive the 93 MB GGUF, so the model is made there: (1) a checkpoint folder with
 random weights of the model's sizes, seeded (config.json + model.safetensors, float16 on cuda, float32 on
@@ -15,6 +17,10 @@ figure per round, medians; each decode step against its bandwidth floor (the wei
 measured device copy bandwidth); (5) gpu_llm.json and gpu_llm.md in --out, written after every stage.
 transformers runs eager, under torch.compile (default) and under torch.compile mode="reduce-overhead" with a
 static cache (`--modes`); a mode this transformers cannot run is skipped with one line.
+`--quantize f16,q4f16` adds relaxtune's 4-bit build (`--quantize q4f16`: groups of 32, float16 activations, decode
+on relaxtune's 4-bit GEMV; q4f32 on the CPU) of the same checkpoint, and transformers on a copy of it whose weights
+went through the same 4-bit groups and back (`random_checkpoint.requantize`, relaxtune's own quantize and
+dequantize): the same weights for both; its systems are named with the mode, its decode floor is the 4-bit bytes.
 """
 
 from __future__ import annotations
@@ -31,9 +37,12 @@ import numpy as np
 from gpu_llm_report import markdown
 from gpu_llm_systems import MODES, Relaxtune, Transformers, agreement, first_difference
 
+from relaxtune.kernels.quant_formats import own_format
 from relaxtune.models import random_checkpoint
 
 MODELS = {"smollm2": random_checkpoint.SMOLLM2, "tiny": random_checkpoint.TINY}
+QUANTIZE = ("f16", "q4f16")  # --quantize: the checkpoint's float type (float32 on the CPU), relaxtune's 4-bit groups
+GROUP = 32  # the 4-bit groups' size
 FIRST_ID = 100
 RESULTS: dict = {"stages": {}, "errors": {}}
 
@@ -62,20 +71,22 @@ def stage(name: str, out: Path, fn, *args):
         save(out)
 
 
-def build(folder: Path, art: Path, device: str, graphs: bool, tops: tuple[int, ...]) -> Path:
-    """relaxtune's artifact of the checkpoint (rules only, buckets at `tops`), as `relaxtune compile` makes it."""
+def build(folder: Path, art: Path, device: str, graphs: bool, tops: tuple[int, ...], label: str = "") -> Path:
+    """relaxtune's artifact of the checkpoint (rules only, buckets at `tops`), as `relaxtune compile` makes it;
+    `label`: relaxtune's --quantize (q4f16, q4f32), or "" for the checkpoint's float type."""
     from relaxtune import api, targets
-    from relaxtune.config import BucketConfig, CompileConfig, JobConfig
+    from relaxtune.config import BucketConfig, CompileConfig, JobConfig, QuantizeConfig
     from relaxtune.workloads import load
 
     target = targets.resolve(cuda_target() if device == "cuda" else "cpu")
-    workload = load(f"hf:{folder}", {"max_prefill": str(tops[-1])}, target=target)
+    quantize = QuantizeConfig(label or "auto", GROUP)
+    workload = load(f"hf:{folder}", {"max_prefill": str(tops[-1])}, quantize=quantize, target=target)
     job = JobConfig(
         cache_dir=art / "no-cache",
         compile=CompileConfig(use_cache=False, cuda_graphs=graphs),
         buckets=BucketConfig(edges={"n": tops}),
     )
-    name = f"model-{'graphs' if graphs else 'nographs'}.so"
+    name = f"model{'-' + label if label else ''}-{'graphs' if graphs else 'nographs'}.so"
     start = time.perf_counter()
     result = api.compile(workload, target, job, art / name)
     RESULTS.setdefault("build_s", {})[name] = round(time.perf_counter() - start, 1)
@@ -136,31 +147,35 @@ def prompt(length: int, vocab: int, seed: int) -> list[int]:
     return np.random.default_rng(seed).integers(FIRST_ID, vocab - 1, length).tolist()
 
 
-def check_tokens(systems: dict, reference, vocab: int, length: int = 32, steps: int = 32) -> None:
-    """Greedy continuations against transformers eager; teacher-forced next-token logits of every system,
-    with random tokens fed after the prompt (a random model's greedy continuation soon repeats a few tokens),
-    against transformers in float32 and, for relaxtune, against transformers in its own float type."""
+def check_tokens(systems: dict, labels: dict, references: dict, vocab: int, length: int = 32, steps: int = 32):
+    """Greedy continuations against transformers eager on the same weights; teacher-forced next-token logits of
+    every system, with random tokens fed after the prompt (a random model's greedy continuation soon repeats a few
+    tokens), against transformers in float32 and, for relaxtune, against transformers in its own float type.
+    `labels`: system -> its weights ("": the checkpoint's, else relaxtune's --quantize, transformers on the
+    requantized copy); `references`: label -> transformers in float32 on those weights (None on the CPU)."""
     ids = prompt(length, vocab, 1)
-    base = systems["transformers eager"].greedy(ids, steps)
-    out = {"prompt_tokens": length, "new_tokens": steps, "distinct_new_tokens": len(set(base))}
-    for name, system in systems.items():
-        if name.startswith("relaxtune"):
-            tokens = system.greedy(ids, steps)
-            out[name] = {"greedy_same_prefix": first_difference(tokens, base)}
     sequence = ids + prompt(steps, vocab, 2)
-    want = reference.logits(sequence, length) if reference is not None else None
-    same_type = systems["transformers eager"].logits(sequence, length)
-    for name, system in systems.items():
-        if not name.startswith("relaxtune") and name != "transformers eager":
+    out: dict = {"prompt_tokens": length, "new_tokens": steps}
+    for label in dict.fromkeys(labels.values()):
+        suffix = f" {label}" if label else ""
+        eager = systems.get("transformers eager" + suffix)
+        if eager is None:
             continue
-        if name == "transformers eager" and want is None:
-            continue  # it is the reference
-        got = same_type if name == "transformers eager" else system.logits(sequence, length)
-        row = out.setdefault(name, {})
-        if want is not None:
-            row["vs_float32"] = agreement(got, want)
-        if name != "transformers eager":
-            row["vs_transformers_same_dtype"] = agreement(got, same_type)
+        base = eager.greedy(ids, steps)
+        out["distinct_new_tokens" + suffix.replace(" ", "_")] = len(set(base))
+        ours = [n for n, of in labels.items() if of == label and n in systems and n.startswith("relaxtune")]
+        for name in ours:
+            out[name] = {"greedy_same_prefix": first_difference(systems[name].greedy(ids, steps), base)}
+        reference = references.get(label)
+        want = reference.logits(sequence, length) if reference is not None else None
+        same_type = eager.logits(sequence, length)
+        if want is not None:  # transformers' own float type against float32, on the same weights
+            out.setdefault("transformers eager" + suffix, {})["vs_float32"] = agreement(same_type, want)
+        for name in ours:
+            got = systems[name].logits(sequence, length)
+            if want is not None:
+                out[name]["vs_float32"] = agreement(got, want)
+            out[name]["vs_transformers_same_dtype"] = agreement(got, same_type)
     RESULTS["agreement"] = out
     log(json.dumps(out, indent=1))
 
@@ -206,11 +221,19 @@ def parse(argv=None):
     parser.add_argument("--decode", default="128,1024", help="context lengths before the timed decode steps")
     parser.add_argument("--steps", type=int, default=32, help="decode steps timed per sample")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--quantize",
+        default="f16",
+        help=f"relaxtune's builds: {', '.join(QUANTIZE)} (f16: the checkpoint's float type)",
+    )
     args = parser.parse_args(argv)
     args.prefill = [int(v) for v in args.prefill.split(",")]
     args.decode = [int(v) for v in args.decode.split(",")]
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     args.graphs = [g.strip() == "on" for g in args.graphs.split(",") if g.strip()]
+    args.quantize = [q.strip() for q in args.quantize.split(",") if q.strip()]
+    if not args.quantize or [q for q in args.quantize if q not in QUANTIZE]:
+        parser.error(f"--quantize {','.join(args.quantize)}: give any of {', '.join(QUANTIZE)}")
     bad = [m for m in args.modes if m not in MODES]
     if bad or "eager" not in args.modes:
         parser.error(f"--modes {','.join(args.modes)}: give eager and any of {', '.join(MODES[1:])}")
@@ -227,24 +250,44 @@ def main(argv=None) -> int:
     folder = args.work / f"{args.model}-{dtype}"
     RESULTS["weight_bytes"] = stage("checkpoint", args.out, random_checkpoint.write, folder, config, dtype)
     RESULTS["copy_GBps"] = round(copy_bandwidth(args.device), 1)
-    systems = {}
-    for graphs in args.graphs if args.device == "cuda" else args.graphs[:1]:  # graphs are cuda's
-        name = "relaxtune" + ("" if args.device == "cpu" else " graphs" if graphs else " no graphs")
-        built = stage(f"build {name}", args.out, build, folder, args.work, args.device, graphs, tops)
-        if built is not None:
-            systems[name] = stage(f"load {name}", args.out, Relaxtune, built, args.device, capacity)
-    for mode in args.modes:
-        name = "transformers eager" if mode == "eager" else f"torch.compile {mode}"
-        systems[name] = stage(f"load {name}", args.out, Transformers, folder, args.device, dtype, mode, capacity)
+    # label -> the folder transformers loads: "" the checkpoint, a 4-bit label its requantized copy (relaxtune
+    # builds the checkpoint itself with that --quantize: q4f16 on cuda, q4f32, float32 activations, on the CPU)
+    weights = {}
+    for choice in args.quantize:
+        if choice == "f16":
+            weights[""] = folder
+            continue
+        label = choice if args.device == "cuda" else "q4f32"
+        copy = args.work / f"{args.model}-{dtype}-{label}"
+        kept = stage(f"checkpoint {label}", args.out, random_checkpoint.requantize, folder, copy, own_format(4, GROUP))
+        if kept is not None:
+            RESULTS.setdefault("quantized_bytes", {})[label] = kept
+            weights[label] = copy
+    systems, labels = {}, {}
+    for label, loaded in weights.items():
+        suffix = f" {label}" if label else ""
+        for graphs in args.graphs if args.device == "cuda" else args.graphs[:1]:  # graphs are cuda's
+            name = "relaxtune" + suffix + ("" if args.device == "cpu" else " graphs" if graphs else " no graphs")
+            built = stage(f"build {name}", args.out, build, folder, args.work, args.device, graphs, tops, label)
+            if built is not None:
+                systems[name] = stage(f"load {name}", args.out, Relaxtune, built, args.device, capacity)
+                labels[name] = label
+        for mode in args.modes:
+            name = ("transformers eager" if mode == "eager" else f"torch.compile {mode}") + suffix
+            systems[name] = stage(f"load {name}", args.out, Transformers, loaded, args.device, dtype, mode, capacity)
+            labels[name] = label
     systems = {k: v for k, v in systems.items() if v is not None}
-    if "transformers eager" not in systems:
+    RESULTS["weights_of"] = {name: labels[name] for name in systems}
+    if not any(name.startswith("transformers eager") for name in systems):
         log("transformers eager did not load: nothing to compare with")
         return 1
-    reference = None
+    references = {}
     if dtype != "float32":
-        reference = stage("load float32 reference", args.out, Transformers, folder, args.device, "float32", "eager", 0)
-    stage("tokens", args.out, check_tokens, systems, reference, config["vocab_size"])
-    del reference
+        for label, loaded in weights.items():
+            name = "load float32 reference" + (f" {label}" if label else "")
+            references[label] = stage(name, args.out, Transformers, loaded, args.device, "float32", "eager", 0)
+    stage("tokens", args.out, check_tokens, systems, labels, references, config["vocab_size"])
+    del references
     stage("timings", args.out, measure, systems, args, config["vocab_size"])
     log(markdown(RESULTS))
     return 0

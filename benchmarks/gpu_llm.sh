@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU-machine call (issue 26): a SmolLM2-sized model with random weights written there, relaxtune's cuda
 # build of it (CUDA graphs on and off) against transformers eager / torch.compile / reduce-overhead, then,
-# with `tests`, the gpu-marked language-model tests.
+# with `tests`, the gpu-marked language-model tests. `--quantize f16,q4f16` adds relaxtune's 4-bit build against
+# transformers on the same 4-bit weights (dequantized to float16).
 #   bash benchmarks/gpu_llm.sh OUT [tests] [gpu_llm.py options]
 set -uo pipefail
 out=${1:?usage: gpu_llm.sh OUT [tests] [gpu_llm.py options]}

@@ -4,10 +4,12 @@ bandwidth floor, relaxtune's ratios to transformers' best mode, the token agreem
 from __future__ import annotations
 
 
-def _floor_ms(results: dict) -> float | None:
-    """One decode step's floor: the weights' bytes at the measured copy bandwidth (ms)."""
-    weights, bandwidth = results.get("weight_bytes"), results.get("copy_GBps")
-    return weights / (bandwidth * 1e9) * 1e3 if weights and bandwidth else None
+def _floors_ms(results: dict) -> dict[str, float]:
+    """One decode step's floor per weights label ("": the checkpoint's; a 4-bit label: the bytes relaxtune keeps in
+    it): the weights' bytes at the measured copy bandwidth (ms)."""
+    bandwidth = results.get("copy_GBps")
+    kept = {"": results.get("weight_bytes")} | results.get("quantized_bytes", {})
+    return {label: b / (bandwidth * 1e9) * 1e3 for label, b in kept.items() if b and bandwidth}
 
 
 def _columns(medians: dict) -> list[tuple[str, str]]:
@@ -24,35 +26,42 @@ def timings(results: dict) -> list[str]:
     medians = results.get("medians") or {}
     if not medians:
         return ["(no timings)"]
-    columns, floor = _columns(medians), _floor_ms(results)
+    columns, floors = _columns(medians), _floors_ms(results)
+    weights_of = results.get("weights_of", {})  # system -> its weights' label (older results: all "")
     decode = [size for op, size in columns if op == "decode"]
     head = [f"{op} {'' if op == 'prefill' else '@'}{size} tok/s" for op, size in columns]
     head += [f"decode @{c} ms/token (x floor)" for c in decode]
     lines = ["| system | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
     for name, per in medians.items():
+        floor = floors.get(weights_of.get(name, ""))
         cells = [f"{per.get(op, {}).get(size, float('nan')):.1f}" for op, size in columns]
         for c in decode:
             rate = per.get("decode", {}).get(c)
             ms = 1e3 / rate if rate else float("nan")
             cells.append(f"{ms:.3f}" + (f" ({ms / floor:.2f}x)" if floor and rate else ""))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    ours = [n for n in medians if n.startswith("relaxtune")]
-    theirs = [n for n in medians if not n.startswith("relaxtune")]
-    if ours and theirs:
+    for label in dict.fromkeys(weights_of.get(n, "") for n in medians):  # one ratio row per weights
+        same = [n for n in medians if weights_of.get(n, "") == label]
+        ours = [n for n in same if n.startswith("relaxtune")]
+        theirs = [n for n in same if not n.startswith("relaxtune")]
+        if not (ours and theirs):
+            continue
         cells = []
         for op, size in columns:
             best = max((medians[n].get(op, {}).get(size, 0.0) for n in theirs), default=0.0)
             mine = max((medians[n].get(op, {}).get(size, 0.0) for n in ours), default=0.0)
             cells.append(f"{mine / best:.2f}x" if best else "-")
+        title = "relaxtune (best build) / transformers (best mode)" + (f", {label} weights" if label else "")
+        lines.append(f"| {title} | " + " | ".join(cells) + " |" + " |" * len(decode))
+    if floors:
+        lines.append("")
+    kept = {"": results.get("weight_bytes")} | results.get("quantized_bytes", {})
+    for label, floor in floors.items():
+        what = f"{label} (relaxtune's 4-bit parts, the rest as stored)" if label else "the checkpoint's"
         lines.append(
-            "| relaxtune (best build) / transformers (best mode) | " + " | ".join(cells) + " |" + " |" * len(decode)
+            f"floor, {what} weights: {kept[label] / 1e6:.1f} MB at {results['copy_GBps']:.0f} GB/s device copy "
+            f"bandwidth (read + write) = {floor:.3f} ms per decode step"
         )
-    if floor:
-        lines += [
-            "",
-            f"floor: {results['weight_bytes'] / 1e6:.1f} MB of weights at {results['copy_GBps']:.0f} GB/s device copy "
-            f"bandwidth (read + write) = {floor:.3f} ms per decode step",
-        ]
     return lines
 
 
@@ -63,7 +72,8 @@ def tokens(results: dict) -> list[str]:
     lines = [
         f"{found['prompt_tokens']} random prompt tokens, {found['new_tokens']} new ({found.get('distinct_new_tokens')} "
         "distinct in transformers eager's greedy continuation); next-token argmax agreement with random tokens fed "
-        "after the prompt, logits error relative to the largest |logit|:",
+        "after the prompt, logits error relative to the largest |logit|; a system with a 4-bit label against "
+        "transformers on the same 4-bit weights (dequantized to the float type):",
         "",
         "| system | greedy tokens equal to transformers' | argmax vs float32 | rel err vs float32 | "
         "argmax vs transformers same dtype | rel err vs it |",

@@ -217,8 +217,8 @@ class QuantizeConfig:
     kernels (other sources stay float32); ``f32``: every weight dequantized to float32 at compile time;
     ``f16``: every weight in float16, float16 activations (a language model on cuda, where ``auto`` means
     it); ``q4f32`` / ``q8f32``: relaxtune's own 4- or 8-bit weight-only groups of `group_size` (float32
-    activations); ``q4f16``: the same 4-bit groups with float16 activations (a built-in workload in float16;
-    on cuda the decode GEMVs read them with relaxtune's kernel, relax_passes/quant_gemv_cuda.py).
+    activations); ``q4f16``: the same 4-bit groups with float16 activations (a built-in workload in float16, or a
+    language model on cuda; there the decode GEMVs read them with relaxtune's kernel, relax_passes/quant_gemv_cuda.py).
     """
 
     mode: str = "auto"

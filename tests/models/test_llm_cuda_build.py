@@ -60,6 +60,33 @@ def test_decode_calls_the_gemv_kernel_and_graphs_stop_at_the_cache(cuda_build):
     assert decode.count("cuda_graph.run_or_capture") >= 2
 
 
+def test_q4f16_decode_reads_the_4bit_weights_with_the_q4_gemv(tmp_path, caplog):
+    """--quantize q4f16 on cuda: relaxtune's 4-bit groups (the tied embedding too), packed for the GPU at load;
+    decode's projections and the output projection on relaxtune_q4gemv, prefill's on dequantize + cuBLAS."""
+    import logging
+
+    from relaxtune import api, targets
+    from relaxtune.config import BucketConfig, CompileConfig, JobConfig, QuantizeConfig
+    from relaxtune.models import random_checkpoint
+    from relaxtune.workloads import load
+
+    random_checkpoint.write(tmp_path / "hf", random_checkpoint.TINY, "float16")
+    target = targets.resolve("cuda")
+    workload = load(f"hf:{tmp_path / 'hf'}", {"max_prefill": "64"}, None, QuantizeConfig("q4f16", 32), target)
+    assert workload.config["quantize"] == "q4f16" and workload.config["group_size"] == 32
+    assert {str(v.dtype) for v in workload.params.values()} == {"uint8", "float16"}
+    assert str(workload.mod["decode"].params[0].ty.dtype) == "float16"
+    job = JobConfig(compile=CompileConfig(use_cache=False), buckets=BucketConfig(edges={"n": (1, 64)}))
+    with caplog.at_level(logging.INFO, logger="relaxtune.relax_passes"):
+        executable = api.build(workload, target, job)[0]
+    # 2 layers x (q/k/v, o, gate/up, down) + the tied output projection
+    assert "decode: 9 4-bit projection(s) -> relaxtune_q4gemv" in caplog.text
+    assert "prefill_n2_64: 9 4-bit projection(s) -> dequantize + cuBLAS" in caplog.text
+    text = executable.as_text()
+    decode = text[text.index("\n@decode:") : text.index("\n@", text.index("\n@decode:") + 2)]
+    assert "relaxtune_q4gemv" in decode and "relaxtune_gemv_nk" not in decode
+
+
 KV_KERNELS = (
     "batch_prefill_ragged_kv",
     "batch_prefill_paged_kv",
@@ -75,7 +102,7 @@ KV_KERNELS = (
 @pytest.mark.parametrize(
     "quantize, dtype, message",
     [
-        ("q4f32", None, "--quantize q4f32 is not supported on cuda: use auto or f16"),
+        ("q4f32", None, "--quantize q4f32 is not supported on cuda: use one of auto, f16, q4f16"),
         ("f32", None, "--quantize f32 is not supported on cuda"),
         ("auto", "float32", "--dtype float32: language models compile with float16 activations on cuda"),
     ],

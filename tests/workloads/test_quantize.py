@@ -79,5 +79,5 @@ def test_q4f16_names_its_dtype_and_refuses_another():
     with pytest.raises(UserError, match=r"--quantize q4f16 computes in float16: --dtype float32 is not allowed"):
         load("mlp", SMALL, dtype="float32", quantize=QuantizeConfig("q4f16", 32))
     assert load("mlp", SMALL, dtype="float16", quantize=QuantizeConfig("q4f16", 32)).config["dtype"] == "float16"
-    with pytest.raises(UserError, match=r"--quantize q4f16: language models take q4f32 or q8f32"):
-        load("smollm2", quantize=QuantizeConfig("q4f16", 32))
+    with pytest.raises(UserError, match=r"--quantize q4f16 is for --target cuda: on the CPU use auto, f32, q4f32"):
+        load("smollm2", quantize=QuantizeConfig("q4f16", 32))  # a language model's CPU build: float32 activations
