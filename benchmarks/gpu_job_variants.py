@@ -191,8 +191,6 @@ Q4_VARIANTS = {
     "llama7b-q4-rf-cublas-flash-graph": ("relaxtune", True, CudaLibraries()),  # int8 activations in the GEMV (default)
     "llama7b-q4-rf-cublas-flash": ("relaxtune", False, CudaLibraries()),  # per-kernel times
     "llama7b-q4-f16act-rf-cublas-flash-graph": ("relaxtune", True, CudaLibraries()),  # float16 activations
-    # int8 activations, the RMSNorm and SwiGLU kernels kept (FuseQuantGemvPrologueCuda off)
-    "llama7b-q4-noprologue-rf-cublas-flash-graph": ("relaxtune", True, CudaLibraries(gemv_prologue=False)),
 }
 FLOAT16_ACTIVATIONS = ("llama7b-q4-f16act-rf-cublas-flash-graph",)  # built with CompileConfig(int8_activations=False)
 FLASH.update(dict.fromkeys(Q4_VARIANTS, FlashAttention()))

@@ -15,7 +15,6 @@ from tvm import relax
 
 from ..config import CompileConfig
 from ..kernels import flash_attention, gemv
-from ..kernels.device_code import arch_number
 from ..schedules.apply import ApplyTunedSchedules
 from ..schedules.rules import rule_schedules
 from ..schedules.rules.gpu_rules import require_gpu_schedules
@@ -34,7 +33,6 @@ from .fuse_attention import FuseAttention
 from .fuse_attention_prologue import FuseAttentionPrologue
 from .fuse_gemv_prologue_cuda import FuseGemvPrologueCuda
 from .fuse_norm_gemv import FuseNormIntoGemv
-from .fuse_quant_gemv_prologue_cuda import FuseQuantGemvPrologueCuda
 from .fuse_swiglu import FuseSwiGLU
 from .gemv_cuda import RewriteGemvToCuda
 from .keep_weights_nk import KeepWeightsNK
@@ -72,7 +70,6 @@ def fusion_passes(
     cpu_nk = weights_nk and not gpu
     flash_on = flash.enabled and flash_attention.supports(arch)
     quant_gpu = library and target.kind.name == "cuda" and gemv.supports(arch)  # 4-bit weights: relaxtune's kernels
-    quant_prologue = quant_gpu and options.int8_activations and libs.gemv_prologue and arch_number(arch) >= 90
     lift_tables = flash_on and flash.lift_tables
     return [
         *([] if gpu else [PagedKVKernels()]),  # a paged KV cache's CPU kernels: relaxtune's, scheduled by its rules
@@ -132,7 +129,6 @@ def fusion_passes(
         *(  # 4-bit GEMV (int8 activations where the streamed kernel runs), or dequantize + cuBLAS
             [RewriteQuantGemvToCuda(max_rows=libs.gemv_max_rows, int8=options.int8_activations)] if quant_gpu else []
         ),
-        *([FuseQuantGemvPrologueCuda()] if quant_prologue else []),  # its RMSNorm / SwiGLU in the int8 GEMV
         *([RewriteGemmToCublas(min_rows=libs.min_rows, decode_wide=libs.decode_wide)] if library else []),
         *([RewriteResidualAddToCublas(min_rows=libs.residual_min_rows)] if library and libs.residual else []),
         *([RewriteBatchedGemmToCublas(min_rows=libs.batched_min_rows)] if library and libs.batched else []),

@@ -33,10 +33,6 @@ Emitted by `RewriteGemvToCuda` (relax_passes/gemv_cuda.py) in the small (decode)
   (benchmarks/qgemv_sweep.py), and `relaxtune_q4gemv_kernel(x, w, scale, y)` names the kernel it would launch.
   `relaxtune_q4gemv_i8` / `_i8_add` / `_i8_kernel`: the same with int8 activations (x quantized per 16 values in
   the kernel, dp4a products; the `i8` families of qgemv_stream.cu) where a streamed kernel applies.
-  `relaxtune_q4gemv_i8_rms(x, g, w, scale, eps, y)` and `relaxtune_q4gemv_i8_swiglu(gu, w, scale, y)` /
-  `_swiglu_add(gu, w, scale, r, y)`: the same with the RMSNorm or the SwiGLU before it computed by each thread for
-  its own pieces of x (compute capability 9.0+, K / group a multiple of 8, K <= Q4_PROLOGUE_MAX_K; emitted by
-  `FuseQuantGemvPrologueCuda`).
   Compiled with this file's kernels into one fatbin and one host object; emitted by `RewriteQuantGemvToCuda`
   (relax_passes/quant_gemv_cuda.py).
 
@@ -89,17 +85,12 @@ Q4_KERNEL_FUNCTION = "relaxtune_q4gemv_kernel"  # (x, w, scale, y) -> the kernel
 Q4_I8_FUNCTION = "relaxtune_q4gemv_i8"  # the same with int8 activations where a streamed kernel applies
 Q4_I8_ADD_FUNCTION = "relaxtune_q4gemv_i8_add"
 Q4_I8_KERNEL_FUNCTION = "relaxtune_q4gemv_i8_kernel"
-Q4_I8_RMS_FUNCTION = "relaxtune_q4gemv_i8_rms"  # (x, g, w, scale, eps, y): rms_norm(x) @ W^T, int8 activations
-Q4_I8_SWIGLU_FUNCTION = "relaxtune_q4gemv_i8_swiglu"  # (gu, w, scale, y): (silu(gate) * up) @ W^T
-Q4_I8_SWIGLU_ADD_FUNCTION = "relaxtune_q4gemv_i8_swiglu_add"  # (gu, w, scale, r, y)
-Q4_PROLOGUE_MAX_K = 256 * 16 * 3  # the prologue kernels' K: 3 pieces of 16 per thread of a row group
 # qgemv_stream.cu's kernels, as qgemv_host.cc's kQ4StreamKernels lists them: family s<GR>r<RPG> (GR row groups of 8
 # warps, RPG rows per group per ring slot), p<PMAX> (K up to 256 * 16 * PMAX), _m<rows of x>
 Q4_STREAM_KERNELS = tuple(
     f"relaxtune_q4gemv_{kind}_m{m}"
     for kind in ("s2r4p1", "s2r4p3", "s2r8p1", "s2r2p3", "s3r2p1", "s1r8p1", "s1r8p3")
     + ("i8s2r4p1", "i8s2r4p3", "i8s2r8p1", "i8s1r8p1", "i8s1r8p3")
-    + tuple(f"{kind}_{x}" for x in ("rms", "swiglu") for kind in ("i8s2r8p1", "i8s2r4p1", "i8s2r4p3"))  # prologues
     for m in (1, 2)
 )
 MIN_ARCH = 80

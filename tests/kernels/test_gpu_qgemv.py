@@ -44,7 +44,7 @@ SETTINGS += [{"RELAXTUNE_Q4GEMV": "s2r8,s2r4"}, {"RELAXTUNE_Q4GEMV": "s3r2,reg,s
 SETTINGS += [{"RELAXTUNE_Q4GEMV": f} for f in ("i8s2r4", "i8s2r8,i8s2r4", "i8s1r8")]
 HOST = (Path(__file__).parents[2] / "relaxtune" / "kernels" / "qgemv_host.cc").read_text()
 DEFAULT_FAMILY = re.search(r'kQ4DefaultFamily = "(\w+)"', HOST).group(1)
-DEFAULT_INT8_FAMILY = re.search(r'kQ4DefaultInt8Family = "([\w,]+)"', HOST).group(1)
+DEFAULT_INT8_FAMILY = re.search(r'kQ4DefaultInt8Family = "(\w+)"', HOST).group(1)
 
 
 def _expected_kernel(settings: dict, rows: int, k: int, group: int) -> str:
@@ -174,49 +174,3 @@ def test_q4f16_llama_7b_block_matches_its_dequantized_reference(tmp_path):
         want = np.asarray(workload.reference(inputs, workload.params), dtype="float32")
         err = float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want)))))
         assert err < BLOCK_TOLERANCE[True], (n, err)  # int8 activations at n = 1
-
-
-@pytest.mark.parametrize("rows,k,n", [(1, 4096, 4096), (2, 4096, 12288), (1, 11008, 4096), (3, 256, 37)])
-def test_q4gemv_i8_prologues_match_the_separate_kernels(gemv_library, rows, k, n):
-    """relaxtune_q4gemv_i8_rms (x = rms_norm(x, g) first) and _i8_swiglu / _swiglu_add (x = silu(gate) * up of the
-    merged gu) against the int8 reference on the x the separate kernels would write (the norm in fp32 with one
-    rounding to fp16, the SwiGLU rounded after each step), on compute capability 9.0+ (where they exist)."""
-    import tvm
-    import tvm_ffi
-
-    from relaxtune.kernels import quant_formats as qf
-
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("the prologue kernels are streamed ones: compute capability 9.0+")
-    rng = np.random.default_rng(rows + k + n)
-    parts = qf.quantize(qf.own_format(4, 32), rng.standard_normal((n, k)).astype(np.float32) / k**0.5)
-    packed = qf.pack_q4_gpu(parts["qweight"])
-    wq, s = tvm.runtime.tensor(packed, tvm.cuda(0)), tvm.runtime.tensor(parts["scale"], tvm.cuda(0))
-    T = tvm_ffi.from_dlpack
-    x = torch.randn(1, rows, k, device="cuda", dtype=torch.float16) * 3
-    g = (torch.rand(k, device="cuda") + 0.5).half()
-    gu = torch.randn(1, rows, 2 * k, device="cuda", dtype=torch.float16) * 2
-    r = torch.randn(1, rows, n, device="cuda", dtype=torch.float16)
-    xf = x.float()
-    normed = (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + 1e-5) * g.float()).half()
-    gate, up = gu[..., :k].float(), gu[..., k:].float()
-    sigmoid = (1 / (1 + torch.exp(-gate).half().float()).half().float()).half().float()
-    swiglu = ((gate * sigmoid).half().float() * up).half()
-
-    def reference(xin, residual=None):
-        ref = torch.from_numpy(qf.q4_gemv_int8_reference(xin[0].cpu().numpy(), packed, parts["scale"])).cuda()
-        return ref.float()[None] + (residual.float() if residual is not None else 0)
-
-    outputs = {}
-    for name, args, want in (
-        ("relaxtune_q4gemv_i8_rms", (T(x), T(g), wq, s, 1e-5), reference(normed)),
-        ("relaxtune_q4gemv_i8_swiglu", (T(gu), wq, s), reference(swiglu)),
-        ("relaxtune_q4gemv_i8_swiglu_add", (T(gu), wq, s, T(r)), reference(swiglu, r)),
-    ):
-        y = torch.full((1, rows, n), float("nan"), device="cuda", dtype=torch.float16)
-        gemv_library[name](*args, T(y))
-        torch.cuda.synchronize()
-        outputs[name] = (y.float() - want).abs().max().item()
-    # the same bound as the plain kernels against their reference; one x value rounded to int8 differently (an exp
-    # one ulp apart) moves an output by about 3e-4
-    assert all(err == err and err <= 5e-3 for err in outputs.values()), outputs
