@@ -218,7 +218,8 @@ class QuantizeConfig:
     ``f16``: every weight in float16, float16 activations (a language model on cuda, where ``auto`` means
     it); ``q4f32`` / ``q8f32``: relaxtune's own 4- or 8-bit weight-only groups of `group_size` (float32
     activations); ``q4f16``: the same 4-bit groups with float16 activations (a built-in workload in float16, or a
-    language model on cuda; there the decode GEMVs read them with relaxtune's kernel, relax_passes/quant_gemv_cuda.py).
+    language model on cuda; there the decode GEMVs read them with relaxtune's kernel, relax_passes/quant_gemv_cuda.py,
+    rounding x to int8 per 16 values on sm_90+ unless `CompileConfig.int8_activations` is off).
     """
 
     mode: str = "auto"

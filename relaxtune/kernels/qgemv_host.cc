@@ -12,7 +12,7 @@
 
 namespace {
 constexpr const char* kQ4DefaultFamily = "s2r4";  // the kernel families the artifacts use: one line to change
-constexpr const char* kQ4DefaultInt8Family = "i8s2r4";  // with int8 activations
+constexpr const char* kQ4DefaultInt8Family = "i8s2r8,i8s2r4";  // with int8 activations: the first that applies
 // the ring's default cap: 2 slots measured 2-6% faster than the deepest ring on the 7B shapes (H200, 1 and 2 rows;
 // docs/results.md "GPU 4-bit weights (q4f16)")
 constexpr int kQ4DefaultStages = 2;

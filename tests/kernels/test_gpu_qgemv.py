@@ -44,7 +44,7 @@ SETTINGS += [{"RELAXTUNE_Q4GEMV": "s2r8,s2r4"}, {"RELAXTUNE_Q4GEMV": "s3r2,reg,s
 SETTINGS += [{"RELAXTUNE_Q4GEMV": f} for f in ("i8s2r4", "i8s2r8,i8s2r4", "i8s1r8")]
 HOST = (Path(__file__).parents[2] / "relaxtune" / "kernels" / "qgemv_host.cc").read_text()
 DEFAULT_FAMILY = re.search(r'kQ4DefaultFamily = "(\w+)"', HOST).group(1)
-DEFAULT_INT8_FAMILY = re.search(r'kQ4DefaultInt8Family = "(\w+)"', HOST).group(1)
+DEFAULT_INT8_FAMILY = re.search(r'kQ4DefaultInt8Family = "([\w,]+)"', HOST).group(1)
 
 
 def _expected_kernel(settings: dict, rows: int, k: int, group: int) -> str:
