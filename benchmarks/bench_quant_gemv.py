@@ -38,7 +38,8 @@ def kernel(name: str, rows: int, cols: int, target, int8: bool = False, tile: in
     if int8:
         from relaxtune.kernels import quant_dot_tir
 
-        mod = tvm.IRModule({"main": quant_dot_tir.gemv(fmt, rows, cols, tile).with_attr("global_symbol", "main")})
+        func = quant_dot_tir.gemv(fmt, rows, cols, tile, form=quant_dot_tir.dot_form(target))
+        mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
         return tvm.compile(mod, target=target)["main"], fmt
     x = te.placeholder((1, 1, cols), "float32", name="x")
     parts = {p: te.placeholder(s, d, name=p) for p, (s, d) in fmt.shapes(rows, cols).items()}
@@ -78,13 +79,15 @@ def main() -> int:
     threads.configure()
     target = tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu(), "num-cores": 2})
     rng = np.random.default_rng(0)
-    int8 = quant_dot_tir.supported(target)
+    form = quant_dot_tir.dot_form(target)  # vnni, or avx2 (4-bit weights only)
+    print(f"int8 dot products: {form or 'none'}")
     unit = "wall" if args.wall else "CPU"
     print(
         f"| kernel | float32 us ({unit}) | GB/s | int8 us ({unit}) | GB/s | int8 / float32 |\n|---|---|---|---|---|---|"
     )
     for name, rows, cols in SHAPES:
         fn, fmt = kernel(name, rows, cols, target)
+        int8 = form == "vnni" or (form == "avx2" and name.startswith("q4"))
         fns = [fn] + ([kernel(name, rows, cols, target, True, args.tile)[0]] if int8 else [])
         bits, group = (4, 32) if name.startswith("q4") else (8, 32)
         parts = qf.quantize(qf.own_format(bits, group), rng.standard_normal((rows, cols)))

@@ -4,9 +4,10 @@ A call of the kernel `kernels/quant_tir.linear` makes (a ``dequantize`` block an
 format, its float32 scale stages and the ``matmul``; no bias, no cast) whose input is one static row
 (1, 1, K) is replaced by a call of `kernels/quant_dot_tir.gemv` with the same arguments: the row quantized
 to int8 per 32 values, the weight's integers multiplied as stored with ``vpdpbusd`` (what llama.cpp does
-with its Q8_1 activations). Only where the target has the instruction (`quant_dot_tir.supported`) and the
-format is a 4- or 8-bit one with groups of 32 (`quant_dot_tir.eligible`); any other call is left as it is
-(the float32 GEMV rule `cpu_quant_gemv.py` schedules it).
+with its Q8_1 activations; on AVX2 without VNNI ``vpmaddubsw`` + ``vpmaddwd``, llama.cpp's pair). Only where the
+target has them (`quant_dot_tir.dot_form`) and the format is a 4-bit one with groups of 32
+(`quant_dot_tir.eligible`, `INT8_BITS`); any other call is left as it is (the float32 GEMV rule
+`cpu_quant_gemv.py` schedules it).
 
 What the kernel fuses (each step read by nothing else): the ``rms_norm`` over the last axis that makes its
 input, or the gated input ``silu(gu[..., :K]) * gu[..., K:]`` (a split of the gate/up projection in two),
@@ -121,9 +122,9 @@ def _gated(expr, var2val, uses) -> relax.Expr | None:
 
 @mutator
 class _Rewriter(PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, tile: int):
+    def __init__(self, mod: tvm.IRModule, tile: int, form: str):
         super().__init__(mod)
-        self.mod, self.tile = mod, tile
+        self.mod, self.tile, self.form = mod, tile, form
         self.made: dict[tuple, relax.GlobalVar] = {}
         self.var2val, self.uses = {}, {}
 
@@ -152,7 +153,7 @@ class _Rewriter(PyExprMutator):
             args = [*args, residual]
         key = (fmt.name, rows, cols, fused)
         if key not in self.made:
-            func = fast_math.rewrite(quant_dot_tir.gemv(fmt, rows, cols, self.tile, fused))  # the gate's exp
+            func = fast_math.rewrite(quant_dot_tir.gemv(fmt, rows, cols, self.tile, fused, self.form))  # the gate's exp
             self.made[key] = self.builder_.add_func(func, kernel_name(fmt.name, rows, cols, fused))
         return relax.call_tir(self.made[key], [self.visit_expr(a) for a in args], out_ty)
 
@@ -193,9 +194,10 @@ class QuantDotGemv:
         self.target, self.tile = target, tile
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        if not quant_dot_tir.supported(self.target):
+        form = quant_dot_tir.dot_form(self.target)
+        if form is None:
             return mod
-        rewriter = _Rewriter(mod, self.tile)
+        rewriter = _Rewriter(mod, self.tile, form)
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function):
                 rewriter.var2val, rewriter.uses = relax.analysis.get_var2val(func), use_counts(func)

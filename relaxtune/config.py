@@ -190,7 +190,7 @@ class CompileConfig:
     cublas: CudaLibraries = CudaLibraries()
     cuda_graphs: bool = True  # gpu: static regions captured as CUDA graphs
     flash_attention: FlashAttention = FlashAttention()
-    # llvm with VNNI: one-row projections over 4/8-bit blocks take int8 activations (relax_passes/quant_dot_gemv.py);
+    # llvm with VNNI or AVX2: one-row projections over 4-bit blocks take int8 activations (quant_dot_gemv.py);
     # cuda: the decode GEMV over relaxtune's 4-bit groups (q4f16) does, where its streamed kernel runs (sm_90+)
     int8_activations: bool = True
 

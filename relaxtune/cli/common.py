@@ -43,7 +43,7 @@ def add_workload(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         default=None,
         help="one-row projections over 4-bit blocks with float FMAs on dequantized weights instead of int8 dot "
-        "products against activations quantized per 32 (CPUs with VNNI) or per 16 (cuda sm_90+, q4f16)",
+        "products against activations quantized per 32 (CPUs with VNNI or AVX2) or per 16 (cuda sm_90+, q4f16)",
     )
 
 

@@ -21,7 +21,9 @@ signature of `quant_tir.linear` at one row without bias, so it replaces that ker
 output rows. With `Fused` it also takes what makes its row (an RMSNorm: x and gamma; a SwiGLU: the gate/up
 projection's (1, 1, 2K) output) and a residual added to its output. Written scheduled (explicit vectors and
 LLVM's intrinsic), so no rule touches it. It needs a target with AVX-VNNI or AVX512-VNNI with AVX512-VL
-(`supported`).
+(`form` "vnni"), or, for 4-bit weights, AVX2 (`form` "avx2"): there each ``vpdpbusd`` is llama.cpp's pair
+``vpmaddubsw`` (u8 x s8 products summed in pairs to int16: at most 2 x 15 x 127 for nibbles, no saturation) and
+``vpmaddwd`` by ones (pairs of int16 to int32), then an add: the same exact integer sums (`dot_form`).
 """
 
 from __future__ import annotations
@@ -36,19 +38,30 @@ from .quant_formats import CHUNK, WeightFormat
 KIND_ATTR = "relaxtune.kernel"
 KIND = "quant_dot_gemv"
 DPBUSD = "llvm.x86.avx512.vpdpbusd.256"  # 8 int32 lanes += 4 x (u8 * s8) (LLVM 22: 32 x i8 operands)
+PMADDUBSW = "llvm.x86.avx2.pmadd.ub.sw"  # 16 int16 lanes = 2 x (u8 * s8), saturated
+PMADDWD = "llvm.x86.avx2.pmadd.wd"  # 8 int32 lanes = 2 x (s16 * s16)
+FORMS = ("vnni", "avx2")
 LANES = 8
 VEC = 16  # float32 lanes per step of the serial prologue
 TILE = 8  # output rows per parallel task by default (4 / 8: within 10%, 8 ahead)
 
 
-def supported(target) -> bool:
-    """Whether `target` (llvm) has the 256-bit ``vpdpbusd``: AVX-VNNI, or AVX512-VNNI with AVX512-VL."""
+def dot_form(target) -> str | None:
+    """How `target` (llvm) multiplies int8: "vnni" (the 256-bit ``vpdpbusd``: AVX-VNNI, or AVX512-VNNI with
+    AVX512-VL), "avx2" (``vpmaddubsw`` + ``vpmaddwd``; 4-bit weights only), else None."""
     if target.kind.name != "llvm":
-        return False
+        return None
     from tvm.target import codegen
 
     features = codegen.llvm_get_cpu_features(target)
-    return "avxvnni" in features or {"avx512vnni", "avx512vl"} <= features
+    if "avxvnni" in features or {"avx512vnni", "avx512vl"} <= features:
+        return "vnni"
+    return "avx2" if "avx2" in features else None
+
+
+def supported(target) -> bool:
+    """Whether `target` has the 256-bit ``vpdpbusd`` (`dot_form` "vnni"): every eligible format."""
+    return dot_form(target) == "vnni"
 
 
 def eligible(fmt: WeightFormat, cols: int) -> bool:
@@ -78,8 +91,11 @@ class Fused:
     residual: bool = False
 
 
-def _dot(acc, weights, acts):
-    return T.call_llvm_pure_intrin("int32x8", DPBUSD, acc, weights, acts)
+def _dot(acc, weights, acts, form: str):
+    if form == "vnni":
+        return T.call_llvm_pure_intrin("int32x8", DPBUSD, acc, weights, acts)
+    pairs = T.call_llvm_pure_intrin("int16x16", PMADDUBSW, weights, acts)
+    return acc + T.call_llvm_pure_intrin("int32x8", PMADDWD, pairs, T.Broadcast(T.int16(1), 16))
 
 
 def lane_start(corr, step: int, has_offset: bool):
@@ -92,14 +108,19 @@ def pair_scale(scale, dx, row, pair):
     return T.Cast("float32x2", scale[row, T.ramp(pair * 2, 1, 2)]) * dx[T.ramp(pair * 2, 1, 2)]
 
 
-def gemv(fmt: WeightFormat, rows: int, cols: int, tile: int = TILE, fused: Fused = Fused()) -> tirx.PrimFunc:
+def gemv(
+    fmt: WeightFormat, rows: int, cols: int, tile: int = TILE, fused: Fused = Fused(), form: str = "vnni"
+) -> tirx.PrimFunc:
     """The kernel (see the module docstring) for a (rows, cols) weight in `fmt` (`eligible`): parameters x,
-    gamma (with ``fused.norm``), the weight's parts, the residual (with ``fused.residual``), y."""
+    gamma (with ``fused.norm``), the weight's parts, the residual (with ``fused.residual``), y; `form`: the
+    instructions (`dot_form`)."""
     if not eligible(fmt, cols):
         raise ValueError(f"{fmt.name} with {cols} input features has no int8 GEMV")
+    if form not in FORMS or (form == "avx2" and fmt.bits != 4):
+        raise ValueError(f"form {form!r} with {fmt.bits}-bit weights: use vnni, or avx2 for 4-bit weights")
     if fused.norm and fused.swiglu:
         raise ValueError("a row is either normalised or gated, not both")
-    func = _kernel(fmt, rows, cols, tile_rows(rows, tile), fused)
+    func = _kernel(fmt, rows, cols, tile_rows(rows, tile), fused, form)
     used = {"x", "qweight", "scale", "y"}
     used |= {name for name, on in (("gamma", fused.norm), ("mins", fmt.has_min), ("res", fused.residual)) if on}
     params = [p for p in func.params if p.name in used]
@@ -195,7 +216,7 @@ def _quantize(cols: int, four_bit: bool, offset: int):
     return quantize
 
 
-def _kernel(fmt: WeightFormat, rows: int, cols: int, tile: int, fused: Fused) -> tirx.PrimFunc:
+def _kernel(fmt: WeightFormat, rows: int, cols: int, tile: int, fused: Fused, form: str) -> tirx.PrimFunc:
     """Every parameter listed (`gemv` keeps those the body reads)."""
     groups, pairs, tasks = cols // CHUNK, cols // (2 * CHUNK), rows // tile
     four_bit, has_min, residual = fmt.bits == 4, fmt.has_min, fused.residual
@@ -243,10 +264,12 @@ def _kernel(fmt: WeightFormat, rows: int, cols: int, tile: int, fused: Fused) ->
                                         qweight[vt * tile + r, T.ramp(p * CHUNK, 1, CHUNK)]
                                         & T.Broadcast(T.uint8(15), CHUNK),
                                         xq[T.ramp(p * 2 * CHUNK, 1, CHUNK)],
+                                        form,
                                     ),
                                     qweight[vt * tile + r, T.ramp(p * CHUNK, 1, CHUNK)]
                                     >> T.Broadcast(T.uint8(4), CHUNK),
                                     xq[T.ramp(p * 2 * CHUNK + CHUNK, 1, CHUNK)],
+                                    form,
                                 ),
                             ) * T.Shuffle(  # (a, b) -> a a a a b b b b: four copies, their first lanes then seconds
                                 [pair_scale(scale, dx, vt * tile + r, p)] * 4, [0, 2, 4, 6, 1, 3, 5, 7]
@@ -265,6 +288,7 @@ def _kernel(fmt: WeightFormat, rows: int, cols: int, tile: int, fused: Fused) ->
                                     qweight[vt * tile + r, T.ramp(p * CHUNK, 1, CHUNK)]
                                     ^ T.Broadcast(T.int8(-128), CHUNK),
                                     xq[T.ramp(p * CHUNK, 1, CHUNK)],
+                                    form,
                                 ),
                             ) * T.Broadcast(T.Cast("float32", scale[vt * tile + r, p]) * dx[p], LANES)
                 for r in T.serial(tile):

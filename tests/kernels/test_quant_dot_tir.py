@@ -1,7 +1,7 @@
 """The int8 decode GEMV (relaxtune/kernels/quant_dot_tir.py) built and run: against the same arithmetic in
 numpy (activations quantized per 32 as ggml's Q8_1, integer dot products per block) to float32 rounding, and
-against dequantize-then-matmul in float32 within the int8 activations' error. Skipped where the host has no
-VNNI."""
+against dequantize-then-matmul in float32 within the int8 activations' error, with the host's instructions
+(VNNI's vpdpbusd, or AVX2's vpmaddubsw + vpmaddwd for 4-bit weights). Skipped where the host has neither."""
 
 from __future__ import annotations
 
@@ -22,7 +22,13 @@ def target():
     return tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu(), "num-cores": 2})
 
 
-pytestmark = pytest.mark.skipif(not quant_dot_tir.supported(target()), reason="the host has no VNNI")
+FORM = quant_dot_tir.dot_form(target())  # "vnni", "avx2" (4-bit weights only) or None
+pytestmark = pytest.mark.skipif(FORM is None, reason="the host has neither VNNI nor AVX2")
+
+
+def _needs_form(fmt) -> None:
+    if FORM == "avx2" and fmt.bits != 4:
+        pytest.skip("AVX2's vpmaddubsw takes 4-bit weights only (8-bit ones would saturate its int16 sums)")
 
 
 def parts_for(name: str, rows: int, cols: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -54,7 +60,7 @@ def int8_reference(fmt, parts, x: np.ndarray) -> np.ndarray:
 
 def run(fmt, parts, x, tile):
     rows, cols = parts["qweight"].shape[0], x.shape[-1]
-    func = quant_dot_tir.gemv(fmt, rows, cols, tile).with_attr("global_symbol", "main")
+    func = quant_dot_tir.gemv(fmt, rows, cols, tile, form=FORM).with_attr("global_symbol", "main")
     fn = tvm.compile(tvm.IRModule({"main": func}), target=target())["main"]
     out = tvm.runtime.tensor(np.zeros((1, 1, rows), np.float32))
     fn(tvm.runtime.tensor(x.reshape(1, 1, cols)), *[tvm.runtime.tensor(parts[p]) for p in fmt.part_names], out)
@@ -65,6 +71,7 @@ def run(fmt, parts, x, tile):
 @pytest.mark.parametrize("rows, cols, tile", [(48, 128, 4), (40, 64, 8), (16, 192, 1)])
 def test_int8_gemv_matches_its_arithmetic_and_float(name, rows, cols, tile):
     fmt = qf.format_named(name)
+    _needs_form(fmt)
     parts = parts_for(name, rows, cols)
     x = np.random.default_rng(1).standard_normal(cols).astype(np.float32)
     x[:32] = 0  # a block of zeros: its scale is 0, never a division by it
@@ -85,6 +92,15 @@ def test_eligible_and_tiles():
     assert quant_dot_tir.tile_rows(7, 4) == 1
     with pytest.raises(ValueError, match="no int8 GEMV"):
         quant_dot_tir.gemv(qf.GGUF["F16"], 16, 64)
+    with pytest.raises(ValueError, match="avx2 for 4-bit"):
+        quant_dot_tir.gemv(qf.GGUF["Q8_0"], 16, 64, form="avx2")
+
+
+def test_avx2_form_multiplies_with_pmaddubsw_and_pmaddwd():
+    """The AVX2 form's kernel calls the two AVX2 intrinsics and no vpdpbusd (structure of the TIR)."""
+    text = quant_dot_tir.gemv(qf.GGUF["Q4_0"], 16, 64, form="avx2").script()
+    assert quant_dot_tir.PMADDUBSW in text and quant_dot_tir.PMADDWD in text and quant_dot_tir.DPBUSD not in text
+    assert quant_dot_tir.DPBUSD in quant_dot_tir.gemv(qf.GGUF["Q4_0"], 16, 64).script()
 
 
 @pytest.mark.parametrize("prologue", ["norm", "swiglu", "none"])
@@ -104,7 +120,7 @@ def test_fused_prologue_and_residual(prologue):
     else:
         row = x
     fused = quant_dot_tir.Fused(norm=prologue == "norm", eps=1e-6, swiglu=prologue == "swiglu", residual=True)
-    func = quant_dot_tir.gemv(fmt, rows, cols, 8, fused).with_attr("global_symbol", "main")
+    func = quant_dot_tir.gemv(fmt, rows, cols, 8, fused, FORM).with_attr("global_symbol", "main")
     fn = tvm.compile(tvm.IRModule({"main": func}), target=target())["main"]
     out = tvm.runtime.tensor(np.zeros((1, 1, rows), np.float32))
     args = [x.reshape(1, 1, -1)] + ([gamma] if prologue == "norm" else []) + [parts[p] for p in fmt.part_names]

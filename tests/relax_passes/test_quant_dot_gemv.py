@@ -71,7 +71,7 @@ def _rewrite(mod, target=HOST):
         return relax.transform.DeadCodeElimination()(QuantDotGemv(target)(mod))
 
 
-@pytest.mark.skipif(not quant_dot_tir.supported(HOST), reason="the host has no VNNI")
+@pytest.mark.skipif(quant_dot_tir.dot_form(HOST) is None, reason="the host has neither VNNI nor AVX2")
 @pytest.mark.parametrize("name", ["q4_1", "q4_0", "q4g32"])
 @pytest.mark.parametrize("prologue, residual", [("none", False), ("norm", False), ("swiglu", True), ("none", True)])
 def test_one_row_becomes_the_int8_kernel_with_its_neighbours(name, prologue, residual):
@@ -106,7 +106,7 @@ def test_one_row_becomes_the_int8_kernel_with_its_neighbours(name, prologue, res
         ("q4g128", 1, HOST),  # groups of 128
         ("f16", 1, HOST),
         ("q8_0", 1, HOST),  # 8-bit: the float32 rule (INT8_BITS)
-        ("q4_1", 1, tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})),  # no VNNI
+        ("q4_1", 1, tvm.target.Target({"kind": "llvm", "mcpu": "sandybridge"})),  # neither VNNI nor AVX2
     ],
 )
 def test_left_alone(name, rows, target):
@@ -123,3 +123,15 @@ def test_kernel_shapes_are_checked():
     with_bias = te.create_prim_func([x, *parts.values(), bias, quant_tir.linear(fmt, x, parts, bias=bias)])
     assert linear_format(te.create_prim_func([x, *parts.values(), quant_tir.linear(fmt, x, parts)])) == fmt
     assert linear_format(with_bias) is None  # a bias block: not the plain projection
+
+
+@pytest.mark.parametrize(
+    "mcpu, instruction", [("haswell", quant_dot_tir.PMADDUBSW), ("sapphirerapids", quant_dot_tir.DPBUSD)]
+)
+def test_the_kernel_takes_the_targets_int8_instructions(mcpu, instruction):
+    """AVX2 without VNNI (haswell): vpmaddubsw + vpmaddwd; with VNNI: vpdpbusd (the kernel's TIR, not run)."""
+    after = _rewrite(
+        _module(qf.format_named("q4_1"), 1, "none", False), tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
+    )
+    calls = _calls(after)
+    assert len(calls) == 1 and instruction in after[calls[0]].script(), calls
