@@ -73,7 +73,8 @@ def stage(name: str, out: Path, fn, *args):
 
 def build(folder: Path, art: Path, device: str, graphs: bool, tops: tuple[int, ...], label: str = "") -> Path:
     """relaxtune's artifact of the checkpoint (rules only, buckets at `tops`), as `relaxtune compile` makes it;
-    `label`: relaxtune's --quantize (q4f16, q4f32), or "" for the checkpoint's float type."""
+    `label`: relaxtune's --quantize (q4f16, q4f32), or "" for the checkpoint's float type. On the CPU with float32
+    activations (`--no-int8-activations`): the CPU mode checks the job's plumbing, to 1e-4 of transformers."""
     from relaxtune import api, targets
     from relaxtune.config import BucketConfig, CompileConfig, JobConfig, QuantizeConfig
     from relaxtune.workloads import load
@@ -83,7 +84,7 @@ def build(folder: Path, art: Path, device: str, graphs: bool, tops: tuple[int, .
     workload = load(f"hf:{folder}", {"max_prefill": str(tops[-1])}, quantize=quantize, target=target)
     job = JobConfig(
         cache_dir=art / "no-cache",
-        compile=CompileConfig(use_cache=False, cuda_graphs=graphs),
+        compile=CompileConfig(use_cache=False, cuda_graphs=graphs, int8_activations=device == "cuda"),
         buckets=BucketConfig(edges={"n": tops}),
     )
     name = f"model{'-' + label if label else ''}-{'graphs' if graphs else 'nographs'}.so"
