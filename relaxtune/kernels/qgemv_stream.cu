@@ -274,8 +274,8 @@ __device__ __forceinline__ void q4stream_body(const Q4StreamParams& p) {
     q4stream_body<M, GR, RPG, PMAX, I8>(p);                                                                \
   }
 
-// name: relaxtune_q4gemv_[i8]s<GR>r<RPG>p<PMAX>_m<M> (i8: int8 activations); qgemv_host.cc's kQ4StreamKernels lists them. Three row groups
-// (800 threads: <= 80 registers) only with one piece: with three, two rows of x spill
+// name: relaxtune_q4gemv_[i8]s<GR>r<RPG>p<PMAX>_m<M> (i8: int8 activations); qgemv_host.cc's kQ4StreamKernels
+// lists them. Three row groups (800 threads: <= 80 registers) only with one piece: with three, two rows of x spill
 RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s2r4p1_m1, 1, 2, 4, 1, false)
 RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s2r4p1_m2, 2, 2, 4, 1, false)
 RELAXTUNE_Q4STREAM(relaxtune_q4gemv_s2r4p3_m1, 1, 2, 4, 3, false)
