@@ -59,11 +59,6 @@ def dot_form(target) -> str | None:
     return "avx2" if "avx2" in features else None
 
 
-def supported(target) -> bool:
-    """Whether `target` has the 256-bit ``vpdpbusd`` (`dot_form` "vnni"): every eligible format."""
-    return dot_form(target) == "vnni"
-
-
 def eligible(fmt: WeightFormat, cols: int) -> bool:
     """Whether `gemv` takes a weight of `cols` input features in `fmt`: 4- or 8-bit groups of 32, and for
     4 bits an even number of blocks per row (two per load)."""
