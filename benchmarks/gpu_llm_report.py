@@ -4,12 +4,15 @@ bandwidth floor, relaxtune's ratios to transformers' best mode, the token agreem
 from __future__ import annotations
 
 
+def _kept_bytes(results: dict) -> dict[str, int | None]:
+    """The weights' bytes per label ("": the checkpoint's; a 4-bit label: the bytes relaxtune keeps in it)."""
+    return {"": results.get("weight_bytes")} | results.get("quantized_bytes", {})
+
+
 def _floors_ms(results: dict) -> dict[str, float]:
-    """One decode step's floor per weights label ("": the checkpoint's; a 4-bit label: the bytes relaxtune keeps in
-    it): the weights' bytes at the measured copy bandwidth (ms)."""
+    """One decode step's floor per weights label: the weights' bytes at the measured copy bandwidth (ms)."""
     bandwidth = results.get("copy_GBps")
-    kept = {"": results.get("weight_bytes")} | results.get("quantized_bytes", {})
-    return {label: b / (bandwidth * 1e9) * 1e3 for label, b in kept.items() if b and bandwidth}
+    return {label: b / (bandwidth * 1e9) * 1e3 for label, b in _kept_bytes(results).items() if b and bandwidth}
 
 
 def _columns(medians: dict) -> list[tuple[str, str]]:
@@ -55,7 +58,7 @@ def timings(results: dict) -> list[str]:
         lines.append(f"| {title} | " + " | ".join(cells) + " |" + " |" * len(decode))
     if floors:
         lines.append("")
-    kept = {"": results.get("weight_bytes")} | results.get("quantized_bytes", {})
+    kept = _kept_bytes(results)
     for label, floor in floors.items():
         what = f"{label} (relaxtune's 4-bit parts, the rest as stored)" if label else "the checkpoint's"
         lines.append(
