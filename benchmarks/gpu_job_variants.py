@@ -191,6 +191,9 @@ Q4_VARIANTS = {
     "llama7b-q4-rf-cublas-flash-graph": ("relaxtune", True, CudaLibraries()),  # int8 activations in the GEMV (default)
     "llama7b-q4-rf-cublas-flash": ("relaxtune", False, CudaLibraries()),  # per-kernel times
     "llama7b-q4-f16act-rf-cublas-flash-graph": ("relaxtune", True, CudaLibraries()),  # float16 activations
+    # o_proj .. down as five kernels, not relaxtune_q4mlp_i8 (FuseQuantMlpCuda)
+    "llama7b-q4-nomlp-rf-cublas-flash-graph": ("relaxtune", True, CudaLibraries(q4_mlp=False)),
+    "llama7b-q4-nomlp-rf-cublas-flash": ("relaxtune", False, CudaLibraries(q4_mlp=False)),
 }
 FLOAT16_ACTIVATIONS = ("llama7b-q4-f16act-rf-cublas-flash-graph",)  # built with CompileConfig(int8_activations=False)
 FLASH.update(dict.fromkeys(Q4_VARIANTS, FlashAttention()))

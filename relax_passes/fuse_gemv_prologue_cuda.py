@@ -78,7 +78,7 @@ def nk_call(call) -> tuple[str, list] | None:
     return str(func.global_symbol), list(args.fields)
 
 
-class _Matcher:
+class PrologueMatcher:
     """The prologues of one function's (N, K) GEMV calls (through `var2val`, reads counted in `uses`)."""
 
     def __init__(self, func: relax.Function):
@@ -179,7 +179,7 @@ class _Matcher:
 
 @mutator
 class _Rewriter(PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, matcher: _Matcher, glu: bool = True):
+    def __init__(self, mod: tvm.IRModule, matcher: PrologueMatcher, glu: bool = True):
         super().__init__(mod)
         self.matcher, self.counts = matcher, Counter()
         self.glu, self.dropped = matcher.glu_producers() if glu else ({}, set())
@@ -252,7 +252,7 @@ class FuseGemvPrologueCuda:
         for gvar, func in mod.functions_items():
             if not isinstance(func, relax.Function) or not _has_nk_call(func):
                 continue
-            rewriter = _Rewriter(mod, _Matcher(func), self.glu)
+            rewriter = _Rewriter(mod, PrologueMatcher(func), self.glu)
             new = rewriter.visit_expr(func)
             if not rewriter.counts:
                 continue

@@ -33,6 +33,7 @@ from .fuse_attention import FuseAttention
 from .fuse_attention_prologue import FuseAttentionPrologue
 from .fuse_gemv_prologue_cuda import FuseGemvPrologueCuda
 from .fuse_norm_gemv import FuseNormIntoGemv
+from .fuse_quant_mlp_cuda import FuseQuantMlpCuda
 from .fuse_swiglu import FuseSwiGLU
 from .gemv_cuda import RewriteGemvToCuda
 from .keep_weights_nk import KeepWeightsNK
@@ -71,6 +72,7 @@ def fusion_passes(
     flash_on = flash.enabled and flash_attention.supports(arch)
     quant_gpu = library and target.kind.name == "cuda" and gemv.supports(arch)  # 4-bit weights: relaxtune's kernels
     lift_tables = flash_on and flash.lift_tables
+    quant_mlp = quant_gpu and options.int8_activations and libs.q4_mlp and gemv.supports(arch, gemv.Q4_MLP_MIN_ARCH)
     return [
         *([] if gpu else [PagedKVKernels()]),  # a paged KV cache's CPU kernels: relaxtune's, scheduled by its rules
         # Phase 1: graph fusion before the weights are lifted, so their packing runs once, at load
@@ -129,6 +131,7 @@ def fusion_passes(
         *(  # 4-bit GEMV (int8 activations where the streamed kernel runs), or dequantize + cuBLAS
             [RewriteQuantGemvToCuda(max_rows=libs.gemv_max_rows, int8=options.int8_activations)] if quant_gpu else []
         ),
+        *([FuseQuantMlpCuda()] if quant_mlp else []),  # one-row o_proj .. down over 4-bit weights: one kernel
         *([RewriteGemmToCublas(min_rows=libs.min_rows, decode_wide=libs.decode_wide)] if library else []),
         *([RewriteResidualAddToCublas(min_rows=libs.residual_min_rows)] if library and libs.residual else []),
         *([RewriteBatchedGemmToCublas(min_rows=libs.batched_min_rows)] if library and libs.batched else []),

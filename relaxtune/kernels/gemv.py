@@ -35,6 +35,12 @@ Emitted by `RewriteGemvToCuda` (relax_passes/gemv_cuda.py) in the small (decode)
   the kernel, dp4a products; the `i8` families of qgemv_stream.cu) where a streamed kernel applies.
   Compiled with this file's kernels into one fatbin and one host object; emitted by `RewriteQuantGemvToCuda`
   (relax_passes/quant_gemv_cuda.py).
+- `relaxtune_q4mlp_i8(x, res, wo, so, g, wgu, sgu, wd, sd, eps, h, act, y)`: a decode step's o_proj through its
+  down projection for one row of 4-bit weights, `h = x @ wo^T + res`, `act = silu(n @ gate^T) * (n @ up^T)` for
+  `n = rms_norm(h, g, eps)` and the merged gate | up weight (2F, H), `y = act @ wd^T + h`, in one cooperative launch
+  (qmlp_stream.cu: the weights of all four streamed through one ring, grid barriers between the steps; sm_90+, int8
+  activations); `relaxtune_q4mlp_i8_kernel` names its kernel or says why none applies. Emitted by
+  `FuseQuantMlpCuda` (relax_passes/fuse_quant_mlp_cuda.py).
 
 The (K, N) kernel (cuda_gemv.cu) gives each block 64 output columns: 8 threads x 16-byte vectors per
 weight row, 32 or 64 K lanes per block each taking 8 consecutive rows (x: one vector load per row),
@@ -85,6 +91,10 @@ Q4_KERNEL_FUNCTION = "relaxtune_q4gemv_kernel"  # (x, w, scale, y) -> the kernel
 Q4_I8_FUNCTION = "relaxtune_q4gemv_i8"  # the same with int8 activations where a streamed kernel applies
 Q4_I8_ADD_FUNCTION = "relaxtune_q4gemv_i8_add"
 Q4_I8_KERNEL_FUNCTION = "relaxtune_q4gemv_i8_kernel"
+Q4_MLP_FUNCTION = "relaxtune_q4mlp_i8"  # o_proj + residual, RMSNorm, gate/up, SwiGLU, down + residual: one kernel
+Q4_MLP_KERNEL_FUNCTION = "relaxtune_q4mlp_i8_kernel"  # (the same operands) -> its kernel, or "none: why"
+Q4_MLP_MAX_K = (12288, 16384)  # qmlp_stream.cu's widest A, H and F
+Q4_MLP_MIN_ARCH = 90  # bulk copies into a shared-memory ring, as qgemv_stream.cu
 # qgemv_stream.cu's kernels, as qgemv_host.cc's kQ4StreamKernels lists them: family s<GR>r<RPG> (GR row groups of 8
 # warps, RPG rows per group per ring slot), p<PMAX> (K up to 256 * 16 * PMAX), _m<rows of x>
 Q4_STREAM_KERNELS = tuple(
@@ -98,20 +108,23 @@ VECTOR = 8  # columns per 16-byte load: N must be a multiple of it
 _HERE = Path(__file__).parent
 # one fatbin and one host object: the 4-bit kernels (qgemv.cu, qgemv_stream.cu) use gemv.cu's load and wait
 # helpers (the streamed one also qgemv.cu's dequantization), their host code (qgemv_host.cc) gemv_host.cc's launch
-KERNEL_SOURCE = "\n".join((_HERE / name).read_text() for name in ("gemv.cu", "qgemv.cu", "qgemv_stream.cu"))
+KERNEL_SOURCE = "\n".join(
+    (_HERE / name).read_text() for name in ("gemv.cu", "qgemv.cu", "qgemv_stream.cu", "qmlp_stream.cu")
+)
 
 HOST_SOURCE = extern_host_source(
     "relaxtune gemv",
-    (_HERE / "gemv_host.cc").read_text() + "\n" + (_HERE / "qgemv_host.cc").read_text(),
+    "\n".join((_HERE / name).read_text() for name in ("gemv_host.cc", "qgemv_host.cc", "qmlp_host.cc")),
 )
 
 NVCC_FLAGS = ("-O3", "-std=c++17")
 
 
-def supports(arch: str) -> bool:
-    """Whether the kernel runs on `arch` (e.g. "sm_90"); the cluster split needs compute capability 9.0+ at run time."""
+def supports(arch: str, minimum: int = MIN_ARCH) -> bool:
+    """Whether the kernel runs on `arch` (e.g. "sm_90"); the cluster split needs compute capability 9.0+ at run time.
+    `minimum`: a kernel's own lowest arch number (Q4_MLP_MIN_ARCH)."""
     try:
-        return arch_number(arch) >= MIN_ARCH
+        return arch_number(arch) >= minimum
     except ValueError:
         return False
 

@@ -86,22 +86,36 @@ constexpr int kQ4MaxRows = 2, kQ4Threads = 256, kQ4BlocksPerSm = 2;
 
 bool IsHalf(const DLDataType& t) { return t.code == kDLFloat && t.bits == 16 && t.lanes == 1; }
 
+struct Q4Weight {
+  int64_t n, k;
+  int shift;  // group = 32 << shift weights per scale
+};
+
+// the (N, K / 8) uint32 weight `w` in the GPU layout and its (N, K / group) fp16 scales (messages prefixed `what`)
+Q4Weight CheckQ4Weight(const char* what, const tvm::ffi::TensorView& w, const tvm::ffi::TensorView& scale) {
+  const DLDataType wt = w.dtype();
+  TVM_FFI_ICHECK(w.ndim() == 2 && wt.code == kDLUInt && wt.bits == 32 && wt.lanes == 1)
+      << what << ": the weight must be (N, K / 8) uint32 (the GPU layout)";
+  const int64_t n = w.size(0), k = w.size(1) * 8;
+  TVM_FFI_ICHECK(scale.ndim() == 2 && scale.size(0) == n && IsHalf(scale.dtype()) && scale.size(1) > 0)
+      << what << ": the scales must be (N, K / group) float16";
+  const int64_t group = k / scale.size(1);
+  int shift = 0;
+  while ((32 << shift) < group) ++shift;
+  TVM_FFI_ICHECK(group * scale.size(1) == k && (32 << shift) == group)
+      << what << ": K = " << k << " with " << scale.size(1) << " scales per row: the group must be 32 x a power of two";
+  TVM_FFI_ICHECK(w.IsContiguous() && scale.IsContiguous()) << what << ": operands must be compact";
+  return {n, k, shift};
+}
+
 // y = x @ W^T (+ r) for W (N, K) in the GPU layout `w` (N, K / 8) uint32 with `scale` (N, K / group) fp16; with
 // `chosen`, nothing is launched: the first launch's kernel name is put there (for tests and measurements)
 void LaunchQ4(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const tvm::ffi::TensorView& scale,
               const tvm::ffi::TensorView* r, const tvm::ffi::TensorView& y, bool int8,
               std::string* chosen = nullptr) {
-  const DLDataType wt = w.dtype();
-  TVM_FFI_ICHECK(w.ndim() == 2 && wt.code == kDLUInt && wt.bits == 32 && wt.lanes == 1)
-      << "q4gemv: the weight must be (N, K / 8) uint32 (the GPU layout)";
-  const int64_t n = w.size(0), k = w.size(1) * 8;
-  TVM_FFI_ICHECK(scale.ndim() == 2 && scale.size(0) == n && IsHalf(scale.dtype()) && scale.size(1) > 0)
-      << "q4gemv: the scales must be (N, K / group) float16";
-  const int64_t group = k / scale.size(1);
-  int shift = 0;
-  while ((32 << shift) < group) ++shift;
-  TVM_FFI_ICHECK(group * scale.size(1) == k && (32 << shift) == group)
-      << "q4gemv: K = " << k << " with " << scale.size(1) << " scales per row: the group must be 32 x a power of two";
+  const Q4Weight q = CheckQ4Weight("q4gemv", w, scale);
+  const int64_t n = q.n, k = q.k;
+  const int shift = q.shift;
   TVM_FFI_ICHECK(x.ndim() >= 1 && x.size(x.ndim() - 1) == k && IsHalf(x.dtype())) << "q4gemv: x must be (..., K = " << k << ") float16";
   const int64_t m = x.numel() / k;
   TVM_FFI_ICHECK(IsHalf(y.dtype()) && y.size(y.ndim() - 1) == n && y.numel() == m * n) << "q4gemv: y must be (..., N) float16 with x's rows";

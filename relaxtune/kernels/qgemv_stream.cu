@@ -84,6 +84,14 @@ __device__ __forceinline__ void quantize_piece(const uint4 (&h)[2], uint32_t (&q
   corr = -8 * sum, scale16 = amax / 2032.0f;
 }
 
+// 16 x the dot product of a piece's 16 weights (two words of the GPU layout, as unsigned nibbles) with its int8 x
+// (quantize_piece's q and corr): 4 masks and 4 dp4a, the low nibbles' sum from corr, the high nibbles' as 16 x
+__device__ __forceinline__ int dot_piece_i8(const uint2& q, const uint32_t (&xq)[4], int corr) {
+  const int lo = dot4_u8s8(q.y & 0x0F0F0F0Fu, xq[2], dot4_u8s8(q.x & 0x0F0F0F0Fu, xq[0], corr));
+  const int hi = dot4_u8s8(q.y & 0xF0F0F0F0u, xq[3], dot4_u8s8(q.x & 0xF0F0F0F0u, xq[1], 0));
+  return 16 * lo + hi;
+}
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void barrier_init(uint64_t* bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count) : "memory");
@@ -224,14 +232,10 @@ __device__ __forceinline__ void q4stream_body(const Q4StreamParams& p) {
         const uint2 q = *reinterpret_cast<const uint2*>(wslot + i * row_bytes + 8 * piece);
         const float sc = __half2float(sslot[i * groups + (piece >> (1 + p.group_shift))]);
         if constexpr (I8) {
-          const uint32_t lo0 = q.x & 0x0F0F0F0Fu, hi0 = q.x & 0xF0F0F0F0u;
-          const uint32_t lo1 = q.y & 0x0F0F0F0Fu, hi1 = q.y & 0xF0F0F0F0u;
 #pragma unroll
-          for (int m = 0; m < M; ++m) {
-            const int lo = dot4_u8s8(lo1, xq[m][j][2], dot4_u8s8(lo0, xq[m][j][0], xcorr[m][j]));
-            const int hi = dot4_u8s8(hi1, xq[m][j][3], dot4_u8s8(hi0, xq[m][j][1], 0));
-            acc[i * M + m] = fmaf(static_cast<float>(16 * lo + hi), sc * xscale[m][j], acc[i * M + m]);
-          }
+          for (int m = 0; m < M; ++m)
+            acc[i * M + m] =
+                fmaf(static_cast<float>(dot_piece_i8(q, xq[m][j], xcorr[m][j])), sc * xscale[m][j], acc[i * M + m]);
           continue;
         }
         __half2 wv[8];

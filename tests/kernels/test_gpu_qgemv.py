@@ -174,3 +174,108 @@ def test_q4f16_llama_7b_block_matches_its_dequantized_reference(tmp_path):
         want = np.asarray(workload.reference(inputs, workload.params), dtype="float32")
         err = float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want)))))
         assert err < BLOCK_TOLERANCE[True], (n, err)  # int8 activations at n = 1
+
+
+def _round16(v):
+    return np.asarray(v, dtype=np.float32).astype(np.float16).astype(np.float64)
+
+
+def _q4_mlp_reference(x, res, wo, g, wgu, wd, eps):
+    """(h, act, y) float64 as relaxtune_q4mlp_i8 computes them: quant_formats.q4_gemv_int8_reference for each
+    product, rounded to float16 where the separate kernels round (the norm in float32, the SwiGLU step by step)."""
+    from relaxtune.kernels import quant_formats as qf
+
+    h = _round16(qf.q4_gemv_int8_reference(x, *wo) + res)
+    h32 = h.astype(np.float32)
+    inv = np.float32(1) / np.sqrt(np.mean(h32 * h32, axis=-1, keepdims=True) + np.float32(eps))
+    n = (h32 * inv * g.astype(np.float32)).astype(np.float16)
+    gu = _round16(qf.q4_gemv_int8_reference(n, *wgu))
+    f = gu.shape[-1] // 2
+    gate, up = gu[:, :f], gu[:, f:]
+    sigmoid = _round16(1.0 / _round16(1.0 + _round16(np.exp(-gate))))
+    act = _round16(_round16(gate * sigmoid) * up)
+    y = _round16(qf.q4_gemv_int8_reference(act.astype(np.float16), *wd) + h)
+    return h, act, y
+
+
+@pytest.mark.parametrize("hidden,ffn,group", [(4096, 11008, 32), (256, 512, 32), (4096, 14336, 128), (2048, 5632, 32)])
+def test_q4mlp_matches_its_int8_reference(gemv_library, hidden, ffn, group):
+    """relaxtune_q4mlp_i8 (qmlp_stream.cu): h, act and y against the composed int8 reference of the five kernels it
+    replaces; the kernel the host chooses by the sizes."""
+    import tvm
+    import tvm_ffi
+
+    from relaxtune.kernels import quant_formats as qf
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the fused MLP kernel needs compute capability 9.0+")
+    rng = np.random.default_rng(hidden + ffn + group)
+
+    def weight(n, k):
+        parts = qf.quantize(qf.own_format(4, group), rng.standard_normal((n, k)).astype(np.float32) / k**0.5)
+        return qf.pack_q4_gpu(parts["qweight"]), parts["scale"]
+
+    wo, wgu, wd = weight(hidden, hidden), weight(2 * ffn, hidden), weight(hidden, ffn)
+    x = rng.standard_normal((1, hidden)).astype(np.float16)
+    res = rng.standard_normal((1, hidden)).astype(np.float16)
+    g = (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float16)
+    want = _q4_mlp_reference(x, res, wo, g, wgu, wd, 1e-5)
+    dev = tvm.cuda(0)
+    args = [tvm.runtime.tensor(v, dev) for v in (x, res, *wo, g, *wgu, *wd)]
+    outs = [torch.full((1, n), float("nan"), device="cuda", dtype=torch.float16) for n in (hidden, ffn, hidden)]
+    ffi_outs = [tvm_ffi.from_dlpack(o) for o in outs]
+    chosen = str(gemv_library["relaxtune_q4mlp_i8_kernel"](*args, 1e-5, *ffi_outs))
+    assert chosen == "relaxtune_q4mlp_h1f4", chosen
+    for _ in range(3):  # the grid barrier's state returns to its start after each launch
+        for o in outs:
+            o.fill_(float("nan"))
+        gemv_library["relaxtune_q4mlp_i8"](*args, 1e-5, *ffi_outs)
+        torch.cuda.synchronize()
+        for name, got, ref in zip(("h", "act", "y"), outs, want):
+            err = np.max(np.abs(got.float().cpu().numpy() - ref)) / max(1.0, np.max(np.abs(ref)))
+            # float32 sum order against the reference: a float16 rounding apart, then carried through the norm's int8
+            assert err == err and err < 1e-2, (name, err)
+
+
+def test_q4mlp_says_why_it_does_not_apply(gemv_library):
+    import tvm
+    import tvm_ffi
+
+    from relaxtune.kernels import quant_formats as qf
+
+    hidden, ffn = 576, 1536  # SmolLM2's H: 18 groups a row, not a multiple of 8
+    dev = tvm.cuda(0)
+
+    def weight(n, k):
+        parts = qf.quantize(qf.own_format(4, 32), np.ones((n, k), np.float32))
+        return [tvm.runtime.tensor(v, dev) for v in (qf.pack_q4_gpu(parts["qweight"]), parts["scale"])]
+
+    vec = [torch.zeros(1, n, device="cuda", dtype=torch.float16) for n in (hidden, hidden, hidden, hidden, ffn, hidden)]
+    x, res, g, *outs = (tvm_ffi.from_dlpack(v) for v in vec)
+    args = [x, res, *weight(hidden, hidden), g, *weight(2 * ffn, hidden), *weight(hidden, ffn), 1e-5, *outs]
+    assert str(gemv_library["relaxtune_q4mlp_i8_kernel"](*args)).startswith("none: K = 576")
+    with pytest.raises(Exception, match="does not apply"):
+        gemv_library["relaxtune_q4mlp_i8"](*args)
+
+
+@pytest.mark.parametrize("q4_mlp", [True, False])
+def test_q4f16_one_row_block_with_and_without_the_fused_mlp(tmp_path, q4_mlp):
+    """max_batch 1: the n = 1 bucket's o_proj .. down as relaxtune_q4mlp_i8 (FuseQuantMlpCuda) or as its five
+    kernels, against torch's reference on the dequantized weights at n = 1, 2, 17."""
+    from relaxtune import api, targets
+    from relaxtune.config import CompileConfig, CudaLibraries, JobConfig, QuantizeConfig
+    from relaxtune.runtime.artifact import Artifact
+    from relaxtune.workloads import load, parse_config
+
+    config = parse_config("hidden=256,heads=4,kv_heads=2,ffn=512,max_seq=128,max_batch=1")
+    workload = load("llama-block", config, quantize=QuantizeConfig("q4f16", 32))
+    arch = "cuda:sm_{}{}".format(*torch.cuda.get_device_capability())
+    job = JobConfig(cache_dir=tmp_path / "cache", compile=CompileConfig(cublas=CudaLibraries(q4_mlp=q4_mlp)))
+    api.compile(workload, targets.resolve(arch), job, tmp_path / "q.so")
+    art = Artifact.load(tmp_path / "q.so")
+    for n in (1, 2, 17, 1):
+        inputs = workload.random_inputs({"b": 1, "n": n})
+        got = art(inputs).astype("float32")
+        want = np.asarray(workload.reference(inputs, workload.params), dtype="float32")
+        err = float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want)))))
+        assert err < BLOCK_TOLERANCE[True], (n, err)

@@ -1,0 +1,125 @@
+"""The fused 4-bit decode MLP kernel (relaxtune_q4mlp_i8, kernels/qmlp_stream.cu) on the GPU at the 7B block's
+sizes (H 4096, F 11008, groups of 32): graph-launched us per call of each kernel variant (RELAXTUNE_Q4MLP, ring
+caps, grid barriers) against its three GEMVs alone (relaxtune_q4gemv_i8(_add): o_proj, gate/up, down, as the
+unfused block runs them, without the norm and SwiGLU kernels between them), the % of the copy rate for the bytes
+each moves, and per variant the blocks' min / median / max globaltimer time of each step of the kernel
+(relaxtune_q4mlp_i8_trace), so that the time between the steps (grid barriers, the norm) shows.
+
+    python3 benchmarks/q4mlp_trace.py --out $OUT/trace [--variants h1f4,h1f4-gen]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from gemv_check import _graph_timed
+from qgemv_sweep import _settings, library
+
+from relaxtune.kernels import quant_formats as qf
+
+H, F, GROUP = 4096, 11008, 32
+EVENTS = ["start", "x ready", "o_proj", "barrier 1", "norm", "gate/up", "barrier 2", "act ready", "down", "end"]
+PRODUCER = ["producer start", "o_proj issued", "gate issued", "up issued", "down issued"]
+VARIANTS = {
+    "h1f4": {"RELAXTUNE_Q4MLP": "relaxtune_q4mlp_h1f4"},
+    "h1f4-gen": {"RELAXTUNE_Q4MLP": "relaxtune_q4mlp_h1f4", "RELAXTUNE_Q4MLP_BARRIER": "generation"},
+    "h1f4-st3": {"RELAXTUNE_Q4MLP": "relaxtune_q4mlp_h1f4", "RELAXTUNE_Q4MLP_STAGES": "3"},
+    "h3f4": {"RELAXTUNE_Q4MLP": "relaxtune_q4mlp_h3f4"},  # 3 pieces of K = H per thread, 4 rows per group
+}
+
+
+def _weight(n: int, k: int, seed: int):
+    import numpy as np
+
+    w = np.random.default_rng(seed).standard_normal((n, k), dtype=np.float32) / np.float32(k**0.5)
+    parts = qf.quantize(qf.own_format(4, GROUP), w)
+    return qf.pack_q4_gpu(parts["qweight"]), parts["scale"]
+
+
+def main() -> None:
+    import numpy as np
+    import torch
+    import tvm
+    import tvm_ffi
+    from gpu_job_common import copy_bandwidth
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    copy_gbs = copy_bandwidth()
+    lib = library(Path(tempfile.mkdtemp()))
+    T, dev = tvm_ffi.from_dlpack, tvm.cuda(0)
+    shapes = {"o": (H, H), "gu": (2 * F, H), "d": (H, F)}
+    host = {name: _weight(n, k, seed) for seed, (name, (n, k)) in enumerate(shapes.items())}
+    moved = sum(p.nbytes + s.nbytes for p, s in host.values())
+    copies = -(-200_000_000 // moved)  # > 200 MB in turn: no call finds its weights in L2
+    ws = [{name: [tvm.runtime.tensor(a, dev) for a in parts] for name, parts in host.items()} for _ in range(copies)]
+    x, res, h, y = (torch.randn(1, H, device="cuda", dtype=torch.float16) for _ in range(4))
+    g = torch.ones(H, device="cuda", dtype=torch.float16)
+    act, gu = torch.empty(1, F, device="cuda", dtype=torch.float16), torch.empty(1, 2 * F, device="cuda").half()
+    xt, rt, ht, yt, gt, at, gut = (T(v) for v in (x, res, h, y, g, act, gu))
+    mlp, trace = lib["relaxtune_q4mlp_i8"], lib["relaxtune_q4mlp_i8_trace"]
+
+    def fused(i):
+        w = ws[i]
+        mlp(xt, rt, *w["o"], gt, *w["gu"], *w["d"], 1e-5, ht, at, yt)
+
+    def three(i):
+        w = ws[i]
+        lib["relaxtune_q4gemv_i8_add"](xt, *w["o"], rt, ht)
+        lib["relaxtune_q4gemv_i8"](ht, *w["gu"], gut)
+        lib["relaxtune_q4gemv_i8_add"](at, *w["d"], ht, yt)
+
+    report = {"copy_gbs": copy_gbs, "MB": moved / 1e6, "floor_us": moved / copy_gbs / 1e3, "variants": {}}
+    us = _graph_timed(three, copies)
+    report["three GEMVs"] = {"us": us, "pct_copy": 100 * report["floor_us"] / us}
+    print(f"copy {copy_gbs:.0f} GB/s, {moved / 1e6:.1f} MB: floor {report['floor_us']:.2f} us", flush=True)
+    print(f"three GEMVs (relaxtune_q4gemv_i8): {us:.2f} us ({report['three GEMVs']['pct_copy']:.1f}% of copy)")
+    reference = None
+    for name in args.variants.split(","):
+        with _settings(VARIANTS[name]):
+            kernel = str(
+                lib["relaxtune_q4mlp_i8_kernel"](xt, rt, *ws[0]["o"], gt, *ws[0]["gu"], *ws[0]["d"], 1e-5, ht, at, yt)
+            )
+            us = _graph_timed(fused, copies)
+            stamps = torch.zeros(132 * 16, dtype=torch.int64, device="cuda")
+            for _ in range(3):  # the last of three, the weights warm in no cache (a different copy each)
+                for i in range(copies):
+                    trace(xt, rt, *ws[i]["o"], gt, *ws[i]["gu"], *ws[i]["d"], 1e-5, ht, at, yt, T(stamps))
+            torch.cuda.synchronize()
+        out = y.float().cpu().numpy()
+        reference = out if reference is None else reference
+        t = stamps.view(-1, 16).cpu().numpy().astype(np.float64)
+        t = t[t[:, 0] > 0]
+        t = (t - t[:, 0].min()) / 1e3  # us from the first block's start
+        cols = [*EVENTS, *PRODUCER]
+        steps = {e: [round(float(f(t[:, i])), 2) for f in (np.min, np.median, np.max)] for i, e in enumerate(cols)}
+        last = round(float(t[:, 9].max()), 2)
+        diff = float(np.max(np.abs(out - reference)))
+        report["variants"][name] = {
+            "kernel": kernel,
+            "us": us,
+            "pct_copy": 100 * report["floor_us"] / us,
+            "steps_us_min_median_max": steps,
+            "last_end_us": last,
+            "y_diff_vs_first": diff,
+        }
+        print(
+            f"{name} ({kernel}): {us:.2f} us ({100 * report['floor_us'] / us:.1f}% of copy), last block ends at "
+            f"{last} us, |y - first variant's| {diff:.3g}",
+            flush=True,
+        )
+        print(
+            "   min / median / max over blocks: " + ", ".join(f"{e} {'/'.join(map(str, v))}" for e, v in steps.items()),
+            flush=True,
+        )
+    (args.out / "q4mlp_trace.json").write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

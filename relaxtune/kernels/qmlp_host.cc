@@ -1,0 +1,194 @@
+// The host side of the 4-bit decode MLP kernel (qmlp_stream.cu), appended after qgemv_host.cc in one object
+// (kernels/gemv.py): its checks, then one cooperative launch (every block resident, which the kernel's grid barrier
+// needs) on TVM's current stream, a programmatic dependent one on compute capability 9.0+ unless RELAXTUNE_GEMV_PDL=0,
+// with no allocation: CUDA graphs capture it.
+// relaxtune_q4mlp_i8(x, res, wo, so, g, wgu, sgu, wd, sd, eps, h, act, y): one row, fp16, int8 activations;
+// relaxtune_q4mlp_i8_kernel(...) names the kernel it would launch, or says why none applies (for tests);
+// relaxtune_q4mlp_i8_trace(..., trace) launches it with a globaltimer stamp per block and event in trace (int64,
+// blocks x 16: benchmarks/q4mlp_trace.py). For measurements, read per launch: RELAXTUNE_Q4MLP=NAME picks the kernel,
+// RELAXTUNE_Q4MLP_STAGES=N caps its ring, RELAXTUNE_Q4MLP_BARRIER=generation takes the other grid barrier.
+
+#include <atomic>
+
+namespace {
+constexpr int kCooperative = 2;  // CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+
+struct Q4MlpArgs {  // must match qmlp_stream.cu's Q4MlpParams
+  const void *x, *res, *wo, *so, *g, *wgu, *sgu, *wd, *sd;
+  void *h, *act, *y;
+  int a, hidden, f, shift_o, shift_gu, shift_d;
+  float eps;
+  int stages, stage_bytes;
+  void* trace;
+  int barrier;  // qmlp_stream.cu's kGenerationBarrier / kCountBarrier
+};
+struct Q4MlpKernel {
+  const char* name;
+  int groups, rows_h, pieces_h, rows_f, pieces_f;  // GR, RH, PH, RF, PF of qmlp_stream.cu
+};
+// the first that applies, or RELAXTUNE_Q4MLP's
+constexpr Q4MlpKernel kQ4MlpKernels[] = {{"relaxtune_q4mlp_h1f4", 2, 8, 1, 4, 4},
+                                         {"relaxtune_q4mlp_h3f4", 2, 4, 3, 4, 4}};
+constexpr int kQ4MlpWarps = 8, kQ4MlpScratch = 4 * kQ4MlpWarps;  // partial sums per row; the norm's per-warp sums
+
+// qmlp_stream.cu's grid barrier: the count barrier where every launch's grid is the SM count (`whole`), unless
+// RELAXTUNE_Q4MLP_BARRIER=generation (read per launch, for measurements)
+int Q4MlpBarrier(bool whole) {
+  const char* value = std::getenv("RELAXTUNE_Q4MLP_BARRIER");
+  const bool generation = value != nullptr && std::string(value) == "generation";
+  return whole && !generation ? 1 : 0;
+}
+
+std::string Q4MlpForced() {
+  const char* value = std::getenv("RELAXTUNE_Q4MLP");
+  return value != nullptr ? std::string(value) : std::string();
+}
+
+struct Q4MlpPlan {
+  const Q4MlpKernel* kernel = nullptr;
+  int blocks = 0, stages = 0, stage_bytes = 0, shared_bytes = 0;
+  std::string why;  // why none applies, when kernel is null
+};
+
+// the rows of one slot (2 row groups x rows) of a weight with K columns: weights, then their scales
+int64_t Q4MlpSlotBytes(int64_t k, int shift, int groups, int rows_per_group) {
+  return groups * rows_per_group * (k / 2 + 2 * (k >> (5 + shift)));
+}
+
+Q4MlpPlan PlanQ4Mlp(int64_t a, int64_t hidden, int64_t f, const int (&shifts)[3], int major, int sms, int shared) {
+  Q4MlpPlan plan;
+  const int64_t ks[3] = {a, hidden, f};
+  for (int i = 0; i < 3; ++i) {
+    if ((ks[i] >> (5 + shifts[i])) % 8 != 0) {
+      plan.why = "K = " + std::to_string(ks[i]) + " is not a multiple of 8 groups";
+      return plan;
+    }
+  }
+  if (major < 9) {
+    plan.why = "compute capability " + std::to_string(major) + ".x is below 9.0";
+    return plan;
+  }
+  const std::string forced = Q4MlpForced();
+  for (const Q4MlpKernel& kernel : kQ4MlpKernels) {
+    if (!forced.empty() && forced != kernel.name) continue;
+    if (std::max(a, hidden) <= 4096 * kernel.pieces_h && f <= 4096 * kernel.pieces_f) {
+      plan.kernel = &kernel;
+      break;
+    }
+  }
+  if (plan.kernel == nullptr) {
+    plan.why = "A, H <= " + std::to_string(4096 * 3) + " and F <= " + std::to_string(4096 * 4) + " only";
+    return plan;
+  }
+  plan.blocks = static_cast<int>(std::min<int64_t>({sms, hidden, f}));
+  const int64_t rows = (hidden + plan.blocks - 1) / plan.blocks, frows = (f + plan.blocks - 1) / plan.blocks;
+  const int64_t part = (std::max(rows, 2 * frows) * kQ4MlpWarps + kQ4MlpScratch) * 4;
+  const int gr = plan.kernel->groups;
+  const int64_t slot = std::max({Q4MlpSlotBytes(a, shifts[0], gr, plan.kernel->rows_h),
+                                 Q4MlpSlotBytes(hidden, shifts[1], gr, plan.kernel->rows_h),
+                                 Q4MlpSlotBytes(f, shifts[2], gr, plan.kernel->rows_f)});
+  int64_t stages = std::min<int64_t>(kQ4MaxStages, (shared - kQ4BarrierBytes - part) / slot);
+  const char* cap = std::getenv("RELAXTUNE_Q4MLP_STAGES");  // for measurements
+  if (cap != nullptr && std::atoi(cap) > 0) stages = std::min<int64_t>(stages, std::atoi(cap));
+  if (stages < 2) {
+    plan.kernel = nullptr;
+    plan.why = "two ring slots of " + std::to_string(slot) + " bytes do not fit in shared memory";
+    return plan;
+  }
+  plan.stages = static_cast<int>(stages), plan.stage_bytes = static_cast<int>(slot);
+  plan.shared_bytes = static_cast<int>(kQ4BarrierBytes + stages * slot + part);
+  return plan;
+}
+
+// checks the operands, then launches (or, with `chosen`, puts the kernel's name or why none applies there)
+void LaunchQ4Mlp(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& res, const tvm::ffi::TensorView& wo,
+                 const tvm::ffi::TensorView& so, const tvm::ffi::TensorView& g, const tvm::ffi::TensorView& wgu,
+                 const tvm::ffi::TensorView& sgu, const tvm::ffi::TensorView& wd, const tvm::ffi::TensorView& sd,
+                 double eps, const tvm::ffi::TensorView& h, const tvm::ffi::TensorView& act,
+                 const tvm::ffi::TensorView& y, std::string* chosen = nullptr,
+                 const tvm::ffi::TensorView* trace = nullptr) {
+  const Q4Weight o = CheckQ4Weight("q4mlp (o)", wo, so), gu = CheckQ4Weight("q4mlp (gate/up)", wgu, sgu);
+  const Q4Weight d = CheckQ4Weight("q4mlp (down)", wd, sd);
+  const int64_t hidden = o.n, f = d.k;
+  TVM_FFI_ICHECK(gu.k == hidden && gu.n == 2 * f && d.n == hidden)
+      << "q4mlp: gate/up must be (2F, H) and down (H, F) for o_proj (H = " << hidden << ", A), not (" << gu.n << ", "
+      << gu.k << ") and (" << d.n << ", " << d.k << ")";
+  const struct {
+    const tvm::ffi::TensorView* t;
+    int64_t n;
+    const char* what;
+  } vectors[] = {{&x, o.k, "x"}, {&res, hidden, "res"}, {&g, hidden, "g"}, {&h, hidden, "h"}, {&act, f, "act"},
+                 {&y, hidden, "y"}};
+  for (const auto& v : vectors) {
+    TVM_FFI_ICHECK(IsHalf(v.t->dtype()) && v.t->numel() == v.n && v.t->IsContiguous())
+        << "q4mlp: " << v.what << " must be one compact float16 row of " << v.n << " values";
+    TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(Data(*v.t)) % 16 == 0) << "q4mlp: " << v.what << " must be 16-byte aligned";
+  }
+  for (const auto* t : {&wo, &so, &wgu, &sgu, &wd, &sd}) {
+    TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(Data(*t)) % 16 == 0) << "q4mlp: the weights and scales must be 16-byte aligned";
+  }
+  Driver* drv = LoadDriver();
+  DLDevice dev = y.device();
+  const int major = Attribute(drv, dev.device_id, kComputeMajor), sms = Attribute(drv, dev.device_id, kMultiprocessors);
+  const int shifts[3] = {o.shift, gu.shift, d.shift};
+  const Q4MlpPlan plan =
+      PlanQ4Mlp(o.k, hidden, f, shifts, major, sms, Attribute(drv, dev.device_id, kMaxSharedOptIn));
+  if (chosen != nullptr) {
+    *chosen = plan.kernel != nullptr ? std::string(plan.kernel->name) : "none: " + plan.why;
+    return;
+  }
+  TVM_FFI_ICHECK(plan.kernel != nullptr) << "q4mlp: the kernel does not apply: " << plan.why;
+  TVM_FFI_ICHECK(drv->launch_ex != nullptr) << "q4mlp: a cooperative launch needs cuLaunchKernelEx (a CUDA 12+ driver)";
+  Ptr fn = Kernel(drv, relaxtune_gemv_fatbin, dev.device_id, plan.kernel->name, Attribute(drv, dev.device_id, kMaxSharedOptIn));
+  Q4MlpArgs p{Data(x),   Data(res), Data(wo), Data(so), Data(g),
+              Data(wgu), Data(sgu), Data(wd), Data(sd), Data(h),
+              Data(act), Data(y),   static_cast<int>(o.k), static_cast<int>(hidden), static_cast<int>(f),
+              o.shift,   gu.shift,  d.shift,  static_cast<float>(eps), plan.stages, plan.stage_bytes, nullptr,
+              Q4MlpBarrier(plan.blocks == sms)};
+  if (trace != nullptr) {
+    TVM_FFI_ICHECK(trace->dtype().code == kDLInt && trace->dtype().bits == 64 && trace->IsContiguous() &&
+                   trace->numel() >= 16 * plan.blocks)
+        << "q4mlp: the trace must be compact int64 of at least " << 16 * plan.blocks << " values";
+    p.trace = Data(*trace);
+  }
+  void* args[] = {&p};
+  // cooperative, and a programmatic dependent where the driver takes both (else from then on cooperative only)
+  static std::atomic<bool> both_refused{false};
+  LaunchAttribute attrs[2]{};
+  attrs[0].id = kCooperative, attrs[0].value.cluster.x = 1;
+  attrs[1].id = kProgrammaticSerialization, attrs[1].value.cluster.x = 1;
+  const bool pdl = ProgrammaticLaunch() && !both_refused.load();
+  const unsigned threads = static_cast<unsigned>(plan.kernel->groups * kQ4PieceThreads + 32);
+  LaunchConfig config{static_cast<unsigned>(plan.blocks), 1, 1, threads, 1, 1,
+                      static_cast<unsigned>(plan.shared_bytes), TVMFFIEnvGetStream(dev.device_type, dev.device_id),
+                      attrs, pdl ? 2u : 1u};
+  if (pdl && drv->launch_ex(&config, fn, args, nullptr) == 0) return;
+  if (pdl) both_refused = true, config.num_attrs = 1;
+  Check(drv, drv->launch_ex(&config, fn, args, nullptr), "cuLaunchKernelEx (cooperative)");
+}
+
+void Q4MlpI8(tvm::ffi::TensorView x, tvm::ffi::TensorView res, tvm::ffi::TensorView wo, tvm::ffi::TensorView so,
+             tvm::ffi::TensorView g, tvm::ffi::TensorView wgu, tvm::ffi::TensorView sgu, tvm::ffi::TensorView wd,
+             tvm::ffi::TensorView sd, double eps, tvm::ffi::TensorView h, tvm::ffi::TensorView act,
+             tvm::ffi::TensorView y) {
+  LaunchQ4Mlp(x, res, wo, so, g, wgu, sgu, wd, sd, eps, h, act, y);
+}
+std::string Q4MlpI8Kernel(tvm::ffi::TensorView x, tvm::ffi::TensorView res, tvm::ffi::TensorView wo,
+                          tvm::ffi::TensorView so, tvm::ffi::TensorView g, tvm::ffi::TensorView wgu,
+                          tvm::ffi::TensorView sgu, tvm::ffi::TensorView wd, tvm::ffi::TensorView sd, double eps,
+                          tvm::ffi::TensorView h, tvm::ffi::TensorView act, tvm::ffi::TensorView y) {
+  std::string chosen;
+  LaunchQ4Mlp(x, res, wo, so, g, wgu, sgu, wd, sd, eps, h, act, y, &chosen);
+  return chosen;
+}
+void Q4MlpI8Trace(tvm::ffi::TensorView x, tvm::ffi::TensorView res, tvm::ffi::TensorView wo, tvm::ffi::TensorView so,
+                  tvm::ffi::TensorView g, tvm::ffi::TensorView wgu, tvm::ffi::TensorView sgu, tvm::ffi::TensorView wd,
+                  tvm::ffi::TensorView sd, double eps, tvm::ffi::TensorView h, tvm::ffi::TensorView act,
+                  tvm::ffi::TensorView y, tvm::ffi::TensorView trace) {
+  LaunchQ4Mlp(x, res, wo, so, g, wgu, sgu, wd, sd, eps, h, act, y, nullptr, &trace);
+}
+}  // namespace
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4mlp_i8, Q4MlpI8);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4mlp_i8_trace, Q4MlpI8Trace);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4mlp_i8_kernel, Q4MlpI8Kernel);

@@ -1,0 +1,326 @@
+// relaxtune's 4-bit decode MLP in one kernel (compute capability 9.0+, int8 activations): for one row,
+//   h = x @ Wo^T + res,  n = rms_norm(h, g, eps),  a = silu(n @ Wgate^T) * (n @ Wup^T),  y = a @ Wd^T + h,
+// the o_proj through the down projection of a decoder layer's decode step, which qgemv_stream.cu's kernels run as
+// five launches (three GEMVs, the norm, the SwiGLU). Appended after qgemv_stream.cu in one fatbin (kernels/gemv.py):
+// it uses its ring helpers, quantize_piece, dot_piece_i8 and warp_transposed_sum. Host side: qmlp_host.cc.
+//
+// One block per SM, launched cooperatively (all blocks resident). Block b owns the same share of rows in each of the
+// four weights: rows b * H / G .. of Wo and Wd, features b * F / G .. of gate and up (the merged (2F, H) weight's
+// rows f and F + f). Its producer warp streams those rows, segment after segment (Wo, gate, up, Wd), through one ring
+// of shared-memory slots (cp.async.bulk, as qgemv_stream.cu) without ever waiting for activations: while the
+// consumer warps wait at a grid barrier, the next segment's weights are already in flight. The consumers compute
+// each segment as qgemv_stream.cu's int8 kernels do (x quantized per 16 values, dp4a; RS rows per slot), then:
+//   - after Wo: h for their rows (+ res, one rounding) to global memory; grid barrier;
+//   - every block reads the whole h back (L2), computes the norm (fp32, one rounding, as TVM's legalized
+//     rms_norm) and quantizes it; gate and up; a = silu_times(gate, up) rounded as the separate kernels round;
+//     grid barrier;
+//   - every block reads the whole a and quantizes it; Wd; y = sum + h.
+// The grid barrier is the consumers' only (the producer never stops), on state in this module's global memory
+// (q4mlp_grid_barrier). h and a are outputs (the caller's memory): written once by their owner block, read by all
+// after the barrier. Each step's time in the kernel: benchmarks/q4mlp_trace.py (the `trace` stamps).
+
+struct Q4MlpParams {  // must match qmlp_host.cc
+  const void* x;          // (A) fp16: the o_proj input
+  const void* res;        // (H) fp16: the residual
+  const void *wo, *so;    // (H, A / 8) uint32, (H, A / group) fp16
+  const void* g;          // (H) fp16: the norm's weight
+  const void *wgu, *sgu;  // (2F, H / 8), (2F, H / group)
+  const void *wd, *sd;    // (H, F / 8), (H, F / group)
+  void* h;                // (H) fp16: x @ Wo^T + res
+  void* act;              // (F) fp16: silu(gate) * up
+  void* y;                // (H) fp16
+  int a, hidden, f;
+  int shift_o, shift_gu, shift_d;  // group = 32 << shift weights per scale
+  float eps;
+  int stages, stage_bytes;
+  unsigned long long* trace;
+  int barrier;  // kGenerationBarrier / kCountBarrier  // null, or per block kQ4MlpTraceEvents globaltimer stamps (benchmarks/q4mlp_trace.py)
+};
+
+constexpr int kQ4MlpTraceEvents = 16;
+
+__device__ unsigned int relaxtune_q4mlp_barrier[2];  // arrivals, generation (zero at module load)
+__device__ unsigned long long relaxtune_q4mlp_arrivals;  // kCountBarrier: every arrival ever (zero at module load)
+enum { kGenerationBarrier = 0, kCountBarrier = 1 };
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// event `e` of this block's trace (thread 0 of the consumers, or the producer), where one is asked for
+__device__ __forceinline__ void q4mlp_stamp(const Q4MlpParams& p, int e) {
+  if (p.trace == nullptr) return;
+  unsigned long long now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  p.trace[blockIdx.x * kQ4MlpTraceEvents + e] = now;
+}
+
+// every consumer thread of every block: what each wrote before is visible to all after. kGenerationBarrier: the last
+// block to arrive resets the count and bumps the generation the others wait on (any grid size). kCountBarrier: one
+// release-add to a count of every arrival ever, then acquire-loads until it reaches the next multiple of the grid: one
+// round trip fewer on the critical path, but right only while every launch on the device has the same grid (the host
+// takes it where the grid is the SM count) and runs to its end.
+__device__ __forceinline__ void q4mlp_grid_barrier(int consumers, int kind) {
+  asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
+  if (threadIdx.x == 0 && kind == kCountBarrier) {
+    unsigned long long old, now;
+    asm volatile("atom.add.release.gpu.global.u64 %0, [%1], 1;" : "=l"(old) : "l"(&relaxtune_q4mlp_arrivals) : "memory");
+    const unsigned long long target = (old / gridDim.x + 1) * gridDim.x;
+    do {
+      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(&relaxtune_q4mlp_arrivals) : "memory");
+    } while (now < target);
+  } else if (threadIdx.x == 0) {
+    volatile unsigned int* gen = &relaxtune_q4mlp_barrier[1];
+    const unsigned int seen = *gen;
+    __threadfence();
+    if (atomicAdd(&relaxtune_q4mlp_barrier[0], 1u) == gridDim.x - 1) {
+      atomicExch(&relaxtune_q4mlp_barrier[0], 0u);
+      __threadfence();
+      atomicAdd(&relaxtune_q4mlp_barrier[1], 1u);
+    } else {
+      while (*gen == seen) __nanosleep(32);
+    }
+    __threadfence();
+  }
+  asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
+}
+
+struct Q4MlpSegment {  // one weight's rows of this block, as the producer and the consumers walk them
+  const char *w, *s;
+  int row_bytes, scale_bytes, rows, shift;
+};
+
+__device__ __forceinline__ Q4MlpSegment q4mlp_segment(const void* w, const void* s, int k, int shift, int first,
+                                                       int rows) {
+  const int row_bytes = k / 2, scale_bytes = 2 * (k >> (5 + shift));
+  return {static_cast<const char*>(w) + static_cast<size_t>(first) * row_bytes,
+          static_cast<const char*>(s) + static_cast<size_t>(first) * scale_bytes, row_bytes, scale_bytes, rows, shift};
+}
+
+// this thread's PMAX pieces of `v` (K fp16) as int8: all loads first (through L2 where `v` is written in this kernel)
+template <int PMAX, bool kCoherent>
+__device__ __forceinline__ void q4mlp_quantize(const uint4* v, int k, int t, uint32_t (&xq)[PMAX][4],
+                                               int (&corr)[PMAX], float (&scale)[PMAX]) {
+  uint4 pv[PMAX][2];
+#pragma unroll
+  for (int j = 0; j < PMAX; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int piece = t + j * kQ4PieceThreads;
+      pv[j][e] = piece >= k / 16 ? make_uint4(0, 0, 0, 0) : kCoherent ? __ldcg(v + 2 * piece + e) : __ldg(v + 2 * piece + e);
+    }
+#pragma unroll
+  for (int j = 0; j < PMAX; ++j) quantize_piece(pv[j], xq[j], corr[j], scale[j]);
+}
+
+// the consumers' side of one segment: RPG rows per row group and slot; row sums into part[row * 8 + warp]
+template <int GR, int RPG, int PMAX>
+__device__ __forceinline__ void q4mlp_consume(const Q4MlpSegment& sg, int& s, int stages, int stage_bytes,
+                                              unsigned char* ring, uint64_t* full, uint64_t* empty, int k,
+                                              const uint32_t (&xq)[PMAX][4], const int (&corr)[PMAX],
+                                              const float (&scale)[PMAX], float* part) {
+  constexpr int RS = GR * RPG;
+  const int g = threadIdx.x / kQ4PieceThreads, t = threadIdx.x % kQ4PieceThreads, lane = t % 32, warp = t / 32;
+  const int pieces = k / 16, groups = sg.scale_bytes / 2;
+  for (int base0 = 0; base0 < sg.rows; base0 += RS, ++s) {
+    const int slot = s % stages, base = base0 + g * RPG;
+    barrier_wait(&full[slot], (s / stages) & 1);
+    const unsigned char* slot_base = ring + static_cast<size_t>(slot) * stage_bytes;
+    const unsigned char* wslot = slot_base + g * RPG * sg.row_bytes;
+    const __half* sslot = reinterpret_cast<const __half*>(slot_base + RS * sg.row_bytes) + g * RPG * groups;
+    float acc[RPG];
+#pragma unroll
+    for (int i = 0; i < RPG; ++i) acc[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < RPG; ++i) {
+      if (base + i >= sg.rows) break;  // the same for the whole warp
+#pragma unroll
+      for (int j = 0; j < PMAX; ++j) {
+        const int piece = t + j * kQ4PieceThreads;
+        if (piece >= pieces) break;
+        const uint2 q = *reinterpret_cast<const uint2*>(wslot + i * sg.row_bytes + 8 * piece);
+        const float sc = __half2float(sslot[i * groups + (piece >> (1 + sg.shift))]);
+        acc[i] = fmaf(static_cast<float>(dot_piece_i8(q, xq[j], corr[j])), sc * scale[j], acc[i]);
+      }
+    }
+    __syncwarp();
+    if (lane == 0) barrier_arrive(&empty[slot]);
+    const float sum = warp_transposed_sum<RPG>(acc, lane);
+    const int row = base + lane / (32 / RPG);
+    if (lane % (32 / RPG) == 0 && row < sg.rows) part[row * 8 + warp] = sum;
+  }
+}
+#endif
+
+// GR row groups of 8 consumer warps; RH / RF: rows per row group and slot for the K = A, H segments / the K = F
+// one; PH / PF: pieces per thread
+template <int GR, int RH, int PH, int RF, int PF>
+__device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int kConsumers = GR * kQ4PieceThreads, kWarps = kQ4PieceThreads / 32;
+  extern __shared__ __align__(128) unsigned char smem[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem);
+  uint64_t* empty = full + kQ4StreamMaxStages;
+  unsigned char* ring = smem + kQ4BarrierBytes;
+  float* part = reinterpret_cast<float*>(ring + static_cast<size_t>(p.stages) * p.stage_bytes);
+  const int b = blockIdx.x, blocks = gridDim.x;
+  auto share = [&](int n, int i) { return static_cast<int>(static_cast<long long>(i) * n / blocks); };
+  const int r0 = share(p.hidden, b), rows = share(p.hidden, b + 1) - r0;
+  const int f0 = share(p.f, b), frows = share(p.f, b + 1) - f0;
+  const Q4MlpSegment seg[4] = {
+      q4mlp_segment(p.wo, p.so, p.a, p.shift_o, r0, rows),
+      q4mlp_segment(p.wgu, p.sgu, p.hidden, p.shift_gu, f0, frows),
+      q4mlp_segment(p.wgu, p.sgu, p.hidden, p.shift_gu, p.f + f0, frows),
+      q4mlp_segment(p.wd, p.sd, p.f, p.shift_d, r0, rows),
+  };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < p.stages; ++s) barrier_init(&full[s], 1), barrier_init(&empty[s], GR * kWarps);
+    asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x >= kConsumers) {  // the producer warp: all four segments' weights, never waiting for activations
+    if (threadIdx.x == kConsumers) {
+      q4mlp_stamp(p, 10);
+      int s = 0;
+      for (int i = 0; i < 4; ++i) {
+        const int rs = GR * (i == 3 ? RF : RH);
+        for (int r = 0; r < seg[i].rows; r += rs, ++s) {
+          const int slot = s % p.stages, here = min(rs, seg[i].rows - r);
+          if (s >= p.stages) barrier_wait(&empty[slot], (s / p.stages - 1) & 1);
+          unsigned char* dst = ring + static_cast<size_t>(slot) * p.stage_bytes;
+          barrier_expect_bytes(&full[slot], here * (seg[i].row_bytes + seg[i].scale_bytes));
+          bulk_copy(dst, seg[i].w + static_cast<size_t>(r) * seg[i].row_bytes, here * seg[i].row_bytes, &full[slot]);
+          bulk_copy(dst + rs * seg[i].row_bytes, seg[i].s + static_cast<size_t>(r) * seg[i].scale_bytes,
+                    here * seg[i].scale_bytes, &full[slot]);
+        }
+        q4mlp_stamp(p, 11 + i);  // the segment's last copy issued
+      }
+    }
+    return;
+  }
+  const int t = threadIdx.x % kQ4PieceThreads, g = threadIdx.x / kQ4PieceThreads, lane = t % 32, warp = t / 32;
+  __half* h = static_cast<__half*>(p.h);
+  __half* act = static_cast<__half*>(p.act);
+  __half* y = static_cast<__half*>(p.y);
+  int s = 0;
+  const bool stamps = threadIdx.x == 0;
+  if (stamps) q4mlp_stamp(p, 0);
+  {  // h = x @ Wo^T + res for this block's rows
+    uint32_t xq[PH][4];
+    int corr[PH];
+    float scale[PH];
+    wait_for_previous_kernel();  // x and res only after the previous kernel
+    q4mlp_quantize<PH, false>(static_cast<const uint4*>(p.x), p.a, t, xq, corr, scale);
+    if (stamps) q4mlp_stamp(p, 1);
+    q4mlp_consume<GR, RH, PH>(seg[0], s, p.stages, p.stage_bytes, ring, full, empty, p.a, xq, corr, scale, part);
+    if (stamps) q4mlp_stamp(p, 2);
+    asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
+    const __half* res = static_cast<const __half*>(p.res);
+    for (int r = threadIdx.x; r < rows; r += kConsumers) {
+      float sum = __half2float(res[r0 + r]);
+#pragma unroll
+      for (int q = 0; q < kWarps; ++q) sum += part[r * kWarps + q];
+      h[r0 + r] = __float2half_rn(sum);
+    }
+  }
+  uint4 gv[PH][2];  // the norm's weight for this thread's pieces, read before the barrier
+#pragma unroll
+  for (int j = 0; j < PH; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int piece = t + j * kQ4PieceThreads;
+      gv[j][e] = piece < p.hidden / 16 ? __ldg(static_cast<const uint4*>(p.g) + 2 * piece + e) : make_uint4(0, 0, 0, 0);
+    }
+  q4mlp_grid_barrier(kConsumers, p.barrier);
+  if (stamps) q4mlp_stamp(p, 3);
+  {  // n = rms_norm(h) * g; gate and up of this block's features; act = silu(gate) * up
+    const uint4* hv = reinterpret_cast<const uint4*>(h);
+    uint4 xv[PH][2];
+#pragma unroll
+    for (int j = 0; j < PH; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int piece = t + j * kQ4PieceThreads;
+        xv[j][e] = piece < p.hidden / 16 ? __ldcg(hv + 2 * piece + e) : make_uint4(0, 0, 0, 0);
+      }
+    float sq = 0.0f;
+#pragma unroll
+    for (int j = 0; j < PH; ++j) {
+      const int piece = t + j * kQ4PieceThreads;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float f[8];
+        unpack8<__half>(xv[j][e], f);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sq = fmaf(f[i], f[i], sq);
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+    float* scratch = part + 2 * static_cast<size_t>(frows) * kWarps + g * kWarps;  // after gate's and up's sums
+    if (lane == 0) scratch[warp] = sq;
+    asm volatile("bar.sync %0, %1;" ::"r"(2 + g), "r"(kQ4PieceThreads) : "memory");  // this row group's warps
+    float total = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kWarps; ++q) total += scratch[q];
+    const float inv = rsqrtf(total / static_cast<float>(p.hidden) + p.eps);
+    uint32_t xq[PH][4];
+    int corr[PH];
+    float scale[PH];
+#pragma unroll
+    for (int j = 0; j < PH; ++j) {
+      const int piece = t + j * kQ4PieceThreads;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float f[8], gf[8];
+        unpack8<__half>(xv[j][e], f);
+        unpack8<__half>(gv[j][e], gf);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) f[i] = inv * f[i] * gf[i];
+        xv[j][e] = pack8<__half>(f);
+      }
+      quantize_piece(xv[j], xq[j], corr[j], scale[j]);
+    }
+    if (stamps) q4mlp_stamp(p, 4);
+    q4mlp_consume<GR, RH, PH>(seg[1], s, p.stages, p.stage_bytes, ring, full, empty, p.hidden, xq, corr, scale,
+                              part);
+    q4mlp_consume<GR, RH, PH>(seg[2], s, p.stages, p.stage_bytes, ring, full, empty, p.hidden, xq, corr, scale,
+                              part + static_cast<size_t>(frows) * kWarps);
+    if (stamps) q4mlp_stamp(p, 5);
+    asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
+    for (int r = threadIdx.x; r < frows; r += kConsumers) {
+      float gate = 0.0f, up = 0.0f;
+#pragma unroll
+      for (int q = 0; q < kWarps; ++q) gate += part[r * kWarps + q], up += part[(frows + r) * kWarps + q];
+      act[f0 + r] = __float2half_rn(silu_times<__half>(round_to<__half>(gate), round_to<__half>(up)));
+    }
+  }
+  q4mlp_grid_barrier(kConsumers, p.barrier);
+  if (stamps) q4mlp_stamp(p, 6);
+  {  // y = act @ Wd^T + h for this block's rows
+    uint32_t xq[PF][4];
+    int corr[PF];
+    float scale[PF];
+    q4mlp_quantize<PF, true>(reinterpret_cast<const uint4*>(act), p.f, t, xq, corr, scale);
+    if (stamps) q4mlp_stamp(p, 7);
+    q4mlp_consume<GR, RF, PF>(seg[3], s, p.stages, p.stage_bytes, ring, full, empty, p.f, xq, corr, scale, part);
+    if (stamps) q4mlp_stamp(p, 8);
+    asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
+    for (int r = threadIdx.x; r < rows; r += kConsumers) {
+      float sum = __half2float(__ldcg(h + r0 + r));
+#pragma unroll
+      for (int q = 0; q < kWarps; ++q) sum += part[r * kWarps + q];
+      y[r0 + r] = __float2half_rn(sum);
+    }
+  }
+  if (stamps) q4mlp_stamp(p, 9);
+#endif
+}
+
+#define RELAXTUNE_Q4MLP(NAME, GR, RH, PH, RF, PF)                                                        \
+  extern "C" __global__ void __launch_bounds__(GR * kQ4PieceThreads + 32, 1) NAME(Q4MlpParams p) { \
+    q4mlp_body<GR, RH, PH, RF, PF>(p);                                                               \
+  }
+
+// name: relaxtune_q4mlp_h<PH>f<PF>: A, H <= 4096 * PH and F <= 4096 * PF (qmlp_host.cc's kQ4MlpKernels)
+RELAXTUNE_Q4MLP(relaxtune_q4mlp_h1f4, 2, 8, 1, 4, 4)
+RELAXTUNE_Q4MLP(relaxtune_q4mlp_h3f4, 2, 4, 3, 4, 4)
+// measured and dropped (benchmarks/q4mlp_trace.py, docs/results.md): 2 rows per group and slot for Wd (a 6-slot ring),
+// 4 for Wo / gate / up too (9 slots), three row groups: each 0.8-2.4 us slower than h1f4 on the 7B sizes
