@@ -118,6 +118,8 @@ def main() -> None:
             "   min / median / max over blocks: " + ", ".join(f"{e} {'/'.join(map(str, v))}" for e, v in steps.items()),
             flush=True,
         )
+    report["launch"] = str(lib["relaxtune_q4mlp_i8_launch"]())
+    print(f"launch attributes taken: {report['launch']}")
     (args.out / "q4mlp_trace.json").write_text(json.dumps(report, indent=1))
 
 

@@ -6,7 +6,8 @@
 // relaxtune_q4mlp_i8_kernel(...) names the kernel it would launch, or says why none applies (for tests);
 // relaxtune_q4mlp_i8_trace(..., trace) launches it with a globaltimer stamp per block and event in trace (int64,
 // blocks x 16: benchmarks/q4mlp_trace.py). For measurements, read per launch: RELAXTUNE_Q4MLP=NAME picks the kernel,
-// RELAXTUNE_Q4MLP_STAGES=N caps its ring, RELAXTUNE_Q4MLP_BARRIER=generation takes the other grid barrier.
+// RELAXTUNE_Q4MLP_STAGES=N caps its ring, RELAXTUNE_Q4MLP_BARRIER=generation takes the other grid barrier;
+// relaxtune_q4mlp_i8_launch() says which launch attributes the launches so far took.
 
 #include <atomic>
 
@@ -29,6 +30,7 @@ struct Q4MlpKernel {
 // the first that applies, or RELAXTUNE_Q4MLP's
 constexpr Q4MlpKernel kQ4MlpKernels[] = {{"relaxtune_q4mlp_h1f4", 2, 8, 1, 4, 4},
                                          {"relaxtune_q4mlp_h3f4", 2, 4, 3, 4, 4}};
+std::atomic<bool> both_refused{false};  // the driver refused a cooperative programmatic launch: cooperative only
 constexpr int kQ4MlpWarps = 8, kQ4MlpScratch = 4 * kQ4MlpWarps;  // partial sums per row; the norm's per-warp sums
 
 // qmlp_stream.cu's grid barrier: the count barrier where every launch's grid is the SM count (`whole`), unless
@@ -153,7 +155,6 @@ void LaunchQ4Mlp(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& res,
   }
   void* args[] = {&p};
   // cooperative, and a programmatic dependent where the driver takes both (else from then on cooperative only)
-  static std::atomic<bool> both_refused{false};
   LaunchAttribute attrs[2]{};
   attrs[0].id = kCooperative, attrs[0].value.cluster.x = 1;
   attrs[1].id = kProgrammaticSerialization, attrs[1].value.cluster.x = 1;
@@ -187,8 +188,13 @@ void Q4MlpI8Trace(tvm::ffi::TensorView x, tvm::ffi::TensorView res, tvm::ffi::Te
                   tvm::ffi::TensorView y, tvm::ffi::TensorView trace) {
   LaunchQ4Mlp(x, res, wo, so, g, wgu, sgu, wd, sd, eps, h, act, y, nullptr, &trace);
 }
+// the launch attributes the kernel's launches take in this process (after one launch: for measurements)
+std::string Q4MlpI8Launch() {
+  return ProgrammaticLaunch() && !both_refused.load() ? "cooperative, programmatic" : "cooperative";
+}
 }  // namespace
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4mlp_i8, Q4MlpI8);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4mlp_i8_launch, Q4MlpI8Launch);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4mlp_i8_trace, Q4MlpI8Trace);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4mlp_i8_kernel, Q4MlpI8Kernel);
