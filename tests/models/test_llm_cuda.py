@@ -88,3 +88,27 @@ def test_prefill_lengths_across_buckets(builds, length):
         logits[device] = np.stack([first, llm.decode(7).numpy().astype(np.float32).reshape(-1)])
     err = np.abs(logits["cuda"] - logits["cpu"]).max() / np.abs(logits["cpu"]).max()
     assert err < 2e-2, f"prefill of {length}: {err:.2e}"
+
+
+def test_q4f16_decode_with_the_fused_mlp_matches_the_five_kernels(tmp_path):
+    """--quantize q4f16 on a model whose sizes the fused 4-bit MLP takes (hidden 256, ffn 512: 8 and 16 groups a
+    row): decode with relaxtune_q4mlp_i8 (the default) against the same build with CudaLibraries(q4_mlp=False), both
+    with int8 activations, teacher-forced through 16 steps of the KV cache."""
+    from relaxtune import LLM, api, targets
+    from relaxtune.config import BucketConfig, CompileConfig, CudaLibraries, JobConfig, QuantizeConfig
+    from relaxtune.models import random_checkpoint
+    from relaxtune.workloads import load
+
+    config = random_checkpoint.TINY | {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4}
+    random_checkpoint.write(tmp_path / "hf", config | {"num_key_value_heads": 2}, "float16", seed=5)
+    target = targets.resolve("cuda:sm_{}{}".format(*torch.cuda.get_device_capability()))
+    workload = load(f"hf:{tmp_path / 'hf'}", {"max_prefill": "16"}, None, QuantizeConfig("q4f16", 32), target)
+    llms = {}
+    for fused in (True, False):
+        compile_config = CompileConfig(use_cache=False, cublas=CudaLibraries(q4_mlp=fused))
+        job = JobConfig(compile=compile_config, buckets=BucketConfig(edges={"n": (1, 16)}))
+        llms[fused] = LLM(api.compile(workload, target, job, tmp_path / f"q4-{fused}.so").path, device="cuda")
+    prompt, fed = [5, 17, 42, 99, 3], np.random.default_rng(1).integers(10, 500, 16).tolist()
+    got, want = (_teacher_forced(llms[fused], prompt, fed) for fused in (True, False))
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err < 2e-2, f"the fused MLP's logits off by {err:.2e} of the largest"

@@ -62,7 +62,8 @@ def test_decode_calls_the_gemv_kernel_and_graphs_stop_at_the_cache(cuda_build):
 
 def test_q4f16_decode_reads_the_4bit_weights_with_the_q4_gemv(tmp_path, caplog):
     """--quantize q4f16 on cuda: relaxtune's 4-bit groups (the tied embedding too), packed for the GPU at load;
-    decode's projections and the output projection on relaxtune_q4gemv, prefill's on dequantize + cuBLAS."""
+    decode's projections and the output projection on relaxtune_q4gemv, prefill's on dequantize + cuBLAS; at sizes
+    the fused kernel takes (hidden 256: 8 groups a row), each layer's decode MLP as one relaxtune_q4mlp_i8 call."""
     import logging
 
     from relaxtune import api, targets
@@ -70,7 +71,8 @@ def test_q4f16_decode_reads_the_4bit_weights_with_the_q4_gemv(tmp_path, caplog):
     from relaxtune.models import random_checkpoint
     from relaxtune.workloads import load
 
-    random_checkpoint.write(tmp_path / "hf", random_checkpoint.TINY, "float16")
+    config = random_checkpoint.TINY | {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4}
+    random_checkpoint.write(tmp_path / "hf", config | {"num_key_value_heads": 2}, "float16")
     target = targets.resolve("cuda")
     workload = load(f"hf:{tmp_path / 'hf'}", {"max_prefill": "64"}, None, QuantizeConfig("q4f16", 32), target)
     assert workload.config["quantize"] == "q4f16" and workload.config["group_size"] == 32
@@ -85,6 +87,7 @@ def test_q4f16_decode_reads_the_4bit_weights_with_the_q4_gemv(tmp_path, caplog):
     text = executable.as_text()
     decode = text[text.index("\n@decode:") : text.index("\n@", text.index("\n@decode:") + 2)]
     assert "relaxtune_q4gemv" in decode and "relaxtune_gemv_nk" not in decode
+    assert "decode: 2 4-bit MLP(s) as one kernel each" in caplog.text and "relaxtune_q4mlp_i8" in decode
 
 
 KV_KERNELS = (
