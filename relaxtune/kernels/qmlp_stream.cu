@@ -94,18 +94,26 @@ __device__ __forceinline__ Q4MlpSegment q4mlp_segment(const void* w, const void*
           static_cast<const char*>(s) + static_cast<size_t>(first) * scale_bytes, row_bytes, scale_bytes, rows, shift};
 }
 
-// this thread's PMAX pieces of `v` (K fp16) as int8: all loads first (through L2 where `v` is written in this kernel)
+// this thread's PMAX pieces of `v` (K fp16; zeros past K), all loads issued together; through L2 (kCoherent) where `v`
+// is written in this kernel
 template <int PMAX, bool kCoherent>
-__device__ __forceinline__ void q4mlp_quantize(const uint4* v, int k, int t, uint32_t (&xq)[PMAX][4],
-                                               int (&corr)[PMAX], float (&scale)[PMAX]) {
-  uint4 pv[PMAX][2];
+__device__ __forceinline__ void q4mlp_load(const void* v, int k, int t, uint4 (&pv)[PMAX][2]) {
+  const uint4* vec = static_cast<const uint4*>(v);
 #pragma unroll
   for (int j = 0; j < PMAX; ++j)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const int piece = t + j * kQ4PieceThreads;
-      pv[j][e] = piece >= k / 16 ? make_uint4(0, 0, 0, 0) : kCoherent ? __ldcg(v + 2 * piece + e) : __ldg(v + 2 * piece + e);
+      const int at = 2 * (t + j * kQ4PieceThreads) + e;
+      pv[j][e] = at >= k / 8 ? make_uint4(0, 0, 0, 0) : kCoherent ? __ldcg(vec + at) : __ldg(vec + at);
     }
+}
+
+// the same pieces as int8 (quantize_piece)
+template <int PMAX, bool kCoherent>
+__device__ __forceinline__ void q4mlp_quantize(const void* v, int k, int t, uint32_t (&xq)[PMAX][4],
+                                               int (&corr)[PMAX], float (&scale)[PMAX]) {
+  uint4 pv[PMAX][2];
+  q4mlp_load<PMAX, kCoherent>(v, k, t, pv);
 #pragma unroll
   for (int j = 0; j < PMAX; ++j) quantize_piece(pv[j], xq[j], corr[j], scale[j]);
 }
@@ -207,7 +215,7 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
     int corr[PH];
     float scale[PH];
     wait_for_previous_kernel();  // x and res only after the previous kernel
-    q4mlp_quantize<PH, false>(static_cast<const uint4*>(p.x), p.a, t, xq, corr, scale);
+    q4mlp_quantize<PH, false>(p.x, p.a, t, xq, corr, scale);
     if (stamps) q4mlp_stamp(p, 1);
     q4mlp_consume<GR, RH, PH>(seg[0], s, p.stages, p.stage_bytes, ring, full, empty, p.a, xq, corr, scale, part);
     if (stamps) q4mlp_stamp(p, 2);
@@ -221,25 +229,12 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
     }
   }
   uint4 gv[PH][2];  // the norm's weight for this thread's pieces, read before the barrier
-#pragma unroll
-  for (int j = 0; j < PH; ++j)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int piece = t + j * kQ4PieceThreads;
-      gv[j][e] = piece < p.hidden / 16 ? __ldg(static_cast<const uint4*>(p.g) + 2 * piece + e) : make_uint4(0, 0, 0, 0);
-    }
+  q4mlp_load<PH, false>(p.g, p.hidden, t, gv);
   q4mlp_grid_barrier(kConsumers, p.barrier);
   if (stamps) q4mlp_stamp(p, 3);
   {  // n = rms_norm(h) * g; gate and up of this block's features; act = silu(gate) * up
-    const uint4* hv = reinterpret_cast<const uint4*>(h);
     uint4 xv[PH][2];
-#pragma unroll
-    for (int j = 0; j < PH; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int piece = t + j * kQ4PieceThreads;
-        xv[j][e] = piece < p.hidden / 16 ? __ldcg(hv + 2 * piece + e) : make_uint4(0, 0, 0, 0);
-      }
+    q4mlp_load<PH, true>(h, p.hidden, t, xv);
     float sq = 0.0f;
 #pragma unroll
     for (int j = 0; j < PH; ++j) {
@@ -298,7 +293,7 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
     uint32_t xq[PF][4];
     int corr[PF];
     float scale[PF];
-    q4mlp_quantize<PF, true>(reinterpret_cast<const uint4*>(act), p.f, t, xq, corr, scale);
+    q4mlp_quantize<PF, true>(act, p.f, t, xq, corr, scale);
     if (stamps) q4mlp_stamp(p, 7);
     q4mlp_consume<GR, RF, PF>(seg[3], s, p.stages, p.stage_bytes, ring, full, empty, p.f, xq, corr, scale, part);
     if (stamps) q4mlp_stamp(p, 8);
