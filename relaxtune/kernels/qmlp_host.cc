@@ -124,10 +124,12 @@ void LaunchQ4Mlp(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& res,
   for (const auto& v : vectors) {
     TVM_FFI_ICHECK(IsHalf(v.t->dtype()) && v.t->numel() == v.n && v.t->IsContiguous())
         << "q4mlp: " << v.what << " must be one compact float16 row of " << v.n << " values";
-    TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(Data(*v.t)) % 16 == 0) << "q4mlp: " << v.what << " must be 16-byte aligned";
+    TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(Data(*v.t)) % 16 == 0)
+        << "q4mlp: " << v.what << " must be 16-byte aligned";
   }
   for (const auto* t : {&wo, &so, &wgu, &sgu, &wd, &sd}) {
-    TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(Data(*t)) % 16 == 0) << "q4mlp: the weights and scales must be 16-byte aligned";
+    TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(Data(*t)) % 16 == 0)
+        << "q4mlp: the weights and scales must be 16-byte aligned";
   }
   Driver* drv = LoadDriver();
   DLDevice dev = y.device();
@@ -141,7 +143,8 @@ void LaunchQ4Mlp(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& res,
   }
   TVM_FFI_ICHECK(plan.kernel != nullptr) << "q4mlp: the kernel does not apply: " << plan.why;
   TVM_FFI_ICHECK(drv->launch_ex != nullptr) << "q4mlp: a cooperative launch needs cuLaunchKernelEx (a CUDA 12+ driver)";
-  Ptr fn = Kernel(drv, relaxtune_gemv_fatbin, dev.device_id, plan.kernel->name, Attribute(drv, dev.device_id, kMaxSharedOptIn));
+  const int shared_limit = Attribute(drv, dev.device_id, kMaxSharedOptIn);
+  Ptr fn = Kernel(drv, relaxtune_gemv_fatbin, dev.device_id, plan.kernel->name, shared_limit);
   Q4MlpArgs p{Data(x),   Data(res), Data(wo), Data(so), Data(g),
               Data(wgu), Data(sgu), Data(wd), Data(sd), Data(h),
               Data(act), Data(y),   static_cast<int>(o.k), static_cast<int>(hidden), static_cast<int>(f),

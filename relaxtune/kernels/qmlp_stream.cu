@@ -33,8 +33,8 @@ struct Q4MlpParams {  // must match qmlp_host.cc
   int shift_o, shift_gu, shift_d;  // group = 32 << shift weights per scale
   float eps;
   int stages, stage_bytes;
-  unsigned long long* trace;
-  int barrier;  // kGenerationBarrier / kCountBarrier  // null, or per block kQ4MlpTraceEvents globaltimer stamps (benchmarks/q4mlp_trace.py)
+  unsigned long long* trace;  // null, or per block kQ4MlpTraceEvents globaltimer stamps (benchmarks/q4mlp_trace.py)
+  int barrier;                // kGenerationBarrier / kCountBarrier (q4mlp_grid_barrier)
 };
 
 constexpr int kQ4MlpTraceEvents = 16;
@@ -61,7 +61,10 @@ __device__ __forceinline__ void q4mlp_grid_barrier(int consumers, int kind) {
   asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
   if (threadIdx.x == 0 && kind == kCountBarrier) {
     unsigned long long old, now;
-    asm volatile("atom.add.release.gpu.global.u64 %0, [%1], 1;" : "=l"(old) : "l"(&relaxtune_q4mlp_arrivals) : "memory");
+    asm volatile("atom.add.release.gpu.global.u64 %0, [%1], 1;"
+                 : "=l"(old)
+                 : "l"(&relaxtune_q4mlp_arrivals)
+                 : "memory");
     const unsigned long long target = (old / gridDim.x + 1) * gridDim.x;
     do {
       asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(&relaxtune_q4mlp_arrivals) : "memory");
