@@ -95,6 +95,7 @@ Q4_MLP_FUNCTION = "relaxtune_q4mlp_i8"  # o_proj + residual, RMSNorm, gate/up, S
 Q4_MLP_KERNEL_FUNCTION = "relaxtune_q4mlp_i8_kernel"  # (the same operands) -> its kernel, or "none: why"
 Q4_MLP_MAX_K = (12288, 16384)  # qmlp_stream.cu's widest A, H and F
 Q4_MLP_MIN_ARCH = 90  # bulk copies into a shared-memory ring, as qgemv_stream.cu
+Q4_MLP_KERNELS = ("relaxtune_q4mlp_h1f4", "relaxtune_q4mlp_h3f4")  # qmlp_stream.cu's, as qmlp_host.cc lists them
 # qgemv_stream.cu's kernels, as qgemv_host.cc's kQ4StreamKernels lists them: family s<GR>r<RPG> (GR row groups of 8
 # warps, RPG rows per group per ring slot), p<PMAX> (K up to 256 * 16 * PMAX), _m<rows of x>
 Q4_STREAM_KERNELS = tuple(

@@ -18,7 +18,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 from relaxtune.config import CompileConfig, CudaLibraries
-from relaxtune.kernels.gemv import Q4_STREAM_KERNELS
+from relaxtune.kernels.gemv import Q4_MLP_KERNELS, Q4_STREAM_KERNELS
 from relaxtune.relax_passes.gemv_cuda import RewriteGemvToCuda
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
@@ -251,6 +251,7 @@ def test_kernel_assembles_without_spills(tmp_path, arch):
     }  # with an x prologue and / or the SwiGLU epilogue (fuse_gemv_prologue_cuda.py): 1 / 2 rows
     expected |= {"relaxtune_q4gemv_f16_m1", "relaxtune_q4gemv_f16_m2"}  # 4-bit weights (qgemv.cu, its own tests)
     expected |= set(Q4_STREAM_KERNELS)  # 4-bit weights streamed (qgemv_stream.cu, test_quant_gemv_cuda.py)
+    expected |= set(Q4_MLP_KERNELS)  # the 4-bit decode MLP (qmlp_stream.cu, test_quant_gemv_cuda.py)
     assert sorted(kernels) == sorted(expected), kernels
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", done.stderr)
     assert len(spills) == len(expected) and all(s == ("0", "0") for s in spills), done.stderr[-3000:]
@@ -278,10 +279,11 @@ def test_kernels_wait_for_the_previous_kernel_and_reduce_the_split_with_one_clus
         re.findall(r"\.entry (\w+)\((.*?)(?=\.entry|\Z)", ptx, re.S)
     )  # to the next kernel (inline asm has braces)
     # 26 plain GEMVs, 32 with an x prologue and / or the SwiGLU epilogue (rms, swiglu, glu, rms_glu), the streamed
-    # 4-bit ones
-    assert len(bodies) == 58 + len(Q4_STREAM_KERNELS) and len(whole) == len(bodies), sorted(bodies)
+    # 4-bit ones, the 4-bit MLP ones
+    assert len(bodies) == 58 + len(Q4_STREAM_KERNELS) + len(Q4_MLP_KERNELS), sorted(bodies)
+    assert len(whole) == len(bodies), sorted(whole)
     for name, body in bodies.items():
-        if "_q4gemv_" in name:  # the 4-bit kernel: test_quant_gemv_cuda.py
+        if "_q4gemv_" in name or "_q4mlp_" in name:  # the 4-bit kernels: test_quant_gemv_cuda.py
             continue
         assert (
             f".maxntid {512 if name.endswith('_wide') or ('_nk_' in name and not name.endswith('_narrow')) else 256}, "
