@@ -23,7 +23,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, PyExprVisitor, mutator, visitor
 
-from .fusion_utils import bucket_functions, with_functions
+from .fusion_utils import bucket_functions, extern_call, with_functions
 
 logger = logging.getLogger(__name__)
 
@@ -36,17 +36,8 @@ EPILOGUES = {GEMM: FUNCTION, "relaxtune_cublas_gemm_nk": "relaxtune_cublas_gemm_
 def _gemm_args(value, names) -> tuple | None:
     """(operands, name) of `call_dps_packed(name, (x, w, ...))` for a name among `names` (x, w and, for a
     quantized weight, its scales: gemv.Q4_FUNCTION), else None."""
-    if not (isinstance(value, relax.Call) and value.op == tvm.ir.Op.get("relax.call_dps_packed")):
-        return None
-    func, args = value.args[0], value.args[1]
-    if not (
-        isinstance(func, relax.ExternFunc)
-        and func.global_symbol in names
-        and isinstance(args, relax.Tuple)
-        and len(args.fields) >= 2
-    ):
-        return None
-    return tuple(args.fields), str(func.global_symbol)
+    found = extern_call(value, names)
+    return (tuple(found[1]), found[0]) if found is not None and len(found[1]) >= 2 else None
 
 
 def _same_tensor_type(a, b) -> bool:

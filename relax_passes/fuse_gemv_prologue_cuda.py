@@ -48,7 +48,7 @@ from ..kernels.gemv import (
     NK_SWIGLU_FUNCTION,
     PROLOGUE_MAX_K,
 )
-from .fusion_utils import is_op, static_int, static_ints, use_counts, with_functions
+from .fusion_utils import extern_call, is_op, static_int, static_ints, use_counts, with_functions
 
 logger = logging.getLogger(__name__)
 
@@ -70,12 +70,7 @@ def _last_axis(axes: list[int] | None, ndim: int) -> bool:
 
 def nk_call(call) -> tuple[str, list] | None:
     """(name, operands) of `call_dps_packed(name, (x, w, ...))` for RewriteGemvToCuda's (N, K) calls, else None."""
-    if not (isinstance(call, relax.Call) and call.op == tvm.ir.Op.get("relax.call_dps_packed")):
-        return None
-    func, args = call.args[0], call.args[1]
-    if not isinstance(func, relax.ExternFunc) or str(func.global_symbol) not in SWIGLU:
-        return None
-    return str(func.global_symbol), list(args.fields)
+    return extern_call(call, SWIGLU)
 
 
 class PrologueMatcher:
@@ -124,6 +119,11 @@ class PrologueMatcher:
                 return gu, [x_arg, gated, *halves, *([split] if split is not None else [])]
         return None
 
+    def read_by_swiglu_only(self, gu, between: list) -> bool:
+        """Whether `gu` is read by nothing but its SwiGLU, `between` as `swiglu_chain` found it: by the split, or by
+        the two slices."""
+        return self.uses[gu] == (1 if len(between) == 5 else 2)
+
     def glu_producers(self) -> tuple[dict, set]:
         """({gu: K} for each gu that a SwiGLU-form call reads and a plain (N, K) GEMV call makes, read by nothing else;
         the variables between each such gu and its reader): the GEMVs that take the SwiGLU as their epilogue."""
@@ -138,10 +138,10 @@ class PrologueMatcher:
                 continue
             gu, between = chain
             made = nk_call(self.var2val.get(gu))
-            readers = 1 if len(between) == 5 else 2  # the split, or the two slices
             wt = _tensor(made[1][1], ndim=2) if made is not None else None
             k_in = static_int(wt.shape.values[1]) if wt is not None else None
-            if k_in is not None and made[0] == NK_FUNCTION and k_in <= PROLOGUE_MAX_K and self.uses[gu] == readers:
+            plain_gemv = k_in is not None and made[0] == NK_FUNCTION and k_in <= PROLOGUE_MAX_K
+            if plain_gemv and self.read_by_swiglu_only(gu, between):
                 producers[gu] = k
                 dropped.update(between)
         return producers, dropped

@@ -35,21 +35,13 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..kernels.gemv import Q4_I8_ADD_FUNCTION, Q4_I8_FUNCTION, Q4_MLP_FUNCTION, Q4_MLP_MAX_K
 from .fuse_gemv_prologue_cuda import PrologueMatcher
-from .fusion_utils import static_int, with_functions
+from .fusion_utils import extern_call, static_int, with_functions
 
 logger = logging.getLogger(__name__)
 
 GROUPS_PER_SCALE_ROW = 8  # the kernel copies 16-byte rows of fp16 scales
 DTYPE = "float16"
-
-
-def q4_i8_call(value) -> tuple[str, list] | None:
-    """(name, operands) when `value` is `call_dps_packed` of relaxtune_q4gemv_i8 / _i8_add, else None."""
-    if not (isinstance(value, relax.Call) and value.op == tvm.ir.Op.get("relax.call_dps_packed")):
-        return None
-    func = value.args[0]
-    name = str(func.global_symbol) if isinstance(func, relax.ExternFunc) else ""
-    return (name, list(value.args[1].fields)) if name in (Q4_I8_FUNCTION, Q4_I8_ADD_FUNCTION) else None
+Q4_I8 = (Q4_I8_FUNCTION, Q4_I8_ADD_FUNCTION)  # RewriteQuantGemvToCuda's int8-activation calls
 
 
 def _shape(expr) -> list[int] | None:
@@ -82,7 +74,7 @@ def mlp_matches(func: relax.Function) -> tuple[dict, set]:
     fused, dropped = {}, set()
     max_h, max_f = Q4_MLP_MAX_K
     for var, value in list(m.var2val.items()):
-        down = q4_i8_call(value)
+        down = extern_call(value, Q4_I8)
         if down is None or down[0] != Q4_I8_ADD_FUNCTION:
             continue
         act, wd, sd, h = down[1]
@@ -91,16 +83,15 @@ def mlp_matches(func: relax.Function) -> tuple[dict, set]:
         if chain is None or not isinstance(chain[0], relax.Var):
             continue
         gu, between = chain
-        made = q4_i8_call(m.var2val.get(gu))
-        readers = 1 if len(between) == 5 else 2  # the split, or the two slices
-        if made is None or made[0] != Q4_I8_FUNCTION or m.uses[gu] != readers:
+        made = extern_call(m.var2val.get(gu), Q4_I8)
+        if made is None or made[0] != Q4_I8_FUNCTION or not m.read_by_swiglu_only(gu, between):
             continue
         n_var, wgu, sgu = made[1]
         gate_up = _weight(wgu, sgu, max_h)
         norm = m.rms(n_var, gate_up[1], DTYPE) if gate_up is not None else None
         if norm is None or not (isinstance(h, relax.Var) and norm[0].same_as(h)) or m.uses[h] != 2:
             continue
-        o = q4_i8_call(m.var2val.get(h))
+        o = extern_call(m.var2val.get(h), Q4_I8)
         if o is None or o[0] != Q4_I8_ADD_FUNCTION:
             continue
         x, wo, so, res = o[1]

@@ -169,6 +169,16 @@ def bound_call(bb: relax.BlockBuilder, expr: relax.Expr, *ops: str) -> relax.Cal
     return None
 
 
+def extern_call(value, names) -> tuple[str, list] | None:
+    """(name, operands) of `R.call_dps_packed(name, (operands...), ...)` for a name among `names`, else None."""
+    if not (isinstance(value, relax.Call) and value.op == tvm.ir.Op.get("relax.call_dps_packed")):
+        return None
+    func, args = value.args[0], value.args[1]
+    if not (isinstance(func, relax.ExternFunc) and str(func.global_symbol) in names and isinstance(args, relax.Tuple)):
+        return None
+    return str(func.global_symbol), list(args.fields)
+
+
 def is_op(expr: relax.Expr, name: str) -> bool:
     return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
 
