@@ -120,7 +120,7 @@ void LaunchQ4(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, cons
   const int64_t m = x.numel() / k;
   TVM_FFI_ICHECK(IsHalf(y.dtype()) && y.size(y.ndim() - 1) == n && y.numel() == m * n) << "q4gemv: y must be (..., N) float16 with x's rows";
   TVM_FFI_ICHECK(k <= INT32_MAX / 2 && n <= INT32_MAX / 2) << "q4gemv: too large";
-  for (const auto* t : {&x, &w, &scale, &y, r}) {
+  for (const auto* t : {&x, &y, r}) {  // the weight and its scales: CheckQ4Weight
     if (t != nullptr) TVM_FFI_ICHECK(t->IsContiguous()) << "q4gemv: operands must be compact";
   }
   if (r != nullptr) TVM_FFI_ICHECK(IsHalf(r->dtype()) && r->numel() == m * n) << "q4gemv: the residual must be shaped like y";

@@ -31,6 +31,7 @@ struct Q4MlpKernel {
 constexpr Q4MlpKernel kQ4MlpKernels[] = {{"relaxtune_q4mlp_h1f4", 2, 8, 1, 4, 4},
                                          {"relaxtune_q4mlp_h3f4", 2, 4, 3, 4, 4}};
 std::atomic<bool> both_refused{false};  // the driver refused a cooperative programmatic launch: cooperative only
+constexpr int kQ4MlpTraceEvents = 16;  // qmlp_stream.cu's stamps per block
 constexpr int kQ4MlpWarps = 8, kQ4MlpScratch = 4 * kQ4MlpWarps;  // partial sums per row; the norm's per-warp sums
 
 // qmlp_stream.cu's grid barrier: the count barrier where every launch's grid is the SM count (`whole`), unless
@@ -134,16 +135,14 @@ void LaunchQ4Mlp(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& res,
   Driver* drv = LoadDriver();
   DLDevice dev = y.device();
   const int major = Attribute(drv, dev.device_id, kComputeMajor), sms = Attribute(drv, dev.device_id, kMultiprocessors);
-  const int shifts[3] = {o.shift, gu.shift, d.shift};
-  const Q4MlpPlan plan =
-      PlanQ4Mlp(o.k, hidden, f, shifts, major, sms, Attribute(drv, dev.device_id, kMaxSharedOptIn));
+  const int shifts[3] = {o.shift, gu.shift, d.shift}, shared_limit = Attribute(drv, dev.device_id, kMaxSharedOptIn);
+  const Q4MlpPlan plan = PlanQ4Mlp(o.k, hidden, f, shifts, major, sms, shared_limit);
   if (chosen != nullptr) {
     *chosen = plan.kernel != nullptr ? std::string(plan.kernel->name) : "none: " + plan.why;
     return;
   }
   TVM_FFI_ICHECK(plan.kernel != nullptr) << "q4mlp: the kernel does not apply: " << plan.why;
   TVM_FFI_ICHECK(drv->launch_ex != nullptr) << "q4mlp: a cooperative launch needs cuLaunchKernelEx (a CUDA 12+ driver)";
-  const int shared_limit = Attribute(drv, dev.device_id, kMaxSharedOptIn);
   Ptr fn = Kernel(drv, relaxtune_gemv_fatbin, dev.device_id, plan.kernel->name, shared_limit);
   Q4MlpArgs p{Data(x),   Data(res), Data(wo), Data(so), Data(g),
               Data(wgu), Data(sgu), Data(wd), Data(sd), Data(h),
@@ -152,8 +151,8 @@ void LaunchQ4Mlp(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& res,
               Q4MlpBarrier(plan.blocks == sms)};
   if (trace != nullptr) {
     TVM_FFI_ICHECK(trace->dtype().code == kDLInt && trace->dtype().bits == 64 && trace->IsContiguous() &&
-                   trace->numel() >= 16 * plan.blocks)
-        << "q4mlp: the trace must be compact int64 of at least " << 16 * plan.blocks << " values";
+                   trace->numel() >= kQ4MlpTraceEvents * plan.blocks)
+        << "q4mlp: the trace must be compact int64 of at least " << kQ4MlpTraceEvents * plan.blocks << " values";
     p.trace = Data(*trace);
   }
   void* args[] = {&p};
