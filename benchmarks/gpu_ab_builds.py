@@ -8,7 +8,9 @@ with any one of them installed (the artifacts need only the TVM runtime):
     python3 benchmarks/gpu_ab_builds.py --build main=/tmp/base --build gpu=/tmp/mine --out $OUT/ab
 
 `--build LABEL=DIR:VARIANT` times that build's VARIANT instead of --variant (e.g. one built without a feature), and
-profiles no kernels of it. `--q4`: the q4f16 block (its floor is that of its 4-bit bytes), e.g. `--variant
+profiles no kernels of it. `--env LABEL:VAR=VALUE` sets an environment variable while that build's graphs are captured
+and its kernels profiled (e.g. `--build pf=DIR --env pf:RELAXTUNE_GEMV_L2_PREFETCH=6144`: one artifact, two launch
+configurations). `--q4`: the q4f16 block (its floor is that of its 4-bit bytes), e.g. `--variant
 llama7b-q4-rf-cublas-flash-graph --plain llama7b-q4-rf-cublas-flash --build i8=DIR --build
 f16act=DIR:llama7b-q4-f16act-rf-cublas-flash-graph`.
 """
@@ -16,6 +18,8 @@ f16act=DIR:llama7b-q4-f16act-rf-cublas-flash-graph`.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
 from pathlib import Path
 
@@ -38,6 +42,24 @@ def _where(build: str, variant: str) -> tuple[Path, str]:
     return Path(folder), name or variant
 
 
+ENV: dict[str, dict[str, str]] = {}  # label -> environment variables set while its graphs are captured
+
+
+@contextlib.contextmanager
+def _env(label: str):
+    """The label's --env variables set (the kernels' host code reads them per launch, a graph at its capture)."""
+    saved = {k: os.environ.get(k) for k in ENV.get(label, {})}
+    os.environ.update(ENV.get(label, {}))
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 @section("builds at every n, CUDA graphs, in turns")
 def latency_ab(model: Llama7B, builds: dict, variant: str, rounds: int) -> None:
     calls = {}
@@ -45,7 +67,8 @@ def latency_ab(model: Llama7B, builds: dict, variant: str, rounds: int) -> None:
         vm, params, dev = _load(model, *_where(build, variant))
         for n in common.SEQS:
             x = model.tvm_args(n, dev)
-            err = rel_err(vm["main"](x, *params).numpy(), model.ref[n].float().cpu().numpy())
+            with _env(label):
+                err = rel_err(vm["main"](x, *params).numpy(), model.ref[n].float().cpu().numpy())
             calls[(label, n)] = (vm["main"], params, dev, x, err)
     samples = {key: [] for key in calls}
     for n in common.SEQS:
@@ -73,8 +96,9 @@ def kernels_ab(model: Llama7B, builds: dict, variant: str) -> None:
             continue
         vm, params, dev = _load(model, Path(build), variant)
         x = model.tvm_args(1, dev)
-        vm["main"](x, *params)
-        rows = kernel_times(vm, [x, *params], dev.sync, budget_s=0.05)
+        with _env(label):
+            vm["main"](x, *params)
+            rows = kernel_times(vm, [x, *params], dev.sync, budget_s=0.05)
         table[label] = rows
         log(f"{label}: {sum(r['us'] for r in rows):.1f} us in {len(rows)} kernels")
         for r in rows:
@@ -84,6 +108,7 @@ def kernels_ab(model: Llama7B, builds: dict, variant: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", action="append", required=True, help="LABEL=ART_DIR, twice or more")
+    parser.add_argument("--env", action="append", default=[], help="LABEL:VAR=VALUE for that build's launches")
     parser.add_argument("--variant", default="llama7b-rf-cublas-flash-graph", help="the artifact timed with graphs")
     parser.add_argument("--plain", default="llama7b-rf-cublas-flash", help="the artifact profiled per kernel")
     parser.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
@@ -93,6 +118,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     builds = dict(b.split("=", 1) for b in args.build)
+    for spec in args.env:
+        label, _, assignment = spec.partition(":")
+        var, _, value = assignment.partition("=")
+        if label not in builds or not var:
+            parser.error(f"--env {spec!r}: expected LABEL:VAR=VALUE with LABEL one of {sorted(builds)}")
+        ENV.setdefault(label, {})[var] = value
     common.SEQS = tuple(int(n) for n in args.seqs.split(","))
     args.out.mkdir(parents=True, exist_ok=True)
     OUT_DIR.append(args.out)

@@ -104,6 +104,8 @@ VARIANTS = {
     # the default with the SwiGLU as down's prologue rather than gate/up's epilogue (the default before gemv_glu), and
     # with k rotated by its own kernel in the decode buckets (before FlashAttention.rope_k): gpu_ab_builds.py
     "llama7b-rf-cublas-flash-noglu-graph": ("relaxtune", True, CudaLibraries(gemv_glu=False)),
+    # the default with the n = 1 attention as its own flash kernel rather than o_proj's prologue (FuseAttentionGemvCuda)
+    "llama7b-rf-cublas-flash-noattn-graph": ("relaxtune", True, CudaLibraries(gemv_attention=False)),
     "llama7b-rf-cublas-flash-noropek-graph": ("relaxtune", True, CudaLibraries()),
     # the flash default before RowElementwise (dlight's Fallback for the element-wise kernels): see PREVIOUS_EW
     "llama7b-rf-cublas-flash-graph-prev": ("relaxtune", True, CudaLibraries()),
@@ -136,6 +138,7 @@ FLASH = {
     "llama7b-rf-cublas-flash-noprologue": FlashAttention(),
     "llama7b-rf-cublas-flash-noglu-graph": FlashAttention(),
     "llama7b-rf-cublas-flash-noropek-graph": FlashAttention(rope_k=False),
+    "llama7b-rf-cublas-flash-noattn-graph": FlashAttention(),
 }
 # built with the GPU rules as they were before schedules/rules/gpu_row_softmax.py (for comparison)
 PREVIOUS_RULES = ("llama7b-sf-cublas-all-prev", "llama7b-sf-cublas-all-graph-prev")
@@ -175,6 +178,7 @@ BF16_VARIANTS = {
     "llama7b-bf16-rf-cublas-flash-graph": ("relaxtune", True, CudaLibraries()),
     "llama7b-bf16-rf-cublas-flash": ("relaxtune", False, CudaLibraries()),
     "llama7b-bf16-rf-cublas-flash-noprologue-graph": ("relaxtune", True, CudaLibraries(gemv_prologue=False)),
+    "llama7b-bf16-rf-cublas-flash-noattn-graph": ("relaxtune", True, CudaLibraries(gemv_attention=False)),
 }
 FLASH.update(dict.fromkeys(BF16_VARIANTS, FlashAttention()))
 BF16_SYSTEMS = tuple(BF16_VARIANTS)

@@ -30,6 +30,7 @@ from .decompose_attention import DecomposeAttention
 from .flash_attention_cuda import RewriteAttentionToFlash
 from .fold_batch_norm import FoldBatchNorm
 from .fuse_attention import FuseAttention
+from .fuse_attention_gemv_cuda import FuseAttentionGemvCuda
 from .fuse_attention_prologue import FuseAttentionPrologue
 from .fuse_gemv_prologue_cuda import FuseGemvPrologueCuda
 from .fuse_norm_gemv import FuseNormIntoGemv
@@ -126,6 +127,11 @@ def fusion_passes(
         *(
             [FuseGemvPrologueCuda(glu=libs.gemv_glu)]
             if library and libs.gemv and libs.gemv_prologue and gemv.supports(arch)
+            else []
+        ),
+        *(  # a one- or two-row bucket's attention as o_proj's prologue
+            [FuseAttentionGemvCuda()]
+            if library and libs.gemv and libs.gemv_attention and flash_on and gemv.supports(arch)
             else []
         ),
         *(  # 4-bit GEMV (int8 activations where the streamed kernel runs), or dequantize + cuBLAS

@@ -157,6 +157,7 @@ class CudaLibraries:
     gemv_max_cols_nk: int | None = None  # the (N, K) kernel's widest output (None: any)
     gemv_prologue: bool = True  # the (N, K) GEMV computes the RMSNorm / SwiGLU before it (FuseGemvPrologueCuda)
     gemv_glu: bool = True  # and gate/up's GEMV the SwiGLU after it, where it can (else down's prologue does)
+    gemv_attention: bool = True  # and o_proj's the attention before it in 1-2 row buckets (FuseAttentionGemvCuda)
     q4_mlp: bool = True  # sm_90+, int8 activations: a 4-bit decode MLP as one kernel (FuseQuantMlpCuda)
     residual: bool = True  # a residual add as the cuBLASLt GEMM's epilogue (RewriteResidualAddToCublas)
     residual_min_rows: int = 17

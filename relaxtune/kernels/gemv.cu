@@ -24,6 +24,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
+#include <math.h>
 #include <stdint.h>
 
 namespace cg = cooperative_groups;
@@ -265,7 +266,7 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b, __nv_bfloa
 // ---- and its SwiGLU epilogue (GLU): the weight is the merged gate | up (2N, K); warp f owns features f and f + N
 // (rows gate_f and up_f) and writes silu(gate_f) * up_f, both sums rounded to T first, then kSwiGluX's steps: the
 // product the down projection reads, so that one needs no prologue.
-enum { kPlainX = 0, kRmsX = 1, kSwiGluX = 2 };
+enum { kPlainX = 0, kRmsX = 1, kSwiGluX = 2, kAttnX = 3 };
 constexpr int kNkMaxWarps = 16;
 
 template <typename T>
@@ -361,10 +362,97 @@ __device__ __forceinline__ void prepare_x(const GemvParams& p, uint4* xs) {
   __syncthreads();
 }
 
+// ---- the attention prologue (kAttnX): x (rows x K, K = heads x D) is attention over one short sequence (batch 1):
+// its `rows` query rows against the same rows as keys, as the flash kernel computes it: q (and k where a.rope == 2)
+// rotated (rotate-half, the table row of the row's position) in fp32 and rounded to T, scores in fp32 times the
+// scale, the top-left causal mask where a.causal, the softmax in fp32 with each p rounded to T for the product with
+// v, divided by the fp32 sum, one rounding to T. D / 8 lanes per head (16 for D = 128: a block of 512 threads takes
+// 32 heads at once), each one 16-byte vector of q, k, v and the tables; a rotation partner is D / 16 lanes away.
+struct AttnParams {  // must match gemv_host.cc
+  const void *q, *k, *v, *cos, *sin;  // q, k, v (1, rows, heads of the tensor, D); cos / sin (>= rows, D) or null
+  int q_row, k_row, v_row;            // elements between consecutive rows
+  int q_head0, k_head0, v_head0;
+  int heads, group, causal, rope;     // query heads, query heads per kv head, mask, 0 / 1 (q) / 2 (q and k) rotated
+  float scale;
+};
+
+// one lane's 8 elements of a head (vector `at` of src, zeros where !ok), rotated by the table row at `table` if asked
+template <typename T>
+__device__ __forceinline__ void load_part(const uint4* src, size_t at, bool ok, bool rotate, const uint4* cos,
+                                          const uint4* sin, size_t table, int partner_lanes, bool first_half,
+                                          float (&out)[8]) {
+  unpack8<T>(ok ? __ldg(src + at) : make_uint4(0, 0, 0, 0), out);
+  if (!rotate) return;  // uniform over the warp
+  float c[8], s[8];
+  unpack8<T>(ok ? __ldg(cos + table) : make_uint4(0, 0, 0, 0), c);
+  unpack8<T>(ok ? __ldg(sin + table) : make_uint4(0, 0, 0, 0), s);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const float partner = __shfl_xor_sync(0xffffffffu, out[e], partner_lanes);
+    out[e] = round_to<T>(out[e] * c[e] + (first_half ? -partner : partner) * s[e]);
+  }
+}
+
+template <typename T, int M>
+__device__ __forceinline__ void prepare_attention_x(const GemvParams& p, const AttnParams& a, uint4* xs) {
+  const int d = p.k / a.heads, lanes = d / 8, sub = threadIdx.x % lanes, per_warp = 32 / lanes;
+  const int groups = blockDim.x / lanes;
+  const uint4 *q = static_cast<const uint4*>(a.q), *k = static_cast<const uint4*>(a.k);
+  const uint4 *v = static_cast<const uint4*>(a.v), *cos = static_cast<const uint4*>(a.cos);
+  const uint4* sin = static_cast<const uint4*>(a.sin);
+  const bool first_half = sub < lanes / 2;
+  // the warp's first head, then a block's worth of heads on: every lane of a warp runs the same trips (shuffles)
+  for (int base = threadIdx.x / 32 * per_warp; base < a.heads; base += groups) {
+    const int h = base + (threadIdx.x % 32) / lanes, kv = h / a.group;
+    const bool ok = h < a.heads;
+    float keys[M][8], values[M][8], query[M][8];
+#pragma unroll
+    for (int j = 0; j < M; ++j) {
+      if (j >= p.rows) break;
+      const size_t table = static_cast<size_t>(j) * lanes + sub;
+      load_part<T>(k, (static_cast<size_t>(j) * a.k_row + (a.k_head0 + kv) * d) / 8 + sub, ok, a.rope == 2, cos, sin,
+                   table, lanes / 2, first_half, keys[j]);
+      load_part<T>(v, (static_cast<size_t>(j) * a.v_row + (a.v_head0 + kv) * d) / 8 + sub, ok, false, cos, sin, table,
+                   lanes / 2, first_half, values[j]);
+      load_part<T>(q, (static_cast<size_t>(j) * a.q_row + (a.q_head0 + h) * d) / 8 + sub, ok, a.rope >= 1, cos, sin,
+                   table, lanes / 2, first_half, query[j]);
+    }
+#pragma unroll
+    for (int r = 0; r < M; ++r) {
+      if (r >= p.rows) break;
+      float score[M], top = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < M; ++j) {
+        float s = 0.0f;
+        if (j < p.rows) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) s = fmaf(query[r][e], keys[j][e], s);
+        }
+        for (int o = lanes / 2; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);  // the head's lanes
+        score[j] = j < p.rows && !(a.causal && j > r) ? s * a.scale : -INFINITY;
+        top = fmaxf(top, score[j]);
+      }
+      float out[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < M; ++j) {
+        if (score[j] == -INFINITY) continue;
+        const float weight = __expf(score[j] - top);
+        sum += weight;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) out[e] = fmaf(round_to<T>(weight), values[j][e], out[e]);
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) out[e] /= sum;
+      if (ok) xs[static_cast<size_t>(r) * (p.k / 8) + h * lanes + sub] = pack8<T>(out);
+    }
+  }
+  __syncthreads();
+}
+
 // P: x as it is (kPlainX, read through L1 by every warp), or a prologue's x in shared memory (rows x K x 2
 // bytes of dynamic shared memory, given at launch); GLU: the SwiGLU epilogue (R = 2)
 template <typename T, int M, int R, int C, int P = kPlainX, bool GLU = false>
-__device__ __forceinline__ void gemv_nk_body(const GemvParams& p) {
+__device__ __forceinline__ void gemv_nk_body(const GemvParams& p, const AttnParams* attn = nullptr) {
   static_assert(!GLU || R == 2, "the SwiGLU epilogue pairs a gate row with its up row");
   extern __shared__ uint4 nk_x[];  // the prologue's x (P != kPlainX)
   const int lane = threadIdx.x % 32, warp_id = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
@@ -392,7 +480,8 @@ __device__ __forceinline__ void gemv_nk_body(const GemvParams& p) {
   uint4 cur[R][C];
   load(cur, 0);
   wait_for_previous_kernel();  // x, the residual and y only after the previous kernel
-  if constexpr (P != kPlainX) prepare_x<T, M, P>(p, nk_x);
+  if constexpr (P == kAttnX) prepare_attention_x<T, M>(p, *attn, nk_x);  // x is rows x K in shared memory
+  else if constexpr (P != kPlainX) prepare_x<T, M, P>(p, nk_x);
   for (int chunk = 0; chunk < chunks; ++chunk) {
     uint4 next[R][C];
     load(next, chunk + 1);  // zeros past the last chunk
@@ -479,3 +568,16 @@ RELAXTUNE_GEMV_NK_X(rms, kRmsX, false)
 RELAXTUNE_GEMV_NK_X(swiglu, kSwiGluX, false)
 RELAXTUNE_GEMV_NK_X(glu, kPlainX, true)
 RELAXTUNE_GEMV_NK_X(rms_glu, kRmsX, true)
+
+// the attention prologue (o_proj of a one- or two-row bucket: the attention before it is no kernel of its own)
+#define RELAXTUNE_GEMV_NK_ATTN(NAME, T, M, THREADS, MINB) \
+  extern "C" __global__ void __launch_bounds__(THREADS, MINB) NAME(GemvParams p, AttnParams a) { gemv_nk_body<T, M, 2, 4, kAttnX>(p, &a); }
+
+RELAXTUNE_GEMV_NK_ATTN(relaxtune_gemv_nk_attn_f16_m1, __half, 1, 512, 1)
+RELAXTUNE_GEMV_NK_ATTN(relaxtune_gemv_nk_attn_f16_m2, __half, 2, 512, 1)
+RELAXTUNE_GEMV_NK_ATTN(relaxtune_gemv_nk_attn_bf16_m1, __nv_bfloat16, 1, 512, 1)
+RELAXTUNE_GEMV_NK_ATTN(relaxtune_gemv_nk_attn_bf16_m2, __nv_bfloat16, 2, 512, 1)
+RELAXTUNE_GEMV_NK_ATTN(relaxtune_gemv_nk_attn_f16_m1_narrow, __half, 1, 256, 2)
+RELAXTUNE_GEMV_NK_ATTN(relaxtune_gemv_nk_attn_f16_m2_narrow, __half, 2, 256, 2)
+RELAXTUNE_GEMV_NK_ATTN(relaxtune_gemv_nk_attn_bf16_m1_narrow, __nv_bfloat16, 1, 256, 2)
+RELAXTUNE_GEMV_NK_ATTN(relaxtune_gemv_nk_attn_bf16_m2_narrow, __nv_bfloat16, 2, 256, 2)

@@ -25,6 +25,11 @@ Emitted by `RewriteGemvToCuda` (relax_passes/gemv_cuda.py) in the small (decode)
   (2N, K), `y (..., N) = silu(x' @ gate^T) * (x' @ up^T)` (x' = x or its norm): a warp owns gate row f and up row
   f + N, rounds both sums to the dtype and applies the SwiGLU's steps, so the down projection reads its x as it is.
   Emitted by `FuseGemvPrologueCuda` (relax_passes/fuse_gemv_prologue_cuda.py).
+- `relaxtune_gemv_nk_attn(q, k, v, cos, sin, heads, causal, scale, rope, w, y)` / `relaxtune_gemv_nk_attn_add(...,
+  w, r, y)`: `y = attention(q, k, v) @ w^T (+ r)` for one sequence of up to 2 rows (batch 1) attending to itself,
+  heads (q_head0, k_head0, v_head0, kv_heads) as the flash kernel takes them, q (rope 1) or q and k (rope 2) rotated
+  by the (>= rows, D) tables: each block computes the attention (a warp per head) into shared memory as its x, as the
+  flash kernel rounds. Emitted by `FuseAttentionGemvCuda` (relax_passes/fuse_attention_gemv_cuda.py).
 - `relaxtune_q4gemv(x, w, scale, y)` and `relaxtune_q4gemv_add(x, w, scale, r, y)`: the same product for a 4-bit
   weight in the GPU layout (`quant_formats.pack_q4_gpu`, (N, K / 8) uint32, fp16 scales (N, K / group)), dequantized
   in registers; on compute capability 9.0+ streamed through a shared-memory ring by bulk asynchronous copies
@@ -83,6 +88,10 @@ NK_SWIGLU_FUNCTION = "relaxtune_gemv_nk_swiglu"  # (silu(gate) * up) @ w^T from 
 NK_SWIGLU_ADD_FUNCTION = "relaxtune_gemv_nk_swiglu_add"
 NK_GLU_FUNCTION = "relaxtune_gemv_nk_glu"  # silu(x @ gate^T) * (x @ up^T) for the merged gate | up weight (2N, K)
 NK_RMS_GLU_FUNCTION = "relaxtune_gemv_nk_rms_glu"  # the same of rms_norm(x)
+NK_ATTN_FUNCTION = "relaxtune_gemv_nk_attn"  # attention(q, k, v) @ w^T for a sequence of up to 2 rows
+NK_ATTN_ADD_FUNCTION = "relaxtune_gemv_nk_attn_add"
+ATTN_MAX_ROWS = 2  # gemv.cu's kAttnX: the prologue kernels' rows
+ATTN_HEAD_DIMS = (64, 128)
 PROLOGUE_MAX_K = 16384  # the prologue kernels keep 2 rows of K elements in shared memory (64 KB at this K)
 CONFIG_FUNCTION = "relaxtune_gemv_config"
 Q4_FUNCTION = "relaxtune_q4gemv"  # the weight as 4-bit groups in the GPU layout (qgemv.cu)

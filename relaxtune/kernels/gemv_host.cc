@@ -1,3 +1,5 @@
+#include <tvm/ffi/container/shape.h>
+
 #include <algorithm>
 #include <cstdlib>
 
@@ -11,11 +13,16 @@ struct Params {  // must match cuda_gemv.cu
   const void* g;  // the nk RMSNorm prologue's weight, else null
   float eps;
 };
+struct AttnParams {  // must match gemv.cu
+  const void *q, *k, *v, *cos, *sin;
+  int q_row, k_row, v_row, q_head0, k_head0, v_head0, heads, group, causal, rope;
+  float scale;
+};
 constexpr int kCols = 64, kMaxRows = 8, kMaxSplits = 8, kMinRowsPerSplit = 256;
 constexpr int kNkFeatures = 32, kNkMaxRows = 4;  // the nk kernel's features per 512-thread block (16 warps x 2), rows per launch
 // the nk kernel's x prologues (gemv.cu's kRmsX, kSwiGluX: their x in dynamic shared memory) and its SwiGLU epilogue
 // (GLU): up to 2 rows per launch
-enum class Prologue { kNone, kRms, kSwiGlu };
+enum class Prologue { kNone, kRms, kSwiGlu, kAttention };
 constexpr int kNkPrologueMaxRows = 2, kSharedOptin = 97;  // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
 constexpr int kNkStaticShared = 1024;  // more than the prologue kernels' static shared memory (the norm's partial sums)
 
@@ -126,17 +133,21 @@ void Launch(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const 
 // x = gate | up (kSwiGlu: x (..., 2K)), computed by each block into its shared memory. glu: w is gate | up (2N, K) and
 // y (..., N) = silu(x' @ gate^T) * (x' @ up^T), no residual
 void LaunchNk(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const tvm::ffi::TensorView* r, const tvm::ffi::TensorView& y,
-              Prologue prologue = Prologue::kNone, const tvm::ffi::TensorView* g = nullptr, double eps = 0.0, bool glu = false) {
+              Prologue prologue = Prologue::kNone, const tvm::ffi::TensorView* g = nullptr, double eps = 0.0, bool glu = false,
+              const AttnParams* attn = nullptr) {
   const char* what = glu ? (prologue == Prologue::kRms ? "gemv_nk_rms_glu" : "gemv_nk_glu")
                      : prologue == Prologue::kRms  ? "gemv_nk_rms"
                      : prologue == Prologue::kSwiGlu ? "gemv_nk_swiglu"
+                     : prologue == Prologue::kAttention ? "gemv_nk_attn"
                                                      : "gemv_nk";
   TVM_FFI_ICHECK_EQ(w.ndim(), 2) << what << ": the weight must be (N, K)";
   TVM_FFI_ICHECK(!glu || (w.size(0) % 2 == 0 && r == nullptr && prologue != Prologue::kSwiGlu)) << what << ": the weight must be gate | up (2N, K)";
   int64_t n = glu ? w.size(0) / 2 : w.size(0), k = w.size(1);
   TVM_FFI_ICHECK(k % 8 == 0) << what << ": K = " << k << " must be a multiple of 8 (16-byte vectors)";
   const int64_t x_k = prologue == Prologue::kSwiGlu ? 2 * k : k;  // gate | up: K each
-  int64_t m = CheckOperands(what, x, w, r, y, x_k, n);
+  // the attention prologue's x is its own (attn: LaunchNkAttention checked q, k, v), y's rows
+  const bool own_x = prologue == Prologue::kAttention;
+  int64_t m = own_x ? CheckOperands(what, y, w, r, y, n, n) : CheckOperands(what, x, w, r, y, x_k, n);
   DLDataType dt = x.dtype();
   if (g != nullptr) {
     TVM_FFI_ICHECK(g->ndim() == 1 && g->size(0) == k) << what << ": the norm's weight must be (K,) with K = " << k;
@@ -153,7 +164,7 @@ void LaunchNk(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, cons
   const unsigned threads = narrow ? 256 : 512;
   const unsigned blocks = static_cast<unsigned>((n + threads / 32 * per_block - 1) / (threads / 32 * per_block));
   const char* type = dt.code == kDLBfloat ? "bf16" : "f16";
-  std::string kind = prologue == Prologue::kRms ? "rms_" : prologue == Prologue::kSwiGlu ? "swiglu_" : "";
+  std::string kind = prologue == Prologue::kRms ? "rms_" : prologue == Prologue::kSwiGlu ? "swiglu_" : prologue == Prologue::kAttention ? "attn_" : "";
   if (glu) kind += "glu_";
   const int max_rows = prologue == Prologue::kNone && !glu ? kNkMaxRows : kNkPrologueMaxRows;
   // the prologue's x: rows x K elements of shared memory; the kernels may take up to the device's opt-in limit
@@ -166,11 +177,47 @@ void LaunchNk(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, cons
     TVM_FFI_ICHECK(shared <= shared_limit) << what << ": K = " << k << " needs " << shared << " bytes of shared memory, the GPU allows " << shared_limit;
     Ptr fn = Kernel(d, relaxtune_gemv_fatbin, dev.device_id,
                     std::string("relaxtune_gemv_nk_") + kind + type + "_m" + std::to_string(tile) + (narrow ? "_narrow" : ""), shared_limit);
-    Params p{Data(x) + r0 * x_k * 2, Data(w), r != nullptr ? Data(*r) + r0 * n * 2 : nullptr, Data(y) + r0 * n * 2,
+    Params p{own_x ? nullptr : Data(x) + r0 * x_k * 2, Data(w), r != nullptr ? Data(*r) + r0 * n * 2 : nullptr, Data(y) + r0 * n * 2,
              rows, static_cast<int>(k), static_cast<int>(n), static_cast<int>(k), g != nullptr ? Data(*g) : nullptr, static_cast<float>(eps)};
-    void* args[] = {&p};
+    void* args[] = {&p, const_cast<AttnParams*>(attn)};
     Start(d, fn, blocks, 1, threads, pdl, stream, args, static_cast<unsigned>(shared));
   }
+}
+
+// y = attention(q, k, v) @ w^T (+ r): the attention of one sequence of up to 2 rows (batch 1) over itself, heads
+// q_head0.. of q and kv heads k_head0.. / v_head0.. of k and v (each (1, rows, heads of the tensor, D), compact), q (rope
+// 1) or q and k (rope 2) rotated by the cos / sin tables (>= rows, D), computed by each block (gemv.cu's kAttnX) as x
+void LaunchNkAttention(const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& k, const tvm::ffi::TensorView& v,
+                       const tvm::ffi::TensorView* cos, const tvm::ffi::TensorView* sin, const tvm::ffi::Shape& heads, int64_t causal,
+                       double scale, int64_t rope, const tvm::ffi::TensorView& w, const tvm::ffi::TensorView* r, const tvm::ffi::TensorView& y) {
+  TVM_FFI_ICHECK_EQ(heads.size(), 4) << "gemv_nk_attn: heads must be (q_head0, k_head0, v_head0, kv_heads)";
+  for (const auto* t : {&q, &k, &v}) {
+    TVM_FFI_ICHECK(t->ndim() == 4 && t->size(0) == 1 && t->IsContiguous()) << "gemv_nk_attn: q, k and v must be compact (1, rows, heads, D)";
+    TVM_FFI_ICHECK(t->dtype().code == y.dtype().code && t->dtype().bits == 16) << "gemv_nk_attn: mixed dtypes";
+  }
+  TVM_FFI_ICHECK_EQ(w.ndim(), 2) << "gemv_nk_attn: the weight must be (N, K)";
+  const int64_t rows = q.size(1), dim = q.size(3), kv_heads = heads[3];
+  TVM_FFI_ICHECK(rows <= kNkPrologueMaxRows && k.size(1) == rows && v.size(1) == rows)
+      << "gemv_nk_attn: q, k and v must have the same rows, at most " << kNkPrologueMaxRows << ", not " << rows;
+  TVM_FFI_ICHECK((dim == 64 || dim == 128) && k.size(3) == dim && v.size(3) == dim) << "gemv_nk_attn: head_dim " << dim << " (64 or 128 only)";
+  const int64_t query_heads = w.size(1) / dim;
+  TVM_FFI_ICHECK(w.size(1) % dim == 0 && kv_heads > 0 && query_heads % kv_heads == 0) << "gemv_nk_attn: K = " << w.size(1)
+      << " is not a whole number of query heads for " << kv_heads << " kv heads of " << dim;
+  TVM_FFI_ICHECK(heads[0] >= 0 && heads[0] + query_heads <= q.size(2) && heads[1] >= 0 && heads[1] + kv_heads <= k.size(2) &&
+                 heads[2] >= 0 && heads[2] + kv_heads <= v.size(2)) << "gemv_nk_attn: head range outside q, k or v";
+  TVM_FFI_ICHECK(rope >= 0 && rope <= 2 && (rope == 0 || (cos != nullptr && sin != nullptr))) << "gemv_nk_attn: rope " << rope << " (0, 1, 2)";
+  if (rope > 0) {
+    for (const auto* t : {cos, sin}) {
+      TVM_FFI_ICHECK(t->ndim() == 2 && t->size(0) >= rows && t->size(1) == dim && t->IsContiguous() && t->dtype().code == y.dtype().code &&
+                     t->dtype().bits == 16) << "gemv_nk_attn: cos/sin must be compact (>= rows, head_dim) tables of q's dtype";
+    }
+  }
+  auto row = [dim](const tvm::ffi::TensorView& t) { return static_cast<int>(t.size(2) * dim); };
+  AttnParams a{Data(q), Data(k), Data(v), rope > 0 ? Data(*cos) : nullptr, rope > 0 ? Data(*sin) : nullptr, row(q), row(k), row(v),
+               static_cast<int>(heads[0]), static_cast<int>(heads[1]), static_cast<int>(heads[2]), static_cast<int>(query_heads),
+               static_cast<int>(query_heads / kv_heads), causal ? 1 : 0, static_cast<int>(rope), static_cast<float>(scale)};
+  TVM_FFI_ICHECK_EQ(y.numel(), rows * w.size(0)) << "gemv_nk_attn: y must be (..., N) with q's rows";
+  LaunchNk(q, w, r, y, Prologue::kAttention, nullptr, 0.0, false, &a);
 }
 
 void Gemv(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView y) { Launch(x, w, nullptr, y, 0); }
@@ -187,6 +234,15 @@ void GemvNkSwiGlu(tvm::ffi::TensorView gu, tvm::ffi::TensorView w, tvm::ffi::Ten
 void GemvNkSwiGluAdd(tvm::ffi::TensorView gu, tvm::ffi::TensorView w, tvm::ffi::TensorView r, tvm::ffi::TensorView y) {
   LaunchNk(gu, w, &r, y, Prologue::kSwiGlu);
 }
+void GemvNkAttn(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::ffi::TensorView cos, tvm::ffi::TensorView sin,
+                tvm::ffi::Shape heads, int64_t causal, double scale, int64_t rope, tvm::ffi::TensorView w, tvm::ffi::TensorView y) {
+  LaunchNkAttention(q, k, v, &cos, &sin, heads, causal, scale, rope, w, nullptr, y);
+}
+void GemvNkAttnAdd(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::ffi::TensorView cos,
+                   tvm::ffi::TensorView sin, tvm::ffi::Shape heads, int64_t causal, double scale, int64_t rope, tvm::ffi::TensorView w,
+                   tvm::ffi::TensorView r, tvm::ffi::TensorView y) {
+  LaunchNkAttention(q, k, v, &cos, &sin, heads, causal, scale, rope, w, &r, y);
+}
 void GemvAdd(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView r, tvm::ffi::TensorView y) { Launch(x, w, &r, y, 0); }
 void GemvConfig(tvm::ffi::TensorView x, tvm::ffi::TensorView w, int64_t splits, tvm::ffi::TensorView y) { Launch(x, w, nullptr, y, splits); }
 }  // namespace
@@ -201,3 +257,5 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_nk_glu, GemvNkGlu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_nk_rms_glu, GemvNkRmsGlu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_nk_swiglu, GemvNkSwiGlu);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_nk_swiglu_add, GemvNkSwiGluAdd);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_nk_attn, GemvNkAttn);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_gemv_nk_attn_add, GemvNkAttnAdd);

@@ -152,6 +152,75 @@ def test_gemv_nk_glu_matches_fp32_torch(gemv_library, rows, k, n, dtype, norm):
     _prologue_check(y, ref, dt, gate * (1 / (1 + torch.exp(-gate))) * up)
 
 
+def _rotate(t, cos, sin):
+    """rotate-half RoPE of t (1, rows, heads, D) by the (rows, D) tables, in fp32, rounded to t's dtype."""
+    half = t.shape[-1] // 2
+    t32 = t.float()
+    rotated = torch.cat([-t32[..., half:], t32[..., :half]], dim=-1)
+    return (t32 * cos.float()[None, :, None] + rotated * sin.float()[None, :, None]).to(t.dtype)
+
+
+# (rows, heads, kv heads, D, dtype, rope, causal): the 7B block (32 heads of 128), GQA with D 64 (SmolLM2's)
+ATTN_CASES = [
+    (r, h, kvh, d, dt, rope, causal)
+    for dt in ("float16", "bfloat16")
+    for r in (1, 2)
+    for h, kvh, d, rope, causal in ((32, 32, 128, 2, True), (9, 3, 64, 1, True), (8, 2, 128, 2, False))
+]
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "add"])
+@pytest.mark.parametrize("rows,heads,kv_heads,dim,dtype,rope,causal", ATTN_CASES)
+def test_gemv_nk_attn_matches_fp32_torch(gemv_library, rows, heads, kv_heads, dim, dtype, rope, causal, residual):
+    """attention(q, k, v) @ w^T (+ r) for one sequence of 1-2 rows over itself, q/k/v read in place from one merged
+    (1, rows, heads + 2 kv heads, D) tensor: against torch's attention of the same rotated q and k, then the product."""
+    import tvm_ffi
+
+    as_ffi, dt = tvm_ffi.from_dlpack, getattr(torch, dtype)
+    torch.manual_seed(0)
+    qkv = torch.randn(1, rows, heads + 2 * kv_heads, dim, device="cuda", dtype=dt)
+    angles = torch.arange(rows, device="cuda")[:, None] * torch.rand(1, dim // 2, device="cuda")
+    cos, sin = (f(torch.cat([angles, angles], -1)).to(dt).contiguous() for f in (torch.cos, torch.sin))
+    n = 1000
+    w = torch.randn(n, heads * dim, device="cuda", dtype=dt) / (heads * dim) ** 0.5
+    r = torch.randn(1, rows, n, device="cuda", dtype=dt)
+    q, k, v = qkv[:, :, :heads], qkv[:, :, heads : heads + kv_heads], qkv[:, :, heads + kv_heads :]
+    q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)  # rope 1: k was rotated by its own kernel (below)
+    group = heads // kv_heads
+    k, v = (t.repeat_interleave(group, dim=2).transpose(1, 2).float() for t in (k, v))
+    mask = torch.ones(rows, rows, device="cuda", dtype=torch.bool).tril() if causal else None
+    o = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2).float(), k, v, attn_mask=mask)
+    o = o.transpose(1, 2).reshape(1, rows, heads * dim)
+    ref = o.to(dt).float() @ w.float().t() + (r.float() if residual else 0)
+    y = torch.full((1, rows, n), float("nan"), device="cuda", dtype=dt)
+    # k rotated by its own kernel (rope 1): the tensor the kernel reads holds the rotated k
+    source = qkv.clone()
+    if rope == 1:
+        source[:, :, heads : heads + kv_heads] = _rotate(qkv[:, :, heads : heads + kv_heads], cos, sin)
+    heads_arg = tvm_ffi.Shape((0, heads, heads + kv_heads, kv_heads))
+    operands = [as_ffi(source)] * 3 + [as_ffi(cos), as_ffi(sin), heads_arg, int(causal), dim**-0.5, rope, as_ffi(w)]
+    if residual:
+        gemv_library["relaxtune_gemv_nk_attn_add"](*operands, as_ffi(r), as_ffi(y))
+    else:
+        gemv_library["relaxtune_gemv_nk_attn"](*operands, as_ffi(y))
+    torch.cuda.synchronize()
+    _prologue_check(y, ref, dt, o.to(dt) @ w.t() + (r if residual else 0))
+
+
+def test_gemv_nk_attn_refuses_three_rows_in_one_line(gemv_library):
+    import tvm_ffi
+
+    as_ffi = tvm_ffi.from_dlpack
+    qkv = torch.zeros(1, 3, 6, 64, device="cuda", dtype=torch.float16)
+    tables = torch.zeros(3, 64, device="cuda", dtype=torch.float16)
+    w = torch.zeros(8, 128, device="cuda", dtype=torch.float16)
+    y = torch.zeros(1, 3, 8, device="cuda", dtype=torch.float16)
+    heads = tvm_ffi.Shape((0, 2, 4, 2))
+    with pytest.raises(Exception, match="at most 2, not 3"):
+        operands = [*[as_ffi(qkv)] * 3, *[as_ffi(tables)] * 2, heads, 1, 0.125, 2]
+        gemv_library["relaxtune_gemv_nk_attn"](*operands, as_ffi(w), as_ffi(y))
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_a_cuda_llama_block_matches_torch_at_every_bucket(tmp_path, dtype):
     """cuBLAS GEMMs, the GEMV kernel, the flash kernel and the TIR rules in one artifact."""

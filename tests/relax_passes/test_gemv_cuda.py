@@ -244,11 +244,11 @@ def test_kernel_assembles_without_spills(tmp_path, arch):
     }  # the (N, K) kernel: 512 / 256 threads
     expected |= {
         f"relaxtune_gemv_nk_{x}_{t}_m{m}{w}"
-        for x in ("rms", "swiglu", "glu", "rms_glu")
+        for x in ("rms", "swiglu", "glu", "rms_glu", "attn")
         for t in ("f16", "bf16")
         for m in (1, 2)
         for w in ("", "_narrow")
-    }  # with an x prologue and / or the SwiGLU epilogue (fuse_gemv_prologue_cuda.py): 1 / 2 rows
+    }  # with an x prologue (fuse_gemv_prologue_cuda.py, fuse_attention_gemv_cuda.py) and / or the SwiGLU epilogue
     expected |= {"relaxtune_q4gemv_f16_m1", "relaxtune_q4gemv_f16_m2"}  # 4-bit weights (qgemv.cu, its own tests)
     expected |= set(Q4_STREAM_KERNELS)  # 4-bit weights streamed (qgemv_stream.cu, test_quant_gemv_cuda.py)
     expected |= set(Q4_MLP_KERNELS)  # the 4-bit decode MLP (qmlp_stream.cu, test_quant_gemv_cuda.py)
@@ -278,9 +278,9 @@ def test_kernels_wait_for_the_previous_kernel_and_reduce_the_split_with_one_clus
     whole = dict(
         re.findall(r"\.entry (\w+)\((.*?)(?=\.entry|\Z)", ptx, re.S)
     )  # to the next kernel (inline asm has braces)
-    # 26 plain GEMVs, 32 with an x prologue and / or the SwiGLU epilogue (rms, swiglu, glu, rms_glu), the streamed
-    # 4-bit ones, the 4-bit MLP ones
-    assert len(bodies) == 58 + len(Q4_STREAM_KERNELS) + len(Q4_MLP_KERNELS), sorted(bodies)
+    # 26 plain GEMVs, 40 with an x prologue and / or the SwiGLU epilogue (rms, swiglu, glu, rms_glu, attn), the
+    # streamed 4-bit ones, the 4-bit MLP ones
+    assert len(bodies) == 66 + len(Q4_STREAM_KERNELS) + len(Q4_MLP_KERNELS), sorted(bodies)
     assert len(whole) == len(bodies), sorted(whole)
     for name, body in bodies.items():
         if "_q4gemv_" in name or "_q4mlp_" in name:  # the 4-bit kernels: test_quant_gemv_cuda.py
@@ -301,7 +301,7 @@ def test_kernels_wait_for_the_previous_kernel_and_reduce_the_split_with_one_clus
             if "_f16_" in name:  # the 8 products of a vector summed in fp16 (HFMA2), then added in fp32
                 assert "fma.rn.f16x2" in body, name
             after = body[body.index("griddepcontrol.wait") :]
-            if "_rms_" in name or "_swiglu_" in name:  # x computed into shared memory after the wait, read from there
+            if "_rms_" in name or "_swiglu_" in name or "_attn_" in name:  # x into shared memory after the wait
                 assert "ld.global.nc.v4" in after and "st.shared.v4" in after and "ld.shared.v4" in after, name
                 assert "bar.sync" in after and "ld.global.nc.v4" not in body[: body.index("griddepcontrol.wait")]
             else:  # x through L1 (the plain and the SwiGLU-epilogue kernels), no shared memory, no barrier

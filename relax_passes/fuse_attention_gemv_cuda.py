@@ -1,0 +1,115 @@
+"""FuseAttentionGemvCuda: in a bucket of one or two rows, the attention before o_proj is that GEMV's prologue, not a
+kernel of its own (CUDA only).
+
+``y = relaxtune_gemv_nk(r, w)`` (or ``relaxtune_gemv_nk_add(r, w, res)``), where ``r = R.reshape(o, (..., K))`` and
+``o = relaxtune_flash_attention_rope_qk(q, k, v, cos, sin, heads, causal, scale, block_m)`` (or the ``_rope`` form,
+k already rotated) are each read by nothing else, becomes
+``y = relaxtune_gemv_nk_attn(q, k, v, cos, sin, heads, causal, scale, rope, w)`` (``_attn_add(..., w, res)``), rope 2
+(q and k rotated) or 1 (q only): each block of the (N, K) GEMV computes the attention of the sequence's rows, a warp
+per head, into its shared memory while its first weight loads are in flight, then the product (kernels/gemv.py,
+gemv.cu's kAttnX). Where: o is (1, rows, heads, D) with rows static and at most kernels.gemv.ATTN_MAX_ROWS, q, k and
+v have those rows (self-attention of one short sequence: the prefill of a block or model at n = 1 or 2), D is 64 or
+128 and K = heads x D, all of one dtype (float16 / bfloat16).
+
+Why: at n = 1 the flash kernel is a launch of its own between q/k/v's GEMV and o_proj's in the block's CUDA graph,
+plainly launched, with almost no work; o_proj's programmatic launch then overlaps q/k/v's end instead
+(docs/results.md, GPU Llama-7B block).
+
+Runs after RewriteAttentionToFlash and RewriteGemvToCuda (it reads both passes' calls), with or after
+FuseGemvPrologueCuda, before LegalizeOps; the pipeline adds it for cuda sm_80+ from config.CudaLibraries
+(`gemv`, `gemv_attention`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import tvm
+from tvm import relax, tirx
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from ..kernels.flash_attention import ROPE_FUNCTION, ROPE_QK_FUNCTION
+from ..kernels.gemv import (
+    ATTN_HEAD_DIMS,
+    ATTN_MAX_ROWS,
+    NK_ADD_FUNCTION,
+    NK_ATTN_ADD_FUNCTION,
+    NK_ATTN_FUNCTION,
+    NK_FUNCTION,
+)
+from .fusion_utils import extern_call, is_op, static_int, use_counts, with_functions
+
+logger = logging.getLogger(__name__)
+
+DTYPES = ("float16", "bfloat16")
+FUSED = {NK_FUNCTION: NK_ATTN_FUNCTION, NK_ADD_FUNCTION: NK_ATTN_ADD_FUNCTION}
+ROPE = {ROPE_QK_FUNCTION: 2, ROPE_FUNCTION: 1}  # the flash forms taken, and what each rotates
+
+
+def _shape(expr) -> list[int] | None:
+    """`expr`'s static shape when it is a tensor of a dtype the kernel takes, else None."""
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.dtype not in DTYPES or ty.shape is None:
+        return None
+    dims = [static_int(d) for d in ty.shape.values]
+    return None if any(d is None for d in dims) else dims
+
+
+@mutator
+class _Rewriter(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, func: relax.Function):
+        super().__init__(mod)
+        self.var2val, self.uses = relax.analysis.get_var2val(func), use_counts(func)
+        self.count = 0
+
+    def _single_use(self, var) -> relax.Expr | None:
+        return self.var2val.get(var) if isinstance(var, relax.Var) and self.uses[var] == 1 else None
+
+    def visit_call_(self, call):
+        found = extern_call(call, FUSED)
+        new = self._fused(call, *found) if found else None
+        return new if new is not None else super().visit_call_(call)
+
+    def _fused(self, call, name: str, operands: list) -> relax.Call | None:
+        reshape = self._single_use(operands[0])
+        if not is_op(reshape, "relax.reshape"):
+            return None
+        flash = extern_call(self._single_use(reshape.args[0]), ROPE)
+        if flash is None:
+            return None
+        q, k, v, cos, sin, heads, causal, scale, _block_m = flash[1]
+        out, w = _shape(reshape.args[0]), _shape(operands[1])
+        if out is None or w is None or len(out) != 4 or len(w) != 2 or reshape.args[0].ty.dtype != operands[1].ty.dtype:
+            return None
+        batch, rows, query_heads, dim = out
+        if batch != 1 or not 1 <= rows <= ATTN_MAX_ROWS or dim not in ATTN_HEAD_DIMS or w[1] != query_heads * dim:
+            return None
+        if any((_shape(t) or [0, 0])[:2] != [1, rows] for t in (q, k, v)):
+            return None
+        self.count += 1
+        rope = relax.prim_value(tirx.IntImm("int64", ROPE[flash[0]]))
+        args = [q, k, v, cos, sin, heads, causal, scale, rope, *operands[1:]]
+        return relax.call_dps_packed(FUSED[name], [self.visit_expr(a) for a in args], call.ty)
+
+
+def _has_flash_call(func: relax.Function) -> bool:
+    found = []
+    relax.analysis.post_order_visit(func, lambda e: found.append(extern_call(e, ROPE) is not None))
+    return any(found)
+
+
+@tvm.transform.module_pass(opt_level=0, name="FuseAttentionGemvCuda")
+class FuseAttentionGemvCuda:
+    """A one- or two-row bucket's flash attention computed by the (N, K) GEMV that reads it (see above)."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        updates = {}
+        for gvar, func in mod.functions_items():
+            if not isinstance(func, relax.Function) or not _has_flash_call(func):
+                continue
+            rewriter = _Rewriter(mod, func)
+            new = rewriter.visit_expr(func)
+            if rewriter.count:
+                updates[gvar] = relax.analysis.remove_all_unused(new)  # the flash call and its reshape
+                logger.info("%s: %d attention(s) as the (N, K) GEMV's prologue", gvar.name_hint, rewriter.count)
+        return with_functions(mod, updates)
