@@ -55,6 +55,30 @@ def _shape(expr) -> list[int] | None:
     return None if any(d is None for d in dims) else dims
 
 
+def attention_operands(var2val: dict, uses, x, features: int, max_rows: int = ATTN_MAX_ROWS) -> tuple | None:
+    """(q, k, v, cos, sin, heads, causal, scale, rope; the variables computing x) when `x` is a single-use
+    ``R.reshape(o, (..., features))`` of a single-use flash call ``o`` (the _rope_qk or _rope form) of one sequence
+    (batch 1) of at most `max_rows` rows attending to itself, D 64 or 128, features = heads x D; else None."""
+    reshape = var2val.get(x) if isinstance(x, relax.Var) and uses[x] == 1 else None
+    if not is_op(reshape, "relax.reshape"):
+        return None
+    o = reshape.args[0]
+    flash = extern_call(var2val.get(o), ROPE) if isinstance(o, relax.Var) and uses[o] == 1 else None
+    if flash is None:
+        return None
+    q, k, v, cos, sin, heads, causal, scale, _block_m = flash[1]
+    out = _shape(o)
+    if out is None or len(out) != 4 or out[0] != 1 or not 1 <= out[1] <= max_rows:
+        return None
+    _batch, rows, query_heads, dim = out
+    if dim not in ATTN_HEAD_DIMS or features != query_heads * dim or x.ty.dtype != o.ty.dtype:
+        return None
+    if any((_shape(t) or [0, 0])[:2] != [1, rows] for t in (q, k, v)):
+        return None
+    rope = relax.prim_value(tirx.IntImm("int64", ROPE[flash[0]]))
+    return [q, k, v, cos, sin, heads, causal, scale, rope], [x, o]
+
+
 @mutator
 class _Rewriter(PyExprMutator):
     def __init__(self, mod: tvm.IRModule, func: relax.Function):
@@ -62,33 +86,20 @@ class _Rewriter(PyExprMutator):
         self.var2val, self.uses = relax.analysis.get_var2val(func), use_counts(func)
         self.count = 0
 
-    def _single_use(self, var) -> relax.Expr | None:
-        return self.var2val.get(var) if isinstance(var, relax.Var) and self.uses[var] == 1 else None
-
     def visit_call_(self, call):
         found = extern_call(call, FUSED)
         new = self._fused(call, *found) if found else None
         return new if new is not None else super().visit_call_(call)
 
     def _fused(self, call, name: str, operands: list) -> relax.Call | None:
-        reshape = self._single_use(operands[0])
-        if not is_op(reshape, "relax.reshape"):
+        w = _shape(operands[1])
+        if w is None or len(w) != 2 or operands[1].ty.dtype != call.ty.dtype:
             return None
-        flash = extern_call(self._single_use(reshape.args[0]), ROPE)
-        if flash is None:
-            return None
-        q, k, v, cos, sin, heads, causal, scale, _block_m = flash[1]
-        out, w = _shape(reshape.args[0]), _shape(operands[1])
-        if out is None or w is None or len(out) != 4 or len(w) != 2 or reshape.args[0].ty.dtype != operands[1].ty.dtype:
-            return None
-        batch, rows, query_heads, dim = out
-        if batch != 1 or not 1 <= rows <= ATTN_MAX_ROWS or dim not in ATTN_HEAD_DIMS or w[1] != query_heads * dim:
-            return None
-        if any((_shape(t) or [0, 0])[:2] != [1, rows] for t in (q, k, v)):
+        found = attention_operands(self.var2val, self.uses, operands[0], w[1])
+        if found is None:
             return None
         self.count += 1
-        rope = relax.prim_value(tirx.IntImm("int64", ROPE[flash[0]]))
-        args = [q, k, v, cos, sin, heads, causal, scale, rope, *operands[1:]]
+        args = [*found[0], *operands[1:]]
         return relax.call_dps_packed(FUSED[name], [self.visit_expr(a) for a in args], call.ty)
 
 

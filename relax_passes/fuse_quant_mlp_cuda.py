@@ -14,6 +14,12 @@ where h is read by the norm and the down call only and x is one row, becomes
     mlp = relaxtune_q4mlp_i8(x, res, wo, so, g, wgu, sgu, wd, sd, epsilon)  # outputs (h, m, y)
     y = mlp[2]
 
+and where x is the reshaped output of the one row's flash call read by nothing else (FuseAttentionGemvCuda's
+`attention_operands`), the kernel computes that attention too (`attention`, CudaLibraries.gemv_attention):
+
+    mlp = relaxtune_q4mlp_attn_i8(q, k, v, cos, sin, heads, causal, scale, rope, res, wo, so, g, wgu, sgu, wd, sd,
+                                  epsilon)
+
 kernels/qmlp_stream.cu: one cooperative launch streams the four weights through one shared-memory ring while its
 grid barriers order the steps, so a decode step has four kernels fewer (the norm, the SwiGLU, two GEMVs) and no
 weight stream stops between them. The norm and the SwiGLU are matched by FuseGemvPrologueCuda's PrologueMatcher
@@ -33,7 +39,8 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from ..kernels.gemv import Q4_I8_ADD_FUNCTION, Q4_I8_FUNCTION, Q4_MLP_FUNCTION, Q4_MLP_MAX_K
+from ..kernels.gemv import Q4_I8_ADD_FUNCTION, Q4_I8_FUNCTION, Q4_MLP_ATTN_FUNCTION, Q4_MLP_FUNCTION, Q4_MLP_MAX_K
+from .fuse_attention_gemv_cuda import attention_operands
 from .fuse_gemv_prologue_cuda import PrologueMatcher
 from .fusion_utils import extern_call, static_int, with_functions
 
@@ -68,8 +75,9 @@ def _one_row(x, k: int) -> bool:
     return shape is not None and x.ty.dtype == DTYPE and math.prod(shape) == k
 
 
-def mlp_matches(func: relax.Function) -> tuple[dict, set]:
-    """({y: the fused call's operands} for each chain above in `func`, the variables the fused calls replace)."""
+def mlp_matches(func: relax.Function, attention: bool = True) -> tuple[dict, set]:
+    """({y: (the fused call's function, operands, output types)} for each chain above in `func`, the variables the
+    fused calls replace); `attention`: x may be the one row's attention (the _attn form)."""
     m = PrologueMatcher(func)
     fused, dropped = {}, set()
     max_h, max_f = Q4_MLP_MAX_K
@@ -99,7 +107,13 @@ def mlp_matches(func: relax.Function) -> tuple[dict, set]:
         if out is None or gate_up != (2 * d[1], out[0]) or d[0] != out[0] or not _one_row(x, out[1]):
             continue
         eps = relax.prim_value(tirx.FloatImm("float64", norm[2]))
-        fused[var] = ([x, res, wo, so, norm[1], wgu, sgu, wd, sd, eps], [h.ty, act.ty, value.ty])
+        weights = [res, wo, so, norm[1], wgu, sgu, wd, sd, eps]
+        attn = attention_operands(m.var2val, m.uses, x, out[1], max_rows=1) if attention else None
+        if attn is not None:
+            fused[var] = (Q4_MLP_ATTN_FUNCTION, [*attn[0], *weights], [h.ty, act.ty, value.ty])
+            dropped.update(attn[1])
+        else:
+            fused[var] = (Q4_MLP_FUNCTION, [x, *weights], [h.ty, act.ty, value.ty])
         dropped.update([h, n_var, gu, *between])
     return fused, dropped
 
@@ -117,8 +131,8 @@ class _Rewriter(PyExprMutator):
         if found is None:
             super().visit_var_binding_(binding)
             return
-        args, types = found
-        mlp = self.builder_.emit(relax.call_dps_packed(Q4_MLP_FUNCTION, [self.visit_expr(a) for a in args], types))
+        function, args, types = found
+        mlp = self.builder_.emit(relax.call_dps_packed(function, [self.visit_expr(a) for a in args], types))
         y = relax.TupleGetItem(mlp, 2)
         dataflow = isinstance(binding.var, relax.DataflowVar)
         self.set_var_remap(binding.var, self.builder_.emit(y) if dataflow else self.builder_.emit_output(y))
@@ -126,14 +140,18 @@ class _Rewriter(PyExprMutator):
 
 @tvm.transform.module_pass(opt_level=0, name="FuseQuantMlpCuda")
 class FuseQuantMlpCuda:
-    """Each one-row o_proj .. down chain of int8-activation 4-bit GEMV calls as one relaxtune_q4mlp_i8 call."""
+    """Each one-row o_proj .. down chain of int8-activation 4-bit GEMV calls as one relaxtune_q4mlp_i8 call
+    (relaxtune_q4mlp_attn_i8 with the attention before it where `attention`)."""
+
+    def __init__(self, attention: bool = True):
+        self.attention = attention
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         updates = {}
         for gvar, func in mod.functions_items():
             if not isinstance(func, relax.Function):
                 continue
-            fused, dropped = mlp_matches(func)
+            fused, dropped = mlp_matches(func, self.attention)
             if not fused:
                 continue
             updates[gvar] = _Rewriter(mod, fused, dropped).visit_expr(func)

@@ -137,7 +137,8 @@ def fusion_passes(
         *(  # 4-bit GEMV (int8 activations where the streamed kernel runs), or dequantize + cuBLAS
             [RewriteQuantGemvToCuda(max_rows=libs.gemv_max_rows, int8=options.int8_activations)] if quant_gpu else []
         ),
-        *([FuseQuantMlpCuda()] if quant_mlp else []),  # one-row o_proj .. down over 4-bit weights: one kernel
+        # one-row (attention and) o_proj .. down over 4-bit weights: one kernel
+        *([FuseQuantMlpCuda(attention=libs.gemv_attention and flash_on)] if quant_mlp else []),
         *([RewriteGemmToCublas(min_rows=libs.min_rows, decode_wide=libs.decode_wide)] if library else []),
         *([RewriteResidualAddToCublas(min_rows=libs.residual_min_rows)] if library and libs.residual else []),
         *([RewriteBatchedGemmToCublas(min_rows=libs.batched_min_rows)] if library and libs.batched else []),

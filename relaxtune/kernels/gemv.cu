@@ -393,10 +393,11 @@ __device__ __forceinline__ void load_part(const uint4* src, size_t at, bool ok, 
   }
 }
 
+// the attention of `rows` (<= M) rows into xs (rows x K), by threads [0, threads) of the block (whole warps); no barrier
 template <typename T, int M>
-__device__ __forceinline__ void prepare_attention_x(const GemvParams& p, const AttnParams& a, uint4* xs) {
-  const int d = p.k / a.heads, lanes = d / 8, sub = threadIdx.x % lanes, per_warp = 32 / lanes;
-  const int groups = blockDim.x / lanes;
+__device__ __forceinline__ void attention_rows(int rows, int k_features, const AttnParams& a, uint4* xs, int threads) {
+  const int d = k_features / a.heads, lanes = d / 8, sub = threadIdx.x % lanes, per_warp = 32 / lanes;
+  const int groups = threads / lanes;
   const uint4 *q = static_cast<const uint4*>(a.q), *k = static_cast<const uint4*>(a.k);
   const uint4 *v = static_cast<const uint4*>(a.v), *cos = static_cast<const uint4*>(a.cos);
   const uint4* sin = static_cast<const uint4*>(a.sin);
@@ -408,7 +409,7 @@ __device__ __forceinline__ void prepare_attention_x(const GemvParams& p, const A
     float keys[M][8], values[M][8], query[M][8];
 #pragma unroll
     for (int j = 0; j < M; ++j) {
-      if (j >= p.rows) break;
+      if (j >= rows) break;
       const size_t table = static_cast<size_t>(j) * lanes + sub;
       load_part<T>(k, (static_cast<size_t>(j) * a.k_row + (a.k_head0 + kv) * d) / 8 + sub, ok, a.rope == 2, cos, sin,
                    table, lanes / 2, first_half, keys[j]);
@@ -419,17 +420,17 @@ __device__ __forceinline__ void prepare_attention_x(const GemvParams& p, const A
     }
 #pragma unroll
     for (int r = 0; r < M; ++r) {
-      if (r >= p.rows) break;
+      if (r >= rows) break;
       float score[M], top = -INFINITY;
 #pragma unroll
       for (int j = 0; j < M; ++j) {
         float s = 0.0f;
-        if (j < p.rows) {
+        if (j < rows) {
 #pragma unroll
           for (int e = 0; e < 8; ++e) s = fmaf(query[r][e], keys[j][e], s);
         }
         for (int o = lanes / 2; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);  // the head's lanes
-        score[j] = j < p.rows && !(a.causal && j > r) ? s * a.scale : -INFINITY;
+        score[j] = j < rows && !(a.causal && j > r) ? s * a.scale : -INFINITY;
         top = fmaxf(top, score[j]);
       }
       float out[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, sum = 0.0f;
@@ -443,9 +444,14 @@ __device__ __forceinline__ void prepare_attention_x(const GemvParams& p, const A
       }
 #pragma unroll
       for (int e = 0; e < 8; ++e) out[e] /= sum;
-      if (ok) xs[static_cast<size_t>(r) * (p.k / 8) + h * lanes + sub] = pack8<T>(out);
+      if (ok) xs[static_cast<size_t>(r) * (k_features / 8) + h * lanes + sub] = pack8<T>(out);
     }
   }
+}
+
+template <typename T, int M>
+__device__ __forceinline__ void prepare_attention_x(const GemvParams& p, const AttnParams& a, uint4* xs) {
+  attention_rows<T, M>(p.rows, p.k, a, xs, blockDim.x);
   __syncthreads();
 }
 

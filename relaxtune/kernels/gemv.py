@@ -45,7 +45,9 @@ Emitted by `RewriteGemvToCuda` (relax_passes/gemv_cuda.py) in the small (decode)
   `n = rms_norm(h, g, eps)` and the merged gate | up weight (2F, H), `y = act @ wd^T + h`, in one cooperative launch
   (qmlp_stream.cu: the weights of all four streamed through one ring, grid barriers between the steps; sm_90+, int8
   activations); `relaxtune_q4mlp_i8_kernel` names its kernel or says why none applies. Emitted by
-  `FuseQuantMlpCuda` (relax_passes/fuse_quant_mlp_cuda.py).
+  `FuseQuantMlpCuda` (relax_passes/fuse_quant_mlp_cuda.py). `relaxtune_q4mlp_attn_i8(q, k, v, cos, sin, heads, causal,
+  scale, rope, res, wo, ..., y)`: the same where x is the attention of the one row, which every block computes first
+  (gemv.cu's attention_rows) into shared memory before its ring.
 
 The (K, N) kernel (cuda_gemv.cu) gives each block 64 output columns: 8 threads x 16-byte vectors per
 weight row, 32 or 64 K lanes per block each taking 8 consecutive rows (x: one vector load per row),
@@ -101,6 +103,7 @@ Q4_I8_FUNCTION = "relaxtune_q4gemv_i8"  # the same with int8 activations where a
 Q4_I8_ADD_FUNCTION = "relaxtune_q4gemv_i8_add"
 Q4_I8_KERNEL_FUNCTION = "relaxtune_q4gemv_i8_kernel"
 Q4_MLP_FUNCTION = "relaxtune_q4mlp_i8"  # o_proj + residual, RMSNorm, gate/up, SwiGLU, down + residual: one kernel
+Q4_MLP_ATTN_FUNCTION = "relaxtune_q4mlp_attn_i8"  # the same with x the attention of the one row (q, k, v, ...)
 Q4_MLP_KERNEL_FUNCTION = "relaxtune_q4mlp_i8_kernel"  # (the same operands) -> its kernel, or "none: why"
 Q4_MLP_MAX_K = (12288, 16384)  # qmlp_stream.cu's widest A, H and F
 Q4_MLP_MIN_ARCH = 90  # bulk copies into a shared-memory ring, as qgemv_stream.cu

@@ -184,38 +184,50 @@ void LaunchNk(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, cons
   }
 }
 
-// y = attention(q, k, v) @ w^T (+ r): the attention of one sequence of up to 2 rows (batch 1) over itself, heads
-// q_head0.. of q and kv heads k_head0.. / v_head0.. of k and v (each (1, rows, heads of the tensor, D), compact), q (rope
-// 1) or q and k (rope 2) rotated by the cos / sin tables (>= rows, D), computed by each block (gemv.cu's kAttnX) as x
-void LaunchNkAttention(const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& k, const tvm::ffi::TensorView& v,
-                       const tvm::ffi::TensorView* cos, const tvm::ffi::TensorView* sin, const tvm::ffi::Shape& heads, int64_t causal,
-                       double scale, int64_t rope, const tvm::ffi::TensorView& w, const tvm::ffi::TensorView* r, const tvm::ffi::TensorView& y) {
-  TVM_FFI_ICHECK_EQ(heads.size(), 4) << "gemv_nk_attn: heads must be (q_head0, k_head0, v_head0, kv_heads)";
+// the attention of one sequence of up to `max_rows` rows (batch 1) over itself as gemv.cu's attention_rows takes it:
+// heads q_head0.. of q and kv heads k_head0.. / v_head0.. of k and v (each (1, rows, heads of the tensor, D), compact,
+// of `dtype`), q (rope 1) or q and k (rope 2) rotated by the cos / sin tables (>= rows, D); its output has
+// `features` = query heads x D per row. Puts the rows in `rows`.
+AttnParams CheckAttention(const char* what, const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& k,
+                          const tvm::ffi::TensorView& v, const tvm::ffi::TensorView& cos, const tvm::ffi::TensorView& sin,
+                          const tvm::ffi::Shape& heads, int64_t causal, double scale, int64_t rope, int64_t features,
+                          int64_t max_rows, DLDataType dtype, int64_t* rows_out) {
+  TVM_FFI_ICHECK_EQ(heads.size(), 4) << what << ": heads must be (q_head0, k_head0, v_head0, kv_heads)";
   for (const auto* t : {&q, &k, &v}) {
-    TVM_FFI_ICHECK(t->ndim() == 4 && t->size(0) == 1 && t->IsContiguous()) << "gemv_nk_attn: q, k and v must be compact (1, rows, heads, D)";
-    TVM_FFI_ICHECK(t->dtype().code == y.dtype().code && t->dtype().bits == 16) << "gemv_nk_attn: mixed dtypes";
+    TVM_FFI_ICHECK(t->ndim() == 4 && t->size(0) == 1 && t->IsContiguous()) << what << ": q, k and v must be compact (1, rows, heads, D)";
+    TVM_FFI_ICHECK(t->dtype().code == dtype.code && t->dtype().bits == 16) << what << ": mixed dtypes";
+    TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(Data(*t)) % 16 == 0) << what << ": q, k and v must be 16-byte aligned";
   }
-  TVM_FFI_ICHECK_EQ(w.ndim(), 2) << "gemv_nk_attn: the weight must be (N, K)";
   const int64_t rows = q.size(1), dim = q.size(3), kv_heads = heads[3];
-  TVM_FFI_ICHECK(rows <= kNkPrologueMaxRows && k.size(1) == rows && v.size(1) == rows)
-      << "gemv_nk_attn: q, k and v must have the same rows, at most " << kNkPrologueMaxRows << ", not " << rows;
-  TVM_FFI_ICHECK((dim == 64 || dim == 128) && k.size(3) == dim && v.size(3) == dim) << "gemv_nk_attn: head_dim " << dim << " (64 or 128 only)";
-  const int64_t query_heads = w.size(1) / dim;
-  TVM_FFI_ICHECK(w.size(1) % dim == 0 && kv_heads > 0 && query_heads % kv_heads == 0) << "gemv_nk_attn: K = " << w.size(1)
+  TVM_FFI_ICHECK(rows <= max_rows && k.size(1) == rows && v.size(1) == rows)
+      << what << ": q, k and v must have the same rows, at most " << max_rows << ", not " << rows;
+  TVM_FFI_ICHECK((dim == 64 || dim == 128) && k.size(3) == dim && v.size(3) == dim) << what << ": head_dim " << dim << " (64 or 128 only)";
+  const int64_t query_heads = features / dim;
+  TVM_FFI_ICHECK(features % dim == 0 && kv_heads > 0 && query_heads % kv_heads == 0) << what << ": K = " << features
       << " is not a whole number of query heads for " << kv_heads << " kv heads of " << dim;
   TVM_FFI_ICHECK(heads[0] >= 0 && heads[0] + query_heads <= q.size(2) && heads[1] >= 0 && heads[1] + kv_heads <= k.size(2) &&
-                 heads[2] >= 0 && heads[2] + kv_heads <= v.size(2)) << "gemv_nk_attn: head range outside q, k or v";
-  TVM_FFI_ICHECK(rope >= 0 && rope <= 2 && (rope == 0 || (cos != nullptr && sin != nullptr))) << "gemv_nk_attn: rope " << rope << " (0, 1, 2)";
-  if (rope > 0) {
-    for (const auto* t : {cos, sin}) {
-      TVM_FFI_ICHECK(t->ndim() == 2 && t->size(0) >= rows && t->size(1) == dim && t->IsContiguous() && t->dtype().code == y.dtype().code &&
-                     t->dtype().bits == 16) << "gemv_nk_attn: cos/sin must be compact (>= rows, head_dim) tables of q's dtype";
-    }
+                 heads[2] >= 0 && heads[2] + kv_heads <= v.size(2)) << what << ": head range outside q, k or v";
+  TVM_FFI_ICHECK(rope >= 0 && rope <= 2) << what << ": rope " << rope << " (0, 1, 2)";
+  for (const auto* t : {&cos, &sin}) {
+    TVM_FFI_ICHECK(rope == 0 || (t->ndim() == 2 && t->size(0) >= rows && t->size(1) == dim && t->IsContiguous() &&
+                                 t->dtype().code == dtype.code && t->dtype().bits == 16 && reinterpret_cast<uintptr_t>(Data(*t)) % 16 == 0))
+        << what << ": cos/sin must be compact, aligned (>= rows, head_dim) tables of q's dtype";
   }
   auto row = [dim](const tvm::ffi::TensorView& t) { return static_cast<int>(t.size(2) * dim); };
-  AttnParams a{Data(q), Data(k), Data(v), rope > 0 ? Data(*cos) : nullptr, rope > 0 ? Data(*sin) : nullptr, row(q), row(k), row(v),
-               static_cast<int>(heads[0]), static_cast<int>(heads[1]), static_cast<int>(heads[2]), static_cast<int>(query_heads),
-               static_cast<int>(query_heads / kv_heads), causal ? 1 : 0, static_cast<int>(rope), static_cast<float>(scale)};
+  *rows_out = rows;
+  return AttnParams{Data(q), Data(k), Data(v), Data(cos), Data(sin), row(q), row(k), row(v),
+                    static_cast<int>(heads[0]), static_cast<int>(heads[1]), static_cast<int>(heads[2]), static_cast<int>(query_heads),
+                    static_cast<int>(query_heads / kv_heads), causal ? 1 : 0, static_cast<int>(rope), static_cast<float>(scale)};
+}
+
+// y = attention(q, k, v) @ w^T (+ r) for up to 2 rows (CheckAttention), computed by each block (gemv.cu's kAttnX) as x
+void LaunchNkAttention(const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& k, const tvm::ffi::TensorView& v,
+                       const tvm::ffi::TensorView& cos, const tvm::ffi::TensorView& sin, const tvm::ffi::Shape& heads, int64_t causal,
+                       double scale, int64_t rope, const tvm::ffi::TensorView& w, const tvm::ffi::TensorView* r, const tvm::ffi::TensorView& y) {
+  TVM_FFI_ICHECK_EQ(w.ndim(), 2) << "gemv_nk_attn: the weight must be (N, K)";
+  int64_t rows = 0;
+  const AttnParams a = CheckAttention("gemv_nk_attn", q, k, v, cos, sin, heads, causal, scale, rope, w.size(1), kNkPrologueMaxRows,
+                                      y.dtype(), &rows);
   TVM_FFI_ICHECK_EQ(y.numel(), rows * w.size(0)) << "gemv_nk_attn: y must be (..., N) with q's rows";
   LaunchNk(q, w, r, y, Prologue::kAttention, nullptr, 0.0, false, &a);
 }
@@ -236,12 +248,12 @@ void GemvNkSwiGluAdd(tvm::ffi::TensorView gu, tvm::ffi::TensorView w, tvm::ffi::
 }
 void GemvNkAttn(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::ffi::TensorView cos, tvm::ffi::TensorView sin,
                 tvm::ffi::Shape heads, int64_t causal, double scale, int64_t rope, tvm::ffi::TensorView w, tvm::ffi::TensorView y) {
-  LaunchNkAttention(q, k, v, &cos, &sin, heads, causal, scale, rope, w, nullptr, y);
+  LaunchNkAttention(q, k, v, cos, sin, heads, causal, scale, rope, w, nullptr, y);
 }
 void GemvNkAttnAdd(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::ffi::TensorView cos,
                    tvm::ffi::TensorView sin, tvm::ffi::Shape heads, int64_t causal, double scale, int64_t rope, tvm::ffi::TensorView w,
                    tvm::ffi::TensorView r, tvm::ffi::TensorView y) {
-  LaunchNkAttention(q, k, v, &cos, &sin, heads, causal, scale, rope, w, &r, y);
+  LaunchNkAttention(q, k, v, cos, sin, heads, causal, scale, rope, w, &r, y);
 }
 void GemvAdd(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView r, tvm::ffi::TensorView y) { Launch(x, w, &r, y, 0); }
 void GemvConfig(tvm::ffi::TensorView x, tvm::ffi::TensorView w, int64_t splits, tvm::ffi::TensorView y) { Launch(x, w, nullptr, y, splits); }

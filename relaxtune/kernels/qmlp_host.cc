@@ -22,6 +22,8 @@ struct Q4MlpArgs {  // must match qmlp_stream.cu's Q4MlpParams
   int stages, stage_bytes;
   void* trace;
   int barrier;  // qmlp_stream.cu's kGenerationBarrier / kCountBarrier
+  int x_bytes;  // > 0: x is the attention of the row (attn), in that much shared memory
+  AttnParams attn;
 };
 struct Q4MlpKernel {
   const char* name;
@@ -58,7 +60,8 @@ int64_t Q4MlpSlotBytes(int64_t k, int shift, int groups, int rows_per_group) {
   return groups * rows_per_group * (k / 2 + 2 * (k >> (5 + shift)));
 }
 
-Q4MlpPlan PlanQ4Mlp(int64_t a, int64_t hidden, int64_t f, const int (&shifts)[3], int major, int sms, int shared) {
+Q4MlpPlan PlanQ4Mlp(int64_t a, int64_t hidden, int64_t f, const int (&shifts)[3], int major, int sms, int shared,
+                    int x_bytes) {
   Q4MlpPlan plan;
   const int64_t ks[3] = {a, hidden, f};
   for (int i = 0; i < 3; ++i) {
@@ -90,7 +93,7 @@ Q4MlpPlan PlanQ4Mlp(int64_t a, int64_t hidden, int64_t f, const int (&shifts)[3]
   const int64_t slot = std::max({Q4MlpSlotBytes(a, shifts[0], gr, plan.kernel->rows_h),
                                  Q4MlpSlotBytes(hidden, shifts[1], gr, plan.kernel->rows_h),
                                  Q4MlpSlotBytes(f, shifts[2], gr, plan.kernel->rows_f)});
-  int64_t stages = std::min<int64_t>(kQ4MaxStages, (shared - kQ4BarrierBytes - part) / slot);
+  int64_t stages = std::min<int64_t>(kQ4MaxStages, (shared - kQ4BarrierBytes - x_bytes - part) / slot);
   const char* cap = std::getenv("RELAXTUNE_Q4MLP_STAGES");  // for measurements
   if (cap != nullptr && std::atoi(cap) > 0) stages = std::min<int64_t>(stages, std::atoi(cap));
   if (stages < 2) {
@@ -99,17 +102,18 @@ Q4MlpPlan PlanQ4Mlp(int64_t a, int64_t hidden, int64_t f, const int (&shifts)[3]
     return plan;
   }
   plan.stages = static_cast<int>(stages), plan.stage_bytes = static_cast<int>(slot);
-  plan.shared_bytes = static_cast<int>(kQ4BarrierBytes + stages * slot + part);
+  plan.shared_bytes = static_cast<int>(kQ4BarrierBytes + x_bytes + stages * slot + part);
   return plan;
 }
 
 // checks the operands, then launches (or, with `chosen`, puts the kernel's name or why none applies there)
-void LaunchQ4Mlp(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& res, const tvm::ffi::TensorView& wo,
+// x: the o_proj input, or null with `attn`: x is the attention of the row (CheckAttention), computed by each block
+void LaunchQ4Mlp(const tvm::ffi::TensorView* x, const tvm::ffi::TensorView& res, const tvm::ffi::TensorView& wo,
                  const tvm::ffi::TensorView& so, const tvm::ffi::TensorView& g, const tvm::ffi::TensorView& wgu,
                  const tvm::ffi::TensorView& sgu, const tvm::ffi::TensorView& wd, const tvm::ffi::TensorView& sd,
                  double eps, const tvm::ffi::TensorView& h, const tvm::ffi::TensorView& act,
                  const tvm::ffi::TensorView& y, std::string* chosen = nullptr,
-                 const tvm::ffi::TensorView* trace = nullptr) {
+                 const tvm::ffi::TensorView* trace = nullptr, const AttnParams* attn = nullptr) {
   const Q4Weight o = CheckQ4Weight("q4mlp (o)", wo, so), gu = CheckQ4Weight("q4mlp (gate/up)", wgu, sgu);
   const Q4Weight d = CheckQ4Weight("q4mlp (down)", wd, sd);
   const int64_t hidden = o.n, f = d.k;
@@ -120,9 +124,10 @@ void LaunchQ4Mlp(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& res,
     const tvm::ffi::TensorView* t;
     int64_t n;
     const char* what;
-  } vectors[] = {{&x, o.k, "x"}, {&res, hidden, "res"}, {&g, hidden, "g"}, {&h, hidden, "h"}, {&act, f, "act"},
+  } vectors[] = {{x, o.k, "x"}, {&res, hidden, "res"}, {&g, hidden, "g"}, {&h, hidden, "h"}, {&act, f, "act"},
                  {&y, hidden, "y"}};
   for (const auto& v : vectors) {
+    if (v.t == nullptr) continue;  // the attention's x
     TVM_FFI_ICHECK(IsHalf(v.t->dtype()) && v.t->numel() == v.n && v.t->IsContiguous())
         << "q4mlp: " << v.what << " must be one compact float16 row of " << v.n << " values";
     TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(Data(*v.t)) % 16 == 0)
@@ -136,7 +141,8 @@ void LaunchQ4Mlp(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& res,
   DLDevice dev = y.device();
   const int major = Attribute(drv, dev.device_id, kComputeMajor), sms = Attribute(drv, dev.device_id, kMultiprocessors);
   const int shifts[3] = {o.shift, gu.shift, d.shift}, shared_limit = Attribute(drv, dev.device_id, kMaxSharedOptIn);
-  const Q4MlpPlan plan = PlanQ4Mlp(o.k, hidden, f, shifts, major, sms, shared_limit);
+  const int x_bytes = attn != nullptr ? static_cast<int>((o.k * 2 + 127) / 128 * 128) : 0;
+  const Q4MlpPlan plan = PlanQ4Mlp(o.k, hidden, f, shifts, major, sms, shared_limit, x_bytes);
   if (chosen != nullptr) {
     *chosen = plan.kernel != nullptr ? std::string(plan.kernel->name) : "none: " + plan.why;
     return;
@@ -144,11 +150,11 @@ void LaunchQ4Mlp(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& res,
   TVM_FFI_ICHECK(plan.kernel != nullptr) << "q4mlp: the kernel does not apply: " << plan.why;
   TVM_FFI_ICHECK(drv->launch_ex != nullptr) << "q4mlp: a cooperative launch needs cuLaunchKernelEx (a CUDA 12+ driver)";
   Ptr fn = Kernel(drv, relaxtune_gemv_fatbin, dev.device_id, plan.kernel->name, shared_limit);
-  Q4MlpArgs p{Data(x),   Data(res), Data(wo), Data(so), Data(g),
+  Q4MlpArgs p{x != nullptr ? Data(*x) : nullptr, Data(res), Data(wo), Data(so), Data(g),
               Data(wgu), Data(sgu), Data(wd), Data(sd), Data(h),
               Data(act), Data(y),   static_cast<int>(o.k), static_cast<int>(hidden), static_cast<int>(f),
               o.shift,   gu.shift,  d.shift,  static_cast<float>(eps), plan.stages, plan.stage_bytes, nullptr,
-              Q4MlpBarrier(plan.blocks == sms)};
+              Q4MlpBarrier(plan.blocks == sms), x_bytes, attn != nullptr ? *attn : AttnParams{}};
   if (trace != nullptr) {
     TVM_FFI_ICHECK(trace->dtype().code == kDLInt && trace->dtype().bits == 64 && trace->IsContiguous() &&
                    trace->numel() >= kQ4MlpTraceEvents * plan.blocks)
@@ -174,21 +180,33 @@ void Q4MlpI8(tvm::ffi::TensorView x, tvm::ffi::TensorView res, tvm::ffi::TensorV
              tvm::ffi::TensorView g, tvm::ffi::TensorView wgu, tvm::ffi::TensorView sgu, tvm::ffi::TensorView wd,
              tvm::ffi::TensorView sd, double eps, tvm::ffi::TensorView h, tvm::ffi::TensorView act,
              tvm::ffi::TensorView y) {
-  LaunchQ4Mlp(x, res, wo, so, g, wgu, sgu, wd, sd, eps, h, act, y);
+  LaunchQ4Mlp(&x, res, wo, so, g, wgu, sgu, wd, sd, eps, h, act, y);
 }
 std::string Q4MlpI8Kernel(tvm::ffi::TensorView x, tvm::ffi::TensorView res, tvm::ffi::TensorView wo,
                           tvm::ffi::TensorView so, tvm::ffi::TensorView g, tvm::ffi::TensorView wgu,
                           tvm::ffi::TensorView sgu, tvm::ffi::TensorView wd, tvm::ffi::TensorView sd, double eps,
                           tvm::ffi::TensorView h, tvm::ffi::TensorView act, tvm::ffi::TensorView y) {
   std::string chosen;
-  LaunchQ4Mlp(x, res, wo, so, g, wgu, sgu, wd, sd, eps, h, act, y, &chosen);
+  LaunchQ4Mlp(&x, res, wo, so, g, wgu, sgu, wd, sd, eps, h, act, y, &chosen);
   return chosen;
 }
 void Q4MlpI8Trace(tvm::ffi::TensorView x, tvm::ffi::TensorView res, tvm::ffi::TensorView wo, tvm::ffi::TensorView so,
                   tvm::ffi::TensorView g, tvm::ffi::TensorView wgu, tvm::ffi::TensorView sgu, tvm::ffi::TensorView wd,
                   tvm::ffi::TensorView sd, double eps, tvm::ffi::TensorView h, tvm::ffi::TensorView act,
                   tvm::ffi::TensorView y, tvm::ffi::TensorView trace) {
-  LaunchQ4Mlp(x, res, wo, so, g, wgu, sgu, wd, sd, eps, h, act, y, nullptr, &trace);
+  LaunchQ4Mlp(&x, res, wo, so, g, wgu, sgu, wd, sd, eps, h, act, y, nullptr, &trace);
+}
+// the same with x the attention of the step's one row (FuseQuantMlpCuda where the flash call feeds o_proj)
+void Q4MlpAttnI8(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::ffi::TensorView cos,
+                 tvm::ffi::TensorView sin, tvm::ffi::Shape heads, int64_t causal, double scale, int64_t rope,
+                 tvm::ffi::TensorView res, tvm::ffi::TensorView wo, tvm::ffi::TensorView so, tvm::ffi::TensorView g,
+                 tvm::ffi::TensorView wgu, tvm::ffi::TensorView sgu, tvm::ffi::TensorView wd, tvm::ffi::TensorView sd,
+                 double eps, tvm::ffi::TensorView h, tvm::ffi::TensorView act, tvm::ffi::TensorView y) {
+  TVM_FFI_ICHECK(wo.ndim() == 2) << "q4mlp_attn: the o_proj weight must be (H, A / 8)";
+  int64_t rows = 0;
+  const AttnParams a = CheckAttention("q4mlp_attn", q, k, v, cos, sin, heads, causal, scale, rope, wo.size(1) * 8, 1,
+                                      res.dtype(), &rows);
+  LaunchQ4Mlp(nullptr, res, wo, so, g, wgu, sgu, wd, sd, eps, h, act, y, nullptr, nullptr, &a);
 }
 // the launch attributes the kernel's launches take in this process (after one launch: for measurements)
 std::string Q4MlpI8Launch() {
@@ -197,6 +215,7 @@ std::string Q4MlpI8Launch() {
 }  // namespace
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4mlp_i8, Q4MlpI8);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4mlp_attn_i8, Q4MlpAttnI8);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4mlp_i8_launch, Q4MlpI8Launch);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4mlp_i8_trace, Q4MlpI8Trace);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4mlp_i8_kernel, Q4MlpI8Kernel);

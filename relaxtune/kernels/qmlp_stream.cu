@@ -18,6 +18,8 @@
 // The grid barrier is the consumers' only (the producer never stops), on state in this module's global memory
 // (q4mlp_grid_barrier). h and a are outputs (the caller's memory): written once by their owner block, read by all
 // after the barrier. Each step's time in the kernel: benchmarks/q4mlp_trace.py (the `trace` stamps).
+// Where x_bytes > 0, x is no input: every block first computes it, the attention of the step's one row (q, k, v and
+// the rotary tables in `attn`, gemv.cu's attention_rows), into shared memory before the ring.
 
 struct Q4MlpParams {  // must match qmlp_host.cc
   const void* x;          // (A) fp16: the o_proj input
@@ -35,6 +37,8 @@ struct Q4MlpParams {  // must match qmlp_host.cc
   int stages, stage_bytes;
   unsigned long long* trace;  // null, or per block kQ4MlpTraceEvents globaltimer stamps (benchmarks/q4mlp_trace.py)
   int barrier;                // kGenerationBarrier / kCountBarrier (q4mlp_grid_barrier)
+  int x_bytes;                // > 0: x is the attention of one row (attn), computed into that much shared memory
+  AttnParams attn;            // gemv.cu's: q, k, v, the tables, the heads (x null)
 };
 
 constexpr int kQ4MlpTraceEvents = 16;
@@ -100,23 +104,23 @@ __device__ __forceinline__ Q4MlpSegment q4mlp_segment(const void* w, const void*
 // this thread's PMAX pieces of `v` (K fp16; zeros past K), all loads issued together; through L2 (kCoherent) where `v`
 // is written in this kernel
 template <int PMAX, bool kCoherent>
-__device__ __forceinline__ void q4mlp_load(const void* v, int k, int t, uint4 (&pv)[PMAX][2]) {
+__device__ __forceinline__ void q4mlp_load(const void* v, int k, int t, uint4 (&pv)[PMAX][2], bool shared = false) {
   const uint4* vec = static_cast<const uint4*>(v);
 #pragma unroll
   for (int j = 0; j < PMAX; ++j)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int at = 2 * (t + j * kQ4PieceThreads) + e;
-      pv[j][e] = at >= k / 8 ? make_uint4(0, 0, 0, 0) : kCoherent ? __ldcg(vec + at) : __ldg(vec + at);
+      pv[j][e] = at >= k / 8 ? make_uint4(0, 0, 0, 0) : shared ? vec[at] : kCoherent ? __ldcg(vec + at) : __ldg(vec + at);
     }
 }
 
 // the same pieces as int8 (quantize_piece)
 template <int PMAX, bool kCoherent>
 __device__ __forceinline__ void q4mlp_quantize(const void* v, int k, int t, uint32_t (&xq)[PMAX][4],
-                                               int (&corr)[PMAX], float (&scale)[PMAX]) {
+                                               int (&corr)[PMAX], float (&scale)[PMAX], bool shared = false) {
   uint4 pv[PMAX][2];
-  q4mlp_load<PMAX, kCoherent>(v, k, t, pv);
+  q4mlp_load<PMAX, kCoherent>(v, k, t, pv, shared);
 #pragma unroll
   for (int j = 0; j < PMAX; ++j) quantize_piece(pv[j], xq[j], corr[j], scale[j]);
 }
@@ -169,7 +173,8 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
   extern __shared__ __align__(128) unsigned char smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem);
   uint64_t* empty = full + kQ4StreamMaxStages;
-  unsigned char* ring = smem + kQ4BarrierBytes;
+  uint4* xs = reinterpret_cast<uint4*>(smem + kQ4BarrierBytes);  // x_bytes: the attention's x, where asked
+  unsigned char* ring = smem + kQ4BarrierBytes + p.x_bytes;
   float* part = reinterpret_cast<float*>(ring + static_cast<size_t>(p.stages) * p.stage_bytes);
   const int b = blockIdx.x, blocks = gridDim.x;
   auto share = [&](int n, int i) { return static_cast<int>(static_cast<long long>(i) * n / blocks); };
@@ -218,7 +223,11 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
     int corr[PH];
     float scale[PH];
     wait_for_previous_kernel();  // x and res only after the previous kernel
-    q4mlp_quantize<PH, false>(p.x, p.a, t, xq, corr, scale);
+    if (p.x_bytes > 0) {  // x = the attention of the one row (gemv.cu), into shared memory
+      attention_rows<__half, 1>(1, p.a, p.attn, xs, kConsumers);
+      asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
+    }
+    q4mlp_quantize<PH, false>(p.x_bytes > 0 ? xs : p.x, p.a, t, xq, corr, scale, p.x_bytes > 0);
     if (stamps) q4mlp_stamp(p, 1);
     q4mlp_consume<GR, RH, PH>(seg[0], s, p.stages, p.stage_bytes, ring, full, empty, p.a, xq, corr, scale, part);
     if (stamps) q4mlp_stamp(p, 2);

@@ -237,6 +237,46 @@ def test_q4mlp_matches_its_int8_reference(gemv_library, hidden, ffn, group):
             assert err == err and err < 1e-2, (name, err)
 
 
+@pytest.mark.parametrize("hidden,heads,kv_heads,ffn", [(4096, 32, 32, 11008), (2048, 32, 8, 5632), (512, 8, 2, 1024)])
+def test_q4mlp_with_the_attention_matches_it_fed_the_attention(gemv_library, hidden, heads, kv_heads, ffn):
+    """relaxtune_q4mlp_attn_i8: x computed by every block from q, k, v (one row: the attention of a row over itself is
+    its v, rounded once) against relaxtune_q4mlp_i8 given that x; h, act and y equal to the bit."""
+    import tvm
+    import tvm_ffi
+
+    from relaxtune.kernels import quant_formats as qf
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the fused MLP kernel needs compute capability 9.0+")
+    rng = np.random.default_rng(hidden + heads)
+    dim = hidden // heads
+
+    def weight(n, k):
+        parts = qf.quantize(qf.own_format(4, 32), rng.standard_normal((n, k)).astype(np.float32) / k**0.5)
+        return [tvm.runtime.tensor(v, tvm.cuda(0)) for v in (qf.pack_q4_gpu(parts["qweight"]), parts["scale"])]
+
+    wo, wgu, wd = weight(hidden, hidden), weight(2 * ffn, hidden), weight(hidden, ffn)
+    qkv = torch.randn(1, 1, heads + 2 * kv_heads, dim, device="cuda", dtype=torch.float16)
+    tables = torch.randn(2, 1, dim, device="cuda", dtype=torch.float16)
+    x = qkv[:, :, heads + kv_heads :].repeat_interleave(heads // kv_heads, dim=2).reshape(1, hidden).contiguous()
+    res = torch.randn(1, hidden, device="cuda", dtype=torch.float16)
+    g = (1 + 0.1 * torch.randn(hidden, device="cuda")).half()
+    ffi = tvm_ffi.from_dlpack
+    outs = [
+        [torch.full((1, n), float("nan"), device="cuda", dtype=torch.float16) for n in (hidden, ffn, hidden)]
+        for _ in range(2)
+    ]
+    weights = [ffi(res), *wo, ffi(g), *wgu, *wd, 1e-5]
+    gemv_library["relaxtune_q4mlp_i8"](ffi(x), *weights, *(ffi(o) for o in outs[0]))
+    heads_arg = tvm_ffi.Shape((0, heads, heads + kv_heads, kv_heads))
+    for _ in range(2):
+        attention = [ffi(qkv)] * 3 + [ffi(tables[0]), ffi(tables[1]), heads_arg, 1, dim**-0.5, 2]
+        gemv_library["relaxtune_q4mlp_attn_i8"](*attention, *weights, *(ffi(o) for o in outs[1]))
+        torch.cuda.synchronize()
+        for name, got, want in zip(("h", "act", "y"), outs[1], outs[0]):
+            assert torch.equal(got, want), (name, (got.float() - want.float()).abs().max().item())
+
+
 def test_q4mlp_says_why_it_does_not_apply(gemv_library):
     import tvm
     import tvm_ffi
