@@ -80,3 +80,36 @@ def chosen_passes():
         return [p for p in fusion_passes(target, {}, options) if p.info.name in names]
 
     return chosen
+
+
+@pytest.fixture(scope="session")
+def decode_bucket_calls():
+    """`decode_bucket_calls(config, libraries)`: the kernels the fp16 llama-block's (`config`, a parse_config string)
+    n = 1 bucket calls in its cuda build with CudaLibraries `libraries`, in order: an extern's name, or "tir"."""
+    import tvm
+    from tvm import relax
+
+    from relaxtune import api, targets
+    from relaxtune.config import CompileConfig, JobConfig
+    from relaxtune.relax_passes.pipeline import fuse
+    from relaxtune.workloads import load, parse_config
+
+    dps, tir = tvm.ir.Op.get("relax.call_dps_packed"), tvm.ir.Op.get("relax.call_tir")
+
+    def calls(config: str, libraries) -> list[str]:
+        workload = load("llama-block", parse_config(config), "float16")
+        job = JobConfig(compile=CompileConfig(use_cache=False, cublas=libraries))
+        mod = fuse(workload.mod, targets.resolve("cuda").target, api.bucket_plan(workload, job), job.compile)
+        (func,) = [f for gv, f in mod.functions_items() if gv.name_hint.startswith("main_n1_")]
+        found = []
+
+        def visit(e):
+            if isinstance(e, relax.Call) and e.op.same_as(dps):
+                found.append(str(e.args[0].global_symbol) if isinstance(e.args[0], relax.ExternFunc) else "tir")
+            elif isinstance(e, relax.Call) and e.op.same_as(tir):
+                found.append("tir")
+
+        relax.analysis.post_order_visit(func, visit)
+        return found
+
+    return calls

@@ -179,35 +179,9 @@ def test_the_fused_call_computes_what_the_two_did(numpy_kernels, rows):
 
 
 # ---- in the pipeline: the fp16 llama-block's n = 1 bucket on cuda
-def _bucket_calls(attention: bool) -> list[str]:
-    from relaxtune import api, targets
-    from relaxtune.config import JobConfig
-    from relaxtune.relax_passes.pipeline import fuse
-    from relaxtune.workloads import load, parse_config
-
-    workload = load(
-        "llama-block", parse_config("hidden=256,heads=4,kv_heads=2,ffn=128,max_seq=64,max_batch=1"), "float16"
-    )
-    job = JobConfig(compile=CompileConfig(use_cache=False, cublas=CudaLibraries(gemv_attention=attention)))
-    target = targets.resolve("cuda")
-    mod = fuse(workload.mod, target.target, api.bucket_plan(workload, job), job.compile)
-    (func,) = [f for gv, f in mod.functions_items() if gv.name_hint.startswith("main_n1_")]
-    calls = []
-    relax.analysis.post_order_visit(
-        func,
-        lambda e: (
-            calls.append(str(e.args[0].global_symbol) if isinstance(e.args[0], relax.ExternFunc) else "tir")
-            if isinstance(e, relax.Call) and e.op.same_as(tvm.ir.Op.get("relax.call_dps_packed"))
-            else calls.append("tir")
-            if isinstance(e, relax.Call) and e.op.same_as(tvm.ir.Op.get("relax.call_tir"))
-            else None
-        ),
-    )
-    return calls
-
-
-def test_llama_block_decode_bucket_has_no_flash_kernel():
-    fused, plain = _bucket_calls(True), _bucket_calls(False)
+def test_llama_block_decode_bucket_has_no_flash_kernel(decode_bucket_calls):
+    config = "hidden=256,heads=4,kv_heads=2,ffn=128,max_seq=64,max_batch=1"
+    fused, plain = (decode_bucket_calls(config, CudaLibraries(gemv_attention=on)) for on in (True, False))
     assert fused.count(gemv.NK_ATTN_ADD_FUNCTION) == 1 and flash_attention.ROPE_QK_FUNCTION not in fused, fused
     assert plain.count(flash_attention.ROPE_QK_FUNCTION) == 1 and gemv.NK_ATTN_ADD_FUNCTION not in plain, plain
     assert len(fused) == len(plain) - 2, (fused, plain)  # the flash call and the reshape between

@@ -261,35 +261,9 @@ def test_the_fused_calls_compute_what_the_chain_did(numpy_kernels):
 
 
 # ---- in the pipeline: the fp16 llama-block's n = 1 bucket on cuda
-def _bucket_calls(prologue: bool) -> list[str]:
-    from relaxtune import api, targets
-    from relaxtune.config import JobConfig
-    from relaxtune.relax_passes.pipeline import fuse
-    from relaxtune.workloads import load, parse_config
-
-    workload = load(
-        "llama-block", parse_config("hidden=64,heads=2,kv_heads=2,ffn=128,max_seq=64,max_batch=1"), "float16"
-    )
-    job = JobConfig(compile=CompileConfig(use_cache=False, cublas=CudaLibraries(gemv_prologue=prologue)))
-    target = targets.resolve("cuda")
-    mod = fuse(workload.mod, target.target, api.bucket_plan(workload, job), job.compile)
-    (func,) = [f for gv, f in mod.functions_items() if gv.name_hint.startswith("main_n1_")]
-    calls = []
-    relax.analysis.post_order_visit(
-        func,
-        lambda e: (
-            calls.append(e.args[0].global_symbol if isinstance(e.args[0], relax.ExternFunc) else "tir")
-            if isinstance(e, relax.Call) and e.op.same_as(tvm.ir.Op.get("relax.call_dps_packed"))
-            else calls.append("tir")
-            if isinstance(e, relax.Call) and e.op.same_as(tvm.ir.Op.get("relax.call_tir"))
-            else None
-        ),
-    )
-    return [str(c) for c in calls]
-
-
-def test_llama_block_decode_bucket_ends_with_the_fused_calls_and_three_kernels_fewer():
-    fused, plain = _bucket_calls(True), _bucket_calls(False)
+def test_llama_block_decode_bucket_ends_with_the_fused_calls_and_three_kernels_fewer(decode_bucket_calls):
+    config = "hidden=64,heads=2,kv_heads=2,ffn=128,max_seq=64,max_batch=1"
+    fused, plain = (decode_bucket_calls(config, CudaLibraries(gemv_prologue=on)) for on in (True, False))
     assert fused.count(gemv.NK_RMS_FUNCTION) == 1 and fused.count(gemv.NK_RMS_GLU_FUNCTION) == 1, fused
     assert fused.count(gemv.NK_ADD_FUNCTION) == 2 and gemv.NK_SWIGLU_ADD_FUNCTION not in fused, fused
     assert gemv.NK_FUNCTION not in fused and plain.count(gemv.NK_FUNCTION) == 2, plain
