@@ -5,8 +5,8 @@ kernel of its own (CUDA only).
 ``o = relaxtune_flash_attention_rope_qk(q, k, v, cos, sin, heads, causal, scale, block_m)`` (or the ``_rope`` form,
 k already rotated) are each read by nothing else, becomes
 ``y = relaxtune_gemv_nk_attn(q, k, v, cos, sin, heads, causal, scale, rope, w)`` (``_attn_add(..., w, res)``), rope 2
-(q and k rotated) or 1 (q only): each block of the (N, K) GEMV computes the attention of the sequence's rows, a warp
-per head, into its shared memory while its first weight loads are in flight, then the product (kernels/gemv.py,
+(q and k rotated) or 1 (q only): each block of the (N, K) GEMV computes the attention of the sequence's rows, D / 8
+lanes per head, into its shared memory while its first weight loads are in flight, then the product (kernels/gemv.py,
 gemv.cu's kAttnX). Where: o is (1, rows, heads, D) with rows static and at most kernels.gemv.ATTN_MAX_ROWS, q, k and
 v have those rows (self-attention of one short sequence: the prefill of a block or model at n = 1 or 2), D is 64 or
 128 and K = heads x D, all of one dtype (float16 / bfloat16).
@@ -37,7 +37,7 @@ from ..kernels.gemv import (
     NK_ATTN_FUNCTION,
     NK_FUNCTION,
 )
-from .fusion_utils import extern_call, is_op, static_int, use_counts, with_functions
+from .fusion_utils import extern_call, is_op, static_shape, use_counts, with_functions
 
 logger = logging.getLogger(__name__)
 
@@ -48,11 +48,7 @@ ROPE = {ROPE_QK_FUNCTION: 2, ROPE_FUNCTION: 1}  # the flash forms taken, and wha
 
 def _shape(expr) -> list[int] | None:
     """`expr`'s static shape when it is a tensor of a dtype the kernel takes, else None."""
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or ty.dtype not in DTYPES or ty.shape is None:
-        return None
-    dims = [static_int(d) for d in ty.shape.values]
-    return None if any(d is None for d in dims) else dims
+    return static_shape(expr) if isinstance(expr.ty, relax.TensorType) and expr.ty.dtype in DTYPES else None
 
 
 def attention_operands(var2val: dict, uses, x, features: int, max_rows: int = ATTN_MAX_ROWS) -> tuple | None:

@@ -42,7 +42,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from ..kernels.gemv import Q4_I8_ADD_FUNCTION, Q4_I8_FUNCTION, Q4_MLP_ATTN_FUNCTION, Q4_MLP_FUNCTION, Q4_MLP_MAX_K
 from .fuse_attention_gemv_cuda import attention_operands
 from .fuse_gemv_prologue_cuda import PrologueMatcher
-from .fusion_utils import extern_call, static_int, with_functions
+from .fusion_utils import extern_call, static_shape, with_functions
 
 logger = logging.getLogger(__name__)
 
@@ -51,18 +51,9 @@ DTYPE = "float16"
 Q4_I8 = (Q4_I8_FUNCTION, Q4_I8_ADD_FUNCTION)  # RewriteQuantGemvToCuda's int8-activation calls
 
 
-def _shape(expr) -> list[int] | None:
-    """The static shape of a tensor-typed `expr`, else None."""
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    dims = [static_int(d) for d in ty.shape.values]
-    return None if None in dims else dims
-
-
 def _weight(packed, scale, max_k: int) -> tuple[int, int] | None:
     """(N, K) of a 4-bit weight whose scale rows the kernel copies whole, K <= max_k; else None."""
-    shapes = [_shape(packed), _shape(scale)]
+    shapes = [static_shape(packed), static_shape(scale)]
     if any(s is None or len(s) != 2 for s in shapes) or shapes[0][0] != shapes[1][0]:
         return None
     (n, words), (_, groups) = shapes
@@ -71,7 +62,7 @@ def _weight(packed, scale, max_k: int) -> tuple[int, int] | None:
 
 
 def _one_row(x, k: int) -> bool:
-    shape = _shape(x)
+    shape = static_shape(x)
     return shape is not None and x.ty.dtype == DTYPE and math.prod(shape) == k
 
 

@@ -299,6 +299,15 @@ def static_int(value) -> int | None:
     return int(value) if isinstance(value, tirx.IntImm) else None
 
 
+def static_shape(expr) -> list[int] | None:
+    """The static shape of a tensor-typed `expr` (every dimension a constant), else None."""
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    dims = [static_int(d) for d in ty.shape.values]
+    return None if None in dims else dims
+
+
 def static_ints(expr) -> list[int] | None:
     """The values of a tuple of static integers (a strided_slice's axes, begin, end, strides), else None."""
     if not isinstance(expr, relax.Tuple):

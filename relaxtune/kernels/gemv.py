@@ -28,8 +28,8 @@ Emitted by `RewriteGemvToCuda` (relax_passes/gemv_cuda.py) in the small (decode)
 - `relaxtune_gemv_nk_attn(q, k, v, cos, sin, heads, causal, scale, rope, w, y)` / `relaxtune_gemv_nk_attn_add(...,
   w, r, y)`: `y = attention(q, k, v) @ w^T (+ r)` for one sequence of up to 2 rows (batch 1) attending to itself,
   heads (q_head0, k_head0, v_head0, kv_heads) as the flash kernel takes them, q (rope 1) or q and k (rope 2) rotated
-  by the (>= rows, D) tables: each block computes the attention (a warp per head) into shared memory as its x, as the
-  flash kernel rounds. Emitted by `FuseAttentionGemvCuda` (relax_passes/fuse_attention_gemv_cuda.py).
+  by the (>= rows, D) tables: each block computes the attention (D / 8 lanes per head) into shared memory as its x,
+  as the flash kernel rounds. Emitted by `FuseAttentionGemvCuda` (relax_passes/fuse_attention_gemv_cuda.py).
 - `relaxtune_q4gemv(x, w, scale, y)` and `relaxtune_q4gemv_add(x, w, scale, r, y)`: the same product for a 4-bit
   weight in the GPU layout (`quant_formats.pack_q4_gpu`, (N, K / 8) uint32, fp16 scales (N, K / group)), dequantized
   in registers; on compute capability 9.0+ streamed through a shared-memory ring by bulk asynchronous copies
