@@ -113,3 +113,37 @@ def decode_bucket_calls():
         return found
 
     return calls
+
+
+@pytest.fixture
+def numpy_externs():
+    """`numpy_externs(contract)`: registers each {extern name: Python function} of `contract` as the global function
+    a Relax VM calls for that `call_dps_packed` (a kernel's contract in numpy, on the CPU); removed after the test."""
+    import tvm_ffi
+
+    names = []
+
+    def register(contract: dict) -> None:
+        for name, fn in contract.items():
+            tvm_ffi.register_global_func(name, fn, override=True)
+            names.append(name)
+
+    yield register
+    for name in names:
+        tvm_ffi.remove_global_func(name)
+
+
+@pytest.fixture(scope="session")
+def run_on_cpu():
+    """`run_on_cpu(mod, args, name)`: function `name` of `mod` built for llvm and run by the VM on numpy `args`; its
+    output as float32."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    def run(mod, args, name: str):
+        mod = tvm.IRModule({"main": mod[name].with_attr("global_symbol", "main")})
+        vm = relax.VirtualMachine(tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"})), tvm.cpu())
+        return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy().astype(np.float32)
+
+    return run

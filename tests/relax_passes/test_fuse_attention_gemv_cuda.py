@@ -11,8 +11,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-import tvm_ffi
-from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
@@ -146,23 +144,9 @@ CONTRACT = {
 }
 
 
-@pytest.fixture
-def numpy_kernels():
-    for name, fn in CONTRACT.items():
-        tvm_ffi.register_global_func(name, fn, override=True)
-    yield
-    for name in CONTRACT:
-        tvm_ffi.remove_global_func(name)
-
-
-def _run(mod, args):
-    mod = tvm.IRModule({"main": mod["main_n1"].with_attr("global_symbol", "main")})
-    vm = relax.VirtualMachine(tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"})), tvm.cpu())
-    return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy().astype(np.float32)
-
-
 @pytest.mark.parametrize("rows", [1, 2])
-def test_the_fused_call_computes_what_the_two_did(numpy_kernels, rows):
+def test_the_fused_call_computes_what_the_two_did(numpy_externs, run_on_cpu, rows):
+    numpy_externs(CONTRACT)
     rng = np.random.default_rng(rows)
     angles = np.arange(rows)[:, None] * rng.random((1, 32))
     args = [
@@ -173,7 +157,7 @@ def test_the_fused_call_computes_what_the_two_did(numpy_kernels, rows):
         rng.standard_normal((1, rows, 32)).astype(np.float16),
     ]
     module = _block(rows)
-    before, after = _run(module, args), _run(FuseAttentionGemvCuda()(module), args)
+    before, after = (run_on_cpu(m, args, "main_n1") for m in (module, FuseAttentionGemvCuda()(module)))
     assert np.isfinite(after).all() and np.abs(after - args[4]).max() > 0.1
     np.testing.assert_allclose(after, before, rtol=0, atol=1e-2)
 

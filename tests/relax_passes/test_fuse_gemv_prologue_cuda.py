@@ -9,9 +9,7 @@ tests/kernels/test_gpu_kernels.py (against torch on a GPU).
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import tvm
-import tvm_ffi
 from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
@@ -226,23 +224,8 @@ CONTRACT = {
 }
 
 
-@pytest.fixture
-def numpy_kernels():
-    for name, fn in CONTRACT.items():
-        tvm_ffi.register_global_func(name, fn, override=True)
-    yield
-    for name in CONTRACT:
-        tvm_ffi.remove_global_func(name)
-
-
-def _run(mod, args, name="main_n1"):
-    mod = tvm.IRModule({"main": mod[name].with_attr("global_symbol", "main")})
-    ex = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}))
-    vm = relax.VirtualMachine(ex, tvm.cpu())
-    return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy().astype(np.float32)
-
-
-def test_the_fused_calls_compute_what_the_chain_did(numpy_kernels):
+def test_the_fused_calls_compute_what_the_chain_did(numpy_externs, run_on_cpu):
+    numpy_externs(CONTRACT)
     rng = np.random.default_rng(0)
     args = [
         rng.standard_normal((1, 1, 64)).astype(np.float16),
@@ -251,11 +234,11 @@ def test_the_fused_calls_compute_what_the_chain_did(numpy_kernels):
         (rng.standard_normal((64, 48)) / 7).astype(np.float16),
     ]
     for mod in (Before, _with_gu(norm=False)):
-        before, after = _run(mod, args), _run(FuseGemvPrologueCuda()(mod), args)
+        before, after = (run_on_cpu(m, args, "main_n1") for m in (mod, FuseGemvPrologueCuda()(mod)))
         assert np.isfinite(after).all() and np.abs(after).max() > 0.1
         np.testing.assert_allclose(after, before, rtol=0, atol=1e-2)
     split_args = [rng.standard_normal((1, 1, 96)).astype(np.float16), args[3], args[0]]
-    before, after = (_run(m, split_args, "decode") for m in (BeforeSplit, FuseGemvPrologueCuda()(BeforeSplit)))
+    before, after = (run_on_cpu(m, split_args, "decode") for m in (BeforeSplit, FuseGemvPrologueCuda()(BeforeSplit)))
     assert np.abs(after).max() > 0.1
     np.testing.assert_allclose(after, before, rtol=0, atol=1e-2)
 
