@@ -200,6 +200,8 @@ Q4_VARIANTS = {
     "llama7b-q4-nomlp-rf-cublas-flash": ("relaxtune", False, CudaLibraries(q4_mlp=False)),
     # the MLP kernel without the n = 1 attention in it (the flash kernel before it: FuseQuantMlpCuda(attention=False))
     "llama7b-q4-noattn-rf-cublas-flash-graph": ("relaxtune", True, CudaLibraries(gemv_attention=False)),
+    # int8 activations, the q/k/v's RMSNorm its own kernel (FuseQuantGemvPrologueCuda off)
+    "llama7b-q4-noprologue-rf-cublas-flash-graph": ("relaxtune", True, CudaLibraries(gemv_prologue=False)),
 }
 FLOAT16_ACTIVATIONS = ("llama7b-q4-f16act-rf-cublas-flash-graph",)  # built with CompileConfig(int8_activations=False)
 FLASH.update(dict.fromkeys(Q4_VARIANTS, FlashAttention()))

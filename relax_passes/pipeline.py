@@ -15,6 +15,7 @@ from tvm import relax
 
 from ..config import CompileConfig
 from ..kernels import flash_attention, gemv
+from ..kernels.device_code import arch_number
 from ..schedules.apply import ApplyTunedSchedules
 from ..schedules.rules import rule_schedules
 from ..schedules.rules.gpu_rules import require_gpu_schedules
@@ -34,6 +35,7 @@ from .fuse_attention_gemv_cuda import FuseAttentionGemvCuda
 from .fuse_attention_prologue import FuseAttentionPrologue
 from .fuse_gemv_prologue_cuda import FuseGemvPrologueCuda
 from .fuse_norm_gemv import FuseNormIntoGemv
+from .fuse_quant_gemv_prologue_cuda import FuseQuantGemvPrologueCuda
 from .fuse_quant_mlp_cuda import FuseQuantMlpCuda
 from .fuse_swiglu import FuseSwiGLU
 from .gemv_cuda import RewriteGemvToCuda
@@ -72,6 +74,7 @@ def fusion_passes(
     cpu_nk = weights_nk and not gpu
     flash_on = flash.enabled and flash_attention.supports(arch)
     quant_gpu = library and target.kind.name == "cuda" and gemv.supports(arch)  # 4-bit weights: relaxtune's kernels
+    quant_prologue = quant_gpu and options.int8_activations and libs.gemv_prologue and arch_number(arch) >= 90
     lift_tables = flash_on and flash.lift_tables
     quant_mlp = quant_gpu and options.int8_activations and libs.q4_mlp and gemv.supports(arch, gemv.Q4_MLP_MIN_ARCH)
     return [
@@ -139,6 +142,7 @@ def fusion_passes(
         ),
         # one-row (attention and) o_proj .. down over 4-bit weights: one kernel
         *([FuseQuantMlpCuda(attention=libs.gemv_attention and flash_on)] if quant_mlp else []),
+        *([FuseQuantGemvPrologueCuda()] if quant_prologue else []),  # q/k/v's RMSNorm in the int8 GEMV
         *([RewriteGemmToCublas(min_rows=libs.min_rows, decode_wide=libs.decode_wide)] if library else []),
         *([RewriteResidualAddToCublas(min_rows=libs.residual_min_rows)] if library and libs.residual else []),
         *([RewriteBatchedGemmToCublas(min_rows=libs.batched_min_rows)] if library and libs.batched else []),

@@ -38,6 +38,9 @@ Emitted by `RewriteGemvToCuda` (relax_passes/gemv_cuda.py) in the small (decode)
   (benchmarks/qgemv_sweep.py), and `relaxtune_q4gemv_kernel(x, w, scale, y)` names the kernel it would launch.
   `relaxtune_q4gemv_i8` / `_i8_add` / `_i8_kernel`: the same with int8 activations (x quantized per 16 values in
   the kernel, dp4a products; the `i8` families of qgemv_stream.cu) where a streamed kernel applies.
+  `relaxtune_q4gemv_i8_rms(x, g, w, scale, eps, y)`: the same with the RMSNorm before it computed by each thread for
+  its own pieces of x (compute capability 9.0+, K / group a multiple of 8, K <= Q4_PROLOGUE_MAX_K; emitted by
+  `FuseQuantGemvPrologueCuda`).
   Compiled with this file's kernels into one fatbin and one host object; emitted by `RewriteQuantGemvToCuda`
   (relax_passes/quant_gemv_cuda.py).
 - `relaxtune_q4mlp_i8(x, res, wo, so, g, wgu, sgu, wd, sd, eps, h, act, y)`: a decode step's o_proj through its
@@ -108,12 +111,15 @@ Q4_MLP_KERNEL_FUNCTION = "relaxtune_q4mlp_i8_kernel"  # (the same operands) -> i
 Q4_MLP_MAX_K = (12288, 16384)  # qmlp_stream.cu's widest A, H and F
 Q4_MLP_MIN_ARCH = 90  # bulk copies into a shared-memory ring, as qgemv_stream.cu
 Q4_MLP_KERNELS = ("relaxtune_q4mlp_h1f4", "relaxtune_q4mlp_h3f4")  # qmlp_stream.cu's, as qmlp_host.cc lists them
+Q4_I8_RMS_FUNCTION = "relaxtune_q4gemv_i8_rms"  # (x, g, w, scale, eps, y): rms_norm(x) @ W^T, int8 activations
+Q4_PROLOGUE_MAX_K = 256 * 16 * 3  # the prologue kernels' K: 3 pieces of 16 per thread of a row group
 # qgemv_stream.cu's kernels, as qgemv_host.cc's kQ4StreamKernels lists them: family s<GR>r<RPG> (GR row groups of 8
 # warps, RPG rows per group per ring slot), p<PMAX> (K up to 256 * 16 * PMAX), _m<rows of x>
 Q4_STREAM_KERNELS = tuple(
     f"relaxtune_q4gemv_{kind}_m{m}"
     for kind in ("s2r4p1", "s2r4p3", "s2r8p1", "s2r2p3", "s3r2p1", "s1r8p1", "s1r8p3")
     + ("i8s2r4p1", "i8s2r4p3", "i8s2r8p1", "i8s1r8p1", "i8s1r8p3")
+    + tuple(f"{kind}_rms" for kind in ("i8s2r8p1", "i8s2r4p1", "i8s2r4p3"))  # the RMSNorm as x's prologue
     for m in (1, 2)
 )
 MIN_ARCH = 80

@@ -21,6 +21,8 @@ struct Q4StreamArgs {  // must match qgemv_stream.cu's Q4StreamParams
   const void *x, *w, *scale, *res;
   void* y;
   int rows, k, n, group_shift, stages;
+  const void* g;
+  float eps;
 };
 struct Q4StreamKernel {
   const char* family;
@@ -32,6 +34,10 @@ constexpr Q4StreamKernel kQ4StreamKernels[] = {{"s2r4", 2, 4, 1}, {"s2r4", 2, 4,
                                                {"s1r8", 1, 8, 3}, {"i8s2r4", 2, 4, 1}, {"i8s2r4", 2, 4, 3},
                                                {"i8s2r8", 2, 8, 1}, {"i8s1r8", 1, 8, 1}, {"i8s1r8", 1, 8, 3}};
 constexpr int kQ4PieceThreads = 256, kQ4PieceWeights = 16, kQ4BarrierBytes = 1024, kQ4MaxStages = 64;
+constexpr int kQ4ScratchBytes = 256;  // qgemv_stream.cu's
+// x prologues (qgemv_stream.cu's P, gemv.cu's kinds): kernels with one exist for int8 activations in the default
+// int8 families only (relaxtune_q4gemv_i8s2r8p1_rms_m1, ...)
+enum { kQ4PlainX = 0, kQ4RmsX = 1 };
 constexpr int kMaxSharedOptIn = 97;  // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
 
 std::string Q4Family(bool int8) {
@@ -67,13 +73,13 @@ bool PlanQ4Stream(const std::string& family, int64_t k, int64_t n, int shift, co
   const int64_t slot_rows = kernel->groups * kernel->rows_per_group;
   const int64_t slot_bytes = slot_rows * (k / 2 + 2 * groups), partial_bytes = rows * tile_rows * 8 * 4;
   int64_t stages = std::min<int64_t>({kQ4MaxStages, (rows + slot_rows - 1) / slot_rows,
-                                      (shared_limit - kQ4BarrierBytes - partial_bytes) / slot_bytes});
+                                      (shared_limit - kQ4BarrierBytes - partial_bytes - kQ4ScratchBytes) / slot_bytes});
   if (Q4ForcedStages() > 0) stages = std::min<int64_t>(stages, Q4ForcedStages());
   if (stages < std::min<int64_t>(2, (rows + slot_rows - 1) / slot_rows)) return false;
   plan->name = std::string("relaxtune_q4gemv_") + family + "p" + std::to_string(kernel->pieces);
   plan->blocks = static_cast<int>(blocks), plan->threads = kQ4PieceThreads * kernel->groups + 32;
   plan->stages = static_cast<int>(stages);
-  plan->shared_bytes = static_cast<int>(kQ4BarrierBytes + stages * slot_bytes + partial_bytes);
+  plan->shared_bytes = static_cast<int>(kQ4BarrierBytes + stages * slot_bytes + partial_bytes + kQ4ScratchBytes);
   return true;
 }
 
@@ -112,12 +118,18 @@ Q4Weight CheckQ4Weight(const char* what, const tvm::ffi::TensorView& w, const tv
 // `chosen`, nothing is launched: the first launch's kernel name is put there (for tests and measurements)
 void LaunchQ4(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, const tvm::ffi::TensorView& scale,
               const tvm::ffi::TensorView* r, const tvm::ffi::TensorView& y, bool int8,
-              std::string* chosen = nullptr) {
+              std::string* chosen = nullptr, int prologue = kQ4PlainX, const tvm::ffi::TensorView* g = nullptr,
+              double eps = 0.0) {
   const Q4Weight q = CheckQ4Weight("q4gemv", w, scale);
   const int64_t n = q.n, k = q.k;
   const int shift = q.shift;
   TVM_FFI_ICHECK(x.ndim() >= 1 && x.size(x.ndim() - 1) == k && IsHalf(x.dtype())) << "q4gemv: x must be (..., K = " << k << ") float16";
   const int64_t m = x.numel() / k;
+  if (prologue == kQ4RmsX) {
+    TVM_FFI_ICHECK(g != nullptr && g->ndim() == 1 && g->size(0) == k && IsHalf(g->dtype()) && g->IsContiguous() &&
+                   reinterpret_cast<uintptr_t>(Data(*g)) % 16 == 0)
+        << "q4gemv: the norm's weight must be (K = " << k << ") float16, 16-byte aligned";
+  }
   TVM_FFI_ICHECK(IsHalf(y.dtype()) && y.size(y.ndim() - 1) == n && y.numel() == m * n) << "q4gemv: y must be (..., N) float16 with x's rows";
   TVM_FFI_ICHECK(k <= INT32_MAX / 2 && n <= INT32_MAX / 2) << "q4gemv: too large";
   for (const auto* t : {&x, &y, r}) {  // the weight and its scales: CheckQ4Weight
@@ -133,7 +145,8 @@ void LaunchQ4(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, cons
   const bool pdl = major >= 9 && ProgrammaticLaunch();
   void* stream = TVMFFIEnvGetStream(dev.device_type, dev.device_id);
   std::vector<std::string> families;  // in order of preference, up to the first "reg"
-  for (std::string rest = Q4Family(int8); !rest.empty();) {
+  // a prologue exists in the default int8 families only
+  for (std::string rest = prologue != kQ4PlainX ? kQ4DefaultInt8Family : Q4Family(int8); !rest.empty();) {
     const size_t comma = rest.find(',');
     families.push_back(rest.substr(0, comma));
     rest = comma == std::string::npos ? std::string() : rest.substr(comma + 1);
@@ -148,15 +161,20 @@ void LaunchQ4(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, cons
                               Attribute(d, dev.device_id, kMaxSharedOptIn), rows, &plan);
       if (streamed) break;
     }
+    TVM_FFI_ICHECK(streamed || prologue == kQ4PlainX)
+        << "q4gemv: no streamed kernel takes this product's prologue (K = " << k << ", compute capability " << major
+        << "): it needs compute capability 9.0+, K / group a multiple of 8 and K <= 12288";
     if (streamed) {
-      const std::string name = plan.name + "_m" + std::to_string(rows);
+      const char* suffix = prologue == kQ4RmsX ? "_rms" : "";
+      const std::string name = plan.name + suffix + "_m" + std::to_string(rows);
       if (chosen != nullptr) {
         *chosen = name;
         return;
       }
       Ptr fn = Kernel(d, relaxtune_gemv_fatbin, dev.device_id, name, Attribute(d, dev.device_id, kMaxSharedOptIn));
       Q4StreamArgs p{Data(x) + r0 * k * 2, Data(w), Data(scale), r != nullptr ? Data(*r) + r0 * n * 2 : nullptr,
-                     Data(y) + r0 * n * 2, rows, static_cast<int>(k), static_cast<int>(n), shift, plan.stages};
+                     Data(y) + r0 * n * 2, rows, static_cast<int>(k), static_cast<int>(n), shift, plan.stages,
+                     g != nullptr ? Data(*g) : nullptr, static_cast<float>(eps)};
       void* args[] = {&p};
       Start(d, fn, static_cast<unsigned>(plan.blocks), 1, static_cast<unsigned>(plan.threads), pdl, stream, args,
             static_cast<unsigned>(plan.shared_bytes));
@@ -189,6 +207,11 @@ void Q4GemvI8Add(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::Tenso
                  tvm::ffi::TensorView y) {
   LaunchQ4(x, w, s, &r, y, true);
 }
+// with int8 activations and the RMSNorm as x's prologue: y = rms_norm(x, g, eps) @ W^T
+void Q4GemvI8Rms(tvm::ffi::TensorView x, tvm::ffi::TensorView g, tvm::ffi::TensorView w, tvm::ffi::TensorView s,
+                 double eps, tvm::ffi::TensorView y) {
+  LaunchQ4(x, w, s, nullptr, y, true, nullptr, kQ4RmsX, &g, eps);
+}
 // the kernel relaxtune_q4gemv(x, w, s, y) (int8: relaxtune_q4gemv_i8) would launch first, under the current settings
 std::string ChosenQ4(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView s, tvm::ffi::TensorView y,
                      bool int8) {
@@ -210,5 +233,6 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4gemv, Q4Gemv);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4gemv_add, Q4GemvAdd);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4gemv_i8, Q4GemvI8);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4gemv_i8_add, Q4GemvI8Add);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4gemv_i8_rms, Q4GemvI8Rms);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4gemv_kernel, Q4GemvKernel);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4gemv_i8_kernel, Q4GemvI8Kernel);

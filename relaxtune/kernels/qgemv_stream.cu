@@ -27,6 +27,11 @@
 // that joins the two sums, one conversion and one FMA with the weight's and x's scales: about 15 instructions per 16
 // weights against about 35 for the fp16 products, which bound the fp16 kernel below the copy rate. The integer sums
 // are exact; x's rounding to int8 is the only other error.
+//
+// x prologue (P, gemv.cu's kinds, with int8 activations): kRmsX, x = rms_norm(x, g, eps) over K: each row group's
+// 256 threads hold the whole row of x, so their sums of squares meet in shared memory behind a named barrier of the
+// group, and each thread scales its own pieces (fp32, one rounding to fp16, as TVM's legalized rms_norm). The
+// RMSNorm before a decode projection is then no kernel.
 #include <cuda_fp16.h>
 #include <stdint.h>
 
@@ -40,11 +45,14 @@ struct Q4StreamParams {  // must match qgemv_host.cc
   int k, n;
   int group_shift;    // group = 32 << group_shift weights per scale
   int stages;         // ring slots (<= kQ4StreamMaxStages)
+  const void* g;      // kRmsX: the norm's weight (K) fp16, else null
+  float eps;          // kRmsX: its epsilon
 };
 
 constexpr int kQ4PieceThreads = 256;      // threads of a row group: 8 warps
 constexpr int kQ4StreamMaxStages = 64;    // mbarriers: full and empty per slot in the first kQ4BarrierBytes
 constexpr int kQ4BarrierBytes = 1024;
+constexpr int kQ4ScratchBytes = 256;      // after the partial sums: the norm's per-warp sums of squares
 
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -148,7 +156,7 @@ __device__ __forceinline__ float warp_transposed_sum(float (&v)[NV], int lane) {
 }
 #endif
 
-template <int M, int GR, int RPG, int PMAX, bool I8>
+template <int M, int GR, int RPG, int PMAX, bool I8, int P>
 __device__ __forceinline__ void q4stream_body(const Q4StreamParams& p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int RS = GR * RPG, kConsumers = kQ4PieceThreads * GR, NV = RPG * M, kWarpsPerGroup = kQ4PieceThreads / 32;
@@ -190,6 +198,16 @@ __device__ __forceinline__ void q4stream_body(const Q4StreamParams& p) {
   const __half* res = static_cast<const __half*>(p.res);
   __half* y = static_cast<__half*>(p.y);
   wait_for_previous_kernel();  // x, the residual and y only after the previous kernel
+  uint4 gv[P == kRmsX ? PMAX : 1][2];  // kRmsX: the norm's weight for this thread's pieces, loaded with x
+  if constexpr (P == kRmsX) {
+#pragma unroll
+    for (int j = 0; j < PMAX; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int piece = t + j * kQ4PieceThreads;
+        gv[j][h] = piece < pieces ? __ldg(static_cast<const uint4*>(p.g) + 2 * piece + h) : make_uint4(0, 0, 0, 0);
+      }
+  }
   uint4 xv[M][PMAX][2];        // this thread's pieces of x: 16 halfs each
 #pragma unroll
   for (int m = 0; m < M; ++m)
@@ -201,6 +219,44 @@ __device__ __forceinline__ void q4stream_body(const Q4StreamParams& p) {
         xv[m][j][h] = m < p.rows && piece < pieces ? __ldg(x + static_cast<size_t>(m) * (p.k / 8) + 2 * piece + h)
                                                    : make_uint4(0, 0, 0, 0);
       }
+  if constexpr (P == kRmsX) {  // the row group's sum of squares, then each thread's pieces scaled by g
+    float* scratch = reinterpret_cast<float*>(part + static_cast<size_t>(rows) * M * kWarpsPerGroup) + g * M * 8;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float sq = 0.0f;
+#pragma unroll
+      for (int j = 0; j < PMAX; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float f[8];
+          unpack8<__half>(xv[m][j][h], f);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) sq = fmaf(f[e], f[e], sq);
+        }
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+      if (lane == 0) scratch[m * 8 + warp] = sq;
+    }
+    asm volatile("bar.sync %0, %1;" ::"r"(2 + g), "r"(kQ4PieceThreads) : "memory");  // this row group's warps
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int q = 0; q < kWarpsPerGroup; ++q) sum += scratch[m * 8 + q];
+      const float scale = rsqrtf(sum / static_cast<float>(p.k) + p.eps);
+#pragma unroll
+      for (int j = 0; j < PMAX; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float f[8], gf[8];
+          unpack8<__half>(xv[m][j][h], f);
+          unpack8<__half>(gv[j][h], gf);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) f[e] = scale * f[e] * gf[e];
+          xv[m][j][h] = pack8<__half>(f);
+        }
+    }
+  }
   uint32_t xq[M][PMAX][4];  // I8: the pieces as int8, -8 x their sums, their scales / 16 (else unused)
   int xcorr[M][PMAX];
   float xscale[M][PMAX];
@@ -273,10 +329,11 @@ __device__ __forceinline__ void q4stream_body(const Q4StreamParams& p) {
 }
 
 // GR row groups of 8 warps (+ the producer warp), RPG rows per group per slot, up to PMAX pieces of K per thread
-#define RELAXTUNE_Q4STREAM(NAME, M, GR, RPG, PMAX, I8)                                                     \
+#define RELAXTUNE_Q4STREAM_X(NAME, M, GR, RPG, PMAX, I8, P)                                                \
   extern "C" __global__ void __launch_bounds__(kQ4PieceThreads * GR + 32, 1) NAME(Q4StreamParams p) { \
-    q4stream_body<M, GR, RPG, PMAX, I8>(p);                                                                \
+    q4stream_body<M, GR, RPG, PMAX, I8, P>(p);                                                             \
   }
+#define RELAXTUNE_Q4STREAM(NAME, M, GR, RPG, PMAX, I8) RELAXTUNE_Q4STREAM_X(NAME, M, GR, RPG, PMAX, I8, kPlainX)
 
 // name: relaxtune_q4gemv_[i8]s<GR>r<RPG>p<PMAX>_m<M> (i8: int8 activations); qgemv_host.cc's kQ4StreamKernels
 // lists them. Three row groups (800 threads: <= 80 registers) only with one piece: with three, two rows of x spill
@@ -304,3 +361,10 @@ RELAXTUNE_Q4STREAM(relaxtune_q4gemv_i8s1r8p1_m1, 1, 1, 8, 1, true)
 RELAXTUNE_Q4STREAM(relaxtune_q4gemv_i8s1r8p1_m2, 2, 1, 8, 1, true)
 RELAXTUNE_Q4STREAM(relaxtune_q4gemv_i8s1r8p3_m1, 1, 1, 8, 3, true)
 RELAXTUNE_Q4STREAM(relaxtune_q4gemv_i8s1r8p3_m2, 2, 1, 8, 3, true)
+// with the RMSNorm as x's prologue (int8 activations only): _rms
+RELAXTUNE_Q4STREAM_X(relaxtune_q4gemv_i8s2r8p1_rms_m1, 1, 2, 8, 1, true, kRmsX)
+RELAXTUNE_Q4STREAM_X(relaxtune_q4gemv_i8s2r8p1_rms_m2, 2, 2, 8, 1, true, kRmsX)
+RELAXTUNE_Q4STREAM_X(relaxtune_q4gemv_i8s2r4p1_rms_m1, 1, 2, 4, 1, true, kRmsX)
+RELAXTUNE_Q4STREAM_X(relaxtune_q4gemv_i8s2r4p1_rms_m2, 2, 2, 4, 1, true, kRmsX)
+RELAXTUNE_Q4STREAM_X(relaxtune_q4gemv_i8s2r4p3_rms_m1, 1, 2, 4, 3, true, kRmsX)
+RELAXTUNE_Q4STREAM_X(relaxtune_q4gemv_i8s2r4p3_rms_m2, 2, 2, 4, 3, true, kRmsX)

@@ -176,6 +176,47 @@ def test_q4f16_llama_7b_block_matches_its_dequantized_reference(tmp_path):
         assert err < BLOCK_TOLERANCE[True], (n, err)  # int8 activations at n = 1
 
 
+@pytest.mark.parametrize("rows,k,n", [(1, 4096, 4096), (2, 4096, 12288), (1, 11008, 4096), (3, 256, 37)])
+def test_q4gemv_i8_rms_matches_the_norm_then_the_gemv(gemv_library, rows, k, n):
+    """relaxtune_q4gemv_i8_rms (x = rms_norm(x, g) first, qgemv_stream.cu's kRmsX) against the int8 reference on the
+    x the norm kernel would write (fp32 with one rounding to fp16), on compute capability 9.0+ (where it exists);
+    K over the prologue kernels' reach gets one line."""
+    import tvm
+    import tvm_ffi
+
+    from relaxtune.kernels import quant_formats as qf
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the prologue kernels are streamed ones: compute capability 9.0+")
+    rng = np.random.default_rng(rows + k + n)
+    parts = qf.quantize(qf.own_format(4, 32), rng.standard_normal((n, k)).astype(np.float32) / k**0.5)
+    packed = qf.pack_q4_gpu(parts["qweight"])
+    wq, s = tvm.runtime.tensor(packed, tvm.cuda(0)), tvm.runtime.tensor(parts["scale"], tvm.cuda(0))
+    T = tvm_ffi.from_dlpack
+    x = torch.randn(1, rows, k, device="cuda", dtype=torch.float16) * 3
+    g = (torch.rand(k, device="cuda") + 0.5).half()
+    xf = x.float()
+    normed = (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + 1e-5) * g.float()).half()
+    want = torch.from_numpy(qf.q4_gemv_int8_reference(normed[0].cpu().numpy(), packed, parts["scale"])).cuda()
+    for _ in range(2):  # twice: the second launch's named barriers and scratch start as the first's
+        y = torch.full((1, rows, n), float("nan"), device="cuda", dtype=torch.float16)
+        gemv_library["relaxtune_q4gemv_i8_rms"](T(x), T(g), wq, s, 1e-5, T(y))
+        torch.cuda.synchronize()
+        err = (y.float() - want.float()[None]).abs().max().item()
+        # the plain kernel's bound against its reference; x rounded to int8 one step apart moves an output ~3e-4
+        assert err == err and err <= 5e-3, err
+    if rows == 1 and k == 4096:
+        wide = qf.quantize(qf.own_format(4, 32), rng.standard_normal((8, 16384)).astype(np.float32))
+        xw = torch.randn(1, 1, 16384, device="cuda", dtype=torch.float16)
+        gw, yw = torch.ones(16384, device="cuda", dtype=torch.float16), torch.empty(1, 1, 8, device="cuda").half()
+        wwq = tvm.runtime.tensor(qf.pack_q4_gpu(wide["qweight"]), tvm.cuda(0))
+        with pytest.raises(Exception, match="no streamed kernel takes this product's prologue") as raised:
+            gemv_library["relaxtune_q4gemv_i8_rms"](
+                T(xw), T(gw), wwq, tvm.runtime.tensor(wide["scale"], tvm.cuda(0)), 1e-5, T(yw)
+            )
+        assert "K = 16384" in str(raised.value).splitlines()[-1]
+
+
 def _round16(v):
     return np.asarray(v, dtype=np.float32).astype(np.float16).astype(np.float64)
 
