@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# One GPU-machine call (issue 26): the fused 4-bit decode MLP kernel's hand-off between its steps (grid barriers, or
-# h and act polled as flagged words: RELAXTUNE_Q4MLP_BARRIER=flag) and its L2 lookahead (RELAXTUNE_Q4MLP_LOOKAHEAD:
-# slots of weights the producer keeps prefetched into L2 past its ring) traced per step; then the q4f16 7B block built
-# there with the q/k/v RMSNorm as the 4-bit GEMV's prologue (the default) and without it
-# (CudaLibraries(gemv_prologue=False)), timed at n = 1 in turns under those settings (set per build label while its
-# graphs are captured; two VMs of each); then the gpu-marked 4-bit tests and the language models'.
+# One GPU-machine call (issue 26): the fused 4-bit decode MLP kernel's L2 lookahead (RELAXTUNE_Q4MLP_LOOKAHEAD: slots
+# of weights the producer keeps prefetched into L2 past its ring) traced per step at several depths; then the q4f16
+# 7B block built there with the q/k/v RMSNorm as the 4-bit GEMV's prologue (the default) and without it
+# (CudaLibraries(gemv_prologue=False)), timed at n = 1 in turns at lookahead depths 0 / 4 / 8 (the depth set per
+# build label while its graphs are captured; two VMs of each); then the gpu-marked 4-bit tests and the language
+# models'.
 #   bash benchmarks/gpu_q4_lookahead.sh OUT [notests]
 set -uo pipefail
 out=${1:?usage: gpu_q4_lookahead.sh OUT [notests]}
@@ -12,7 +12,7 @@ mkdir -p "$out"
 site=$(bash scripts/device_install.sh) || exit 1
 export PYTHONPATH=$site PYTHONUNBUFFERED=1
 start=$SECONDS
-timeout 150 python3 benchmarks/q4mlp_trace.py --out "$out/tr" --variants h1f4-la0,h1f4-flag,h1f4-flag-la4,h1f4-la2,h1f4-la4,h1f4-la8,h1f4-la16,h1f4-la0,h1f4-flag \
+timeout 150 python3 benchmarks/q4mlp_trace.py --out "$out/tr" --variants h1f4-la0,h1f4-la2,h1f4-la4,h1f4-la8,h1f4-la16,h1f4-la0 \
   2>&1 | tail -14
 echo "traced in $((SECONDS - start)) s"
 art=/tmp/gjq4la
@@ -21,12 +21,11 @@ llama7b-q4-rf-cublas-flash,llama7b-q4-noprologue-rf-cublas-flash-graph 2>&1 | ta
 echo "built in $((SECONDS - start)) s"
 builds=() envs=()
 for i in 1 2; do
-  for v in count:0 flag:0 flag:4 count:4; do
-    label=${v%:*}-la${v#*:}-$i
-    builds+=(--build "$label=$art")
-    envs+=(--env "$label:RELAXTUNE_Q4MLP_BARRIER=${v%:*}" --env "$label:RELAXTUNE_Q4MLP_LOOKAHEAD=${v#*:}")
+  for d in 0 4 8; do builds+=(--build "la$d-$i=$art"); envs+=(--env "la$d-$i:RELAXTUNE_Q4MLP_LOOKAHEAD=$d"); done
+  for d in 0 4; do
+    builds+=(--build "norm-la$d-$i=$art:llama7b-q4-noprologue-rf-cublas-flash-graph")
+    envs+=(--env "norm-la$d-$i:RELAXTUNE_Q4MLP_LOOKAHEAD=$d")
   done
-  builds+=(--build "norm-$i=$art:llama7b-q4-noprologue-rf-cublas-flash-graph")
 done
 timeout 200 python3 benchmarks/gpu_ab_builds.py --q4 --variant llama7b-q4-rf-cublas-flash-graph \
   --plain llama7b-q4-rf-cublas-flash "${builds[@]}" "${envs[@]}" --seqs 1 --rounds 9 --out "$out/ab" 2>&1 |

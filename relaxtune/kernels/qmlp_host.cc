@@ -6,7 +6,7 @@
 // relaxtune_q4mlp_i8_kernel(...) names the kernel it would launch, or says why none applies (for tests);
 // relaxtune_q4mlp_i8_trace(..., trace) launches it with a globaltimer stamp per block and event in trace (int64,
 // blocks x 16: benchmarks/q4mlp_trace.py). For measurements, read per launch: RELAXTUNE_Q4MLP=NAME picks the kernel,
-// RELAXTUNE_Q4MLP_STAGES=N caps its ring, RELAXTUNE_Q4MLP_BARRIER=generation / flag takes another hand-off,
+// RELAXTUNE_Q4MLP_STAGES=N caps its ring, RELAXTUNE_Q4MLP_BARRIER=generation takes the other grid barrier,
 // RELAXTUNE_Q4MLP_LOOKAHEAD=N sets the L2 lookahead;
 // relaxtune_q4mlp_i8_launch() says which launch attributes the launches so far took.
 
@@ -38,14 +38,12 @@ std::atomic<bool> both_refused{false};  // the driver refused a cooperative prog
 constexpr int kQ4MlpTraceEvents = 16;  // qmlp_stream.cu's stamps per block
 constexpr int kQ4MlpWarps = 8, kQ4MlpScratch = 4 * kQ4MlpWarps;  // partial sums per row; the norm's per-warp sums
 
-// qmlp_stream.cu's hand-off between its steps: the count barrier where every launch's grid is the SM count
-// (`whole`), else the generation barrier; RELAXTUNE_Q4MLP_BARRIER=generation / count / flag picks one (read per
-// launch, for measurements; flag: h and act polled as flagged words, no barrier)
+// qmlp_stream.cu's grid barrier: the count barrier where every launch's grid is the SM count (`whole`), unless
+// RELAXTUNE_Q4MLP_BARRIER=generation (read per launch, for measurements)
 int Q4MlpBarrier(bool whole) {
   const char* value = std::getenv("RELAXTUNE_Q4MLP_BARRIER");
-  const std::string asked = value != nullptr ? std::string(value) : std::string();
-  if (asked == "flag") return 2;
-  return whole && asked != "generation" ? 1 : 0;
+  const bool generation = value != nullptr && std::string(value) == "generation";
+  return whole && !generation ? 1 : 0;
 }
 
 // the slots' worth of weights the producer keeps prefetched into L2 past its ring: kQ4MlpLookahead, or

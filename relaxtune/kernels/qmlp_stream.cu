@@ -16,10 +16,8 @@
 //     grid barrier;
 //   - every block reads the whole a and quantizes it; Wd; y = sum + h.
 // The grid barrier is the consumers' only (the producer never stops), on state in this module's global memory
-// (q4mlp_grid_barrier); or (kFlagHandoff) no barrier: the owner block also stores its values of h and act as 8-byte
-// words {two fp16, the launch's flag}, and every block polls the words of its pieces until all carry the flag, the
-// barrier and the read back in one L2 round trip (NCCL's LL protocol). h and a are outputs (the caller's memory):
-// written once by their owner block, read by all after the barrier. Each block owns rows in pairs. Each step's time in the kernel: benchmarks/q4mlp_trace.py (the `trace` stamps).
+// (q4mlp_grid_barrier). h and a are outputs (the caller's memory): written once by their owner block, read by all
+// after the barrier. Each step's time in the kernel: benchmarks/q4mlp_trace.py (the `trace` stamps).
 // Where lookahead > 0 the producer also keeps that many slots' worth of the rows after the ring's prefetched into
 // L2 (cp.async.bulk.prefetch.L2): while the consumers wait at a grid barrier and the ring is full, HBM keeps
 // streaming, and the slots after the barrier come from L2.
@@ -51,13 +49,7 @@ constexpr int kQ4MlpTraceEvents = 16;
 
 __device__ unsigned int relaxtune_q4mlp_barrier[2];  // arrivals, generation (zero at module load)
 __device__ unsigned long long relaxtune_q4mlp_arrivals;  // kCountBarrier: every arrival ever (zero at module load)
-enum { kGenerationBarrier = 0, kCountBarrier = 1, kFlagHandoff = 2 };
-// kFlagHandoff: h and act also as 8-byte words {two fp16, the launch's flag} (zero at module load), and the launch
-// count the flags derive from (block 0 bumps it once every block has read it)
-constexpr int kQ4MlpMaxH = 12288, kQ4MlpMaxF = 16384;  // qmlp_host.cc's kernels' widest H and F
-__device__ uint2 relaxtune_q4mlp_h_words[kQ4MlpMaxH / 2];
-__device__ uint2 relaxtune_q4mlp_act_words[kQ4MlpMaxF / 2];
-__device__ unsigned int relaxtune_q4mlp_launches;
+enum { kGenerationBarrier = 0, kCountBarrier = 1 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // event `e` of this block's trace (thread 0 of the consumers, or the producer), where one is asked for
@@ -99,43 +91,6 @@ __device__ __forceinline__ void q4mlp_grid_barrier(int consumers, int kind) {
     __threadfence();
   }
   asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
-}
-
-// kFlagHandoff: values v0, v1 of rows 2i, 2i + 1 with the launch's flag, in one 8-byte store
-__device__ __forceinline__ void q4mlp_put_pair(uint2* words, int i, __half v0, __half v1, unsigned flag) {
-  const uint32_t data = static_cast<uint32_t>(__half_as_ushort(v0)) | static_cast<uint32_t>(__half_as_ushort(v1)) << 16;
-  asm volatile("st.volatile.global.v2.u32 [%0], {%1, %2};" ::"l"(words + i), "r"(data), "r"(flag) : "memory");
-}
-
-// kFlagHandoff: this thread's PMAX pieces of `words` (K values, two per word; zeros past K) once every word carries
-// the launch's flag: each piece is 8 words, 4 16-byte loads, polled until all flags match (the grid barrier and the
-// read back in one)
-template <int PMAX>
-__device__ __forceinline__ void q4mlp_take(const uint2* words, int k, int t, unsigned flag, uint4 (&pv)[PMAX][2]) {
-#pragma unroll
-  for (int j = 0; j < PMAX; ++j) {
-    const int piece = t + j * kQ4PieceThreads;
-    if (16 * piece >= k) {
-      pv[j][0] = pv[j][1] = make_uint4(0, 0, 0, 0);
-      continue;
-    }
-    uint32_t d[8];
-    bool ready;
-    do {
-      ready = true;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        uint32_t a, fa, b, fb;
-        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(a), "=r"(fa), "=r"(b), "=r"(fb)
-                     : "l"(words + 8 * piece + 2 * q)
-                     : "memory");
-        d[2 * q] = a, d[2 * q + 1] = b;
-        ready = ready && fa == flag && fb == flag;
-      }
-    } while (!ready);
-    pv[j][0] = make_uint4(d[0], d[1], d[2], d[3]), pv[j][1] = make_uint4(d[4], d[5], d[6], d[7]);
-  }
 }
 
 struct Q4MlpSegment {  // one weight's rows of this block, as the producer and the consumers walk them
@@ -226,7 +181,7 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
   unsigned char* ring = smem + kQ4BarrierBytes + p.x_bytes;
   float* part = reinterpret_cast<float*>(ring + static_cast<size_t>(p.stages) * p.stage_bytes);
   const int b = blockIdx.x, blocks = gridDim.x;
-  auto share = [&](int n, int i) { return 2 * static_cast<int>(static_cast<long long>(i) * (n / 2) / blocks); };
+  auto share = [&](int n, int i) { return static_cast<int>(static_cast<long long>(i) * n / blocks); };
   const int r0 = share(p.hidden, b), rows = share(p.hidden, b + 1) - r0;
   const int f0 = share(p.f, b), frows = share(p.f, b + 1) - f0;
   const Q4MlpSegment seg[4] = {
@@ -279,19 +234,13 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
   __half* act = static_cast<__half*>(p.act);
   __half* y = static_cast<__half*>(p.y);
   int s = 0;
-  const bool stamps = threadIdx.x == 0, handoff = p.barrier == kFlagHandoff;
-  unsigned flag = 0;  // kFlagHandoff: this launch's
+  const bool stamps = threadIdx.x == 0;
   if (stamps) q4mlp_stamp(p, 0);
   {  // h = x @ Wo^T + res for this block's rows
     uint32_t xq[PH][4];
     int corr[PH];
     float scale[PH];
     wait_for_previous_kernel();  // x and res only after the previous kernel
-    if (handoff) {  // this launch's flag: the launch count + 1 (never 0, the words' value at module load)
-      unsigned count = 0;
-      if (lane == 0) asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(count) : "l"(&relaxtune_q4mlp_launches));
-      flag = __shfl_sync(0xffffffffu, count, 0) + 1u;
-    }
     if (p.x_bytes > 0) {  // x = the attention of the one row (gemv.cu), into shared memory
       attention_rows<__half, 1>(1, p.a, p.attn, xs, kConsumers);
       asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
@@ -302,29 +251,20 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
     if (stamps) q4mlp_stamp(p, 2);
     asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
     const __half* res = static_cast<const __half*>(p.res);
-    for (int r = 2 * threadIdx.x; r < rows; r += 2 * kConsumers) {  // rows come in pairs
-      float sum[2] = {__half2float(res[r0 + r]), __half2float(res[r0 + r + 1])};
+    for (int r = threadIdx.x; r < rows; r += kConsumers) {
+      float sum = __half2float(res[r0 + r]);
 #pragma unroll
-      for (int e = 0; e < 2; ++e)
-#pragma unroll
-        for (int q = 0; q < kWarps; ++q) sum[e] += part[(r + e) * kWarps + q];
-      const __half v0 = __float2half_rn(sum[0]), v1 = __float2half_rn(sum[1]);
-      h[r0 + r] = v0, h[r0 + r + 1] = v1;
-      if (handoff) q4mlp_put_pair(relaxtune_q4mlp_h_words, (r0 + r) / 2, v0, v1, flag);
+      for (int q = 0; q < kWarps; ++q) sum += part[r * kWarps + q];
+      h[r0 + r] = __float2half_rn(sum);
     }
   }
   uint4 gv[PH][2];  // the norm's weight for this thread's pieces, read before the barrier
   q4mlp_load<PH, false>(p.g, p.hidden, t, gv);
-  uint4 xv[PH][2];  // h: this thread's pieces
-  if (handoff) {  // (the block's sums read: the scratch and the next partial sums may be written)
-    asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
-    q4mlp_take<PH>(relaxtune_q4mlp_h_words, p.hidden, t, flag, xv);
-  } else {
-    q4mlp_grid_barrier(kConsumers, p.barrier);
-    q4mlp_load<PH, true>(h, p.hidden, t, xv);
-  }
+  q4mlp_grid_barrier(kConsumers, p.barrier);
   if (stamps) q4mlp_stamp(p, 3);
   {  // n = rms_norm(h) * g; gate and up of this block's features; act = silu(gate) * up
+    uint4 xv[PH][2];
+    q4mlp_load<PH, true>(h, p.hidden, t, xv);
     float sq = 0.0f;
 #pragma unroll
     for (int j = 0; j < PH; ++j) {
@@ -370,38 +310,20 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
                               part + static_cast<size_t>(frows) * kWarps);
     if (stamps) q4mlp_stamp(p, 5);
     asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
-    for (int r = 2 * threadIdx.x; r < frows; r += 2 * kConsumers) {  // features come in pairs
-      __half v[2];
+    for (int r = threadIdx.x; r < frows; r += kConsumers) {
+      float gate = 0.0f, up = 0.0f;
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float gate = 0.0f, up = 0.0f;
-#pragma unroll
-        for (int q = 0; q < kWarps; ++q) gate += part[(r + e) * kWarps + q], up += part[(frows + r + e) * kWarps + q];
-        v[e] = __float2half_rn(silu_times<__half>(round_to<__half>(gate), round_to<__half>(up)));
-      }
-      act[f0 + r] = v[0], act[f0 + r + 1] = v[1];
-      if (handoff) q4mlp_put_pair(relaxtune_q4mlp_act_words, (f0 + r) / 2, v[0], v[1], flag);
+      for (int q = 0; q < kWarps; ++q) gate += part[r * kWarps + q], up += part[(frows + r) * kWarps + q];
+      act[f0 + r] = __float2half_rn(silu_times<__half>(round_to<__half>(gate), round_to<__half>(up)));
     }
   }
-  uint4 av[PF][2];  // act: this thread's pieces
-  if (handoff) {
-    asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");  // the block's sums read
-    q4mlp_take<PF>(relaxtune_q4mlp_act_words, p.f, t, flag, av);
-    if (b == 0) {  // every block has written act, so has read the launch count: the next launch's flag differs
-      asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
-      if (threadIdx.x == 0) atomicAdd(&relaxtune_q4mlp_launches, 1u);
-    }
-  } else {
-    q4mlp_grid_barrier(kConsumers, p.barrier);
-    q4mlp_load<PF, true>(act, p.f, t, av);
-  }
+  q4mlp_grid_barrier(kConsumers, p.barrier);
   if (stamps) q4mlp_stamp(p, 6);
   {  // y = act @ Wd^T + h for this block's rows
     uint32_t xq[PF][4];
     int corr[PF];
     float scale[PF];
-#pragma unroll
-    for (int j = 0; j < PF; ++j) quantize_piece(av[j], xq[j], corr[j], scale[j]);
+    q4mlp_quantize<PF, true>(act, p.f, t, xq, corr, scale);
     if (stamps) q4mlp_stamp(p, 7);
     q4mlp_consume<GR, RF, PF>(seg[3], s, p.stages, p.stage_bytes, ring, full, empty, p.f, xq, corr, scale, part);
     if (stamps) q4mlp_stamp(p, 8);

@@ -239,13 +239,11 @@ def _q4_mlp_reference(x, res, wo, g, wgu, wd, eps):
     return h, act, y
 
 
-@pytest.mark.parametrize("handoff,lookahead", [("count", "0"), ("flag", "0"), ("flag", "4"), ("generation", "4")])
+@pytest.mark.parametrize("lookahead", ["0", "4"])
 @pytest.mark.parametrize("hidden,ffn,group", [(4096, 11008, 32), (256, 512, 32), (4096, 14336, 128), (2048, 5632, 32)])
-def test_q4mlp_matches_its_int8_reference(gemv_library, monkeypatch, hidden, ffn, group, handoff, lookahead):
+def test_q4mlp_matches_its_int8_reference(gemv_library, monkeypatch, hidden, ffn, group, lookahead):
     """relaxtune_q4mlp_i8 (qmlp_stream.cu): h, act and y against the composed int8 reference of the five kernels it
-    replaces; the kernel the host chooses by the sizes; each hand-off between its steps (grid barriers, flagged
-    words), with and without the producer's L2 lookahead."""
-    monkeypatch.setenv("RELAXTUNE_Q4MLP_BARRIER", handoff)
+    replaces; the kernel the host chooses by the sizes; with and without the producer's L2 lookahead."""
     monkeypatch.setenv("RELAXTUNE_Q4MLP_LOOKAHEAD", lookahead)
     import tvm
     import tvm_ffi
