@@ -28,11 +28,6 @@ VARIANTS = {
     "h1f4-gen": {"RELAXTUNE_Q4MLP": "relaxtune_q4mlp_h1f4", "RELAXTUNE_Q4MLP_BARRIER": "generation"},
     "h1f4-st3": {"RELAXTUNE_Q4MLP": "relaxtune_q4mlp_h1f4", "RELAXTUNE_Q4MLP_STAGES": "3"},
     "h3f4": {"RELAXTUNE_Q4MLP": "relaxtune_q4mlp_h3f4"},  # 3 pieces of K = H per thread, 4 rows per group
-    # the producer's L2 lookahead: d slots past the ring
-    **{
-        f"h1f4-la{d}": {"RELAXTUNE_Q4MLP": "relaxtune_q4mlp_h1f4", "RELAXTUNE_Q4MLP_LOOKAHEAD": str(d)}
-        for d in (0, 2, 4, 8, 16)
-    },
 }
 
 

@@ -130,11 +130,6 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
                : "memory");
 }
 
-// `bytes` (a multiple of 16, `src` 16-byte aligned) from global `src` into L2, asynchronously (no completion)
-__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-}
-
 // one step of warp_transposed_sum: N of the NV values left per lane; keep half, add the partner's same half
 template <int N, int NV>
 __device__ __forceinline__ void halve_over_lanes(float (&v)[NV], int lane) {

@@ -6,8 +6,7 @@
 // relaxtune_q4mlp_i8_kernel(...) names the kernel it would launch, or says why none applies (for tests);
 // relaxtune_q4mlp_i8_trace(..., trace) launches it with a globaltimer stamp per block and event in trace (int64,
 // blocks x 16: benchmarks/q4mlp_trace.py). For measurements, read per launch: RELAXTUNE_Q4MLP=NAME picks the kernel,
-// RELAXTUNE_Q4MLP_STAGES=N caps its ring, RELAXTUNE_Q4MLP_BARRIER=generation takes the other grid barrier,
-// RELAXTUNE_Q4MLP_LOOKAHEAD=N sets the L2 lookahead;
+// RELAXTUNE_Q4MLP_STAGES=N caps its ring, RELAXTUNE_Q4MLP_BARRIER=generation takes the other grid barrier;
 // relaxtune_q4mlp_i8_launch() says which launch attributes the launches so far took.
 
 #include <atomic>
@@ -25,7 +24,6 @@ struct Q4MlpArgs {  // must match qmlp_stream.cu's Q4MlpParams
   int barrier;  // qmlp_stream.cu's kGenerationBarrier / kCountBarrier
   int x_bytes;  // > 0: x is the attention of the row (attn), in that much shared memory
   AttnParams attn;
-  int lookahead;  // slots prefetched into L2 past the ring
 };
 struct Q4MlpKernel {
   const char* name;
@@ -44,14 +42,6 @@ int Q4MlpBarrier(bool whole) {
   const char* value = std::getenv("RELAXTUNE_Q4MLP_BARRIER");
   const bool generation = value != nullptr && std::string(value) == "generation";
   return whole && !generation ? 1 : 0;
-}
-
-// the slots' worth of weights the producer keeps prefetched into L2 past its ring: kQ4MlpLookahead, or
-// RELAXTUNE_Q4MLP_LOOKAHEAD (read per launch, for measurements)
-constexpr int kQ4MlpLookahead = 0;
-int Q4MlpLookahead() {
-  const char* value = std::getenv("RELAXTUNE_Q4MLP_LOOKAHEAD");
-  return value != nullptr ? std::max(0, std::atoi(value)) : kQ4MlpLookahead;
 }
 
 std::string Q4MlpForced() {
@@ -164,7 +154,7 @@ void LaunchQ4Mlp(const tvm::ffi::TensorView* x, const tvm::ffi::TensorView& res,
               Data(wgu), Data(sgu), Data(wd), Data(sd), Data(h),
               Data(act), Data(y),   static_cast<int>(o.k), static_cast<int>(hidden), static_cast<int>(f),
               o.shift,   gu.shift,  d.shift,  static_cast<float>(eps), plan.stages, plan.stage_bytes, nullptr,
-              Q4MlpBarrier(plan.blocks == sms), x_bytes, attn != nullptr ? *attn : AttnParams{}, Q4MlpLookahead()};
+              Q4MlpBarrier(plan.blocks == sms), x_bytes, attn != nullptr ? *attn : AttnParams{}};
   if (trace != nullptr) {
     TVM_FFI_ICHECK(trace->dtype().code == kDLInt && trace->dtype().bits == 64 && trace->IsContiguous() &&
                    trace->numel() >= kQ4MlpTraceEvents * plan.blocks)

@@ -18,9 +18,6 @@
 // The grid barrier is the consumers' only (the producer never stops), on state in this module's global memory
 // (q4mlp_grid_barrier). h and a are outputs (the caller's memory): written once by their owner block, read by all
 // after the barrier. Each step's time in the kernel: benchmarks/q4mlp_trace.py (the `trace` stamps).
-// Where lookahead > 0 the producer also keeps that many slots' worth of the rows after the ring's prefetched into
-// L2 (cp.async.bulk.prefetch.L2): while the consumers wait at a grid barrier and the ring is full, HBM keeps
-// streaming, and the slots after the barrier come from L2.
 // Where x_bytes > 0, x is no input: every block first computes it, the attention of the step's one row (q, k, v and
 // the rotary tables in `attn`, gemv.cu's attention_rows), into shared memory before the ring.
 
@@ -42,7 +39,6 @@ struct Q4MlpParams {  // must match qmlp_host.cc
   int barrier;                // kGenerationBarrier / kCountBarrier (q4mlp_grid_barrier)
   int x_bytes;                // > 0: x is the attention of one row (attn), computed into that much shared memory
   AttnParams attn;            // gemv.cu's: q, k, v, the tables, the heads (x null)
-  int lookahead;              // slots' worth of weights the producer keeps prefetched into L2 past the ring
 };
 
 constexpr int kQ4MlpTraceEvents = 16;
@@ -198,19 +194,6 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
   if (threadIdx.x >= kConsumers) {  // the producer warp: all four segments' weights, never waiting for activations
     if (threadIdx.x == kConsumers) {
       q4mlp_stamp(p, 10);
-      auto prefetch_slot = [&](int c) {  // slot c's rows (counted over the four segments) into L2
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {  // unrolled: seg stays in registers
-          const int rs = GR * (i == 3 ? RF : RH), n = (seg[i].rows + rs - 1) / rs;
-          if (c >= 0 && c < n) {
-            const int r = c * rs, here = min(rs, seg[i].rows - r);
-            prefetch_l2(seg[i].w + static_cast<size_t>(r) * seg[i].row_bytes, here * seg[i].row_bytes);
-            prefetch_l2(seg[i].s + static_cast<size_t>(r) * seg[i].scale_bytes, here * seg[i].scale_bytes);
-          }
-          c -= n;
-        }
-      };
-      int ahead = p.stages;  // the next slot to prefetch: the ring's own first slots are copied, not prefetched
       int s = 0;
       for (int i = 0; i < 4; ++i) {
         const int rs = GR * (i == 3 ? RF : RH);
@@ -222,7 +205,6 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
           bulk_copy(dst, seg[i].w + static_cast<size_t>(r) * seg[i].row_bytes, here * seg[i].row_bytes, &full[slot]);
           bulk_copy(dst + rs * seg[i].row_bytes, seg[i].s + static_cast<size_t>(r) * seg[i].scale_bytes,
                     here * seg[i].scale_bytes, &full[slot]);
-          for (; p.lookahead > 0 && ahead < s + p.stages + p.lookahead; ++ahead) prefetch_slot(ahead);
         }
         q4mlp_stamp(p, 11 + i);  // the segment's last copy issued
       }
