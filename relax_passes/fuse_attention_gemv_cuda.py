@@ -37,7 +37,7 @@ from ..kernels.gemv import (
     NK_ATTN_FUNCTION,
     NK_FUNCTION,
 )
-from .fusion_utils import extern_call, is_op, static_shape, use_counts, with_functions
+from .fusion_utils import extern_call, has_call, is_op, static_shape, use_counts, with_functions
 
 logger = logging.getLogger(__name__)
 
@@ -99,12 +99,6 @@ class _Rewriter(PyExprMutator):
         return relax.call_dps_packed(FUSED[name], [self.visit_expr(a) for a in args], call.ty)
 
 
-def _has_flash_call(func: relax.Function) -> bool:
-    found = []
-    relax.analysis.post_order_visit(func, lambda e: found.append(extern_call(e, ROPE) is not None))
-    return any(found)
-
-
 @tvm.transform.module_pass(opt_level=0, name="FuseAttentionGemvCuda")
 class FuseAttentionGemvCuda:
     """A one- or two-row bucket's flash attention computed by the (N, K) GEMV that reads it (see above)."""
@@ -112,7 +106,7 @@ class FuseAttentionGemvCuda:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         updates = {}
         for gvar, func in mod.functions_items():
-            if not isinstance(func, relax.Function) or not _has_flash_call(func):
+            if not isinstance(func, relax.Function) or not has_call(func, lambda e: extern_call(e, ROPE)):
                 continue
             rewriter = _Rewriter(mod, func)
             new = rewriter.visit_expr(func)

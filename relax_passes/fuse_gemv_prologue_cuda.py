@@ -48,7 +48,7 @@ from ..kernels.gemv import (
     NK_SWIGLU_FUNCTION,
     PROLOGUE_MAX_K,
 )
-from .fusion_utils import extern_call, is_op, static_int, static_ints, use_counts, with_functions
+from .fusion_utils import extern_call, has_call, is_op, static_int, static_ints, use_counts, with_functions
 
 logger = logging.getLogger(__name__)
 
@@ -233,12 +233,6 @@ class _Rewriter(PyExprMutator):
         return relax.call_dps_packed(SWIGLU[name], args, ty)
 
 
-def _has_nk_call(func: relax.Function) -> bool:
-    found = []
-    relax.analysis.post_order_visit(func, lambda e: found.append(nk_call(e) is not None))
-    return any(found)
-
-
 @tvm.transform.module_pass(opt_level=0, name="FuseGemvPrologueCuda")
 class FuseGemvPrologueCuda:
     """The RMSNorm / SwiGLU before an (N, K) GEMV call computed by the kernel itself (see above); `glu` False: the
@@ -250,7 +244,7 @@ class FuseGemvPrologueCuda:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         updates = {}
         for gvar, func in mod.functions_items():
-            if not isinstance(func, relax.Function) or not _has_nk_call(func):
+            if not isinstance(func, relax.Function) or not has_call(func, nk_call):
                 continue
             rewriter = _Rewriter(mod, PrologueMatcher(func), self.glu)
             new = rewriter.visit_expr(func)

@@ -28,31 +28,9 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..kernels.gemv import Q4_I8_FUNCTION, Q4_I8_RMS_FUNCTION, Q4_PROLOGUE_MAX_K
 from .fuse_gemv_prologue_cuda import PrologueMatcher
-from .fusion_utils import static_int, with_functions
+from .fusion_utils import extern_call, has_call, streamed_q4_weight, with_functions
 
 logger = logging.getLogger(__name__)
-
-GROUPS_PER_SCALE_ROW = 8  # the streamed kernel copies 16-byte rows of fp16 scales
-
-
-def q4_operands(call) -> list | None:
-    """The operands of `call_dps_packed("relaxtune_q4gemv_i8", (x, packed, scale))`, else None."""
-    if not (isinstance(call, relax.Call) and call.op == tvm.ir.Op.get("relax.call_dps_packed")):
-        return None
-    func, args = call.args[0], call.args[1]
-    if not isinstance(func, relax.ExternFunc) or str(func.global_symbol) != Q4_I8_FUNCTION:
-        return None
-    return list(args.fields)
-
-
-def _k(packed, scale) -> int | None:
-    """K of a (N, K / 8) packed weight whose (N, K / group) scales the streamed kernel takes, else None."""
-    if not all(isinstance(v.ty, relax.TensorType) and v.ty.shape is not None for v in (packed, scale)):
-        return None
-    words, groups = static_int(packed.ty.shape.values[1]), static_int(scale.ty.shape.values[1])
-    if words is None or groups is None or groups % GROUPS_PER_SCALE_ROW or 8 * words > Q4_PROLOGUE_MAX_K:
-        return None
-    return 8 * words
 
 
 @mutator
@@ -62,14 +40,14 @@ class _Rewriter(PyExprMutator):
         self.matcher, self.count = matcher, 0
 
     def visit_call_(self, call):
-        operands = q4_operands(call)
-        new = self._fused(call, operands) if operands else None
+        found = extern_call(call, (Q4_I8_FUNCTION,))
+        new = self._fused(call, found[1]) if found else None
         return new if new is not None else super().visit_call_(call)
 
     def _fused(self, call, operands: list) -> relax.Call | None:
         x_arg, packed, scale = operands
-        k = _k(packed, scale)
-        norm = self.matcher.rms(x_arg, k, "float16") if k is not None else None
+        weight = streamed_q4_weight(packed, scale, Q4_PROLOGUE_MAX_K)
+        norm = self.matcher.rms(x_arg, weight[1], "float16") if weight is not None else None
         if norm is None:
             return None
         x, g, eps = norm
@@ -79,12 +57,6 @@ class _Rewriter(PyExprMutator):
         return relax.call_dps_packed(Q4_I8_RMS_FUNCTION, args, call.ty)
 
 
-def _has_q4_call(func: relax.Function) -> bool:
-    found = []
-    relax.analysis.post_order_visit(func, lambda e: found.append(q4_operands(e) is not None))
-    return any(found)
-
-
 @tvm.transform.module_pass(opt_level=0, name="FuseQuantGemvPrologueCuda")
 class FuseQuantGemvPrologueCuda:
     """The RMSNorm before an int8-activation 4-bit GEMV call computed by the kernel itself (see above)."""
@@ -92,7 +64,7 @@ class FuseQuantGemvPrologueCuda:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         updates = {}
         for gvar, func in mod.functions_items():
-            if not isinstance(func, relax.Function) or not _has_q4_call(func):
+            if not isinstance(func, relax.Function) or not has_call(func, lambda e: extern_call(e, (Q4_I8_FUNCTION,))):
                 continue
             rewriter = _Rewriter(mod, PrologueMatcher(func))
             new = rewriter.visit_expr(func)

@@ -42,23 +42,12 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from ..kernels.gemv import Q4_I8_ADD_FUNCTION, Q4_I8_FUNCTION, Q4_MLP_ATTN_FUNCTION, Q4_MLP_FUNCTION, Q4_MLP_MAX_K
 from .fuse_attention_gemv_cuda import attention_operands
 from .fuse_gemv_prologue_cuda import PrologueMatcher
-from .fusion_utils import extern_call, static_shape, with_functions
+from .fusion_utils import extern_call, static_shape, streamed_q4_weight, with_functions
 
 logger = logging.getLogger(__name__)
 
-GROUPS_PER_SCALE_ROW = 8  # the kernel copies 16-byte rows of fp16 scales
 DTYPE = "float16"
 Q4_I8 = (Q4_I8_FUNCTION, Q4_I8_ADD_FUNCTION)  # RewriteQuantGemvToCuda's int8-activation calls
-
-
-def _weight(packed, scale, max_k: int) -> tuple[int, int] | None:
-    """(N, K) of a 4-bit weight whose scale rows the kernel copies whole, K <= max_k; else None."""
-    shapes = [static_shape(packed), static_shape(scale)]
-    if any(s is None or len(s) != 2 for s in shapes) or shapes[0][0] != shapes[1][0]:
-        return None
-    (n, words), (_, groups) = shapes
-    k = 8 * words
-    return (n, k) if groups % GROUPS_PER_SCALE_ROW == 0 and k <= max_k else None
 
 
 def _one_row(x, k: int) -> bool:
@@ -77,7 +66,7 @@ def mlp_matches(func: relax.Function, attention: bool = True) -> tuple[dict, set
         if down is None or down[0] != Q4_I8_ADD_FUNCTION:
             continue
         act, wd, sd, h = down[1]
-        d = _weight(wd, sd, max_f)
+        d = streamed_q4_weight(wd, sd, max_f)
         chain = m.swiglu_chain(act, d[1], DTYPE) if d is not None else None
         if chain is None or not isinstance(chain[0], relax.Var):
             continue
@@ -86,7 +75,7 @@ def mlp_matches(func: relax.Function, attention: bool = True) -> tuple[dict, set
         if made is None or made[0] != Q4_I8_FUNCTION or not m.read_by_swiglu_only(gu, between):
             continue
         n_var, wgu, sgu = made[1]
-        gate_up = _weight(wgu, sgu, max_h)
+        gate_up = streamed_q4_weight(wgu, sgu, max_h)
         norm = m.rms(n_var, gate_up[1], DTYPE) if gate_up is not None else None
         if norm is None or not (isinstance(h, relax.Var) and norm[0].same_as(h)) or m.uses[h] != 2:
             continue
@@ -94,7 +83,7 @@ def mlp_matches(func: relax.Function, attention: bool = True) -> tuple[dict, set
         if o is None or o[0] != Q4_I8_ADD_FUNCTION:
             continue
         x, wo, so, res = o[1]
-        out = _weight(wo, so, max_h)
+        out = streamed_q4_weight(wo, so, max_h)
         if out is None or gate_up != (2 * d[1], out[0]) or d[0] != out[0] or not _one_row(x, out[1]):
             continue
         eps = relax.prim_value(tirx.FloatImm("float64", norm[2]))

@@ -299,6 +299,27 @@ def static_int(value) -> int | None:
     return int(value) if isinstance(value, tirx.IntImm) else None
 
 
+def has_call(func: relax.Function, matches) -> bool:
+    """Whether any expression of `func` satisfies `matches` (a pass's cheap test before it rewrites the function)."""
+    found = []
+    relax.analysis.post_order_visit(func, lambda e: found.append(bool(matches(e))))
+    return any(found)
+
+
+GPU_Q4_SCALE_ROW_GROUPS = 8  # the streamed 4-bit kernels copy 16-byte rows of fp16 scales: groups per row a multiple
+
+
+def streamed_q4_weight(packed, scale, max_k: int) -> tuple[int, int] | None:
+    """(N, K) of a 4-bit weight in the GPU layout ((N, K / 8) words, (N, K / group) scales) whose scale rows the
+    streamed kernels copy whole, K <= max_k; else None."""
+    shapes = [static_shape(packed), static_shape(scale)]
+    if any(s is None or len(s) != 2 for s in shapes) or shapes[0][0] != shapes[1][0]:
+        return None
+    (n, words), (_, groups) = shapes
+    k = 8 * words
+    return (n, k) if groups % GPU_Q4_SCALE_ROW_GROUPS == 0 and k <= max_k else None
+
+
 def static_shape(expr) -> list[int] | None:
     """The static shape of a tensor-typed `expr` (every dimension a constant), else None."""
     ty = expr.ty
