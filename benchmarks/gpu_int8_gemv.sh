@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One GPU-machine call (issue 26): the 4-bit GEMV with int8 activations (qgemv_stream.cu's i8 families) against the
 # float16-activation kernel, checked and timed side by side on the 7B block's shapes (benchmarks/qgemv_sweep.py), then
-# the gpu-marked 4-bit tests; with `block`, the q4f16 7B block built three ways (int8 activations with the RMSNorm /
-# SwiGLU prologues, the default; without the prologues; float16 activations) and timed in turns at n = 1 / 128
+# the gpu-marked 4-bit tests; with `block`, the q4f16 7B block built three ways (int8 activations with the q/k/v
+# RMSNorm as the GEMV's prologue, the default; without it; float16 activations) and timed in turns at n = 1 / 128
 # (benchmarks/gpu_ab_builds.py --q4), with each kernel of the default build at n = 1.
 #   bash benchmarks/gpu_int8_gemv.sh OUT [block] [notests]
 set -uo pipefail
@@ -19,7 +19,8 @@ fi
 if [[ " $* " == *" block "* ]]; then
   art=/tmp/gjq4 noprologue=llama7b-q4-noprologue-rf-cublas-flash-graph
   timeout 300 python3 benchmarks/gpu_job.py build --art "$art" \
-    --only llama7b-q4-rf-cublas-flash-graph,llama7b-q4-rf-cublas-flash,llama7b-q4-f16act-rf-cublas-flash-graph,$noprologue \
+    --only llama7b-q4-rf-cublas-flash-graph,llama7b-q4-rf-cublas-flash,llama7b-q4-f16act-rf-cublas-flash-graph,\
+$noprologue \
     2>&1 | tail -4
   echo "built in $((SECONDS - start)) s"
   timeout 240 python3 benchmarks/gpu_ab_builds.py --q4 --variant llama7b-q4-rf-cublas-flash-graph \

@@ -15,7 +15,6 @@ from tvm import relax
 
 from ..config import CompileConfig
 from ..kernels import flash_attention, gemv
-from ..kernels.device_code import arch_number
 from ..schedules.apply import ApplyTunedSchedules
 from ..schedules.rules import rule_schedules
 from ..schedules.rules.gpu_rules import require_gpu_schedules
@@ -74,7 +73,9 @@ def fusion_passes(
     cpu_nk = weights_nk and not gpu
     flash_on = flash.enabled and flash_attention.supports(arch)
     quant_gpu = library and target.kind.name == "cuda" and gemv.supports(arch)  # 4-bit weights: relaxtune's kernels
-    quant_prologue = quant_gpu and options.int8_activations and libs.gemv_prologue and arch_number(arch) >= 90
+    quant_prologue = (  # the q/k/v norm as the int8 4-bit GEMV's prologue
+        quant_gpu and options.int8_activations and libs.gemv_prologue and gemv.supports(arch, gemv.Q4_PROLOGUE_MIN_ARCH)
+    )
     lift_tables = flash_on and flash.lift_tables
     quant_mlp = quant_gpu and options.int8_activations and libs.q4_mlp and gemv.supports(arch, gemv.Q4_MLP_MIN_ARCH)
     return [

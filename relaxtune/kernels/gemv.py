@@ -113,6 +113,7 @@ Q4_MLP_MIN_ARCH = 90  # bulk copies into a shared-memory ring, as qgemv_stream.c
 Q4_MLP_KERNELS = ("relaxtune_q4mlp_h1f4", "relaxtune_q4mlp_h3f4")  # qmlp_stream.cu's, as qmlp_host.cc lists them
 Q4_I8_RMS_FUNCTION = "relaxtune_q4gemv_i8_rms"  # (x, g, w, scale, eps, y): rms_norm(x) @ W^T, int8 activations
 Q4_PROLOGUE_MAX_K = 256 * 16 * 3  # the prologue kernels' K: 3 pieces of 16 per thread of a row group
+Q4_PROLOGUE_MIN_ARCH = 90  # the prologue kernels are streamed ones (qgemv_stream.cu)
 # qgemv_stream.cu's kernels, as qgemv_host.cc's kQ4StreamKernels lists them: family s<GR>r<RPG> (GR row groups of 8
 # warps, RPG rows per group per ring slot), p<PMAX> (K up to 256 * 16 * PMAX), _m<rows of x>
 Q4_STREAM_KERNELS = tuple(
