@@ -5,6 +5,8 @@
 # build at n = 1 without graphs (gpu_ab_builds.py --q4); then the gpu-marked 4-bit tests, the language models' on the
 # GPU and the attention kernels'.
 #   bash benchmarks/gpu_q4_ab.sh OUT NAME=VARIANT [NAME=VARIANT ...] [notests]
+# NAME=env:VAR=VALUE: the default build timed with VAR=VALUE while its graphs are captured (one artifact, two launch
+# configurations: the kernels' host code reads such variables per launch), e.g. onepart=env:RELAXTUNE_Q4MLP_SPLIT=0;
 # e.g. norm=llama7b-q4-noprologue-rf-cublas-flash-graph (the q/k/v RMSNorm as its own kernel),
 #      flash=llama7b-q4-noattn-rf-cublas-flash-graph (the flash kernel before the fused MLP kernel),
 #      five=llama7b-q4-nomlp-rf-cublas-flash-graph (o_proj .. down as five kernels)
@@ -27,13 +29,19 @@ export PYTHONPATH=$site PYTHONUNBUFFERED=1
 start=$SECONDS
 art=/tmp/gjq4ab default=llama7b-q4-rf-cublas-flash-graph plain=llama7b-q4-rf-cublas-flash
 only=$default,$plain
-for o in "${others[@]}"; do only+=",${o#*=}"; done
+for o in "${others[@]}"; do [[ ${o#*=} == env:* ]] || only+=",${o#*=}"; done
 timeout 300 python3 benchmarks/gpu_job.py build --art "$art" --only "$only" 2>&1 | tail -2
 echo "built in $((SECONDS - start)) s"
 builds=()
 for i in 1 2; do
   builds+=(--build "default$i=$art")
-  for o in "${others[@]}"; do builds+=(--build "${o%%=*}$i=$art:${o#*=}"); done
+  for o in "${others[@]}"; do
+    if [[ ${o#*=} == env:* ]]; then
+      builds+=(--build "${o%%=*}$i=$art" --env "${o%%=*}$i:${o#*=env:}")
+    else
+      builds+=(--build "${o%%=*}$i=$art:${o#*=}")
+    fi
+  done
 done
 timeout 240 python3 benchmarks/gpu_ab_builds.py --q4 --variant "$default" --plain "$plain" "${builds[@]}" \
   --seqs 1,128 --rounds 9 --out "$out/ab" 2>&1 | grep -v "^\s*$" | grep -v "compute_symbolic\|assert_op" | tail -30
