@@ -3,12 +3,10 @@
 // needs) on TVM's current stream, a programmatic dependent one on compute capability 9.0+ unless RELAXTUNE_GEMV_PDL=0,
 // with no allocation: CUDA graphs capture it.
 // relaxtune_q4mlp_i8(x, res, wo, so, g, wgu, sgu, wd, sd, eps, h, act, y): one row, fp16, int8 activations;
-// relaxtune_q4mlp_i8_kernel(...) names the kernel it would launch and where it splits F ("NAME, F in F1 + F2"), or
-// says why none applies (for tests);
+// relaxtune_q4mlp_i8_kernel(...) names the kernel it would launch, or says why none applies (for tests);
 // relaxtune_q4mlp_i8_trace(..., trace) launches it with a globaltimer stamp per block and event in trace (int64,
 // blocks x 16: benchmarks/q4mlp_trace.py). For measurements, read per launch: RELAXTUNE_Q4MLP=NAME picks the kernel,
-// RELAXTUNE_Q4MLP_STAGES=N caps its ring, RELAXTUNE_Q4MLP_BARRIER=generation takes the other grid barrier,
-// RELAXTUNE_Q4MLP_SPLIT=FRACTION sets where F splits (0: one part);
+// RELAXTUNE_Q4MLP_STAGES=N caps its ring, RELAXTUNE_Q4MLP_BARRIER=generation takes the other grid barrier;
 // relaxtune_q4mlp_i8_launch() says which launch attributes the launches so far took.
 
 #include <atomic>
@@ -25,7 +23,6 @@ struct Q4MlpArgs {  // must match qmlp_stream.cu's Q4MlpParams
   void* trace;
   int barrier;  // qmlp_stream.cu's kGenerationBarrier / kCountBarrier
   int x_bytes;  // > 0: x is the attention of the row (attn), in that much shared memory
-  int f1;       // > 0: gate/up and down in two parts of F, [0, f1) and [f1, F)
   AttnParams attn;
 };
 struct Q4MlpKernel {
@@ -38,7 +35,6 @@ constexpr Q4MlpKernel kQ4MlpKernels[] = {{"relaxtune_q4mlp_h1f4", 2, 8, 1, 4, 4}
 std::atomic<bool> both_refused{false};  // the driver refused a cooperative programmatic launch: cooperative only
 constexpr int kQ4MlpTraceEvents = 16;  // qmlp_stream.cu's stamps per block
 constexpr int kQ4MlpWarps = 8, kQ4MlpScratch = 4 * kQ4MlpWarps;  // partial sums per row; the norm's per-warp sums
-constexpr int kQ4MlpExtraBytes = 128;  // qmlp_stream.cu's: the act parts' mbarriers and the launch's count base
 
 // qmlp_stream.cu's grid barrier: the count barrier where every launch's grid is the SM count (`whole`), unless
 // RELAXTUNE_Q4MLP_BARRIER=generation (read per launch, for measurements)
@@ -55,22 +51,9 @@ std::string Q4MlpForced() {
 
 struct Q4MlpPlan {
   const Q4MlpKernel* kernel = nullptr;
-  int blocks = 0, stages = 0, stage_bytes = 0, shared_bytes = 0, barrier = 0, f1 = 0;
+  int blocks = 0, stages = 0, stage_bytes = 0, shared_bytes = 0;
   std::string why;  // why none applies, when kernel is null
 };
-// where F splits in two parts (qmlp_stream.cu: the second barrier's wait hidden behind the second part's gate/up and
-// the first part's down): about kQ4MlpSplit of F in the first, each part a whole number of 8 scale groups (16-byte
-// scale rows); 0 (one part) where F has fewer than two such units or RELAXTUNE_Q4MLP_SPLIT=0 (a fraction of F
-// otherwise: read per launch, for measurements)
-constexpr double kQ4MlpSplit = 2.0 / 3.0;
-int Q4MlpSplitAt(int64_t f, int shift) {
-  const char* value = std::getenv("RELAXTUNE_Q4MLP_SPLIT");
-  const double fraction = value != nullptr ? std::atof(value) : kQ4MlpSplit;
-  const int64_t unit = int64_t{256} << shift, units = f / unit;
-  if (fraction <= 0.0 || fraction >= 1.0 || units < 2) return 0;
-  const int64_t first = std::min(units - 1, std::max<int64_t>(1, static_cast<int64_t>(fraction * units + 0.5)));
-  return static_cast<int>(first * unit);
-}
 
 // the rows of one slot (2 row groups x rows) of a weight with K columns: weights, then their scales
 int64_t Q4MlpSlotBytes(int64_t k, int shift, int groups, int rows_per_group) {
@@ -104,18 +87,13 @@ Q4MlpPlan PlanQ4Mlp(int64_t a, int64_t hidden, int64_t f, const int (&shifts)[3]
     return plan;
   }
   plan.blocks = static_cast<int>(std::min<int64_t>({sms, hidden, f}));
-  plan.barrier = Q4MlpBarrier(plan.blocks == sms);
-  plan.f1 = plan.barrier == 1 ? Q4MlpSplitAt(f, shifts[2]) : 0;  // two parts of F: the count barrier only
-  const int64_t fk = plan.f1 > 0 ? std::max<int64_t>(plan.f1, f - plan.f1) : f;  // the longer part of F
-  const int64_t rows = (hidden + plan.blocks - 1) / plan.blocks, frows = (fk + plan.blocks - 1) / plan.blocks;
-  const int64_t part = (std::max(2 * rows, 2 * frows) * kQ4MlpWarps + kQ4MlpScratch) * 4;
-  const int64_t act = plan.f1 > 0 ? 2 * f : 0;  // act in shared memory
+  const int64_t rows = (hidden + plan.blocks - 1) / plan.blocks, frows = (f + plan.blocks - 1) / plan.blocks;
+  const int64_t part = (std::max(rows, 2 * frows) * kQ4MlpWarps + kQ4MlpScratch) * 4;
   const int gr = plan.kernel->groups;
   const int64_t slot = std::max({Q4MlpSlotBytes(a, shifts[0], gr, plan.kernel->rows_h),
                                  Q4MlpSlotBytes(hidden, shifts[1], gr, plan.kernel->rows_h),
-                                 Q4MlpSlotBytes(fk, shifts[2], gr, plan.kernel->rows_f)});
-  const int64_t fixed = kQ4BarrierBytes + kQ4MlpExtraBytes + x_bytes + act + part;
-  int64_t stages = std::min<int64_t>(kQ4MaxStages, (shared - fixed) / slot);
+                                 Q4MlpSlotBytes(f, shifts[2], gr, plan.kernel->rows_f)});
+  int64_t stages = std::min<int64_t>(kQ4MaxStages, (shared - kQ4BarrierBytes - x_bytes - part) / slot);
   const char* cap = std::getenv("RELAXTUNE_Q4MLP_STAGES");  // for measurements
   if (cap != nullptr && std::atoi(cap) > 0) stages = std::min<int64_t>(stages, std::atoi(cap));
   if (stages < 2) {
@@ -124,7 +102,7 @@ Q4MlpPlan PlanQ4Mlp(int64_t a, int64_t hidden, int64_t f, const int (&shifts)[3]
     return plan;
   }
   plan.stages = static_cast<int>(stages), plan.stage_bytes = static_cast<int>(slot);
-  plan.shared_bytes = static_cast<int>(fixed + stages * slot);
+  plan.shared_bytes = static_cast<int>(kQ4BarrierBytes + x_bytes + stages * slot + part);
   return plan;
 }
 
@@ -166,10 +144,7 @@ void LaunchQ4Mlp(const tvm::ffi::TensorView* x, const tvm::ffi::TensorView& res,
   const int x_bytes = attn != nullptr ? static_cast<int>((o.k * 2 + 127) / 128 * 128) : 0;
   const Q4MlpPlan plan = PlanQ4Mlp(o.k, hidden, f, shifts, major, sms, shared_limit, x_bytes);
   if (chosen != nullptr) {
-    *chosen = plan.kernel == nullptr ? "none: " + plan.why
-              : plan.f1 > 0 ? std::string(plan.kernel->name) + ", F in " + std::to_string(plan.f1) + " + " +
-                                  std::to_string(f - plan.f1)
-                            : std::string(plan.kernel->name);
+    *chosen = plan.kernel != nullptr ? std::string(plan.kernel->name) : "none: " + plan.why;
     return;
   }
   TVM_FFI_ICHECK(plan.kernel != nullptr) << "q4mlp: the kernel does not apply: " << plan.why;
@@ -179,7 +154,7 @@ void LaunchQ4Mlp(const tvm::ffi::TensorView* x, const tvm::ffi::TensorView& res,
               Data(wgu), Data(sgu), Data(wd), Data(sd), Data(h),
               Data(act), Data(y),   static_cast<int>(o.k), static_cast<int>(hidden), static_cast<int>(f),
               o.shift,   gu.shift,  d.shift,  static_cast<float>(eps), plan.stages, plan.stage_bytes, nullptr,
-              plan.barrier, x_bytes,  plan.f1,  attn != nullptr ? *attn : AttnParams{}};
+              Q4MlpBarrier(plan.blocks == sms), x_bytes, attn != nullptr ? *attn : AttnParams{}};
   if (trace != nullptr) {
     TVM_FFI_ICHECK(trace->dtype().code == kDLInt && trace->dtype().bits == 64 && trace->IsContiguous() &&
                    trace->numel() >= kQ4MlpTraceEvents * plan.blocks)

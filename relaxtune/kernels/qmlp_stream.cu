@@ -18,12 +18,6 @@
 // The grid barrier is the consumers' only (the producer never stops), on state in this module's global memory
 // (q4mlp_grid_barrier). h and a are outputs (the caller's memory): written once by their owner block, read by all
 // after the barrier. Each step's time in the kernel: benchmarks/q4mlp_trace.py (the `trace` stamps).
-// With F in two parts (f1 > 0: the count barrier; qmlp_host.cc picks f1), the second barrier waits for nobody: the
-// ring streams gate and up of part 0, then of part 1, then Wd's columns of part 0, then of part 1 (one bulk copy per
-// row); the consumers arrive (a release-add, no wait) once a's part 0 is written and again after part 1, while lane 1
-// of the producer warp waits for each arrival count and bulk-copies that part of a into shared memory. So every
-// block computes part 1's gate and up while part 0's arrivals meet, and part 0's down while part 1's do; down's two
-// sums of each row are added in a fixed order.
 // Where x_bytes > 0, x is no input: every block first computes it, the attention of the step's one row (q, k, v and
 // the rotary tables in `attn`, gemv.cu's attention_rows), into shared memory before the ring.
 
@@ -44,12 +38,10 @@ struct Q4MlpParams {  // must match qmlp_host.cc
   unsigned long long* trace;  // null, or per block kQ4MlpTraceEvents globaltimer stamps (benchmarks/q4mlp_trace.py)
   int barrier;                // kGenerationBarrier / kCountBarrier (q4mlp_grid_barrier)
   int x_bytes;                // > 0: x is the attention of one row (attn), computed into that much shared memory
-  int f1;                     // > 0 (kCountBarrier only): gate/up and down in two parts of F, [0, f1) and [f1, F)
   AttnParams attn;            // gemv.cu's: q, k, v, the tables, the heads (x null)
 };
 
 constexpr int kQ4MlpTraceEvents = 16;
-constexpr int kQ4MlpExtraBytes = 128;  // after the ring's mbarriers: the act parts' mbarriers, the launch's count base
 
 __device__ unsigned int relaxtune_q4mlp_barrier[2];  // arrivals, generation (zero at module load)
 __device__ unsigned long long relaxtune_q4mlp_arrivals;  // kCountBarrier: every arrival ever (zero at module load)
@@ -69,8 +61,7 @@ __device__ __forceinline__ void q4mlp_stamp(const Q4MlpParams& p, int e) {
 // release-add to a count of every arrival ever, then acquire-loads until it reaches the next multiple of the grid: one
 // round trip fewer on the critical path, but right only while every launch on the device has the same grid (the host
 // takes it where the grid is the SM count) and runs to its end.
-// (kCountBarrier: where `target` is not null, thread 0 also puts the count this barrier waits for there)
-__device__ __forceinline__ void q4mlp_grid_barrier(int consumers, int kind, unsigned long long* target_out = nullptr) {
+__device__ __forceinline__ void q4mlp_grid_barrier(int consumers, int kind) {
   asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
   if (threadIdx.x == 0 && kind == kCountBarrier) {
     unsigned long long old, now;
@@ -79,7 +70,6 @@ __device__ __forceinline__ void q4mlp_grid_barrier(int consumers, int kind, unsi
                  : "l"(&relaxtune_q4mlp_arrivals)
                  : "memory");
     const unsigned long long target = (old / gridDim.x + 1) * gridDim.x;
-    if (target_out != nullptr) *target_out = target;
     do {
       asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(&relaxtune_q4mlp_arrivals) : "memory");
     } while (now < target);
@@ -99,64 +89,16 @@ __device__ __forceinline__ void q4mlp_grid_barrier(int consumers, int kind, unsi
   asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
 }
 
-// kCountBarrier's two halves for the split MLP: every consumer thread arrives (what each wrote before is visible to
-// whoever sees the count reach the arrival's multiple of the grid) without waiting ...
-__device__ __forceinline__ void q4mlp_count_arrive(int consumers) {
-  asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
-  if (threadIdx.x == 0) {
-    asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(&relaxtune_q4mlp_arrivals) : "memory");
-  }
-}
-
-// ... and one thread waits for the count to reach `target`, then may read what the arrivals published, also through
-// the async proxy (cp.async.bulk)
-__device__ __forceinline__ void q4mlp_count_wait(unsigned long long target) {
-  unsigned long long now;
-  while (true) {
-    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(&relaxtune_q4mlp_arrivals) : "memory");
-    if (now >= target) break;
-    __nanosleep(64);  // one poller per block, alongside the weights' copies
-  }
-  asm volatile("fence.proxy.async.global;" ::: "memory");
-}
-
 struct Q4MlpSegment {  // one weight's rows of this block, as the producer and the consumers walk them
   const char *w, *s;
   int row_bytes, scale_bytes, rows, shift;
-  int w_stride, s_stride;  // bytes from one row to the next in global memory: row_bytes / scale_bytes, or the whole
-                           // row's where the segment is the columns [c0, c0 + k) of a weight with more
 };
 
-// rows first .. first + rows - 1 of the (N, K_all) weight `w` (K_all = k unless given), columns c0 .. c0 + k - 1
 __device__ __forceinline__ Q4MlpSegment q4mlp_segment(const void* w, const void* s, int k, int shift, int first,
-                                                       int rows, int k_all = 0, int c0 = 0) {
-  k_all = k_all > 0 ? k_all : k;
-  const int w_stride = k_all / 2, s_stride = 2 * (k_all >> (5 + shift));
-  return {static_cast<const char*>(w) + static_cast<size_t>(first) * w_stride + c0 / 2,
-          static_cast<const char*>(s) + static_cast<size_t>(first) * s_stride + 2 * (c0 >> (5 + shift)),
-          k / 2,
-          2 * (k >> (5 + shift)),
-          rows,
-          shift,
-          w_stride,
-          s_stride};
-}
-
-// the producer's copies of one slot: rows r .. r + here - 1 of `sg`, weights at dst, scales at dst + scales_at; one
-// copy each where the rows are contiguous, else one per row
-__device__ __forceinline__ void q4mlp_copy_rows(const Q4MlpSegment& sg, int r, int here, unsigned char* dst,
-                                                int scales_at, uint64_t* full) {
-  barrier_expect_bytes(full, here * (sg.row_bytes + sg.scale_bytes));
-  if (sg.w_stride == sg.row_bytes) {
-    bulk_copy(dst, sg.w + static_cast<size_t>(r) * sg.row_bytes, here * sg.row_bytes, full);
-    bulk_copy(dst + scales_at, sg.s + static_cast<size_t>(r) * sg.scale_bytes, here * sg.scale_bytes, full);
-    return;
-  }
-  for (int i = 0; i < here; ++i) {
-    bulk_copy(dst + i * sg.row_bytes, sg.w + static_cast<size_t>(r + i) * sg.w_stride, sg.row_bytes, full);
-    bulk_copy(dst + scales_at + i * sg.scale_bytes, sg.s + static_cast<size_t>(r + i) * sg.s_stride, sg.scale_bytes,
-              full);
-  }
+                                                       int rows) {
+  const int row_bytes = k / 2, scale_bytes = 2 * (k >> (5 + shift));
+  return {static_cast<const char*>(w) + static_cast<size_t>(first) * row_bytes,
+          static_cast<const char*>(s) + static_cast<size_t>(first) * scale_bytes, row_bytes, scale_bytes, rows, shift};
 }
 
 // this thread's PMAX pieces of `v` (K fp16; zeros past K), all loads issued together; through L2 (kCoherent) where `v`
@@ -223,7 +165,7 @@ __device__ __forceinline__ void q4mlp_consume(const Q4MlpSegment& sg, int& s, in
 #endif
 
 // GR row groups of 8 consumer warps; RH / RF: rows per row group and slot for the K = A, H segments / the K = F
-// ones; PH / PF: pieces per thread
+// one; PH / PF: pieces per thread
 template <int GR, int RH, int PH, int RF, int PF>
 __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -231,62 +173,40 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
   extern __shared__ __align__(128) unsigned char smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem);
   uint64_t* empty = full + kQ4StreamMaxStages;
-  uint64_t* act_ready = reinterpret_cast<uint64_t*>(smem + kQ4BarrierBytes);  // split: each part of act in act_s
-  uint64_t* base_ready = act_ready + 2;                                          // split: *base set
-  unsigned long long* base = reinterpret_cast<unsigned long long*>(act_ready + 3);  // the count barrier 1 reached
-  uint4* xs = reinterpret_cast<uint4*>(smem + kQ4BarrierBytes + kQ4MlpExtraBytes);  // the attention's x, where asked
-  unsigned char* ring = smem + kQ4BarrierBytes + kQ4MlpExtraBytes + p.x_bytes;
-  unsigned char* act_s = ring + static_cast<size_t>(p.stages) * p.stage_bytes;  // split: act, F fp16
-  const bool split = p.f1 > 0;
-  float* part = reinterpret_cast<float*>(act_s + (split ? 2 * p.f : 0));
+  uint4* xs = reinterpret_cast<uint4*>(smem + kQ4BarrierBytes);  // x_bytes: the attention's x, where asked
+  unsigned char* ring = smem + kQ4BarrierBytes + p.x_bytes;
+  float* part = reinterpret_cast<float*>(ring + static_cast<size_t>(p.stages) * p.stage_bytes);
   const int b = blockIdx.x, blocks = gridDim.x;
   auto share = [&](int n, int i) { return static_cast<int>(static_cast<long long>(i) * n / blocks); };
   const int r0 = share(p.hidden, b), rows = share(p.hidden, b + 1) - r0;
-  // F in one part, or two: [0, f1) and [f1, F); this block's features of each
-  const int fk[2] = {split ? p.f1 : p.f, split ? p.f - p.f1 : 0}, fbase[2] = {0, p.f1};
-  int fs[2], fn[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) fs[i] = fbase[i] + share(fk[i], b), fn[i] = share(fk[i], b + 1) - share(fk[i], b);
-  const int fmax = max(fn[0], fn[1]);
-  // the ring's order: Wo; gate and up of part 0, of part 1; Wd's columns of part 0, of part 1 (rows 0: no part 1)
-  const Q4MlpSegment seg[7] = {
+  const int f0 = share(p.f, b), frows = share(p.f, b + 1) - f0;
+  const Q4MlpSegment seg[4] = {
       q4mlp_segment(p.wo, p.so, p.a, p.shift_o, r0, rows),
-      q4mlp_segment(p.wgu, p.sgu, p.hidden, p.shift_gu, fs[0], fn[0]),
-      q4mlp_segment(p.wgu, p.sgu, p.hidden, p.shift_gu, p.f + fs[0], fn[0]),
-      q4mlp_segment(p.wgu, p.sgu, p.hidden, p.shift_gu, fs[1], fn[1]),
-      q4mlp_segment(p.wgu, p.sgu, p.hidden, p.shift_gu, p.f + fs[1], fn[1]),
-      q4mlp_segment(p.wd, p.sd, fk[0], p.shift_d, r0, rows, p.f, 0),
-      q4mlp_segment(p.wd, p.sd, fk[1], p.shift_d, r0, split ? rows : 0, p.f, p.f1),
+      q4mlp_segment(p.wgu, p.sgu, p.hidden, p.shift_gu, f0, frows),
+      q4mlp_segment(p.wgu, p.sgu, p.hidden, p.shift_gu, p.f + f0, frows),
+      q4mlp_segment(p.wd, p.sd, p.f, p.shift_d, r0, rows),
   };
   if (threadIdx.x == 0) {
     for (int s = 0; s < p.stages; ++s) barrier_init(&full[s], 1), barrier_init(&empty[s], GR * kWarps);
-    barrier_init(&act_ready[0], 1), barrier_init(&act_ready[1], 1), barrier_init(base_ready, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;" ::: "memory");
   }
   __syncthreads();
-  if (threadIdx.x >= kConsumers) {  // the producer warp
-    if (threadIdx.x == kConsumers) {  // lane 0: every segment's weights, never waiting for activations
+  if (threadIdx.x >= kConsumers) {  // the producer warp: all four segments' weights, never waiting for activations
+    if (threadIdx.x == kConsumers) {
       q4mlp_stamp(p, 10);
       int s = 0;
-#pragma unroll
-      for (int i = 0; i < 7; ++i) {
-        const int rs = GR * (i >= 5 ? RF : RH);
+      for (int i = 0; i < 4; ++i) {
+        const int rs = GR * (i == 3 ? RF : RH);
         for (int r = 0; r < seg[i].rows; r += rs, ++s) {
           const int slot = s % p.stages, here = min(rs, seg[i].rows - r);
           if (s >= p.stages) barrier_wait(&empty[slot], (s / p.stages - 1) & 1);
-          q4mlp_copy_rows(seg[i], r, here, ring + static_cast<size_t>(slot) * p.stage_bytes, rs * seg[i].row_bytes,
-                          &full[slot]);
+          unsigned char* dst = ring + static_cast<size_t>(slot) * p.stage_bytes;
+          barrier_expect_bytes(&full[slot], here * (seg[i].row_bytes + seg[i].scale_bytes));
+          bulk_copy(dst, seg[i].w + static_cast<size_t>(r) * seg[i].row_bytes, here * seg[i].row_bytes, &full[slot]);
+          bulk_copy(dst + rs * seg[i].row_bytes, seg[i].s + static_cast<size_t>(r) * seg[i].scale_bytes,
+                    here * seg[i].scale_bytes, &full[slot]);
         }
-        if (i == 0 || i == 2 || i == 4 || i == 5) q4mlp_stamp(p, 11 + i / 2 + (i == 5));  // the last copy issued
-      }
-    } else if (threadIdx.x == kConsumers + 1 && split) {  // lane 1: each part of act once every block wrote it
-      barrier_wait(base_ready, 0);
-      const unsigned long long first = *base;
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        q4mlp_count_wait(first + static_cast<unsigned long long>(i + 1) * blocks);
-        barrier_expect_bytes(&act_ready[i], 2 * fk[i]);
-        bulk_copy(act_s + 2 * fbase[i], static_cast<const __half*>(p.act) + fbase[i], 2 * fk[i], &act_ready[i]);
+        q4mlp_stamp(p, 11 + i);  // the segment's last copy issued
       }
     }
     return;
@@ -322,8 +242,7 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
   }
   uint4 gv[PH][2];  // the norm's weight for this thread's pieces, read before the barrier
   q4mlp_load<PH, false>(p.g, p.hidden, t, gv);
-  q4mlp_grid_barrier(kConsumers, p.barrier, split ? base : nullptr);
-  if (split && threadIdx.x == 0) barrier_arrive(base_ready);  // lane 1 counts the act parts' arrivals from *base
+  q4mlp_grid_barrier(kConsumers, p.barrier);
   if (stamps) q4mlp_stamp(p, 3);
   {  // n = rms_norm(h) * g; gate and up of this block's features; act = silu(gate) * up
     uint4 xv[PH][2];
@@ -331,6 +250,7 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
     float sq = 0.0f;
 #pragma unroll
     for (int j = 0; j < PH; ++j) {
+      const int piece = t + j * kQ4PieceThreads;
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float f[8];
@@ -341,7 +261,7 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
     }
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, o);
-    float* scratch = part + 2 * static_cast<size_t>(fmax) * kWarps + g * kWarps;  // after gate's and up's sums
+    float* scratch = part + 2 * static_cast<size_t>(frows) * kWarps + g * kWarps;  // after gate's and up's sums
     if (lane == 0) scratch[warp] = sq;
     asm volatile("bar.sync %0, %1;" ::"r"(2 + g), "r"(kQ4PieceThreads) : "memory");  // this row group's warps
     float total = 0.0f;
@@ -353,6 +273,7 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
     float scale[PH];
 #pragma unroll
     for (int j = 0; j < PH; ++j) {
+      const int piece = t + j * kQ4PieceThreads;
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float f[8], gf[8];
@@ -365,57 +286,36 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
       quantize_piece(xv[j], xq[j], corr[j], scale[j]);
     }
     if (stamps) q4mlp_stamp(p, 4);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      if (i == 1 && !split) break;
-      q4mlp_consume<GR, RH, PH>(seg[1 + 2 * i], s, p.stages, p.stage_bytes, ring, full, empty, p.hidden, xq, corr,
-                                scale, part);
-      q4mlp_consume<GR, RH, PH>(seg[2 + 2 * i], s, p.stages, p.stage_bytes, ring, full, empty, p.hidden, xq, corr,
-                                scale, part + static_cast<size_t>(fmax) * kWarps);
-      asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
-      for (int r = threadIdx.x; r < fn[i]; r += kConsumers) {
-        float gate = 0.0f, up = 0.0f;
-#pragma unroll
-        for (int q = 0; q < kWarps; ++q) gate += part[r * kWarps + q], up += part[(fmax + r) * kWarps + q];
-        act[fs[i] + r] = __float2half_rn(silu_times<__half>(round_to<__half>(gate), round_to<__half>(up)));
-      }
-      if (split) q4mlp_count_arrive(kConsumers);  // part i of act written: lane 1 fetches it once all blocks did
-    }
+    q4mlp_consume<GR, RH, PH>(seg[1], s, p.stages, p.stage_bytes, ring, full, empty, p.hidden, xq, corr, scale,
+                              part);
+    q4mlp_consume<GR, RH, PH>(seg[2], s, p.stages, p.stage_bytes, ring, full, empty, p.hidden, xq, corr, scale,
+                              part + static_cast<size_t>(frows) * kWarps);
     if (stamps) q4mlp_stamp(p, 5);
-  }
-  float* dpart[2] = {part, part + static_cast<size_t>(rows) * kWarps};  // down's sums of each part of F
-  if (!split) {
-    q4mlp_grid_barrier(kConsumers, p.barrier);
-    if (stamps) q4mlp_stamp(p, 6);
-  }
+    asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
+    for (int r = threadIdx.x; r < frows; r += kConsumers) {
+      float gate = 0.0f, up = 0.0f;
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {  // y = act @ Wd^T + h for this block's rows, over each part of F
-    if (i == 1 && !split) break;
-    if (split) barrier_wait(&act_ready[i], 0);
-    if (stamps) q4mlp_stamp(p, i == 0 ? 6 : 15);
+      for (int q = 0; q < kWarps; ++q) gate += part[r * kWarps + q], up += part[(frows + r) * kWarps + q];
+      act[f0 + r] = __float2half_rn(silu_times<__half>(round_to<__half>(gate), round_to<__half>(up)));
+    }
+  }
+  q4mlp_grid_barrier(kConsumers, p.barrier);
+  if (stamps) q4mlp_stamp(p, 6);
+  {  // y = act @ Wd^T + h for this block's rows
     uint32_t xq[PF][4];
     int corr[PF];
     float scale[PF];
-    if (split) {
-      q4mlp_quantize<PF, false>(act_s + 2 * fbase[i], fk[i], t, xq, corr, scale, true);
-    } else {
-      q4mlp_quantize<PF, true>(act, p.f, t, xq, corr, scale);
-    }
-    if (stamps && i == 0) q4mlp_stamp(p, 7);
-    q4mlp_consume<GR, RF, PF>(seg[5 + i], s, p.stages, p.stage_bytes, ring, full, empty, fk[i], xq, corr, scale,
-                              dpart[i]);
-  }
-  if (stamps) q4mlp_stamp(p, 8);
-  asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
-  for (int r = threadIdx.x; r < rows; r += kConsumers) {
-    float sum = __half2float(__ldcg(h + r0 + r));
+    q4mlp_quantize<PF, true>(act, p.f, t, xq, corr, scale);
+    if (stamps) q4mlp_stamp(p, 7);
+    q4mlp_consume<GR, RF, PF>(seg[3], s, p.stages, p.stage_bytes, ring, full, empty, p.f, xq, corr, scale, part);
+    if (stamps) q4mlp_stamp(p, 8);
+    asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
+    for (int r = threadIdx.x; r < rows; r += kConsumers) {
+      float sum = __half2float(__ldcg(h + r0 + r));
 #pragma unroll
-    for (int q = 0; q < kWarps; ++q) sum += dpart[0][r * kWarps + q];
-    if (split) {
-#pragma unroll
-      for (int q = 0; q < kWarps; ++q) sum += dpart[1][r * kWarps + q];
+      for (int q = 0; q < kWarps; ++q) sum += part[r * kWarps + q];
+      y[r0 + r] = __float2half_rn(sum);
     }
-    y[r0 + r] = __float2half_rn(sum);
   }
   if (stamps) q4mlp_stamp(p, 9);
 #endif

@@ -264,5 +264,3 @@ def test_mlp_kernels_assemble_without_spills_stream_in_bulk_and_meet_at_release_
         assert "mbarrier.try_wait.parity" in body and "dp4a.u32.s32" in body, name
         assert "atom.add.release.gpu.global.u64" in body and "ld.acquire.gpu.global.u64" in body, name
         assert "atom.global.add.u32" in body and "%globaltimer" in body, name
-        # F in two parts: arrivals without a wait, and act's parts bulk-copied once the count shows them written
-        assert "red.release.gpu.global.add.u64" in body and "fence.proxy.async.global" in body, name
