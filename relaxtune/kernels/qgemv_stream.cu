@@ -68,7 +68,10 @@ __device__ __forceinline__ int dot4_u8s8(uint32_t a, uint32_t b, int c) {
 // 16 halfs of x (h[0]: 0-7, h[1]: 8-15) as int8 q = rint(x * 127 / absmax) in the order dot4_u8s8 meets the nibbles
 // of two words of the GPU layout (word & 0x0F0F0F0F holds weights 0, 4, 1, 5 of its 8; word & 0xF0F0F0F0 2, 6, 3, 7,
 // as 16 x): q[0] = x 0 4 1 5, q[1] = x 2 6 3 7, q[2] = x 8 12 9 13, q[3] = x 10 14 11 15; corr = -8 sum(q), and
-// scale16 = absmax / (127 * 16), the factor of the joined sums (16 x the low nibbles' + the high nibbles')
+// scale16 = absmax / (127 * 16), the factor of the joined sums (16 x the low nibbles' + the high nibbles').
+// rint without a conversion (F2I runs at a quarter of the FP32 rate): x * 127 / absmax (rounded to fp32 as before)
+// plus 1.5 * 2^23 rounds to the nearest integer, ties to even, into the low mantissa bits, whose low byte is the int8
+// in two's complement; byte permutes gather the bytes, a dp4a with ones sums them
 __device__ __forceinline__ void quantize_piece(const uint4 (&h)[2], uint32_t (&q)[4], int& corr, float& scale16) {
   const uint32_t words[8] = {h[0].x, h[0].y, h[0].z, h[0].w, h[1].x, h[1].y, h[1].z, h[1].w};
   __half2 top = __habs2(half2_bits(words[0]));
@@ -76,19 +79,21 @@ __device__ __forceinline__ void quantize_piece(const uint4 (&h)[2], uint32_t (&q
   for (int e = 1; e < 8; ++e) top = __hmax2(top, __habs2(half2_bits(words[e])));
   const float amax = fmaxf(__low2float(top), __high2float(top));
   const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-  int v[16], sum = 0;
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
+  uint32_t v[16];
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
     const float2 f = __half22float2(half2_bits(words[e]));
-    v[2 * e] = __float2int_rn(f.x * inv), v[2 * e + 1] = __float2int_rn(f.y * inv);
-    sum += v[2 * e] + v[2 * e + 1];
+    v[2 * e] = __float_as_uint(__fadd_rn(__fmul_rn(f.x, inv), kRound));
+    v[2 * e + 1] = __float_as_uint(__fadd_rn(__fmul_rn(f.y, inv), kRound));
   }
-  auto bytes = [&](int a, int b, int c, int d) {
-    return (static_cast<uint32_t>(a) & 0xFFu) | (static_cast<uint32_t>(b) & 0xFFu) << 8 |
-           (static_cast<uint32_t>(c) & 0xFFu) << 16 | static_cast<uint32_t>(d) << 24;
+  auto bytes = [&](int a, int b, int c, int d) {  // the low bytes of v[a], v[b], v[c], v[d], in that order
+    return __byte_perm(__byte_perm(v[a], v[b], 0x0040), __byte_perm(v[c], v[d], 0x0040), 0x5410);
   };
-  q[0] = bytes(v[0], v[4], v[1], v[5]), q[1] = bytes(v[2], v[6], v[3], v[7]);
-  q[2] = bytes(v[8], v[12], v[9], v[13]), q[3] = bytes(v[10], v[14], v[11], v[15]);
+  q[0] = bytes(0, 4, 1, 5), q[1] = bytes(2, 6, 3, 7), q[2] = bytes(8, 12, 9, 13), q[3] = bytes(10, 14, 11, 15);
+  int sum = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) asm("dp4a.s32.s32 %0, %1, %2, %0;" : "+r"(sum) : "r"(q[i]), "r"(0x01010101));
   corr = -8 * sum, scale16 = amax / 2032.0f;
 }
 
@@ -269,9 +274,11 @@ __device__ __forceinline__ void q4stream_body(const Q4StreamParams& p) {
   const int first_out = threadIdx.x, first_row = first_out / M, first_m = first_out % M;  // its first output, below
   const float first_res = res != nullptr && first_row < rows && first_m < p.rows
                               ? __half2float(res[static_cast<size_t>(first_m) * p.n + row0 + first_row]) : 0.0f;
-  for (int s = 0; s < slots; ++s) {
-    const int slot = s % p.stages, base = s * RS + g * RPG;  // the block row of this group's first row in the slot
-    barrier_wait(&full[slot], (s / p.stages) & 1);
+  int slot = 0;  // s % stages and (s / stages) & 1, kept as they advance (no division per slot)
+  uint32_t phase = 0;
+  for (int s = 0; s < slots; ++s, slot = slot + 1 == p.stages ? 0 : slot + 1, phase ^= slot == 0) {
+    const int base = s * RS + g * RPG;  // the block row of this group's first row in the slot
+    barrier_wait(&full[slot], phase);
     const unsigned char* slot_base = ring + static_cast<size_t>(slot) * stage_bytes;
     const unsigned char* wslot = slot_base + g * RPG * row_bytes;  // this group's rows: weights, then scales
     const __half* sslot = reinterpret_cast<const __half*>(slot_base + weight_bytes) + g * RPG * groups;
