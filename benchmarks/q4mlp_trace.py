@@ -29,6 +29,9 @@ VARIANTS = {
     "h1f4-gen": {**H1F4, "RELAXTUNE_Q4MLP_BARRIER": "generation"},
     "h1f4-st3": {**H1F4, "RELAXTUNE_Q4MLP_STAGES": "3"},
     "h1f4-st2": {**H1F4, "RELAXTUNE_Q4MLP_STAGES": "2"},
+    "h1f4-ahead0": {**H1F4, "RELAXTUNE_Q4MLP_AHEAD": "0"},  # no copy of a step before its grid barrier
+    "h1f4-ahead1": {**H1F4, "RELAXTUNE_Q4MLP_AHEAD": "1"},
+    "h1f4-ahead2": {**H1F4, "RELAXTUNE_Q4MLP_AHEAD": "2"},
     "h3f4": {"RELAXTUNE_Q4MLP": "relaxtune_q4mlp_h3f4"},  # 3 pieces of K = H per thread, 4 rows per group
 }
 

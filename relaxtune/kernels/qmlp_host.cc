@@ -6,7 +6,8 @@
 // relaxtune_q4mlp_i8_kernel(...) names the kernel it would launch, or says why none applies (for tests);
 // relaxtune_q4mlp_i8_trace(..., trace) launches it with a globaltimer stamp per block and event in trace (int64,
 // blocks x 16: benchmarks/q4mlp_trace.py). For measurements, read per launch: RELAXTUNE_Q4MLP=NAME picks the kernel,
-// RELAXTUNE_Q4MLP_STAGES=N caps its ring, RELAXTUNE_Q4MLP_BARRIER=generation takes the other grid barrier;
+// RELAXTUNE_Q4MLP_STAGES=N caps its ring, RELAXTUNE_Q4MLP_BARRIER=generation takes the other grid barrier,
+// RELAXTUNE_Q4MLP_AHEAD=N limits how far the producer runs ahead of a grid barrier;
 // relaxtune_q4mlp_i8_launch() says which launch attributes the launches so far took.
 
 #include <atomic>
@@ -23,6 +24,7 @@ struct Q4MlpArgs {  // must match qmlp_stream.cu's Q4MlpParams
   void* trace;
   int barrier;  // qmlp_stream.cu's kGenerationBarrier / kCountBarrier
   int x_bytes;  // > 0: x is the attention of the row (attn), in that much shared memory
+  int ahead;    // slots of a step copied before its grid barrier (RELAXTUNE_Q4MLP_AHEAD; default: the ring's)
   AttnParams attn;
 };
 struct Q4MlpKernel {
@@ -44,6 +46,12 @@ int Q4MlpBarrier(bool whole) {
   return whole && !generation ? 1 : 0;
 }
 
+// RELAXTUNE_Q4MLP_AHEAD=N (read per launch, for measurements): the producer copies at most N slots of gate / up and
+// of down before the grid barrier that starts their step is passed; else as many as the ring holds
+int Q4MlpAhead(int stages) {
+  const char* value = std::getenv("RELAXTUNE_Q4MLP_AHEAD");
+  return value != nullptr && std::atoi(value) >= 0 ? std::min(std::atoi(value), stages) : stages;
+}
 std::string Q4MlpForced() {
   const char* value = std::getenv("RELAXTUNE_Q4MLP");
   return value != nullptr ? std::string(value) : std::string();
@@ -93,7 +101,8 @@ Q4MlpPlan PlanQ4Mlp(int64_t a, int64_t hidden, int64_t f, const int (&shifts)[3]
   const int64_t slot = std::max({Q4MlpSlotBytes(a, shifts[0], gr, plan.kernel->rows_h),
                                  Q4MlpSlotBytes(hidden, shifts[1], gr, plan.kernel->rows_h),
                                  Q4MlpSlotBytes(f, shifts[2], gr, plan.kernel->rows_f)});
-  int64_t stages = std::min<int64_t>(kQ4MaxStages, (shared - kQ4BarrierBytes - x_bytes - part) / slot);
+  // (the last of the kQ4MaxStages full barriers' places holds the kernel's count of barriers passed)
+  int64_t stages = std::min<int64_t>(kQ4MaxStages - 1, (shared - kQ4BarrierBytes - x_bytes - part) / slot);
   const char* cap = std::getenv("RELAXTUNE_Q4MLP_STAGES");  // for measurements
   if (cap != nullptr && std::atoi(cap) > 0) stages = std::min<int64_t>(stages, std::atoi(cap));
   if (stages < 2) {
@@ -154,7 +163,8 @@ void LaunchQ4Mlp(const tvm::ffi::TensorView* x, const tvm::ffi::TensorView& res,
               Data(wgu), Data(sgu), Data(wd), Data(sd), Data(h),
               Data(act), Data(y),   static_cast<int>(o.k), static_cast<int>(hidden), static_cast<int>(f),
               o.shift,   gu.shift,  d.shift,  static_cast<float>(eps), plan.stages, plan.stage_bytes, nullptr,
-              Q4MlpBarrier(plan.blocks == sms), x_bytes, attn != nullptr ? *attn : AttnParams{}};
+              Q4MlpBarrier(plan.blocks == sms), x_bytes, Q4MlpAhead(plan.stages),
+              attn != nullptr ? *attn : AttnParams{}};
   if (trace != nullptr) {
     TVM_FFI_ICHECK(trace->dtype().code == kDLInt && trace->dtype().bits == 64 && trace->IsContiguous() &&
                    trace->numel() >= kQ4MlpTraceEvents * plan.blocks)

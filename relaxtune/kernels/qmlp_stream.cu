@@ -38,6 +38,7 @@ struct Q4MlpParams {  // must match qmlp_host.cc
   unsigned long long* trace;  // null, or per block kQ4MlpTraceEvents globaltimer stamps (benchmarks/q4mlp_trace.py)
   int barrier;                // kGenerationBarrier / kCountBarrier (q4mlp_grid_barrier)
   int x_bytes;                // > 0: x is the attention of one row (attn), computed into that much shared memory
+  int ahead;                  // slots of a step the producer copies before the consumers pass its grid barrier
   AttnParams attn;            // gemv.cu's: q, k, v, the tables, the heads (x null)
 };
 
@@ -192,20 +193,25 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
       q4mlp_segment(p.wgu, p.sgu, p.hidden, p.shift_gu, p.f + f0, frows),
       q4mlp_segment(p.wd, p.sd, p.f, p.shift_d, r0, rows),
   };
+  // the grid barriers the consumers passed (0, 1, 2), in full[] past the ring's slots (the host keeps them < 64)
+  volatile int* passed = reinterpret_cast<volatile int*>(full + kQ4StreamMaxStages - 1);
   if (threadIdx.x == 0) {
     for (int s = 0; s < p.stages; ++s) barrier_init(&full[s], 1), barrier_init(&empty[s], GR * kWarps);
+    *passed = 0;
     asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;" ::: "memory");
   }
   __syncthreads();
   if (threadIdx.x >= kConsumers) {  // the producer warp: all four segments' weights, never waiting for activations
-    if (threadIdx.x == kConsumers) {
+    if (threadIdx.x == kConsumers) {  // (but for `ahead` slots of each step after the first before its barrier)
       q4mlp_stamp(p, 10);
       int s = 0;
       for (int i = 0; i < 4; ++i) {
-        const int rs = GR * (i == 3 ? RF : RH);
-        for (int r = 0; r < seg[i].rows; r += rs, ++s) {
+        const int rs = GR * (i == 3 ? RF : RH), step = i == 0 ? 0 : i < 3 ? 1 : 2;
+        for (int r = 0, n = i == 2 ? (seg[1].rows + rs - 1) / rs : 0; r < seg[i].rows; r += rs, ++s, ++n) {
           const int slot = s % p.stages, here = min(rs, seg[i].rows - r);
           if (s >= p.stages) barrier_wait(&empty[slot], (s / p.stages - 1) & 1);
+          if (n >= p.ahead)
+            while (*passed < step) __nanosleep(64);
           unsigned char* dst = ring + static_cast<size_t>(slot) * p.stage_bytes;
           barrier_expect_bytes(&full[slot], here * (seg[i].row_bytes + seg[i].scale_bytes));
           bulk_copy(dst, seg[i].w + static_cast<size_t>(r) * seg[i].row_bytes, here * seg[i].row_bytes, &full[slot]);
@@ -249,6 +255,7 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
   uint4 gv[PH][2];  // the norm's weight for this thread's pieces, read before the barrier
   q4mlp_load<PH, false>(p.g, p.hidden, t, gv);
   q4mlp_grid_barrier(kConsumers, p.barrier);
+  if (threadIdx.x == 0) *passed = 1;
   if (stamps) q4mlp_stamp(p, 3);
   {  // n = rms_norm(h) * g; gate and up of this block's features; act = silu(gate) * up
     uint4 xv[PH][2];
@@ -306,6 +313,7 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
     }
   }
   q4mlp_grid_barrier(kConsumers, p.barrier);
+  if (threadIdx.x == 0) *passed = 2;
   if (stamps) q4mlp_stamp(p, 6);
   {  // y = act @ Wd^T + h for this block's rows
     uint32_t xq[PF][4];
