@@ -30,8 +30,8 @@ VARIANTS = {
     "h1f4-st3": {**H1F4, "RELAXTUNE_Q4MLP_STAGES": "3"},
     "h1f4-st2": {**H1F4, "RELAXTUNE_Q4MLP_STAGES": "2"},
     "h1f4-ahead0": {**H1F4, "RELAXTUNE_Q4MLP_AHEAD": "0"},  # no copy of a step before its grid barrier
-    "h1f4-ahead1": {**H1F4, "RELAXTUNE_Q4MLP_AHEAD": "1"},
-    "h1f4-ahead2": {**H1F4, "RELAXTUNE_Q4MLP_AHEAD": "2"},
+    "h1f4-ahead1": {**H1F4, "RELAXTUNE_Q4MLP_AHEAD": "1"},  # (2: the default)
+    "h1f4-ahead64": {**H1F4, "RELAXTUNE_Q4MLP_AHEAD": "64"},  # as many as the ring holds (before 2026-12-03)
     "h3f4": {"RELAXTUNE_Q4MLP": "relaxtune_q4mlp_h3f4"},  # 3 pieces of K = H per thread, 4 rows per group
 }
 

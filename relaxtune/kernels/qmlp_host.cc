@@ -24,7 +24,7 @@ struct Q4MlpArgs {  // must match qmlp_stream.cu's Q4MlpParams
   void* trace;
   int barrier;  // qmlp_stream.cu's kGenerationBarrier / kCountBarrier
   int x_bytes;  // > 0: x is the attention of the row (attn), in that much shared memory
-  int ahead;    // slots of a step copied before its grid barrier (RELAXTUNE_Q4MLP_AHEAD; default: the ring's)
+  int ahead;    // slots of a step copied before its grid barrier (Q4MlpAhead)
   AttnParams attn;
 };
 struct Q4MlpKernel {
@@ -46,11 +46,13 @@ int Q4MlpBarrier(bool whole) {
   return whole && !generation ? 1 : 0;
 }
 
-// RELAXTUNE_Q4MLP_AHEAD=N (read per launch, for measurements): the producer copies at most N slots of gate / up and
-// of down before the grid barrier that starts their step is passed; else as many as the ring holds
+// the producer copies at most kQ4MlpAhead slots of gate / up and of down before the grid barrier that starts their
+// step is passed: copies queued past that only slow the barrier's round trips and the read back of h or act
+// (docs/results.md); RELAXTUNE_Q4MLP_AHEAD=N instead (read per launch, for measurements; N >= the ring: no limit)
+constexpr int kQ4MlpAhead = 2;
 int Q4MlpAhead(int stages) {
   const char* value = std::getenv("RELAXTUNE_Q4MLP_AHEAD");
-  return value != nullptr && std::atoi(value) >= 0 ? std::min(std::atoi(value), stages) : stages;
+  return std::min(value != nullptr && std::atoi(value) >= 0 ? std::atoi(value) : kQ4MlpAhead, stages);
 }
 std::string Q4MlpForced() {
   const char* value = std::getenv("RELAXTUNE_Q4MLP");
