@@ -25,13 +25,14 @@ EVENTS = ["start", "x ready", "o_proj", "barrier 1", "norm", "gate/up", "barrier
 PRODUCER = ["producer start", "o_proj issued", "gate issued", "up issued", "down issued"]
 H1F4 = {"RELAXTUNE_Q4MLP": "relaxtune_q4mlp_h1f4"}
 VARIANTS = {
-    "h1f4": H1F4,
+    "h1f4": H1F4,  # 3 ring slots, 2 of a step copied before its grid barrier (the defaults)
     "h1f4-gen": {**H1F4, "RELAXTUNE_Q4MLP_BARRIER": "generation"},
-    "h1f4-st3": {**H1F4, "RELAXTUNE_Q4MLP_STAGES": "3"},
+    "h1f4-st4": {**H1F4, "RELAXTUNE_Q4MLP_STAGES": "4"},  # the ring before 2026-12-03 (as many as fit)
     "h1f4-st2": {**H1F4, "RELAXTUNE_Q4MLP_STAGES": "2"},
     "h1f4-ahead0": {**H1F4, "RELAXTUNE_Q4MLP_AHEAD": "0"},  # no copy of a step before its grid barrier
-    "h1f4-ahead1": {**H1F4, "RELAXTUNE_Q4MLP_AHEAD": "1"},  # (2: the default)
+    "h1f4-ahead1": {**H1F4, "RELAXTUNE_Q4MLP_AHEAD": "1"},
     "h1f4-ahead64": {**H1F4, "RELAXTUNE_Q4MLP_AHEAD": "64"},  # as many as the ring holds (before 2026-12-03)
+    "h1f4-before": {**H1F4, "RELAXTUNE_Q4MLP_STAGES": "64", "RELAXTUNE_Q4MLP_AHEAD": "64"},  # both as before
     "h3f4": {"RELAXTUNE_Q4MLP": "relaxtune_q4mlp_h3f4"},  # 3 pieces of K = H per thread, 4 rows per group
 }
 

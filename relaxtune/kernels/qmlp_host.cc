@@ -6,7 +6,8 @@
 // relaxtune_q4mlp_i8_kernel(...) names the kernel it would launch, or says why none applies (for tests);
 // relaxtune_q4mlp_i8_trace(..., trace) launches it with a globaltimer stamp per block and event in trace (int64,
 // blocks x 16: benchmarks/q4mlp_trace.py). For measurements, read per launch: RELAXTUNE_Q4MLP=NAME picks the kernel,
-// RELAXTUNE_Q4MLP_STAGES=N caps its ring, RELAXTUNE_Q4MLP_BARRIER=generation takes the other grid barrier,
+// RELAXTUNE_Q4MLP_STAGES=N sets its ring's slots (as far as they fit), RELAXTUNE_Q4MLP_BARRIER=generation takes the
+// other grid barrier,
 // RELAXTUNE_Q4MLP_AHEAD=N limits how far the producer runs ahead of a grid barrier;
 // relaxtune_q4mlp_i8_launch() says which launch attributes the launches so far took.
 
@@ -50,6 +51,10 @@ int Q4MlpBarrier(bool whole) {
 // step is passed: copies queued past that only slow the barrier's round trips and the read back of h or act
 // (docs/results.md); RELAXTUNE_Q4MLP_AHEAD=N instead (read per launch, for measurements; N >= the ring: no limit)
 constexpr int kQ4MlpAhead = 2;
+// the ring's slots: more than 3 (4 fit at the 7B sizes) only queue more copies in front of the grid barriers' round
+// trips (docs/results.md)
+constexpr int kQ4MlpStages = 3;
+static_assert(kQ4MlpStages < kQ4MaxStages, "the last full barrier's place holds the count of barriers passed");
 int Q4MlpAhead(int stages) {
   const char* value = std::getenv("RELAXTUNE_Q4MLP_AHEAD");
   return std::min(value != nullptr && std::atoi(value) >= 0 ? std::atoi(value) : kQ4MlpAhead, stages);
@@ -103,10 +108,12 @@ Q4MlpPlan PlanQ4Mlp(int64_t a, int64_t hidden, int64_t f, const int (&shifts)[3]
   const int64_t slot = std::max({Q4MlpSlotBytes(a, shifts[0], gr, plan.kernel->rows_h),
                                  Q4MlpSlotBytes(hidden, shifts[1], gr, plan.kernel->rows_h),
                                  Q4MlpSlotBytes(f, shifts[2], gr, plan.kernel->rows_f)});
-  // (the last of the kQ4MaxStages full barriers' places holds the kernel's count of barriers passed)
-  int64_t stages = std::min<int64_t>(kQ4MaxStages - 1, (shared - kQ4BarrierBytes - x_bytes - part) / slot);
-  const char* cap = std::getenv("RELAXTUNE_Q4MLP_STAGES");  // for measurements
-  if (cap != nullptr && std::atoi(cap) > 0) stages = std::min<int64_t>(stages, std::atoi(cap));
+  // kQ4MlpStages slots, or RELAXTUNE_Q4MLP_STAGES (for measurements), as far as they fit (the last of the
+  // kQ4MaxStages full barriers' places holds the kernel's count of barriers passed)
+  const char* asked = std::getenv("RELAXTUNE_Q4MLP_STAGES");
+  const int64_t want = asked != nullptr && std::atoi(asked) > 0 ? std::atoi(asked) : kQ4MlpStages;
+  const int64_t fit = (shared - kQ4BarrierBytes - x_bytes - part) / slot;
+  const int64_t stages = std::min<int64_t>({want, kQ4MaxStages - 1, fit});
   if (stages < 2) {
     plan.kernel = nullptr;
     plan.why = "two ring slots of " + std::to_string(slot) + " bytes do not fit in shared memory";
