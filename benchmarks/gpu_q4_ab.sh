@@ -7,8 +7,6 @@
 #   bash benchmarks/gpu_q4_ab.sh OUT NAME=VARIANT [NAME=VARIANT ...] [notests]
 # NAME=env:VAR=VALUE: the default build timed with VAR=VALUE while its graphs are captured (one artifact, two launch
 # configurations: the kernels' host code reads such variables per launch), e.g. pdl0=env:RELAXTUNE_GEMV_PDL=0;
-# NAME=tree:DIR: the default variant built from the source tree DIR (another commit, e.g. `git archive main | tar -x
-# -C DIR`, carried to the machine), installed into its own folder;
 # e.g. norm=llama7b-q4-noprologue-rf-cublas-flash-graph (the q/k/v RMSNorm as its own kernel),
 #      flash=llama7b-q4-noattn-rf-cublas-flash-graph (the flash kernel before the fused MLP kernel),
 #      five=llama7b-q4-nomlp-rf-cublas-flash-graph (o_proj .. down as five kernels)
@@ -31,16 +29,8 @@ export PYTHONPATH=$site PYTHONUNBUFFERED=1
 start=$SECONDS
 art=/tmp/gjq4ab default=llama7b-q4-rf-cublas-flash-graph plain=llama7b-q4-rf-cublas-flash
 only=$default,$plain
-for o in "${others[@]}"; do [[ ${o#*=} == env:* || ${o#*=} == tree:* ]] || only+=",${o#*=}"; done
+for o in "${others[@]}"; do [[ ${o#*=} == env:* ]] || only+=",${o#*=}"; done
 timeout 300 python3 benchmarks/gpu_job.py build --art "$art" --only "$only" 2>&1 | tail -2
-for o in "${others[@]}"; do
-  [[ ${o#*=} == tree:* ]] || continue
-  tree=${o#*=tree:} name=${o%%=*}
-  rm -rf "/tmp/site_$name" && python3 -m pip install -q --no-deps --no-build-isolation --no-index --target \
-    "/tmp/site_$name" "$tree" >&2 || exit 1
-  PYTHONPATH=/tmp/site_$name:$site timeout 300 python3 benchmarks/gpu_job.py build --art "$art-$name" \
-    --only "$default,$plain" 2>&1 | tail -1
-done
 echo "built in $((SECONDS - start)) s"
 builds=()
 for i in 1 2; do
@@ -48,8 +38,6 @@ for i in 1 2; do
   for o in "${others[@]}"; do
     if [[ ${o#*=} == env:* ]]; then
       builds+=(--build "${o%%=*}$i=$art" --env "${o%%=*}$i:${o#*=env:}")
-    elif [[ ${o#*=} == tree:* ]]; then
-      builds+=(--build "${o%%=*}$i=$art-${o%%=*}")
     else
       builds+=(--build "${o%%=*}$i=$art:${o#*=}")
     fi
