@@ -8,16 +8,18 @@
 // four weights: rows b * H / G .. of Wo and Wd, features b * F / G .. of gate and up (the merged (2F, H) weight's
 // rows f and F + f). Its producer warp streams those rows, segment after segment (Wo, gate, up, Wd), through one ring
 // of shared-memory slots (cp.async.bulk, as qgemv_stream.cu) without ever waiting for activations: while the
-// consumer warps wait at a grid barrier, the next segment's weights are already in flight. The consumers compute
+// consumer warps wait at a grid barrier, the first `ahead` slots of the next step (gate / up, or Wd) are already in
+// flight; the rest wait for the consumers to pass it (copies queued beyond that only slow the barrier's round trips
+// and the read back; `passed` in shared memory counts the barriers passed). The consumers compute
 // each segment as qgemv_stream.cu's int8 kernels do (x quantized per 16 values, dp4a; RS rows per slot), then:
 //   - after Wo: h for their rows (+ res, one rounding) to global memory; grid barrier;
 //   - every block reads the whole h back (L2), computes the norm (fp32, one rounding, as TVM's legalized
 //     rms_norm) and quantizes it; gate and up; a = silu_times(gate, up) rounded as the separate kernels round;
 //     grid barrier;
 //   - every block reads the whole a and quantizes it; Wd; y = sum + h.
-// The grid barrier is the consumers' only (the producer never stops), on state in this module's global memory
-// (q4mlp_grid_barrier). h and a are outputs (the caller's memory): written once by their owner block, read by all
-// after the barrier. Each step's time in the kernel: benchmarks/q4mlp_trace.py (the `trace` stamps).
+// The grid barrier is the consumers' (the producer only reads their count of it), on state in this module's global
+// memory (q4mlp_grid_barrier). h and a are outputs (the caller's memory): written once by their owner block, read by
+// all after the barrier. Each step's time in the kernel: benchmarks/q4mlp_trace.py (the `trace` stamps).
 // Where x_bytes > 0, x is no input: every block first computes it, the attention of the step's one row (q, k, v and
 // the rotary tables in `attn`, gemv.cu's attention_rows), into shared memory before the ring.
 
@@ -112,7 +114,10 @@ __device__ __forceinline__ void q4mlp_load(const void* v, int k, int t, uint4 (&
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int at = 2 * (t + j * kQ4PieceThreads) + e;
-      pv[j][e] = at >= k / 8 ? make_uint4(0, 0, 0, 0) : shared ? vec[at] : kCoherent ? __ldcg(vec + at) : __ldg(vec + at);
+      pv[j][e] = at >= k / 8 ? make_uint4(0, 0, 0, 0)
+                 : shared      ? vec[at]
+                 : kCoherent   ? __ldcg(vec + at)
+                               : __ldg(vec + at);
     }
 }
 
