@@ -6,9 +6,8 @@
 // relaxtune_q4mlp_i8_kernel(...) names the kernel it would launch, or says why none applies (for tests);
 // relaxtune_q4mlp_i8_trace(..., trace) launches it with a globaltimer stamp per block and event in trace (int64,
 // blocks x 16: benchmarks/q4mlp_trace.py). For measurements, read per launch: RELAXTUNE_Q4MLP=NAME picks the kernel,
-// RELAXTUNE_Q4MLP_STAGES=N sets its ring's slots (as far as they fit), RELAXTUNE_Q4MLP_BARRIER=generation takes the
-// other grid barrier,
-// RELAXTUNE_Q4MLP_AHEAD=N limits how far the producer runs ahead of a grid barrier;
+// RELAXTUNE_Q4MLP_STAGES=N sets its ring's slots (as far as they fit), RELAXTUNE_Q4MLP_AHEAD=N how far its producer
+// runs ahead of a grid barrier, RELAXTUNE_Q4MLP_BARRIER=generation takes the other grid barrier;
 // relaxtune_q4mlp_i8_launch() says which launch attributes the launches so far took.
 
 #include <atomic>
