@@ -6,6 +6,9 @@ each moves, and per variant the blocks' min / median / max globaltimer time of e
 (relaxtune_q4mlp_i8_trace), so that the time between the steps (grid barriers, the norm) shows.
 
     python3 benchmarks/q4mlp_trace.py --out $OUT/trace [--variants h1f4,h1f4-gen]
+
+It also draws each variant's steps (the blocks' medians) as a timeline, q4mlp_trace.png beside the JSON; `--plot
+LABEL=JSON ...` draws traces already taken (no GPU), e.g. one from each of two commits.
 """
 
 from __future__ import annotations
@@ -45,18 +48,82 @@ def _weight(n: int, k: int, seed: int):
     return qf.pack_q4_gpu(parts["qweight"]), parts["scale"]
 
 
+# the consumers' steps as the timeline draws them: (from, to, what the time went to)
+PHASES = [
+    ("start", "x ready", "x"),
+    ("x ready", "o_proj", "o_proj"),
+    ("o_proj", "barrier 1", "grid barrier"),
+    ("barrier 1", "norm", "read back"),
+    ("norm", "gate/up", "gate / up"),
+    ("gate/up", "barrier 2", "grid barrier"),
+    ("barrier 2", "act ready", "read back"),
+    ("act ready", "down", "down"),
+    ("down", "end", "y"),
+]
+COLORS = {"x": "#9e9e9e", "o_proj": "#1f77b4", "gate / up": "#1f77b4", "down": "#1f77b4", "grid barrier": "#d62728"}
+COLORS.update({"read back": "#ff9f40", "y": "#9e9e9e"})
+
+
+def plot(traces: dict[str, dict], path: Path) -> None:
+    """Each variant of each trace ({label: q4mlp_trace.json's report}) as one bar of its steps' median times."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [(f"{label}: {name}", v) for label, report in traces.items() for name, v in report["variants"].items()]
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(rows) + 2.0))
+    for i, (_name, v) in enumerate(rows):
+        steps = v["steps_us_min_median_max"]
+        for start, end, what in PHASES:
+            t0, t1 = steps[start][1], steps[end][1]
+            ax.barh(i, t1 - t0, left=t0, color=COLORS[what], edgecolor="white", linewidth=0.5)
+        ax.text(steps["end"][1] + 0.3, i, f"{v['us']:.2f} us a call", va="center", fontsize=8)
+    ax.set_yticks(range(len(rows)), [name for name, _v in rows], fontsize=8)
+    ax.invert_yaxis()
+    floors = {round(report["floor_us"], 2) for report in traces.values()}
+    ax.set_xlabel(f"us from the first block's start (blocks' medians); copy-rate floor {'/'.join(map(str, floors))} us")
+    kinds = {"x": "x / y", "o_proj": "weights streamed (o_proj, gate / up, down)", "grid barrier": "grid barrier"}
+    kinds["read back"] = "read back h / act, norm"
+    handles = [matplotlib.patches.Patch(color=COLORS[k], label=text) for k, text in kinds.items()]
+    below = (0.5, -0.1 - 1.2 / (len(rows) + 4))  # under the axis label
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=below, ncol=4, fontsize=8)
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.set_title("relaxtune_q4mlp_i8 at the 7B sizes, weights out of L2 (benchmarks/q4mlp_trace.py)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--plot", nargs="+", metavar="LABEL=JSON", help="draw these traces into --out (no GPU)")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.plot:
+        traces = {}
+        for spec in args.plot:
+            label, _, path = spec.rpartition("=")
+            try:
+                traces[label or Path(path).parent.name] = json.loads(Path(path).read_text())
+            except (OSError, ValueError) as e:
+                parser.error(f"--plot {spec!r}: not a q4mlp_trace.json ({e})")
+        plot(traces, args.out / "q4mlp_trace.png")
+        print(f"wrote {args.out / 'q4mlp_trace.png'}")
+        return
+    measure(args)
+
+
+def measure(args) -> None:
+    """Time and trace args.variants on the GPU into args.out (q4mlp_trace.json and its timeline)."""
     import numpy as np
     import torch
     import tvm
     import tvm_ffi
     from gpu_job_common import copy_bandwidth
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--variants", default=",".join(VARIANTS))
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
     copy_gbs = copy_bandwidth()
     lib = library(Path(tempfile.mkdtemp()))
     T, dev = tvm_ffi.from_dlpack, tvm.cuda(0)
@@ -127,6 +194,7 @@ def main() -> None:
     report["launch"] = str(lib["relaxtune_q4mlp_i8_launch"]())
     print(f"launch attributes taken: {report['launch']}")
     (args.out / "q4mlp_trace.json").write_text(json.dumps(report, indent=1))
+    plot({"": report}, args.out / "q4mlp_trace.png")
 
 
 if __name__ == "__main__":
