@@ -128,6 +128,14 @@ __device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
+// the consumers' next ring slot and its full barrier's parity: s % stages and (s / stages) & 1 for the s-th slot,
+// advanced slot by slot (no division per slot)
+struct Q4RingSlot {
+  int slot = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void next(int stages) { slot = slot + 1 == stages ? 0 : slot + 1, phase ^= slot == 0; }
+};
+
 // `bytes` (a multiple of 16, both addresses 16-byte aligned) from global `src` to shared `dst`, counted on `bar`
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
@@ -274,11 +282,10 @@ __device__ __forceinline__ void q4stream_body(const Q4StreamParams& p) {
   const int first_out = threadIdx.x, first_row = first_out / M, first_m = first_out % M;  // its first output, below
   const float first_res = res != nullptr && first_row < rows && first_m < p.rows
                               ? __half2float(res[static_cast<size_t>(first_m) * p.n + row0 + first_row]) : 0.0f;
-  int slot = 0;  // s % stages and (s / stages) & 1, kept as they advance (no division per slot)
-  uint32_t phase = 0;
-  for (int s = 0; s < slots; ++s, slot = slot + 1 == p.stages ? 0 : slot + 1, phase ^= slot == 0) {
-    const int base = s * RS + g * RPG;  // the block row of this group's first row in the slot
-    barrier_wait(&full[slot], phase);
+  Q4RingSlot at;
+  for (int s = 0; s < slots; ++s, at.next(p.stages)) {
+    const int slot = at.slot, base = s * RS + g * RPG;  // the block row of this group's first row in the slot
+    barrier_wait(&full[slot], at.phase);
     const unsigned char* slot_base = ring + static_cast<size_t>(slot) * stage_bytes;
     const unsigned char* wslot = slot_base + g * RPG * row_bytes;  // this group's rows: weights, then scales
     const __half* sslot = reinterpret_cast<const __half*>(slot_base + weight_bytes) + g * RPG * groups;

@@ -131,14 +131,9 @@ __device__ __forceinline__ void q4mlp_quantize(const void* v, int k, int t, uint
   for (int j = 0; j < PMAX; ++j) quantize_piece(pv[j], xq[j], corr[j], scale[j]);
 }
 
-struct Q4MlpRing {  // the consumers' next slot of the ring and its full barrier's parity (no division per slot)
-  int slot = 0;
-  uint32_t phase = 0;
-};
-
 // the consumers' side of one segment: RPG rows per row group and slot; row sums into part[row * 8 + warp]
 template <int GR, int RPG, int PMAX>
-__device__ __forceinline__ void q4mlp_consume(const Q4MlpSegment& sg, Q4MlpRing& s, int stages, int stage_bytes,
+__device__ __forceinline__ void q4mlp_consume(const Q4MlpSegment& sg, Q4RingSlot& s, int stages, int stage_bytes,
                                               unsigned char* ring, uint64_t* full, uint64_t* empty, int k,
                                               const uint32_t (&xq)[PMAX][4], const int (&corr)[PMAX],
                                               const float (&scale)[PMAX], float* part) {
@@ -148,7 +143,7 @@ __device__ __forceinline__ void q4mlp_consume(const Q4MlpSegment& sg, Q4MlpRing&
   for (int base0 = 0; base0 < sg.rows; base0 += RS) {
     const int slot = s.slot, base = base0 + g * RPG;
     barrier_wait(&full[slot], s.phase);
-    s.slot = slot + 1 == stages ? 0 : slot + 1, s.phase ^= s.slot == 0;
+    s.next(stages);
     const unsigned char* slot_base = ring + static_cast<size_t>(slot) * stage_bytes;
     const unsigned char* wslot = slot_base + g * RPG * sg.row_bytes;
     const __half* sslot = reinterpret_cast<const __half*>(slot_base + RS * sg.row_bytes) + g * RPG * groups;
@@ -232,7 +227,7 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
   __half* h = static_cast<__half*>(p.h);
   __half* act = static_cast<__half*>(p.act);
   __half* y = static_cast<__half*>(p.y);
-  Q4MlpRing s;
+  Q4RingSlot s;
   const bool stamps = threadIdx.x == 0;
   if (stamps) q4mlp_stamp(p, 0);
   {  // h = x @ Wo^T + res for this block's rows
