@@ -48,20 +48,22 @@ def _weight(n: int, k: int, seed: int):
     return qf.pack_q4_gpu(parts["qweight"]), parts["scale"]
 
 
-# the consumers' steps as the timeline draws them: (from, to, what the time went to)
+# what the consumers' time went to, with its colour in the timeline
+X, STREAM = "x / y", "weights streamed (o_proj, gate / up, down)"
+BARRIER, READ = "grid barrier", "read back h / act, norm"
+COLORS = {X: "#9e9e9e", STREAM: "#1f77b4", BARRIER: "#d62728", READ: "#ff9f40"}
+# the steps as the timeline draws them: (from, to, what the time went to)
 PHASES = [
-    ("start", "x ready", "x"),
-    ("x ready", "o_proj", "o_proj"),
-    ("o_proj", "barrier 1", "grid barrier"),
-    ("barrier 1", "norm", "read back"),
-    ("norm", "gate/up", "gate / up"),
-    ("gate/up", "barrier 2", "grid barrier"),
-    ("barrier 2", "act ready", "read back"),
-    ("act ready", "down", "down"),
-    ("down", "end", "y"),
+    ("start", "x ready", X),
+    ("x ready", "o_proj", STREAM),
+    ("o_proj", "barrier 1", BARRIER),
+    ("barrier 1", "norm", READ),
+    ("norm", "gate/up", STREAM),
+    ("gate/up", "barrier 2", BARRIER),
+    ("barrier 2", "act ready", READ),
+    ("act ready", "down", STREAM),
+    ("down", "end", X),
 ]
-COLORS = {"x": "#9e9e9e", "o_proj": "#1f77b4", "gate / up": "#1f77b4", "down": "#1f77b4", "grid barrier": "#d62728"}
-COLORS.update({"read back": "#ff9f40", "y": "#9e9e9e"})
 
 
 def plot(traces: dict[str, dict], path: Path) -> None:
@@ -83,9 +85,7 @@ def plot(traces: dict[str, dict], path: Path) -> None:
     ax.invert_yaxis()
     floors = {round(report["floor_us"], 2) for report in traces.values()}
     ax.set_xlabel(f"us from the first block's start (blocks' medians); copy-rate floor {'/'.join(map(str, floors))} us")
-    kinds = {"x": "x / y", "o_proj": "weights streamed (o_proj, gate / up, down)", "grid barrier": "grid barrier"}
-    kinds["read back"] = "read back h / act, norm"
-    handles = [matplotlib.patches.Patch(color=COLORS[k], label=text) for k, text in kinds.items()]
+    handles = [matplotlib.patches.Patch(color=color, label=what) for what, color in COLORS.items()]
     below = (0.5, -0.1 - 1.2 / (len(rows) + 4))  # under the axis label
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=below, ncol=4, fontsize=8)
     ax.grid(True, axis="x", alpha=0.3)
