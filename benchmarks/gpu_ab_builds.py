@@ -76,15 +76,25 @@ def latency_ab(model: Llama7B, builds: dict, variant: str, rounds: int) -> None:
             for label in builds:
                 main, params, dev, x, _err = calls[(label, n)]
                 samples[(label, n)].append(time_ms(lambda: main(x, *params), dev.sync, min_seconds=0.1, batches=3))
+    device = {}  # the GPU's own time per call, the host queueing ahead of it (common.device_ms)
+    for key, (main, params, _dev, x, _err) in calls.items():
+        device[key] = common.device_ms(lambda: main(x, *params))
     floor = floor_ms(model)
     table: dict = {"floor_n1_ms": round(floor, 4) if floor else None, "variant": variant}
     for (label, n), (_m, _p, _d, _x, err) in calls.items():
         ms = statistics.median(samples[(label, n)])
         row = {"ms": round(ms, 4), "rounds": [round(v, 4) for v in samples[(label, n)]], "rel_err_vs_torch": err}
+        dev_ms = device[(label, n)]
+        row.update({f"device_{k}": round(v, 4) if isinstance(v, float) else v for k, v in dev_ms.items()})
         if n == 1 and floor:
             row["over_floor"] = round(ms / floor, 3)
+            row["device_over_floor"] = round(dev_ms["gpu_ms"] / floor, 3)
         table[f"{label} n={n}"] = row
-        log(f"{label} n={n}: {ms * 1e3:.1f} us, {row.get('over_floor', '')} x floor, rel err vs torch {err:.2e}")
+        log(
+            f"{label} n={n}: {ms * 1e3:.1f} us, {row.get('over_floor', '')} x floor, rel err vs torch {err:.2e}; "
+            f"the GPU alone {dev_ms['gpu_ms'] * 1e3:.1f} us ({row.get('device_over_floor', '')} x floor), "
+            f"the host {dev_ms['host_ms'] * 1e3:.1f} us per call{'' if dev_ms['ahead'] else ' (not ahead)'}"
+        )
     RESULTS["ab_latency"] = table
 
 

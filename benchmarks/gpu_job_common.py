@@ -68,6 +68,37 @@ def time_ms(fn, sync, min_seconds: float = 0.4, batches: int = 7) -> float:
     return statistics.median(means)
 
 
+def device_ms(fn, calls: int = 40, batches: int = 5) -> dict:
+    """The GPU's time per call with the host ahead of it: a sleep kernel holds the (legacy default) stream while the
+    host queues `calls` calls, so CUDA events around them time the device alone, without the host's time between
+    calls. Medians over batches: `gpu_ms`, the host's time to queue one call (`host_ms`), and `ahead`: whether the
+    sleep outlasted every batch's queueing (else the batch was host-paced after all)."""
+    import torch
+
+    fn(), torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    cycles = int(3 * (time.perf_counter() - t0) * 2e9)  # three times the whole batch's wall time at 2 GHz
+    gpu, host, ahead = [], [], True
+    for _ in range(batches):
+        slept, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        slept.record()
+        torch.cuda._sleep(cycles)
+        start.record()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        queued = time.perf_counter() - t0
+        end.record()
+        end.synchronize()
+        gpu.append(start.elapsed_time(end) / calls)
+        host.append(queued * 1e3 / calls)
+        ahead = ahead and slept.elapsed_time(start) > queued * 1e3
+    return {"gpu_ms": statistics.median(gpu), "host_ms": statistics.median(host), "ahead": ahead}
+
+
 def rel_err(out, ref) -> float:
     import numpy as np
 

@@ -23,6 +23,7 @@ struct Q4StreamArgs {  // must match qgemv_stream.cu's Q4StreamParams
   int rows, k, n, group_shift, stages;
   const void* g;
   float eps;
+  int trigger;  // gemv.cu's allow_next_kernel() as each block starts (EarlyTrigger)
 };
 struct Q4StreamKernel {
   const char* family;
@@ -174,7 +175,7 @@ void LaunchQ4(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, cons
       Ptr fn = Kernel(d, relaxtune_gemv_fatbin, dev.device_id, name, Attribute(d, dev.device_id, kMaxSharedOptIn));
       Q4StreamArgs p{Data(x) + r0 * k * 2, Data(w), Data(scale), r != nullptr ? Data(*r) + r0 * n * 2 : nullptr,
                      Data(y) + r0 * n * 2, rows, static_cast<int>(k), static_cast<int>(n), shift, plan.stages,
-                     g != nullptr ? Data(*g) : nullptr, static_cast<float>(eps)};
+                     g != nullptr ? Data(*g) : nullptr, static_cast<float>(eps), pdl && EarlyTrigger()};
       void* args[] = {&p};
       Start(d, fn, static_cast<unsigned>(plan.blocks), 1, static_cast<unsigned>(plan.threads), pdl, stream, args,
             static_cast<unsigned>(plan.shared_bytes));
