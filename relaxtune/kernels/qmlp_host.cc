@@ -188,7 +188,8 @@ void LaunchQ4Mlp(const tvm::ffi::TensorView* x, const tvm::ffi::TensorView& res,
   const bool pdl = ProgrammaticLaunch() && !both_refused.load();
   const unsigned threads = static_cast<unsigned>(plan.kernel->groups * kQ4PieceThreads + 32);
   LaunchConfig config{static_cast<unsigned>(plan.blocks), 1, 1, threads, 1, 1,
-                      static_cast<unsigned>(plan.shared_bytes), TVMFFIEnvGetStream(dev.device_type, dev.device_id),
+                      static_cast<unsigned>(OneBlockPerSm(drv, dev.device_id, plan.shared_bytes)),
+                      TVMFFIEnvGetStream(dev.device_type, dev.device_id),
                       attrs, pdl ? 2u : 1u};
   if (pdl && drv->launch_ex(&config, fn, args, nullptr) == 0) return;
   if (pdl) both_refused = true, config.num_attrs = 1;
