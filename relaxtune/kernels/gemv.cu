@@ -49,15 +49,6 @@ __device__ __forceinline__ void wait_for_previous_kernel() {  // programmatic de
 #endif
 }
 
-// the next kernel, where launched as a programmatic dependent of this one, may start its blocks as this kernel's
-// leave (each SM's as soon as its block here exits, rather than all after the last); its griddepcontrol.wait still
-// waits for this whole kernel. A no-op otherwise
-__device__ __forceinline__ void allow_next_kernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 __device__ __forceinline__ uint4 load_stream(const void* p) {  // read once: no L1 allocation
   uint4 v;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"

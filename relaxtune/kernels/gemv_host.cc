@@ -39,12 +39,6 @@ bool ProgrammaticLaunch() {
   const char* value = std::getenv("RELAXTUNE_GEMV_PDL");
   return value == nullptr || value[0] != '0';
 }
-// a programmatic dependent launch's next kernel may start each SM's block as soon as the block here exits (the 4-bit
-// streamed kernels' allow_next_kernel); RELAXTUNE_GEMV_TRIGGER=0: only after the last (for measurements)
-bool EarlyTrigger() {
-  const char* value = std::getenv("RELAXTUNE_GEMV_TRIGGER");
-  return value == nullptr || value[0] != '0';
-}
 // RELAXTUNE_GEMV_WIDE=0: never the 512-thread kernels (for measurements)
 bool WideAllowed() {
   const char* value = std::getenv("RELAXTUNE_GEMV_WIDE");

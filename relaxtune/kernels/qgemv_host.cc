@@ -23,7 +23,6 @@ struct Q4StreamArgs {  // must match qgemv_stream.cu's Q4StreamParams
   int rows, k, n, group_shift, stages;
   const void* g;
   float eps;
-  int trigger;  // gemv.cu's allow_next_kernel() as each block starts (EarlyTrigger)
 };
 struct Q4StreamKernel {
   const char* family;
@@ -40,16 +39,6 @@ constexpr int kQ4ScratchBytes = 256;  // qgemv_stream.cu's
 // int8 families only (relaxtune_q4gemv_i8s2r8p1_rms_m1, ...)
 enum { kQ4PlainX = 0, kQ4RmsX = 1 };
 constexpr int kMaxSharedOptIn = 97;  // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
-constexpr int kSharedPerSm = 81, kReservedPerBlock = 111;  // CU_DEVICE_ATTRIBUTE_*
-
-// the dynamic shared memory to launch a kernel of one block per SM with (the streamed kernels: a grid of the SM
-// count): `bytes`, raised where needed above half of an SM's, so that no two blocks of such kernels share an SM.
-// A programmatic dependent's blocks start as the previous kernel's exit (allow_next_kernel); two on one SM would
-// leave another SM without a block for the whole kernel
-int OneBlockPerSm(Driver* d, int device, int bytes) {
-  const int half = Attribute(d, device, kSharedPerSm) / 2 - Attribute(d, device, kReservedPerBlock);
-  return std::max(bytes, half + 128);
-}
 
 std::string Q4Family(bool int8) {
   const char* value = std::getenv("RELAXTUNE_Q4GEMV");
@@ -185,10 +174,10 @@ void LaunchQ4(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, cons
       Ptr fn = Kernel(d, relaxtune_gemv_fatbin, dev.device_id, name, Attribute(d, dev.device_id, kMaxSharedOptIn));
       Q4StreamArgs p{Data(x) + r0 * k * 2, Data(w), Data(scale), r != nullptr ? Data(*r) + r0 * n * 2 : nullptr,
                      Data(y) + r0 * n * 2, rows, static_cast<int>(k), static_cast<int>(n), shift, plan.stages,
-                     g != nullptr ? Data(*g) : nullptr, static_cast<float>(eps), pdl && EarlyTrigger()};
+                     g != nullptr ? Data(*g) : nullptr, static_cast<float>(eps)};
       void* args[] = {&p};
       Start(d, fn, static_cast<unsigned>(plan.blocks), 1, static_cast<unsigned>(plan.threads), pdl, stream, args,
-            static_cast<unsigned>(OneBlockPerSm(d, dev.device_id, plan.shared_bytes)));
+            static_cast<unsigned>(plan.shared_bytes));
       continue;
     }
     const std::string name = std::string("relaxtune_q4gemv_f16_m") + std::to_string(rows);

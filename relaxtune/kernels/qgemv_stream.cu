@@ -47,7 +47,6 @@ struct Q4StreamParams {  // must match qgemv_host.cc
   int stages;         // ring slots (<= kQ4StreamMaxStages)
   const void* g;      // kRmsX: the norm's weight (K) fp16, else null
   float eps;          // kRmsX: its epsilon
-  int trigger;        // nonzero: allow_next_kernel() as the block starts
 };
 
 constexpr int kQ4PieceThreads = 256;      // threads of a row group: 8 warps
@@ -190,7 +189,6 @@ __device__ __forceinline__ void q4stream_body(const Q4StreamParams& p) {
     asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;" ::: "memory");
   }
   __syncthreads();
-  if (p.trigger) allow_next_kernel();
   if (threadIdx.x >= kConsumers) {  // the producer warp: reads weights only, never waits for the previous kernel
     if (threadIdx.x == kConsumers) {
       const char* w = static_cast<const char*>(p.w) + static_cast<size_t>(row0) * row_bytes;

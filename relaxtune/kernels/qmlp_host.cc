@@ -25,7 +25,6 @@ struct Q4MlpArgs {  // must match qmlp_stream.cu's Q4MlpParams
   int barrier;  // qmlp_stream.cu's kGenerationBarrier / kCountBarrier
   int x_bytes;  // > 0: x is the attention of the row (attn), in that much shared memory
   int ahead;    // slots of a step copied before its grid barrier (Q4MlpAhead)
-  int trigger;  // gemv.cu's allow_next_kernel() as each block starts (EarlyTrigger)
   AttnParams attn;
 };
 struct Q4MlpKernel {
@@ -172,7 +171,7 @@ void LaunchQ4Mlp(const tvm::ffi::TensorView* x, const tvm::ffi::TensorView& res,
               Data(wgu), Data(sgu), Data(wd), Data(sd), Data(h),
               Data(act), Data(y),   static_cast<int>(o.k), static_cast<int>(hidden), static_cast<int>(f),
               o.shift,   gu.shift,  d.shift,  static_cast<float>(eps), plan.stages, plan.stage_bytes, nullptr,
-              Q4MlpBarrier(plan.blocks == sms), x_bytes, Q4MlpAhead(plan.stages), ProgrammaticLaunch() && EarlyTrigger(),
+              Q4MlpBarrier(plan.blocks == sms), x_bytes, Q4MlpAhead(plan.stages),
               attn != nullptr ? *attn : AttnParams{}};
   if (trace != nullptr) {
     TVM_FFI_ICHECK(trace->dtype().code == kDLInt && trace->dtype().bits == 64 && trace->IsContiguous() &&
@@ -188,8 +187,7 @@ void LaunchQ4Mlp(const tvm::ffi::TensorView* x, const tvm::ffi::TensorView& res,
   const bool pdl = ProgrammaticLaunch() && !both_refused.load();
   const unsigned threads = static_cast<unsigned>(plan.kernel->groups * kQ4PieceThreads + 32);
   LaunchConfig config{static_cast<unsigned>(plan.blocks), 1, 1, threads, 1, 1,
-                      static_cast<unsigned>(OneBlockPerSm(drv, dev.device_id, plan.shared_bytes)),
-                      TVMFFIEnvGetStream(dev.device_type, dev.device_id),
+                      static_cast<unsigned>(plan.shared_bytes), TVMFFIEnvGetStream(dev.device_type, dev.device_id),
                       attrs, pdl ? 2u : 1u};
   if (pdl && drv->launch_ex(&config, fn, args, nullptr) == 0) return;
   if (pdl) both_refused = true, config.num_attrs = 1;

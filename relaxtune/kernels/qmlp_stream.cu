@@ -41,7 +41,6 @@ struct Q4MlpParams {  // must match qmlp_host.cc
   int barrier;                // kGenerationBarrier / kCountBarrier (q4mlp_grid_barrier)
   int x_bytes;                // > 0: x is the attention of one row (attn), computed into that much shared memory
   int ahead;                  // slots of a step the producer copies before the consumers pass its grid barrier
-  int trigger;                // nonzero: allow_next_kernel() as the block starts
   AttnParams attn;            // gemv.cu's: q, k, v, the tables, the heads (x null)
 };
 
@@ -202,7 +201,6 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
     asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;" ::: "memory");
   }
   __syncthreads();
-  if (p.trigger) allow_next_kernel();
   if (threadIdx.x >= kConsumers) {  // the producer warp: all four segments' weights, never waiting for activations
     if (threadIdx.x == kConsumers) {  // (but for `ahead` slots of each step after the first before its barrier)
       q4mlp_stamp(p, 10);
