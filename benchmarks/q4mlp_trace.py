@@ -35,14 +35,6 @@ VARIANTS = {
     "h1f4-ahead0": {**H1F4, "RELAXTUNE_Q4MLP_AHEAD": "0"},  # no copy of a step before its grid barrier
     "h1f4-ahead1": {**H1F4, "RELAXTUNE_Q4MLP_AHEAD": "1"},
     "h1f4-ahead64": {**H1F4, "RELAXTUNE_Q4MLP_AHEAD": "64"},  # as many as the ring holds (before 2026-12-03)
-    # 4 slots, but 3 ahead of the consumers in o_proj and gate / up: Wd alone has the 4th
-    "h1f4-st4w3": {**H1F4, "RELAXTUNE_Q4MLP_STAGES": "4", "RELAXTUNE_Q4MLP_WINDOW": "3"},
-    "h1f4-st4w3a4": {
-        **H1F4,
-        "RELAXTUNE_Q4MLP_STAGES": "4",
-        "RELAXTUNE_Q4MLP_WINDOW": "3",
-        "RELAXTUNE_Q4MLP_AHEAD": "4",
-    },  # and every Wd slot before barrier 2
     "h1f4-before": {**H1F4, "RELAXTUNE_Q4MLP_STAGES": "64", "RELAXTUNE_Q4MLP_AHEAD": "64"},  # both as before
     "h3f4": {"RELAXTUNE_Q4MLP": "relaxtune_q4mlp_h3f4"},  # 3 pieces of K = H per thread, 4 rows per group
 }

@@ -7,8 +7,7 @@
 // relaxtune_q4mlp_i8_trace(..., trace) launches it with a globaltimer stamp per block and event in trace (int64,
 // blocks x 16: benchmarks/q4mlp_trace.py). For measurements, read per launch: RELAXTUNE_Q4MLP=NAME picks the kernel,
 // RELAXTUNE_Q4MLP_STAGES=N sets its ring's slots (as far as they fit), RELAXTUNE_Q4MLP_AHEAD=N how far its producer
-// runs ahead of a grid barrier, RELAXTUNE_Q4MLP_WINDOW=N how far ahead of its consumers while it streams Wo and
-// gate / up, RELAXTUNE_Q4MLP_BARRIER=generation takes the other grid barrier;
+// runs ahead of a grid barrier, RELAXTUNE_Q4MLP_BARRIER=generation takes the other grid barrier;
 // relaxtune_q4mlp_i8_launch() says which launch attributes the launches so far took.
 
 #include <atomic>
@@ -26,7 +25,6 @@ struct Q4MlpArgs {  // must match qmlp_stream.cu's Q4MlpParams
   int barrier;  // qmlp_stream.cu's kGenerationBarrier / kCountBarrier
   int x_bytes;  // > 0: x is the attention of the row (attn), in that much shared memory
   int ahead;    // slots of a step copied before its grid barrier (Q4MlpAhead)
-  int window;   // slots copied ahead of the consumers in o_proj and gate / up (Q4MlpWindow)
   AttnParams attn;
 };
 struct Q4MlpKernel {
@@ -59,12 +57,6 @@ static_assert(kQ4MlpStages < kQ4MaxStages, "the last full barrier's place holds 
 int Q4MlpAhead(int stages) {
   const char* value = std::getenv("RELAXTUNE_Q4MLP_AHEAD");
   return std::min(value != nullptr && std::atoi(value) >= 0 ? std::atoi(value) : kQ4MlpAhead, stages);
-}
-// the slots the producer keeps ahead of the consumers while it streams Wo and gate / up: the whole ring, or
-// RELAXTUNE_Q4MLP_WINDOW=N fewer (read per launch, for measurements): Wd alone then has the ring's every slot
-int Q4MlpWindow(int stages) {
-  const char* value = std::getenv("RELAXTUNE_Q4MLP_WINDOW");
-  return std::min(value != nullptr && std::atoi(value) > 0 ? std::atoi(value) : stages, stages);
 }
 std::string Q4MlpForced() {
   const char* value = std::getenv("RELAXTUNE_Q4MLP");
@@ -179,7 +171,7 @@ void LaunchQ4Mlp(const tvm::ffi::TensorView* x, const tvm::ffi::TensorView& res,
               Data(wgu), Data(sgu), Data(wd), Data(sd), Data(h),
               Data(act), Data(y),   static_cast<int>(o.k), static_cast<int>(hidden), static_cast<int>(f),
               o.shift,   gu.shift,  d.shift,  static_cast<float>(eps), plan.stages, plan.stage_bytes, nullptr,
-              Q4MlpBarrier(plan.blocks == sms), x_bytes, Q4MlpAhead(plan.stages), Q4MlpWindow(plan.stages),
+              Q4MlpBarrier(plan.blocks == sms), x_bytes, Q4MlpAhead(plan.stages),
               attn != nullptr ? *attn : AttnParams{}};
   if (trace != nullptr) {
     TVM_FFI_ICHECK(trace->dtype().code == kDLInt && trace->dtype().bits == 64 && trace->IsContiguous() &&

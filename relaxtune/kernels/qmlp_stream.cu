@@ -41,7 +41,6 @@ struct Q4MlpParams {  // must match qmlp_host.cc
   int barrier;                // kGenerationBarrier / kCountBarrier (q4mlp_grid_barrier)
   int x_bytes;                // > 0: x is the attention of one row (attn), computed into that much shared memory
   int ahead;                  // slots of a step the producer copies before the consumers pass its grid barrier
-  int window;                 // <= stages: slots copied ahead of the consumers' releases in o_proj and gate / up
   AttnParams attn;            // gemv.cu's: q, k, v, the tables, the heads (x null)
 };
 
@@ -209,9 +208,8 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
       for (int i = 0; i < 4; ++i) {
         const int rs = GR * (i == 3 ? RF : RH), step = i == 0 ? 0 : i < 3 ? 1 : 2;
         for (int r = 0, n = i == 2 ? (seg[1].rows + rs - 1) / rs : 0; r < seg[i].rows; r += rs, ++s, ++n) {
-          const int slot = s % p.stages, here = min(rs, seg[i].rows - r), window = i < 3 ? p.window : p.stages;
-          // the slot s - window ago released (consumers release in order: so is every one before it, this slot's too)
-          if (s >= window) barrier_wait(&empty[(s - window) % p.stages], ((s - window) / p.stages) & 1);
+          const int slot = s % p.stages, here = min(rs, seg[i].rows - r);
+          if (s >= p.stages) barrier_wait(&empty[slot], (s / p.stages - 1) & 1);
           if (n >= p.ahead)
             while (*passed < step) __nanosleep(64);
           unsigned char* dst = ring + static_cast<size_t>(slot) * p.stage_bytes;
