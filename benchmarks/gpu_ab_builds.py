@@ -8,8 +8,8 @@ with any one of them installed (the artifacts need only the TVM runtime):
     python3 benchmarks/gpu_ab_builds.py --build main=/tmp/base --build gpu=/tmp/mine --out $OUT/ab
 
 `--build LABEL=DIR:VARIANT` times that build's VARIANT instead of --variant (e.g. one built without a feature), and
-profiles no kernels of it. `--env LABEL:VAR=VALUE` sets an environment variable while that build's graphs are captured
-and its kernels profiled (e.g. `--build pf=DIR --env pf:RELAXTUNE_GEMV_L2_PREFETCH=6144`: one artifact, two launch
+profiles no kernels of it. `--env LABEL:VAR=VALUE` sets an environment variable while that build's calls run and its
+kernels are profiled (e.g. `--build pf=DIR --env pf:RELAXTUNE_GEMV_L2_PREFETCH=6144`: one artifact, two launch
 configurations). `--q4`: the q4f16 block (its floor is that of its 4-bit bytes), e.g. `--variant
 llama7b-q4-rf-cublas-flash-graph --plain llama7b-q4-rf-cublas-flash --build i8=DIR --build
 f16act=DIR:llama7b-q4-f16act-rf-cublas-flash-graph`.
@@ -42,12 +42,14 @@ def _where(build: str, variant: str) -> tuple[Path, str]:
     return Path(folder), name or variant
 
 
-ENV: dict[str, dict[str, str]] = {}  # label -> environment variables set while its graphs are captured
+ENV: dict[str, dict[str, str]] = {}  # label -> environment variables set while its builds' calls run
 
 
 @contextlib.contextmanager
 def _env(label: str):
-    """The label's --env variables set (the kernels' host code reads them per launch, a graph at its capture)."""
+    """The label's --env variables set: around every call of its build, not only the first, which captures the
+    graphs: the kernels' host code reads them per launch, and a bucket with no graph (n = 1: every kernel reads x)
+    launches its kernels at every call."""
     saved = {k: os.environ.get(k) for k in ENV.get(label, {})}
     os.environ.update(ENV.get(label, {}))
     try:
@@ -75,10 +77,12 @@ def latency_ab(model: Llama7B, builds: dict, variant: str, rounds: int) -> None:
         for _ in range(rounds):
             for label in builds:
                 main, params, dev, x, _err = calls[(label, n)]
-                samples[(label, n)].append(time_ms(lambda: main(x, *params), dev.sync, min_seconds=0.1, batches=3))
+                with _env(label):
+                    samples[(label, n)].append(time_ms(lambda: main(x, *params), dev.sync, min_seconds=0.1, batches=3))
     device = {}  # the GPU's own time per call, the host queueing ahead of it (common.device_ms)
-    for key, (main, params, _dev, x, _err) in calls.items():
-        device[key] = common.device_ms(lambda: main(x, *params))
+    for (label, n), (main, params, _dev, x, _err) in calls.items():
+        with _env(label):
+            device[(label, n)] = common.device_ms(lambda: main(x, *params))
     floor = floor_ms(model)
     table: dict = {"floor_n1_ms": round(floor, 4) if floor else None, "variant": variant}
     for (label, n), (_m, _p, _d, _x, err) in calls.items():

@@ -8,8 +8,8 @@
 # e.g. norm=llama7b-q4-noprologue-rf-cublas-flash-graph (the q/k/v RMSNorm as its own kernel),
 #      flash=llama7b-q4-noattn-rf-cublas-flash-graph (the flash kernel before the fused MLP kernel),
 #      five=llama7b-q4-nomlp-rf-cublas-flash-graph (o_proj .. down as five kernels);
-# NAME=env:VAR=VALUE[,VAR=VALUE]: the default build timed with those set while its graphs are captured (one artifact,
-# two launch configurations: the kernels' host code reads such variables per launch), e.g. pdl0=env:RELAXTUNE_GEMV_PDL=0
+# NAME=env:VAR=VALUE[,VAR=VALUE]: the default build timed with those set around its calls (one artifact, two launch
+# configurations: the kernels' host code reads such variables per launch), e.g. pdl0=env:RELAXTUNE_GEMV_PDL=0
 set -uo pipefail
 usage="usage: gpu_q4_ab.sh OUT NAME=VARIANT [NAME=VARIANT ...] [notests]"
 out=${1:?$usage}
