@@ -38,8 +38,8 @@ for i in 1 2; do
   for o in "${others[@]}"; do
     if [[ ${o#*=} == env:* ]]; then
       builds+=(--build "${o%%=*}$i=$art")
-      IFS=, read -ra sets <<< "${o#*=env:}"
-      for set in "${sets[@]}"; do builds+=(--env "${o%%=*}$i:$set"); done
+      IFS=, read -ra assignments <<< "${o#*=env:}"
+      for assignment in "${assignments[@]}"; do builds+=(--env "${o%%=*}$i:$assignment"); done
     else
       builds+=(--build "${o%%=*}$i=$art:${o#*=}")
     fi
