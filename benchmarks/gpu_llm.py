@@ -71,12 +71,15 @@ def stage(name: str, out: Path, fn, *args):
         save(out)
 
 
-def build(folder: Path, art: Path, device: str, graphs: bool, tops: tuple[int, ...], label: str = "") -> Path:
+def build(
+    folder: Path, art: Path, device: str, graphs: bool, tops: tuple[int, ...], label: str = "", tvm_decode=False
+) -> Path:
     """relaxtune's artifact of the checkpoint (rules only, buckets at `tops`), as `relaxtune compile` makes it;
-    `label`: relaxtune's --quantize (q4f16, q4f32), or "" for the checkpoint's float type. On the CPU with float32
-    activations (`--no-int8-activations`): the CPU mode checks the job's plumbing, to 1e-4 of transformers."""
+    `label`: relaxtune's --quantize (q4f16, q4f32), or "" for the checkpoint's float type; `tvm_decode`: the paged
+    KV cache keeps TVM's decode attention (FlashAttention.paged_decode off). On the CPU with float32 activations
+    (`--no-int8-activations`): the CPU mode checks the job's plumbing, to 1e-4 of transformers."""
     from relaxtune import api, targets
-    from relaxtune.config import BucketConfig, CompileConfig, JobConfig, QuantizeConfig
+    from relaxtune.config import BucketConfig, CompileConfig, FlashAttention, JobConfig, QuantizeConfig
     from relaxtune.workloads import load
 
     target = targets.resolve(cuda_target() if device == "cuda" else "cpu")
@@ -84,10 +87,16 @@ def build(folder: Path, art: Path, device: str, graphs: bool, tops: tuple[int, .
     workload = load(f"hf:{folder}", {"max_prefill": str(tops[-1])}, quantize=quantize, target=target)
     job = JobConfig(
         cache_dir=art / "no-cache",
-        compile=CompileConfig(use_cache=False, cuda_graphs=graphs, int8_activations=device == "cuda"),
+        compile=CompileConfig(
+            use_cache=False,
+            cuda_graphs=graphs,
+            int8_activations=device == "cuda",
+            flash_attention=FlashAttention(paged_decode=not tvm_decode),
+        ),
         buckets=BucketConfig(edges={"n": tops}),
     )
-    name = f"model{'-' + label if label else ''}-{'graphs' if graphs else 'nographs'}.so"
+    kind = ("graphs" if graphs else "nographs") + ("-tvmdecode" if tvm_decode else "")
+    name = f"model{'-' + label if label else ''}-{kind}.so"
     start = time.perf_counter()
     result = api.compile(workload, target, job, art / name)
     RESULTS.setdefault("build_s", {})[name] = round(time.perf_counter() - start, 1)
@@ -218,6 +227,11 @@ def parse(argv=None):
     parser.add_argument("--model", choices=tuple(MODELS), default="smollm2")
     parser.add_argument("--modes", default=",".join(MODES), help=f"transformers modes: {', '.join(MODES)}")
     parser.add_argument("--graphs", default="on,off", help="relaxtune builds: with CUDA graphs (on), without (off)")
+    parser.add_argument(
+        "--decode-kernel",
+        default="relaxtune",
+        help="relaxtune builds' paged decode attention: relaxtune (split over the keys), tvm (TVM's), or both",
+    )
     parser.add_argument("--prefill", default="128,512", help="prompt lengths")
     parser.add_argument("--decode", default="128,1024", help="context lengths before the timed decode steps")
     parser.add_argument("--steps", type=int, default=32, help="decode steps timed per sample")
@@ -233,6 +247,9 @@ def parse(argv=None):
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     args.graphs = [g.strip() == "on" for g in args.graphs.split(",") if g.strip()]
     args.quantize = [q.strip() for q in args.quantize.split(",") if q.strip()]
+    args.decode_kernel = [k.strip() for k in args.decode_kernel.split(",") if k.strip()]
+    if not args.decode_kernel or [k for k in args.decode_kernel if k not in ("relaxtune", "tvm")]:
+        parser.error(f"--decode-kernel {','.join(args.decode_kernel)}: give relaxtune, tvm or both")
     if not args.quantize or [q for q in args.quantize if q not in QUANTIZE]:
         parser.error(f"--quantize {','.join(args.quantize)}: give any of {', '.join(QUANTIZE)}")
     bad = [m for m in args.modes if m not in MODES]
@@ -267,9 +284,14 @@ def main(argv=None) -> int:
     systems, labels = {}, {}
     for label, loaded in weights.items():
         suffix = f" {label}" if label else ""
-        for graphs in args.graphs if args.device == "cuda" else args.graphs[:1]:  # graphs are cuda's
+        cuda_builds = [(g, k) for g in args.graphs for k in args.decode_kernel]  # graphs and the kernel are cuda's
+        for graphs, kernel in cuda_builds if args.device == "cuda" else cuda_builds[:1]:
             name = "relaxtune" + suffix + ("" if args.device == "cpu" else " graphs" if graphs else " no graphs")
-            built = stage(f"build {name}", args.out, build, folder, args.work, args.device, graphs, tops, label)
+            tvm_decode = kernel == "tvm" and args.device == "cuda"
+            name += ", TVM decode" if tvm_decode else ""
+            built = stage(
+                f"build {name}", args.out, build, folder, args.work, args.device, graphs, tops, label, tvm_decode
+            )
             if built is not None:
                 systems[name] = stage(f"load {name}", args.out, Relaxtune, built, args.device, capacity)
                 labels[name] = label

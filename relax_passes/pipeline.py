@@ -43,6 +43,7 @@ from .lift_position_tables import LiftPositionTables
 from .merge_projections import MergeProjections
 from .merge_quant_projections import MergeQuantProjections
 from .pack_quant_weights_cuda import PackQuantWeightsCuda
+from .paged_decode_cuda import PagedDecodeCuda
 from .paged_kv_kernels import PagedKVKernels
 from .plan_memory import PlanMemory
 from .quant_dot_gemv import QuantDotGemv
@@ -80,6 +81,7 @@ def fusion_passes(
     quant_mlp = quant_gpu and options.int8_activations and libs.q4_mlp and gemv.supports(arch, gemv.Q4_MLP_MIN_ARCH)
     return [
         *([] if gpu else [PagedKVKernels()]),  # a paged KV cache's CPU kernels: relaxtune's, scheduled by its rules
+        *([PagedDecodeCuda()] if target.kind.name == "cuda" and flash.paged_decode else []),  # its decode, split
         # Phase 1: graph fusion before the weights are lifted, so their packing runs once, at load
         # convolutions (CPU): batch norms folded into the weights, NHWC, weights in blocks of the rule's tile
         *([FoldBatchNorm(), ConvertConvLayout(), BlockConvWeights()] if ours and not gpu else []),

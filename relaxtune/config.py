@@ -168,7 +168,8 @@ class CudaLibraries:
 
 @dataclass(frozen=True)
 class FlashAttention:
-    """cuda sm_80+: attention as one fused flash kernel (RewriteAttentionToFlash, kernels/flash_attention)."""
+    """cuda sm_80+: attention as one fused flash kernel (RewriteAttentionToFlash, kernels/flash_attention);
+    `paged_decode`: a paged KV cache's decode attention on relaxtune's kernel, on any cuda arch."""
 
     enabled: bool = True
     min_rows: int = 1  # buckets from this many rows take the kernel
@@ -176,6 +177,7 @@ class FlashAttention:
     in_place: bool = True  # read q, k, v in place from the merged projection
     lift_tables: bool = True  # rotary tables computed once up to each bucket's bound (LiftPositionTables)
     rope_k: bool = True  # k rotated on load too in buckets of one query block (else by its own kernel)
+    paged_decode: bool = True  # any cuda arch: a paged KV cache's decode attention split over keys (PagedDecodeCuda)
 
 
 @dataclass(frozen=True)

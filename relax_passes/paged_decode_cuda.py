@@ -1,0 +1,47 @@
+"""PagedDecodeCuda: relaxtune's decode attention in place of TVM's in each paged KV cache a cuda module creates.
+
+TVM's CUDA decode kernel (``batch_decode_paged_kv``, passed to ``vm.builtin.paged_attention_kv_cache_create``)
+runs one block per (sequence, key/value head) over all of a sequence's keys; relaxtune's
+(`kernels/paged_decode_cuda_tir.py`) splits the keys across blocks, then merges the splits. This pass finds each
+create call (`paged_kv_calls.py`: by the builtin's name and argument layout, never by a kernel's name) whose keys
+are rotated before they are stored (RopeMode NONE or NORMAL) and whose head_dim the kernel takes, and replaces the
+plain decode kernel under its global name; the prefill, sliding-window, tree, merge and copy kernels stay TVM's.
+
+Runs first in the cuda pipeline (`pipeline.fusion_passes`), before legalization: the kernel comes scheduled
+(thread bindings written in), so the default GPU schedule and the rules leave it as it is.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import tvm
+
+from ..kernels.paged_decode_cuda_tir import decode_kernel, lanes
+from .paged_kv_calls import DECODE, cache_sizes, create_calls, kernel_var
+
+logger = logging.getLogger(__name__)
+
+
+@tvm.transform.module_pass(opt_level=0, name="PagedDecodeCuda")
+class PagedDecodeCuda:
+    """Replace the decode attention of each paged KV cache the module creates (see the module docstring)."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        calls = create_calls(mod)
+        if not calls:
+            return mod
+        out = mod.clone()
+        for args in calls:
+            sizes, gv = cache_sizes(args), kernel_var(args, DECODE, 1)
+            if sizes is None or gv is None or sizes.h_q % sizes.h_kv:
+                logger.info("a paged KV cache keeps TVM's decode attention (another layout, or RoPE inside attention)")
+                continue
+            try:
+                lanes(sizes.d)
+            except ValueError as err:
+                logger.info("a paged KV cache keeps TVM's decode attention: %s", err)
+                continue
+            out[gv] = decode_kernel(sizes.h_kv, sizes.h_q, sizes.d, sizes.dtype)
+            logger.info("paged KV cache: decode attention %s split over the keys (relaxtune's)", gv.name_hint)
+        return out

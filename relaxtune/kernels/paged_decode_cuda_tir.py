@@ -1,0 +1,215 @@
+"""relaxtune's decode attention for TVM's paged KV cache on cuda: the keys of each sequence split across blocks.
+
+TVM's CUDA decode kernel (``batch_decode_paged_kv``) gives each (sequence, key/value head) one block, which walks
+every cached key in turn: one sequence of a model with 3 key/value heads runs on 3 SMs, and its time grows with the
+context (about 28 us a layer at 1024 keys on an H200). This kernel has the same signature (what the runtime's
+paged KV cache calls: ``(q, pages, page_indptr, page_values, length_info, k_rope_pos_offset, q_rope_position,
+output, lse, rotary_mode, rope_scale, rope_theta, sm_scale)``) and runs as two launches of one PrimFunc:
+
+1. ``split``: blocks (sequence, key/value head, split); a sequence's `kv_len` keys fall in `splits` runs of
+   ceil(kv_len / splits), one per block. A block's `BDZ` rows of `bdx` lanes take the run's keys in turns; each
+   lane holds `vec` of head_dim for every query head of the group (K and V read once for the group), each score a
+   sum over the row's lanes (a shuffle reduction), then an online softmax per head (base 2: scores scaled by
+   sm_scale * log2(e)). The rows' states meet in shared memory; the block writes its unnormalized output and its
+   (max, sum) per head to a workspace of (sequence, query head, split).
+2. ``merge``: blocks (sequence, query head): the splits' states rescaled to their common max, summed, divided:
+   ``output``, and ``lse`` = max + log2(sum), the base-2 log-sum-exp as TVM's kernels give it.
+
+`splits` is min(MAX_SPLITS, ceil(TARGET_BLOCKS / (sequences * key/value heads)), nnz_pages), at least 1: known at
+launch from the buffers' shapes; runs past a short sequence's keys are empty (sum 0, skipped by the merge). A
+sequence with no keys gets output 0 and lse -5e4, as TVM's kernel gives. Keys are read as stored: rotated before
+they were stored (RopeMode.NORMAL), so ``rotary_mode`` must be 0 (asserted). No sliding window: the pass
+(`relax_passes/paged_decode_cuda.py`) replaces only the plain decode kernel.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tvm.script import tirx as T
+
+PAGE_SIZE = 16  # tokens of a page of TVM's paged KV cache (its kernels are built for 16)
+BDZ = 8  # rows of lanes per block, keys taken in turns
+TARGET_BLOCKS = 256  # blocks of the first launch aimed at (about two per SM of a large GPU)
+MAX_SPLITS = 128
+LOG2E = math.log2(math.e)
+EMPTY_LSE = -5e4  # the lse of a sequence without keys (TVM's kernel's)
+ROTATED = "relaxtune's cuda decode attention reads keys rotated before they were stored (RopeMode.NORMAL)"
+
+
+def lanes(d: int) -> tuple[int, int]:
+    """(bdx, vec): the lanes over head_dim and the elements each holds (8-byte loads of float16 at d <= 128)."""
+    vec = max(4, d // 32)
+    if d % vec or (d // vec) & (d // vec - 1):
+        raise ValueError(f"head_dim {d}: relaxtune's cuda decode attention takes a power of two from 16")
+    return d // vec, vec
+
+
+def splits(batch, h_kv: int, nnz_pages):
+    """The number of runs each sequence's keys are split into (module docstring)."""
+    wanted = T.min(T.truncdiv(TARGET_BLOCKS + batch * h_kv - 1, batch * h_kv), MAX_SPLITS)
+    return T.max(T.min(wanted, nnz_pages), 1)
+
+
+def decode_kernel(h_kv: int, h_q: int, d: int, dtype: str):
+    """The decode kernel for a cache of `h_q` query heads, `h_kv` key/value heads, head_dim `d` (module docstring)."""
+    group = h_q // h_kv
+    bdx, vec = lanes(d)
+    kt = PAGE_SIZE
+
+    @T.prim_func(s_tir=True, private=True)
+    def decode(
+        var_q: T.handle,
+        var_pages: T.handle,
+        var_page_indptr: T.handle,
+        var_page_values: T.handle,
+        var_length_info: T.handle,
+        var_k_rope_pos_offset: T.handle,
+        var_q_rope_position: T.handle,
+        var_output: T.handle,
+        var_lse: T.handle,
+        rotary_mode: T.int32,
+        rope_scale: T.float32,
+        rope_theta: T.float32,
+        sm_scale: T.float32,
+    ):
+        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+        batch, nnz_pages, max_pages = T.int32(), T.int32(), T.int32()
+        pg_off = T.int64()
+        pi_off, pv_off, li_off, kr_off, qr_off = T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
+        q = T.match_buffer(var_q, (batch, h_q, d), dtype)
+        pages = T.match_buffer(var_pages, (max_pages, 2, h_kv, kt, d), dtype, elem_offset=pg_off, offset_factor=vec)
+        page_indptr = T.match_buffer(var_page_indptr, (batch + 1,), "int32", elem_offset=pi_off)
+        page_values = T.match_buffer(var_page_values, (nnz_pages,), "int32", elem_offset=pv_off)
+        length_info = T.match_buffer(var_length_info, (batch,), "int32", elem_offset=li_off)
+        k_rope_pos_offset = T.match_buffer(var_k_rope_pos_offset, (batch,), "int32", elem_offset=kr_off)  # noqa: F841 (the signature the runtime calls)
+        q_rope_position = T.match_buffer(var_q_rope_position, (batch,), "int32", elem_offset=qr_off)  # noqa: F841 (the signature the runtime calls)
+        output = T.match_buffer(var_output, (batch, h_q, d), dtype)
+        lse = T.match_buffer(var_lse, (batch, h_q), "float32")
+        T.Assert(rotary_mode == 0, ROTATED)
+        n_split: T.let[T.int32] = splits(batch, h_kv, nnz_pages)
+        part_o = T.alloc_buffer((batch, h_q, n_split, d), "float32", scope="global")
+        part_md = T.alloc_buffer((batch, h_q, n_split, 2), "float32", scope="global")
+        for bx in T.thread_binding(batch, thread="blockIdx.x"):
+            for by in T.thread_binding(h_kv * n_split, thread="blockIdx.y"):
+                for tz in T.thread_binding(BDZ, thread="threadIdx.y"):
+                    for tx in T.thread_binding(bdx, thread="threadIdx.x"):
+                        with T.sblock("split"):
+                            T.reads()
+                            T.writes()
+                            q_loc = T.sblock_alloc_buffer((group, vec), "float32", scope="local")
+                            o_loc = T.sblock_alloc_buffer((group, vec), "float32", scope="local")
+                            m_loc = T.sblock_alloc_buffer((group,), "float32", scope="local")
+                            d_loc = T.sblock_alloc_buffer((group,), "float32", scope="local")
+                            k_loc = T.sblock_alloc_buffer((vec,), dtype, scope="local")
+                            v_loc = T.sblock_alloc_buffer((vec,), dtype, scope="local")
+                            s_part = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                            s_all = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                            m_new = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                            red_o = T.sblock_alloc_buffer((BDZ, group, d), "float32", scope="shared")
+                            red_md = T.sblock_alloc_buffer((BDZ, group, 2), "float32", scope="shared")
+                            h: T.let[T.int32] = T.truncdiv(by, n_split)
+                            s: T.let[T.int32] = T.truncmod(by, n_split)
+                            first_page: T.let[T.int32] = page_indptr[bx]
+                            n_pages: T.let[T.int32] = page_indptr[bx + 1] - first_page
+                            kv_len: T.let[T.int32] = T.max(n_pages - 1, 0) * kt + T.if_then_else(
+                                n_pages > 0, length_info[bx], 0
+                            )
+                            chunk: T.let[T.int32] = T.truncdiv(kv_len + n_split - 1, n_split)
+                            lo: T.let[T.int32] = T.min(s * chunk, kv_len)
+                            hi: T.let[T.int32] = T.min(lo + chunk, kv_len)
+                            for g in T.unroll(group):
+                                m_loc[g] = T.float32(EMPTY_LSE)
+                                d_loc[g] = T.float32(0)
+                                for e in T.vectorized(vec):
+                                    o_loc[g, e] = T.float32(0)
+                                    q_loc[g, e] = T.Cast("float32", q[bx, h * group + g, tx * vec + e]) * (
+                                        sm_scale * T.float32(LOG2E)
+                                    )
+                            for it in T.serial(T.truncdiv(hi - lo + BDZ - 1, BDZ)):
+                                pos: T.let[T.int32] = lo + it * BDZ + tz
+                                page: T.let[T.int32] = page_values[first_page + T.truncdiv(T.min(pos, hi - 1), kt)]
+                                at: T.let[T.int32] = T.truncmod(T.min(pos, hi - 1), kt)
+                                for e in T.vectorized(vec):
+                                    k_loc[e] = pages[page, 0, h, at, tx * vec + e]
+                                for e in T.vectorized(vec):
+                                    v_loc[e] = pages[page, 1, h, at, tx * vec + e]
+                                for g in T.serial(group):  # (an unrolled loop would repeat the reduction's buffers)
+                                    s_part[0] = T.float32(0)
+                                    for e in T.unroll(vec):
+                                        s_part[0] = s_part[0] + q_loc[g, e] * T.Cast("float32", k_loc[e])
+                                    with T.sblock("score_sum"):
+                                        T.reads(s_part[0])
+                                        T.writes(s_all[0])
+                                        T.attr(
+                                            T.comm_reducer(lambda a, b: a + b, [T.float32(0)]),
+                                            "reduce_scope",
+                                            T.int32(0),
+                                        )
+                                        T.tvm_thread_allreduce(T.uint32(1), s_part[0], True, s_all[0], tx, dtype="void")
+                                    if pos < hi:
+                                        m_new[0] = T.max(m_loc[g], s_all[0])
+                                        d_loc[g] = d_loc[g] * T.exp2(m_loc[g] - m_new[0]) + T.exp2(s_all[0] - m_new[0])
+                                        for e in T.vectorized(vec):
+                                            o_loc[g, e] = o_loc[g, e] * T.exp2(m_loc[g] - m_new[0]) + T.exp2(
+                                                s_all[0] - m_new[0]
+                                            ) * T.Cast("float32", v_loc[e])
+                                        m_loc[g] = m_new[0]
+                            for g in T.unroll(group):
+                                for e in T.vectorized(vec):
+                                    red_o[tz, g, tx * vec + e] = o_loc[g, e]
+                                red_md[tz, g, 0] = m_loc[g]
+                                red_md[tz, g, 1] = d_loc[g]
+                            T.tvm_storage_sync("shared")
+                            if tz == 0:
+                                for g in T.unroll(group):
+                                    m_new[0] = red_md[0, g, 0]
+                                    for z in T.unroll(1, BDZ):
+                                        m_new[0] = T.max(m_new[0], red_md[z, g, 0])
+                                    d_loc[g] = T.float32(0)
+                                    for e in T.vectorized(vec):
+                                        o_loc[g, e] = T.float32(0)
+                                    for z in T.unroll(BDZ):
+                                        d_loc[g] = d_loc[g] + red_md[z, g, 1] * T.exp2(red_md[z, g, 0] - m_new[0])
+                                        for e in T.vectorized(vec):
+                                            o_loc[g, e] = o_loc[g, e] + red_o[z, g, tx * vec + e] * T.exp2(
+                                                red_md[z, g, 0] - m_new[0]
+                                            )
+                                    for e in T.vectorized(vec):
+                                        part_o[bx, h * group + g, s, tx * vec + e] = o_loc[g, e]
+                                    if tx == 0:
+                                        part_md[bx, h * group + g, s, 0] = m_new[0]
+                                        part_md[bx, h * group + g, s, 1] = d_loc[g]
+        for bx in T.thread_binding(batch, thread="blockIdx.x"):
+            for hq in T.thread_binding(h_q, thread="blockIdx.y"):
+                for tx in T.thread_binding(bdx, thread="threadIdx.x"):
+                    with T.sblock("merge"):
+                        T.reads()
+                        T.writes()
+                        acc = T.sblock_alloc_buffer((vec,), "float32", scope="local")
+                        m_all = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                        d_all = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                        w = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                        m_all[0] = T.float32(EMPTY_LSE)
+                        for s in T.serial(n_split):
+                            if part_md[bx, hq, s, 1] > T.float32(0):
+                                m_all[0] = T.max(m_all[0], part_md[bx, hq, s, 0])
+                        d_all[0] = T.float32(0)
+                        for e in T.vectorized(vec):
+                            acc[e] = T.float32(0)
+                        for s in T.serial(n_split):
+                            if part_md[bx, hq, s, 1] > T.float32(0):
+                                w[0] = T.exp2(part_md[bx, hq, s, 0] - m_all[0])
+                                d_all[0] = d_all[0] + part_md[bx, hq, s, 1] * w[0]
+                                for e in T.vectorized(vec):
+                                    acc[e] = acc[e] + part_o[bx, hq, s, tx * vec + e] * w[0]
+                        for e in T.vectorized(vec):
+                            output[bx, hq, tx * vec + e] = T.Cast(
+                                dtype, T.if_then_else(d_all[0] > T.float32(0), acc[e] / d_all[0], T.float32(0))
+                            )
+                        if tx == 0:
+                            lse[bx, hq] = T.if_then_else(
+                                d_all[0] > T.float32(0), m_all[0] + T.log2(d_all[0]), T.float32(EMPTY_LSE)
+                            )
+
+    return decode
