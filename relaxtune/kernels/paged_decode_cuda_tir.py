@@ -7,16 +7,18 @@ paged KV cache calls: ``(q, pages, page_indptr, page_values, length_info, k_rope
 output, lse, rotary_mode, rope_scale, rope_theta, sm_scale)``) and runs as two launches of one PrimFunc:
 
 1. ``split``: blocks (sequence, key/value head, split); a sequence's `kv_len` keys fall in `splits` runs of
-   ceil(kv_len / splits), one per block. A block's `BDZ` rows of `bdx` lanes take the run's keys in turns; each
-   lane holds `vec` of head_dim for every query head of the group (K and V read once for the group), each score a
-   sum over the row's lanes (a shuffle reduction), then an online softmax per head (base 2: scores scaled by
-   sm_scale * log2(e)). The rows' states meet in shared memory; the block writes its unnormalized output and its
-   (max, sum) per head to a workspace of (sequence, query head, split).
+   ceil(kv_len / splits), one per block. A block's `rows` rows of `bdx` lanes take the run's keys in turns, UNROLL
+   keys a row at a time (their loads issued together); each lane holds `vec` of head_dim for every query head of
+   the group (K and V read once for the group), each score a sum over the row's lanes (a shuffle reduction), then
+   an online softmax per head (base 2: scores scaled by sm_scale * log2(e)). The rows' states meet in shared
+   memory; the block writes its unnormalized output and its (max, sum) per head to a workspace of (sequence,
+   query head, split).
 2. ``merge``: blocks (sequence, query head): the splits' states rescaled to their common max, summed, divided:
    ``output``, and ``lse`` = max + log2(sum), the base-2 log-sum-exp as TVM's kernels give it.
 
-`splits` is min(MAX_SPLITS, ceil(TARGET_BLOCKS / (sequences * key/value heads)), nnz_pages), at least 1: known at
-launch from the buffers' shapes; runs past a short sequence's keys are empty (sum 0, skipped by the merge). A
+`splits` is min(MAX_SPLITS, ceil(TARGET_BLOCKS / (sequences * key/value heads)), ceil(nnz_pages / sequences)), at
+least 1: known at launch from the buffers' shapes (a run of about a page or more on average); runs past a short
+sequence's keys are empty (sum 0, skipped by the merge). A
 sequence with no keys gets output 0 and lse -5e4, as TVM's kernel gives. Keys are read as stored: rotated before
 they were stored (RopeMode.NORMAL), so ``rotary_mode`` must be 0 (asserted). No sliding window: the pass
 (`relax_passes/paged_decode_cuda.py`) replaces only the plain decode kernel.
@@ -29,8 +31,10 @@ import math
 from tvm.script import tirx as T
 
 PAGE_SIZE = 16  # tokens of a page of TVM's paged KV cache (its kernels are built for 16)
-BDZ = 8  # rows of lanes per block, keys taken in turns
-TARGET_BLOCKS = 256  # blocks of the first launch aimed at (about two per SM of a large GPU)
+THREADS = 256  # threads of a block of the first launch (rows x bdx)
+UNROLL = 2  # keys a row loads at once
+SHARED_BYTES = 32768  # the most shared memory the rows' states take (fewer rows where a group is large)
+TARGET_BLOCKS = 1024  # blocks of the first launch aimed at (several per SM of a large GPU)
 MAX_SPLITS = 128
 LOG2E = math.log2(math.e)
 EMPTY_LSE = -5e4  # the lse of a sequence without keys (TVM's kernel's)
@@ -45,17 +49,27 @@ def lanes(d: int) -> tuple[int, int]:
     return d // vec, vec
 
 
+def rows(group: int, d: int) -> int:
+    """The rows of lanes of a block: THREADS / bdx, halved while their states passed to shared memory would take
+    more than SHARED_BYTES."""
+    bdx, _ = lanes(d)
+    out = THREADS // bdx
+    while out > 1 and out * group * (d + 2) * 4 > SHARED_BYTES:
+        out //= 2
+    return out
+
+
 def splits(batch, h_kv: int, nnz_pages):
     """The number of runs each sequence's keys are split into (module docstring)."""
     wanted = T.min(T.truncdiv(TARGET_BLOCKS + batch * h_kv - 1, batch * h_kv), MAX_SPLITS)
-    return T.max(T.min(wanted, nnz_pages), 1)
+    return T.max(T.min(wanted, T.truncdiv(nnz_pages + batch - 1, batch)), 1)
 
 
 def decode_kernel(h_kv: int, h_q: int, d: int, dtype: str):
     """The decode kernel for a cache of `h_q` query heads, `h_kv` key/value heads, head_dim `d` (module docstring)."""
     group = h_q // h_kv
     bdx, vec = lanes(d)
-    kt = PAGE_SIZE
+    bdz, kt, un = rows(group, d), PAGE_SIZE, UNROLL
 
     @T.prim_func(s_tir=True, private=True)
     def decode(
@@ -92,7 +106,7 @@ def decode_kernel(h_kv: int, h_q: int, d: int, dtype: str):
         part_md = T.alloc_buffer((batch, h_q, n_split, 2), "float32", scope="global")
         for bx in T.thread_binding(batch, thread="blockIdx.x"):
             for by in T.thread_binding(h_kv * n_split, thread="blockIdx.y"):
-                for tz in T.thread_binding(BDZ, thread="threadIdx.y"):
+                for tz in T.thread_binding(bdz, thread="threadIdx.y"):
                     for tx in T.thread_binding(bdx, thread="threadIdx.x"):
                         with T.sblock("split"):
                             T.reads()
@@ -101,13 +115,13 @@ def decode_kernel(h_kv: int, h_q: int, d: int, dtype: str):
                             o_loc = T.sblock_alloc_buffer((group, vec), "float32", scope="local")
                             m_loc = T.sblock_alloc_buffer((group,), "float32", scope="local")
                             d_loc = T.sblock_alloc_buffer((group,), "float32", scope="local")
-                            k_loc = T.sblock_alloc_buffer((vec,), dtype, scope="local")
-                            v_loc = T.sblock_alloc_buffer((vec,), dtype, scope="local")
+                            k_loc = T.sblock_alloc_buffer((un, vec), dtype, scope="local")
+                            v_loc = T.sblock_alloc_buffer((un, vec), dtype, scope="local")
                             s_part = T.sblock_alloc_buffer((1,), "float32", scope="local")
                             s_all = T.sblock_alloc_buffer((1,), "float32", scope="local")
                             m_new = T.sblock_alloc_buffer((1,), "float32", scope="local")
-                            red_o = T.sblock_alloc_buffer((BDZ, group, d), "float32", scope="shared")
-                            red_md = T.sblock_alloc_buffer((BDZ, group, 2), "float32", scope="shared")
+                            red_o = T.sblock_alloc_buffer((bdz, group, d), "float32", scope="shared")
+                            red_md = T.sblock_alloc_buffer((bdz, group, 2), "float32", scope="shared")
                             h: T.let[T.int32] = T.truncdiv(by, n_split)
                             s: T.let[T.int32] = T.truncmod(by, n_split)
                             first_page: T.let[T.int32] = page_indptr[bx]
@@ -126,18 +140,18 @@ def decode_kernel(h_kv: int, h_q: int, d: int, dtype: str):
                                     q_loc[g, e] = T.Cast("float32", q[bx, h * group + g, tx * vec + e]) * (
                                         sm_scale * T.float32(LOG2E)
                                     )
-                            for it in T.serial(T.truncdiv(hi - lo + BDZ - 1, BDZ)):
-                                pos: T.let[T.int32] = lo + it * BDZ + tz
-                                page: T.let[T.int32] = page_values[first_page + T.truncdiv(T.min(pos, hi - 1), kt)]
-                                at: T.let[T.int32] = T.truncmod(T.min(pos, hi - 1), kt)
-                                for e in T.vectorized(vec):
-                                    k_loc[e] = pages[page, 0, h, at, tx * vec + e]
-                                for e in T.vectorized(vec):
-                                    v_loc[e] = pages[page, 1, h, at, tx * vec + e]
-                                for g in T.serial(group):  # (an unrolled loop would repeat the reduction's buffers)
+                            for it in T.serial(T.truncdiv(hi - lo + bdz * un - 1, bdz * un)):
+                                for u in T.unroll(un):  # the row's keys it * bdz * un + tz + u * bdz: loads first
+                                    pos: T.let[T.int32] = T.min(lo + (it * un + u) * bdz + tz, hi - 1)
+                                    page: T.let[T.int32] = page_values[first_page + T.truncdiv(pos, kt)]
+                                    for e in T.vectorized(vec):
+                                        k_loc[u, e] = pages[page, 0, h, T.truncmod(pos, kt), tx * vec + e]
+                                    for e in T.vectorized(vec):
+                                        v_loc[u, e] = pages[page, 1, h, T.truncmod(pos, kt), tx * vec + e]
+                                for u, g in T.grid(un, group):  # (unrolled, it would repeat the reduction's buffers)
                                     s_part[0] = T.float32(0)
                                     for e in T.unroll(vec):
-                                        s_part[0] = s_part[0] + q_loc[g, e] * T.Cast("float32", k_loc[e])
+                                        s_part[0] = s_part[0] + q_loc[g, e] * T.Cast("float32", k_loc[u, e])
                                     with T.sblock("score_sum"):
                                         T.reads(s_part[0])
                                         T.writes(s_all[0])
@@ -147,13 +161,13 @@ def decode_kernel(h_kv: int, h_q: int, d: int, dtype: str):
                                             T.int32(0),
                                         )
                                         T.tvm_thread_allreduce(T.uint32(1), s_part[0], True, s_all[0], tx, dtype="void")
-                                    if pos < hi:
+                                    if lo + (it * un + u) * bdz + tz < hi:
                                         m_new[0] = T.max(m_loc[g], s_all[0])
                                         d_loc[g] = d_loc[g] * T.exp2(m_loc[g] - m_new[0]) + T.exp2(s_all[0] - m_new[0])
                                         for e in T.vectorized(vec):
                                             o_loc[g, e] = o_loc[g, e] * T.exp2(m_loc[g] - m_new[0]) + T.exp2(
                                                 s_all[0] - m_new[0]
-                                            ) * T.Cast("float32", v_loc[e])
+                                            ) * T.Cast("float32", v_loc[u, e])
                                         m_loc[g] = m_new[0]
                             for g in T.unroll(group):
                                 for e in T.vectorized(vec):
@@ -164,12 +178,12 @@ def decode_kernel(h_kv: int, h_q: int, d: int, dtype: str):
                             if tz == 0:
                                 for g in T.unroll(group):
                                     m_new[0] = red_md[0, g, 0]
-                                    for z in T.unroll(1, BDZ):
+                                    for z in T.unroll(1, bdz):
                                         m_new[0] = T.max(m_new[0], red_md[z, g, 0])
                                     d_loc[g] = T.float32(0)
                                     for e in T.vectorized(vec):
                                         o_loc[g, e] = T.float32(0)
-                                    for z in T.unroll(BDZ):
+                                    for z in T.unroll(bdz):
                                         d_loc[g] = d_loc[g] + red_md[z, g, 1] * T.exp2(red_md[z, g, 0] - m_new[0])
                                         for e in T.vectorized(vec):
                                             o_loc[g, e] = o_loc[g, e] + red_o[z, g, tx * vec + e] * T.exp2(
