@@ -13,7 +13,8 @@ output, lse, rotary_mode, rope_scale, rope_theta, sm_scale)``) and runs as two l
    an online softmax per head (base 2: scores scaled by sm_scale * log2(e)). The rows' states meet in shared
    memory; the block writes its unnormalized output and its (max, sum) per head to a workspace of (sequence,
    query head, split).
-2. ``merge``: blocks (sequence, query head): the splits' states rescaled to their common max, summed, divided:
+2. ``merge``: blocks (sequence, query head), whose MERGE_ROWS rows take the splits in turns: the splits' states
+   rescaled to their common max, summed (per row, then the rows' in shared memory), divided:
    ``output``, and ``lse`` = max + log2(sum), the base-2 log-sum-exp as TVM's kernels give it.
 
 `splits` is min(MAX_SPLITS, ceil(TARGET_BLOCKS / (sequences * key/value heads)), ceil(nnz_pages / sequences)), at
@@ -34,6 +35,7 @@ PAGE_SIZE = 16  # tokens of a page of TVM's paged KV cache (its kernels are buil
 THREADS = 256  # threads of a block of the first launch (rows x bdx)
 UNROLL = 2  # keys a row loads at once
 SHARED_BYTES = 32768  # the most shared memory the rows' states take (fewer rows where a group is large)
+MERGE_ROWS = 8  # rows of lanes of a merge block, splits taken in turns
 TARGET_BLOCKS = 1024  # blocks of the first launch aimed at (several per SM of a large GPU)
 MAX_SPLITS = 128
 LOG2E = math.log2(math.e)
@@ -196,34 +198,57 @@ def decode_kernel(h_kv: int, h_q: int, d: int, dtype: str):
                                         part_md[bx, h * group + g, s, 1] = d_loc[g]
         for bx in T.thread_binding(batch, thread="blockIdx.x"):
             for hq in T.thread_binding(h_q, thread="blockIdx.y"):
-                for tx in T.thread_binding(bdx, thread="threadIdx.x"):
-                    with T.sblock("merge"):
-                        T.reads()
-                        T.writes()
-                        acc = T.sblock_alloc_buffer((vec,), "float32", scope="local")
-                        m_all = T.sblock_alloc_buffer((1,), "float32", scope="local")
-                        d_all = T.sblock_alloc_buffer((1,), "float32", scope="local")
-                        w = T.sblock_alloc_buffer((1,), "float32", scope="local")
-                        m_all[0] = T.float32(EMPTY_LSE)
-                        for s in T.serial(n_split):
-                            if part_md[bx, hq, s, 1] > T.float32(0):
-                                m_all[0] = T.max(m_all[0], part_md[bx, hq, s, 0])
-                        d_all[0] = T.float32(0)
-                        for e in T.vectorized(vec):
-                            acc[e] = T.float32(0)
-                        for s in T.serial(n_split):
-                            if part_md[bx, hq, s, 1] > T.float32(0):
-                                w[0] = T.exp2(part_md[bx, hq, s, 0] - m_all[0])
-                                d_all[0] = d_all[0] + part_md[bx, hq, s, 1] * w[0]
+                for tz in T.thread_binding(MERGE_ROWS, thread="threadIdx.y"):
+                    for tx in T.thread_binding(bdx, thread="threadIdx.x"):
+                        with T.sblock("merge"):
+                            T.reads()
+                            T.writes()
+                            acc = T.sblock_alloc_buffer((vec,), "float32", scope="local")
+                            m_all = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                            d_all = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                            m_new = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                            red_o = T.sblock_alloc_buffer((MERGE_ROWS, d), "float32", scope="shared")
+                            red_md = T.sblock_alloc_buffer((MERGE_ROWS, 2), "float32", scope="shared")
+                            m_all[0] = T.float32(EMPTY_LSE)
+                            d_all[0] = T.float32(0)
+                            for e in T.vectorized(vec):
+                                acc[e] = T.float32(0)
+                            for it in T.serial(T.truncdiv(n_split + MERGE_ROWS - 1, MERGE_ROWS)):  # splits in turns
+                                if it * MERGE_ROWS + tz < n_split:
+                                    if part_md[bx, hq, it * MERGE_ROWS + tz, 1] > T.float32(0):
+                                        m_new[0] = T.max(m_all[0], part_md[bx, hq, it * MERGE_ROWS + tz, 0])
+                                        d_all[0] = d_all[0] * T.exp2(m_all[0] - m_new[0]) + part_md[
+                                            bx, hq, it * MERGE_ROWS + tz, 1
+                                        ] * T.exp2(part_md[bx, hq, it * MERGE_ROWS + tz, 0] - m_new[0])
+                                        for e in T.vectorized(vec):
+                                            acc[e] = acc[e] * T.exp2(m_all[0] - m_new[0]) + part_o[
+                                                bx, hq, it * MERGE_ROWS + tz, tx * vec + e
+                                            ] * T.exp2(part_md[bx, hq, it * MERGE_ROWS + tz, 0] - m_new[0])
+                                        m_all[0] = m_new[0]
+                            for e in T.vectorized(vec):
+                                red_o[tz, tx * vec + e] = acc[e]
+                            red_md[tz, 0] = m_all[0]
+                            red_md[tz, 1] = d_all[0]
+                            T.tvm_storage_sync("shared")
+                            if tz == 0:
+                                m_all[0] = red_md[0, 0]
+                                for z in T.unroll(1, MERGE_ROWS):
+                                    m_all[0] = T.max(m_all[0], red_md[z, 0])
+                                d_all[0] = T.float32(0)
                                 for e in T.vectorized(vec):
-                                    acc[e] = acc[e] + part_o[bx, hq, s, tx * vec + e] * w[0]
-                        for e in T.vectorized(vec):
-                            output[bx, hq, tx * vec + e] = T.Cast(
-                                dtype, T.if_then_else(d_all[0] > T.float32(0), acc[e] / d_all[0], T.float32(0))
-                            )
-                        if tx == 0:
-                            lse[bx, hq] = T.if_then_else(
-                                d_all[0] > T.float32(0), m_all[0] + T.log2(d_all[0]), T.float32(EMPTY_LSE)
-                            )
+                                    acc[e] = T.float32(0)
+                                for z in T.unroll(MERGE_ROWS):
+                                    d_all[0] = d_all[0] + red_md[z, 1] * T.exp2(red_md[z, 0] - m_all[0])
+                                    for e in T.vectorized(vec):
+                                        acc[e] = acc[e] + red_o[z, tx * vec + e] * T.exp2(red_md[z, 0] - m_all[0])
+                                for e in T.vectorized(vec):
+                                    output[bx, hq, tx * vec + e] = T.Cast(
+                                        dtype,
+                                        T.if_then_else(d_all[0] > T.float32(0), acc[e] / d_all[0], T.float32(0)),
+                                    )
+                                if tx == 0:
+                                    lse[bx, hq] = T.if_then_else(
+                                        d_all[0] > T.float32(0), m_all[0] + T.log2(d_all[0]), T.float32(EMPTY_LSE)
+                                    )
 
     return decode

@@ -102,4 +102,5 @@ def test_paged_decode_matches_torch_and_tvms_kernel(kernels, h_q, h_kv, d, lengt
     tvm_err = (tvm_out - want).abs().max().item()
     assert (got - want).abs().max().item() <= max(2 * tvm_err, 2e-3), ((got - want).abs().max(), tvm_err)
     assert torch.allclose(got_lse, want_lse, atol=2e-3, rtol=1e-4), (got_lse, want_lse)
-    assert torch.allclose(got_lse, tvm_lse, atol=2e-3, rtol=1e-4), (got_lse, tvm_lse)
+    keys = torch.tensor(lengths) > 0  # (TVM's lse without keys is -5e4 off by its rows' merge: -49994.96 at 4 / 4)
+    assert torch.allclose(got_lse[keys], tvm_lse[keys], atol=2e-3, rtol=1e-4), (got_lse, tvm_lse)
