@@ -4,7 +4,8 @@ TVM's CUDA decode kernel (``batch_decode_paged_kv``, passed to ``vm.builtin.page
 runs one block per (sequence, key/value head) over all of a sequence's keys; relaxtune's
 (`kernels/paged_decode_cuda_tir.py`) splits the keys across blocks, then merges the splits. This pass finds each
 create call (`paged_kv_calls.py`: by the builtin's name and argument layout, never by a kernel's name) whose keys
-are rotated before they are stored (RopeMode NONE or NORMAL) and whose head_dim the kernel takes, and replaces the
+are rotated before they are stored (RopeMode NONE or NORMAL) and whose sizes the kernel takes (`refusal`: head_dim
+a power of two from 16, at most 8 query heads a key/value head), and replaces the
 plain decode kernel under its global name; the prefill, sliding-window, tree, merge and copy kernels stay TVM's.
 
 Runs first in the cuda pipeline (`pipeline.fusion_passes`), before legalization: the kernel comes scheduled
@@ -17,7 +18,7 @@ import logging
 
 import tvm
 
-from ..kernels.paged_decode_cuda_tir import decode_kernel, lanes
+from ..kernels.paged_decode_cuda_tir import decode_kernel, refusal
 from .paged_kv_calls import DECODE, cache_sizes, create_calls, kernel_var
 
 logger = logging.getLogger(__name__)
@@ -34,13 +35,12 @@ class PagedDecodeCuda:
         out = mod.clone()
         for args in calls:
             sizes, gv = cache_sizes(args), kernel_var(args, DECODE, 1)
-            if sizes is None or gv is None or sizes.h_q % sizes.h_kv:
+            if sizes is None or gv is None:
                 logger.info("a paged KV cache keeps TVM's decode attention (another layout, or RoPE inside attention)")
                 continue
-            try:
-                lanes(sizes.d)
-            except ValueError as err:
-                logger.info("a paged KV cache keeps TVM's decode attention: %s", err)
+            why = refusal(sizes.h_q, sizes.h_kv, sizes.d)
+            if why is not None:
+                logger.info("a paged KV cache keeps TVM's decode attention: %s", why)
                 continue
             out[gv] = decode_kernel(sizes.h_kv, sizes.h_q, sizes.d, sizes.dtype)
             logger.info("paged KV cache: decode attention %s split over the keys (relaxtune's)", gv.name_hint)

@@ -42,6 +42,7 @@ MERGE_ROWS = 8  # rows of lanes of a merge block, splits taken in turns
 TARGET_BLOCKS = 1024  # blocks of the first launch aimed at (several per SM of a large GPU)
 SPLIT_FROM_PAGES = 16  # sequences of fewer pages on average: one split, one launch (a second costs more there)
 MAX_SPLITS = 128
+MAX_GROUP = 8  # query heads a key/value head at most (each lane keeps the group's q and outputs in registers)
 LOG2E = math.log2(math.e)
 EMPTY_LSE = -5e4  # the lse of a sequence without keys (TVM's kernel's)
 ROTATED = "relaxtune's cuda decode attention reads keys rotated before they were stored (RopeMode.NORMAL)"
@@ -53,6 +54,17 @@ def lanes(d: int) -> tuple[int, int]:
     if d % vec or (d // vec) & (d // vec - 1):
         raise ValueError(f"head_dim {d}: relaxtune's cuda decode attention takes a power of two from 16")
     return d // vec, vec
+
+
+def refusal(h_q: int, h_kv: int, d: int) -> str | None:
+    """Why the kernel does not take a cache of these sizes, or None where it does."""
+    if h_q % h_kv or h_q // h_kv > MAX_GROUP:
+        return f"{h_q} query heads over {h_kv} key/value heads: the kernel takes groups of 1 to {MAX_GROUP}"
+    try:
+        lanes(d)
+    except ValueError as err:
+        return str(err)
+    return None
 
 
 def rows(group: int, d: int) -> int:
