@@ -1,6 +1,7 @@
 """relaxtune's decode attention for the paged KV cache against TVM's, alone on the GPU.
 
     python benchmarks/gpu_paged_decode.py --out OUT     # on the GPU machine, TVM and relaxtune importable
+    python benchmarks/gpu_paged_decode.py --out docs/img --plot OUT/paged_decode.json   # its figure, anywhere
 
 Both kernels (kernels/paged_decode_cuda_tir.py; TVM's `batch_decode_paged_kv`) are built here for the GPU's arch and
 run on the same random cache (a shuffled page table) for each model's sizes, batch and context length: the GPU's own
@@ -48,21 +49,55 @@ def case_args(h_q: int, h_kv: int, d: int, batch: int, context: int):
     return tensors + [0, 1.0, 1e4, 1 / math.sqrt(d)]
 
 
+def plot(results: Path, out: Path) -> Path:
+    """Each kernel's time per call against the context, one panel per model, a line per batch and kernel."""
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = json.loads(results.read_text())["rows"]
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.6), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        for batch, color in zip(sorted({r["batch"] for r in rows}), ("tab:blue", "tab:orange", "tab:green")):
+            mine = sorted((r["context"], r["us"]) for r in rows if r["model"] == model and r["batch"] == batch)
+            for name, style in (("relaxtune", "-o"), ("tvm", "--s")):
+                label = f"{'relaxtune' if name == 'relaxtune' else 'TVM'}, batch {batch}"
+                ax.plot([c for c, _ in mine], [us[name] for _, us in mine], style, color=color, label=label)
+        ax.set(title=model, xscale="log", yscale="log", xlabel="context (keys)", ylabel="us per call (GPU)")
+        contexts = sorted({r["context"] for r in rows})
+        ax.set_xticks(contexts, [str(c) for c in contexts])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("Paged KV cache decode attention: relaxtune (split over the keys) against TVM's kernel")
+    fig.tight_layout()
+    path = out / f"{results.stem}.png"
+    fig.savefig(path, dpi=110)
+    return path
+
+
 def main() -> int:
-    import torch
-    from tvm.relax.frontend.nn.llm._decode_kernels import _attention_decode
-    from tvm.target import Target
-
-    from relaxtune.kernels.paged_decode_cuda_tir import decode_kernel
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--plot", type=Path, help="draw this paged_decode.json into --out, and nothing else")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--contexts", default="128,1024,4096")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.plot is not None:
+        print(plot(args.plot, args.out))
+        return 0
+    import torch
+    from tvm.relax.frontend.nn.llm._decode_kernels import _attention_decode
+    from tvm.target import Target
+
+    from relaxtune.kernels.paged_decode_cuda_tir import decode_kernel
+
     arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
     header = "| model | batch | context | relaxtune us | TVM us | TVM / relaxtune |"
     rows, lines = [], [header, "|---|---|---|---|---|---|"]
