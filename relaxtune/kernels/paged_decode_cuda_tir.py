@@ -2,9 +2,10 @@
 
 TVM's CUDA decode kernel (``batch_decode_paged_kv``) gives each (sequence, key/value head) one block, which walks
 every cached key in turn: one sequence of a model with 3 key/value heads runs on 3 SMs, and its time grows with the
-context (about 28 us a layer at 1024 keys on an H200). This kernel has the same signature (what the runtime's
-paged KV cache calls: ``(q, pages, page_indptr, page_values, length_info, k_rope_pos_offset, q_rope_position,
-output, lse, rotary_mode, rope_scale, rope_theta, sm_scale)``) and runs as two launches of one PrimFunc:
+context (docs/results.md, "Decode attention split over the keys"). This kernel has the same signature (what the
+runtime's paged KV cache calls: ``(q, pages, page_indptr, page_values, length_info, k_rope_pos_offset,
+q_rope_position, output, lse, rotary_mode, rope_scale, rope_theta, sm_scale)``) and runs as two launches of one
+PrimFunc:
 
 1. ``split``: blocks (sequence, key/value head, split); a sequence's `kv_len` keys fall in `splits` runs of
    ceil(kv_len / splits), one per block. A block's `rows` rows of `bdx` lanes take the run's keys in turns, UNROLL
@@ -20,12 +21,11 @@ output, lse, rotary_mode, rope_scale, rope_theta, sm_scale)``) and runs as two l
 `splits` is min(MAX_SPLITS, ceil(TARGET_BLOCKS / (sequences * key/value heads)), ceil(nnz_pages / sequences)), at
 least 1: known at launch from the buffers' shapes (a run of about a page or more on average); runs past a short
 sequence's keys are empty (sum 0, skipped by the merge). Below SPLIT_FROM_PAGES pages a sequence on average it is 1:
-the first launch writes output and lse itself and the merge is not launched (a decode step is bound by its
-launches there: on an H200, SmolLM2's step at 128 keys took 0.956 ms with the second launch against 0.877 with
-TVM's one). A
-sequence with no keys gets output 0 and lse -5e4, as TVM's kernel gives. Keys are read as stored: rotated before
-they were stored (RopeMode.NORMAL), so ``rotary_mode`` must be 0 (asserted). No sliding window: the pass
-(`relax_passes/paged_decode_cuda.py`) replaces only the plain decode kernel.
+the first launch writes output and lse itself and the merge is not launched (a decode step with short sequences is
+bound by its launches, not by this kernel). A sequence with no keys gets output 0 and lse -5e4, as TVM's kernel
+gives. Keys are read as stored: rotated before they were stored (RopeMode.NORMAL), so ``rotary_mode`` must be 0
+(asserted). No sliding window: the pass (`relax_passes/paged_decode_cuda.py`) replaces only the plain decode
+kernel. Sizes it takes: `refusal`.
 """
 
 from __future__ import annotations
@@ -49,10 +49,10 @@ ROTATED = "relaxtune's cuda decode attention reads keys rotated before they were
 
 
 def lanes(d: int) -> tuple[int, int]:
-    """(bdx, vec): the lanes over head_dim and the elements each holds (8-byte loads of float16 at d <= 128)."""
+    """(bdx, vec): the lanes over head_dim (at most a warp) and the elements each holds (4 up to head_dim 128)."""
+    if d < 8 or d > 256 or d & (d - 1):
+        raise ValueError(f"head_dim {d}: relaxtune's cuda decode attention takes a power of two from 8 to 256")
     vec = max(4, d // 32)
-    if d % vec or (d // vec) & (d // vec - 1):
-        raise ValueError(f"head_dim {d}: relaxtune's cuda decode attention takes a power of two from 16")
     return d // vec, vec
 
 
@@ -79,8 +79,9 @@ def rows(group: int, d: int) -> int:
 
 def splits(batch, h_kv: int, nnz_pages):
     """The number of runs each sequence's keys are split into (module docstring)."""
-    wanted = T.min(T.truncdiv(TARGET_BLOCKS + batch * h_kv - 1, batch * h_kv), MAX_SPLITS)
-    pages = T.truncdiv(nnz_pages + batch - 1, batch)  # a sequence's on average
+    heads = T.max(batch, 1) * h_kv  # (no division by zero where a call has no sequence)
+    wanted = T.min(T.truncdiv(TARGET_BLOCKS + heads - 1, heads), MAX_SPLITS)
+    pages = T.truncdiv(nnz_pages + T.max(batch, 1) - 1, T.max(batch, 1))  # a sequence's on average
     return T.if_then_else(pages < SPLIT_FROM_PAGES, 1, T.max(T.min(wanted, pages), 1))
 
 

@@ -36,7 +36,7 @@ def test_pass_replaces_only_the_decode_attention():
 
 @pytest.mark.parametrize(
     "head_dim,heads,kv_heads",
-    [(24, 4, 2), (16, 32, 2)],  # 24 / 4 = 6 lanes: not a power of two; 16 query heads a key/value head
+    [(24, 4, 2), (16, 32, 2)],  # head_dim not a power of two; 16 query heads a key/value head
     ids=["head_dim", "group"],
 )
 def test_pass_keeps_tvms_kernel_where_it_does_not_apply(head_dim, heads, kv_heads):
@@ -70,6 +70,7 @@ def test_pipeline_runs_it_on_cuda_only_and_as_asked():
         (8, 8, 512, 16),  # 1024 blocks aimed at
         (64, 32, 4096, 1),
         (4, 2, 0, 1),
+        (0, 2, 0, 1),  # no sequence: no division by zero
     ],
 )
 def test_split_count(batch, h_kv, pages, want):
