@@ -14,14 +14,20 @@ Runs first in the cuda pipeline (`pipeline.fusion_passes`), before legalization:
 
 from __future__ import annotations
 
-import logging
-
 import tvm
 
 from ..kernels.paged_decode_cuda_tir import decode_kernel, refusal
-from .paged_kv_calls import DECODE, cache_sizes, create_calls, kernel_var
+from .paged_kv_calls import DECODE, NOT_HANDLED, cache_sizes, kernel_var, replace_kernels
 
-logger = logging.getLogger(__name__)
+
+def kernels_for(args: list) -> dict | str:
+    """{the decode attention's GlobalVar: relaxtune's kernel} for one create call's arguments, or why that cache
+    keeps TVM's."""
+    sizes, gv = cache_sizes(args), kernel_var(args, DECODE, 1)
+    if sizes is None or gv is None:
+        return NOT_HANDLED
+    why = refusal(sizes.h_q, sizes.h_kv, sizes.d)
+    return why if why is not None else {gv: decode_kernel(sizes.h_kv, sizes.h_q, sizes.d, sizes.dtype)}
 
 
 @tvm.transform.module_pass(opt_level=0, name="PagedDecodeCuda")
@@ -29,19 +35,4 @@ class PagedDecodeCuda:
     """Replace the decode attention of each paged KV cache the module creates (see the module docstring)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        calls = create_calls(mod)
-        if not calls:
-            return mod
-        out = mod.clone()
-        for args in calls:
-            sizes, gv = cache_sizes(args), kernel_var(args, DECODE, 1)
-            if sizes is None or gv is None:
-                logger.info("a paged KV cache keeps TVM's decode attention (another layout, or RoPE inside attention)")
-                continue
-            why = refusal(sizes.h_q, sizes.h_kv, sizes.d)
-            if why is not None:
-                logger.info("a paged KV cache keeps TVM's decode attention: %s", why)
-                continue
-            out[gv] = decode_kernel(sizes.h_kv, sizes.h_q, sizes.d, sizes.dtype)
-            logger.info("paged KV cache: decode attention %s split over the keys (relaxtune's)", gv.name_hint)
-        return out
+        return replace_kernels(mod, kernels_for)

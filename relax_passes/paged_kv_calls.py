@@ -9,11 +9,15 @@ and cuda alike), never by a kernel's name.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprVisitor, visitor
+
+logger = logging.getLogger(__name__)
 
 CREATE = "vm.builtin.paged_attention_kv_cache_create"
 ARGS = 28  # the create call's arguments (TIRPagedKVCache.__init__)
@@ -21,6 +25,7 @@ ARGS = 28  # the create call's arguments (TIRPagedKVCache.__init__)
 _QO_HEADS, _KV_HEADS, _QK_DIM, _V_DIM, _ROPE_MODE, _ROPE_THETA, _DTYPE_PROBE = 2, 3, 4, 5, 8, 10, 12
 APPEND, RAGGED, PREFILL, DECODE, MERGE, SPLIT_ROTARY = 13, 15, 16, 17, 23, 24
 _ROTATED_BEFORE_STORING = (0, 1)  # RopeMode NONE, NORMAL
+NOT_HANDLED = "another argument layout, RoPE inside attention, or unknown sizes"  # why cache_sizes gave None
 
 
 @dataclass(frozen=True)
@@ -90,3 +95,21 @@ def kernel_var(args: list, position: int, field: int | None) -> tvm.ir.GlobalVar
     if field is not None:
         expr = expr.fields[field] if isinstance(expr, relax.Tuple) and len(expr.fields) > field else None
     return expr if isinstance(expr, tvm.ir.GlobalVar) else None
+
+
+def replace_kernels(mod: tvm.IRModule, kernels_for: Callable[[list], dict | str]) -> tvm.IRModule:
+    """`mod` with each create call's kernels replaced, under their global names, by `kernels_for(args)`:
+    {GlobalVar: PrimFunc}, or a str saying why that cache keeps TVM's kernels (logged)."""
+    calls = create_calls(mod)
+    if not calls:
+        return mod
+    out = mod.clone()
+    for args in calls:
+        kernels = kernels_for(args)
+        if isinstance(kernels, str):
+            logger.info("a paged KV cache keeps TVM's kernels: %s", kernels)
+            continue
+        for gv, kernel in kernels.items():
+            out[gv] = kernel
+        logger.info("paged KV cache: %s replaced by relaxtune's", ", ".join(gv.name_hint for gv in kernels))
+    return out

@@ -17,23 +17,30 @@ rules `schedules/rules/cpu_paged_attention.py` and `cpu_paged_copy.py` schedule 
 
 from __future__ import annotations
 
-import logging
-
 import tvm
 
 from ..kernels.paged_attention_tir import PAGE_SIZE, decode_kernel, merge_kernel, prefill_kernel
 from ..kernels.paged_copy_tir import append_kernel, rope_kernel
-from .paged_kv_calls import APPEND, DECODE, MERGE, PREFILL, RAGGED, SPLIT_ROTARY, cache_sizes, create_calls, kernel_var
+from .paged_kv_calls import (
+    APPEND,
+    DECODE,
+    MERGE,
+    NOT_HANDLED,
+    PREFILL,
+    RAGGED,
+    SPLIT_ROTARY,
+    cache_sizes,
+    kernel_var,
+    replace_kernels,
+)
 
-logger = logging.getLogger(__name__)
 
-
-def kernels_for(args: list) -> dict | None:
-    """{GlobalVar: relaxtune's kernel} for one create call's arguments, or None when the call is not one
-    this pass handles (another layout, RoPE inside attention, unknown sizes)."""
+def kernels_for(args: list) -> dict | str:
+    """{GlobalVar: relaxtune's kernel} for one create call's arguments, or why the call is not one this pass
+    handles."""
     sizes = cache_sizes(args)
     if sizes is None:
-        return None
+        return NOT_HANDLED
     h_q, h_kv, d, dtype = sizes.h_q, sizes.h_kv, sizes.d, sizes.dtype
     wanted = {
         (RAGGED, 1): prefill_kernel(h_kv, h_q, d, dtype, paged=False),
@@ -47,7 +54,7 @@ def kernels_for(args: list) -> dict | None:
     for (position, field), kernel in wanted.items():
         gv = kernel_var(args, position, field)
         if gv is None:
-            return None
+            return NOT_HANDLED
         out[gv] = kernel
     return out
 
@@ -57,22 +64,4 @@ class PagedKVKernels:
     """Replace the CPU kernels of each paged KV cache the module creates (see the module docstring)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        calls = create_calls(mod)
-        if not calls:
-            return mod
-        out = mod.clone()
-        for args in calls:
-            kernels = kernels_for(args)
-            if kernels is None:
-                logger.info(
-                    "a paged KV cache keeps TVM's kernels (not llvm's argument layout, or RoPE inside attention)"
-                )
-                continue
-            for gv, kernel in kernels.items():
-                out[gv] = kernel
-            logger.info(
-                "paged KV cache: %d kernels replaced by relaxtune's (%s)",
-                len(kernels),
-                ", ".join(gv.name_hint for gv in kernels),
-            )
-        return out
+        return replace_kernels(mod, kernels_for)
