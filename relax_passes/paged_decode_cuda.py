@@ -5,8 +5,8 @@ runs one block per (sequence, key/value head) over all of a sequence's keys; rel
 (`kernels/paged_decode_cuda_tir.py`) splits the keys across blocks, then merges the splits. This pass finds each
 create call (`paged_kv_calls.py`: by the builtin's name and argument layout, never by a kernel's name) whose keys
 are rotated before they are stored (RopeMode NONE or NORMAL) and whose sizes the kernel takes (`refusal`: head_dim
-a power of two from 8 to 256, at most 8 query heads a key/value head), and replaces the
-plain decode kernel under its global name; the prefill, sliding-window, tree, merge and copy kernels stay TVM's.
+a power of two from 8 to 256, at most 8 query heads a key/value head), and replaces the plain decode kernel under
+its global name; the prefill, sliding-window, tree, merge and copy kernels stay TVM's.
 
 Runs first in the cuda pipeline (`pipeline.fusion_passes`), before legalization: the kernel comes scheduled
 (thread bindings written in), so the default GPU schedule and the rules leave it as it is.
