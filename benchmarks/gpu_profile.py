@@ -3,6 +3,8 @@
     S=$(bash .device/install.sh) && export PYTHONPATH=$S:$PWD && \\
         python3 benchmarks/gpu_profile.py --art DIR --out $OUT --names llama7b-rf-cublas-flash-graph --n 2048
 
+`--q4`: the q4f16 block (e.g. `--names llama7b-q4-rf-cublas-flash-graph --n 1`), torch on its weights dequantized.
+
 `gpu_job.py run` times each kernel alone (re-run on its own arguments); this records the kernels of
 back-to-back calls with torch.profiler (CUPTI sees the TVM VM's kernels, library calls and CUDA-graph
 replays too) and reports, per system, the span of one call on the GPU, the time inside kernels, the
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import gpu_job_common as common  # noqa: E402
 from gpu_job_llama import Llama7B  # noqa: E402
+from gpu_job_variants import Q4_GROUP  # noqa: E402
 
 
 def trace(fn, sync, reps: int, tmp: Path) -> list[list[dict]]:
@@ -95,14 +98,17 @@ def main() -> None:
     parser.add_argument("--names", default="llama7b-rf-cublas-flash-graph", help="comma-separated artifacts in --art")
     parser.add_argument("--n", default="2048", help="comma-separated sequence lengths")
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--q4", action="store_true", help="the q4f16 block (gpu_job_variants.Q4_VARIANTS' weights)")
     args = parser.parse_args()
     import torch
+
+    from relaxtune.config import QuantizeConfig
 
     seqs = tuple(int(n) for n in args.n.split(","))
     common.SEQS = seqs
     args.out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp())
-    model = Llama7B(args.art, tmp)
+    model = Llama7B(args.art, tmp, quantize=QuantizeConfig("q4f16", Q4_GROUP) if args.q4 else None)
     results = {}
     for name in [s for s in args.names.split(",") if s]:
         vm, params, dev = model.vm(name)
