@@ -5,7 +5,8 @@ weights, each pair of weights the low mantissa bits of a half2), for cuda builds
   relax_passes/pack_quant_weights_cuda.py extends);
 - `dequantize`: W (N, K) as ``(q - 8) * scale`` (float32 arithmetic, the result in `out_dtype`), one spatial block
   annotated ``ir_attrs.GPU_Q4_ATTR``; `dequantize_kernel` is it in float16, scheduled for CUDA (a thread per word,
-  its 8 weights unrolled), into the buffer cuBLAS reads in the prefill buckets (relax_passes/quant_gemv_cuda.py);
+  its 8 weights one 16-byte store), into the buffer cuBLAS reads in the prefill buckets
+  (relax_passes/quant_gemv_cuda.py);
 - `linear`: ``x (..., K) @ W^T`` over that block, float32 accumulation, x's dtype out: the form every quantized
   projection takes between the packing and the rewrite of each bucket's calls (the decode GEMV kernel or
   dequantize + cuBLAS), and a kernel any target can build (the CPU tests check the layout with it).
@@ -81,7 +82,8 @@ THREADS = 256  # dequantize_kernel's threads per block
 
 def dequantize_kernel(rows: int, words: int, groups: int) -> tirx.PrimFunc:
     """`dequantize` of a static (rows, words) packed weight with (rows, groups) scales into float16, scheduled for
-    CUDA: one thread per word (the words of consecutive threads adjacent), its 8 weights unrolled."""
+    CUDA: one thread per word (the words of consecutive threads adjacent), its 8 weights unrolled into registers
+    and stored as one 16-byte vector, so that a warp writes 512 contiguous bytes per store."""
     packed = te.placeholder((rows, words), "uint32", name="packed")
     scale = te.placeholder((rows, groups), "float16", name="scale")
     func = te.create_prim_func([packed, scale, dequantize(packed, scale, "float16")])
@@ -92,5 +94,8 @@ def dequantize_kernel(rows: int, words: int, groups: int) -> tirx.PrimFunc:
     bx, tx = sch.split(sch.fuse(j, word), [None, THREADS])
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
+    store = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(store, tx)
     sch.unroll(e)
+    sch.vectorize(sch.get_loops(store)[-1])
     return sch.mod["main"].with_attr("tirx.is_scheduled", True).without_attr("global_symbol")  # named where added

@@ -125,6 +125,27 @@ def test_q4gemv_matches_torch_dequantize_then_matmul(gemv_library, monkeypatch, 
         assert err == err and err <= max(2 * torch_err, 5e-3), (settings, err, torch_err)
 
 
+@pytest.mark.parametrize("n,k,group", [(4096, 4096, 32), (12288, 4096, 128), (4096, 11008, 32), (37, 96, 32)])
+def test_dequantize_kernel_matches_numpy_bit_for_bit(n, k, group):
+    """The prefill buckets' dequantize kernel (quant_gpu_tir.dequantize_kernel, a 16-byte store per thread): numpy's
+    float32 dequantization rounded to float16, every bit, on the 7B shapes and on one of fewer words than a block."""
+    import tvm
+
+    from relaxtune.kernels import quant_formats as qf
+    from relaxtune.kernels import quant_gpu_tir
+
+    rng = np.random.default_rng(n + k + group)
+    parts = qf.quantize(qf.own_format(4, group), rng.standard_normal((n, k)).astype(np.float32))
+    packed = qf.pack_q4_gpu(parts["qweight"])
+    func = quant_gpu_tir.dequantize_kernel(n, k // 8, k // group).with_attr("global_symbol", "main")
+    ex = tvm.compile(tvm.IRModule({"main": func}), target=tvm.target.Target({"kind": "cuda", "arch": "sm_90"}))
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.full((n, k), np.nan, np.float16), dev)
+    ex["main"](tvm.runtime.tensor(packed, dev), tvm.runtime.tensor(parts["scale"], dev), out)
+    want = qf.dequantize_q4_gpu(packed, parts["scale"]).astype(np.float16)
+    np.testing.assert_array_equal(out.numpy().view(np.uint16), want.view(np.uint16))
+
+
 # int8 activations (the default): x's rounding per 16 values, about 4e-3 of the largest output per projection
 BLOCK_TOLERANCE = {True: 3e-2, False: 1e-2}
 

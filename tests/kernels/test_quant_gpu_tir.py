@@ -83,8 +83,15 @@ def test_tir_dequantize_and_linear_match_numpy(group):
     np.testing.assert_allclose(y.numpy().astype(np.float32), expected.astype(np.float32), rtol=2e-3, atol=2e-3)
 
 
-def test_the_scheduled_dequantize_kernel_binds_threads():
+def test_the_scheduled_dequantize_kernel_binds_threads_and_stores_16_bytes_a_thread():
     func = quant_gpu_tir.dequantize_kernel(64, 32, 8)
     text = func.script()
     assert func.attrs["tirx.is_scheduled"] and "blockIdx.x" in text and "threadIdx.x" in text
-    assert "T.unroll" in text or "unroll" in text
+    assert "T.unroll" in text and text.count("T.vectorized(8)") == 1
+    ex = tvm.compile(
+        tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
+        target=tvm.target.Target({"kind": "cuda", "arch": "sm_90"}),
+    )
+    source = ex.mod.imports[0].inspect_source()
+    stores = [line for line in source.splitlines() if "dequantize_q4_gpu_ptr +" in line and "=" in line]
+    assert len(stores) == 1 and stores[0].lstrip().startswith("*(uint4*)"), stores  # the 8 halves in one store
