@@ -7,7 +7,8 @@
 // relaxtune_q4mlp_i8_trace(..., trace) launches it with a globaltimer stamp per block and event in trace (int64,
 // blocks x 16: benchmarks/q4mlp_trace.py). For measurements, read per launch: RELAXTUNE_Q4MLP=NAME picks the kernel,
 // RELAXTUNE_Q4MLP_STAGES=N sets its ring's slots (as far as they fit), RELAXTUNE_Q4MLP_AHEAD=N how far its producer
-// runs ahead of a grid barrier, RELAXTUNE_Q4MLP_BARRIER=generation takes the other grid barrier;
+// runs ahead of a grid barrier, RELAXTUNE_Q4MLP_BARRIER=generation takes the other grid barrier,
+// RELAXTUNE_Q4MLP_COOPERATIVE=0 launches it as a programmatic dependent only (Q4MlpCooperative);
 // relaxtune_q4mlp_i8_launch() says which launch attributes the launches so far took.
 
 #include <atomic>
@@ -57,6 +58,13 @@ static_assert(kQ4MlpStages < kQ4MaxStages, "the last full barrier's place holds 
 int Q4MlpAhead(int stages) {
   const char* value = std::getenv("RELAXTUNE_Q4MLP_AHEAD");
   return std::min(value != nullptr && std::atoi(value) >= 0 ? std::atoi(value) : kQ4MlpAhead, stages);
+}
+// RELAXTUNE_Q4MLP_COOPERATIVE=0 (read per launch, for measurements): launched without the cooperative attribute,
+// a programmatic dependent only; the grid barriers then rely on the SM-count grid's blocks all becoming resident
+// (one per SM), which nothing else on the device may prevent
+bool Q4MlpCooperative() {
+  const char* value = std::getenv("RELAXTUNE_Q4MLP_COOPERATIVE");
+  return value == nullptr || std::string(value) != "0";
 }
 std::string Q4MlpForced() {
   const char* value = std::getenv("RELAXTUNE_Q4MLP");
@@ -189,6 +197,11 @@ void LaunchQ4Mlp(const tvm::ffi::TensorView* x, const tvm::ffi::TensorView& res,
   LaunchConfig config{static_cast<unsigned>(plan.blocks), 1, 1, threads, 1, 1,
                       static_cast<unsigned>(plan.shared_bytes), TVMFFIEnvGetStream(dev.device_type, dev.device_id),
                       attrs, pdl ? 2u : 1u};
+  if (!Q4MlpCooperative() && plan.blocks == sms) {
+    config.attrs = attrs + 1, config.num_attrs = ProgrammaticLaunch() ? 1u : 0u;
+    Check(drv, drv->launch_ex(&config, fn, args, nullptr), "cuLaunchKernelEx (programmatic)");
+    return;
+  }
   if (pdl && drv->launch_ex(&config, fn, args, nullptr) == 0) return;
   if (pdl) both_refused = true, config.num_attrs = 1;
   Check(drv, drv->launch_ex(&config, fn, args, nullptr), "cuLaunchKernelEx (cooperative)");
