@@ -169,7 +169,8 @@ class CudaLibraries:
 @dataclass(frozen=True)
 class FlashAttention:
     """cuda sm_80+: attention as one fused flash kernel (RewriteAttentionToFlash, kernels/flash_attention);
-    `paged_decode`: a paged KV cache's decode attention on relaxtune's kernel, on any cuda arch."""
+    `paged_decode`: a paged KV cache's decode attention on relaxtune's kernel, on any cuda arch; `paged_prefill_grid`:
+    its prefill attention (TVM's kernels) over enough blocks to fill the GPU."""
 
     enabled: bool = True
     min_rows: int = 1  # buckets from this many rows take the kernel
@@ -178,6 +179,7 @@ class FlashAttention:
     lift_tables: bool = True  # rotary tables computed once up to each bucket's bound (LiftPositionTables)
     rope_k: bool = True  # k rotated on load too in buckets of one query block (else by its own kernel)
     paged_decode: bool = True  # any cuda arch: a paged KV cache's decode attention split over keys (PagedDecodeCuda)
+    paged_prefill_grid: bool = True  # any cuda arch: its prefill kernels over ~1024 blocks (PagedPrefillGridCuda)
 
 
 @dataclass(frozen=True)
