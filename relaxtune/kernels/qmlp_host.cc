@@ -239,8 +239,10 @@ void Q4MlpAttnI8(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::Tenso
                                       res.dtype(), &rows);
   LaunchQ4Mlp(nullptr, res, wo, so, g, wgu, sgu, wd, sd, eps, h, act, y, nullptr, nullptr, &a);
 }
-// the launch attributes the kernel's launches take in this process (after one launch: for measurements)
+// the launch attributes the kernel's launches take in this process with the variables as they are now (after one
+// launch: for measurements)
 std::string Q4MlpI8Launch() {
+  if (!Q4MlpCooperative()) return ProgrammaticLaunch() ? "programmatic" : "plain";
   return ProgrammaticLaunch() && !both_refused.load() ? "cooperative, programmatic" : "cooperative";
 }
 }  // namespace
