@@ -7,7 +7,8 @@ name, recorded with torch.profiler (CUPTI sees the TVM VM's kernels, cuBLAS and 
 The model is gpu_llm.py's (the SmolLM2-sized random checkpoint, written there) built as gpu_llm.py builds it, with
 CUDA graphs. Per call (the fastest of --reps): the span on the GPU from the first kernel's start to the last
 one's end, the time inside kernels, the gaps, and the kernels by name (total us, count, share of the span).
-Writes llm_profile.json and llm_profile.md to --out.
+Writes llm_profile.json, llm_profile.md and llm_profile.png (each call's span split into what its kernels do) to
+--out; `--plot LABEL=JSON ...` draws profiles already taken (no GPU), e.g. before and after a change.
 """
 
 from __future__ import annotations
@@ -53,6 +54,48 @@ def markdown(results: dict, top: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+# what a kernel does, by its name (TVM's, cuBLAS's and relaxtune's kernels), with its colour in the plot
+KINDS = [
+    ("prefill attention", ("batch_prefill",), "#d62728"),
+    ("decode attention", ("batch_decode", "relaxtune_paged_decode"), "#ff9f40"),
+    ("GEMM / GEMV", ("nvjet", "cublas", "gemm", "relaxtune_gemv", "relaxtune_q4"), "#1f77b4"),
+    ("dequantize", ("dequantize",), "#9467bd"),
+    ("other kernels", ("",), "#9e9e9e"),
+]
+GAPS = ("gaps (the host)", "#e0e0e0")
+
+
+def kind(name: str) -> str:
+    return next(label for label, prefixes, _ in KINDS if any(p in name for p in prefixes))
+
+
+def plot(profiles: dict, path: Path) -> None:
+    """One bar per (label, call): its span split into the time of each kind of kernel and the gaps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [(f"{label}: {call}", r) for label, calls in profiles.items() for call, r in calls.items()]
+    fig, ax = plt.subplots(figsize=(10, 0.5 * len(rows) + 1.5))
+    for y, (_, r) in enumerate(rows):
+        left = 0.0
+        for label, _, color in KINDS:
+            us = sum(k["us"] for k in r["by_name"] if kind(k["name"]) == label)
+            ax.barh(y, us / 1e3, left=left, color=color)
+            left += us / 1e3
+        ax.barh(y, r["gaps_us"] / 1e3, left=left, color=GAPS[1])
+        ax.text(left + r["gaps_us"] / 1e3, y, f" {r['span_us'] / 1e3:.2f} ms", va="center", fontsize=8)
+    ax.set_yticks(range(len(rows)), [name for name, _ in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms on the GPU per call (span: first kernel's start to last kernel's end)")
+    handles = [matplotlib.patches.Patch(color=c, label=label) for label, _, c in KINDS]
+    ax.legend(handles=[*handles, matplotlib.patches.Patch(color=GAPS[1], label=GAPS[0])], fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -63,7 +106,18 @@ def main() -> None:
     parser.add_argument("--quantize", default="", choices=("", "q4f16"), help="relaxtune's 4-bit build")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--top", type=int, default=15, help="kernel names listed per call")
+    parser.add_argument("--plot", nargs="+", metavar="LABEL=JSON", help="draw these profiles into --out, no GPU")
     args = parser.parse_args()
+    if args.plot:
+        args.out.mkdir(parents=True, exist_ok=True)
+        profiles = {}
+        for spec in args.plot:
+            label, sep, path = spec.partition("=")
+            if not sep or not Path(path).is_file():
+                parser.error(f"--plot {spec!r}: expected LABEL=JSON with JSON an llm_profile.json")
+            profiles[label] = json.loads(Path(path).read_text())["calls"]
+        plot(profiles, args.out / "llm_profile.png")
+        return
     import numpy as np
     import torch  # noqa: F401 (CUDA initialised for the profiler)
 
@@ -100,6 +154,7 @@ def main() -> None:
     results = {f"{k} {args.quantize}".strip(): v for k, v in results.items()}
     (args.out / "llm_profile.json").write_text(json.dumps({"group": GROUP, "calls": results}, indent=1))
     (args.out / "llm_profile.md").write_text(markdown(results, args.top))
+    plot({args.quantize or "f16": results}, args.out / "llm_profile.png")
     print(markdown(results, args.top))
 
 
