@@ -13,18 +13,8 @@ from relaxtune.relax_passes.paged_decode_cuda import PagedDecodeCuda
 CUDA = {"kind": "cuda", "arch": "sm_90", "host": {"kind": "llvm"}}
 
 
-def _module(head_dim: int = 16, heads: int = 4, kv_heads: int = 2, dtype: str = "float16"):
-    """A one-layer llama exported for cuda: its paged KV cache created with TVM's CUDA kernels."""
-    from relaxtune.models.config import ModelConfig
-    from relaxtune.models.llama import export
-
-    config = ModelConfig("llama", 64, heads * head_dim, 64, 1, heads, kv_heads, head_dim, 1e4, 1e-5, 128, True)
-    mod, _, _ = export(config, 16, target=tvm.target.Target(CUDA), dtype=dtype)
-    return mod
-
-
-def test_pass_replaces_only_the_decode_attention():
-    mod = _module()
+def test_pass_replaces_only_the_decode_attention(cuda_llama):
+    mod = cuda_llama()
     out = PagedDecodeCuda()(mod)
     changed = [gv.name_hint for gv, f in out.functions_items() if not f.same_as(mod[gv])]
     assert changed == ["batch_decode_paged_kv"]
@@ -39,8 +29,8 @@ def test_pass_replaces_only_the_decode_attention():
     [(24, 4, 2), (16, 32, 2)],  # head_dim not a power of two; 16 query heads a key/value head
     ids=["head_dim", "group"],
 )
-def test_pass_keeps_tvms_kernel_where_it_does_not_apply(head_dim, heads, kv_heads):
-    mod = _module(head_dim, heads, kv_heads)
+def test_pass_keeps_tvms_kernel_where_it_does_not_apply(cuda_llama, head_dim, heads, kv_heads):
+    mod = cuda_llama(head_dim, heads, kv_heads)
     assert all(f.same_as(mod[gv]) for gv, f in PagedDecodeCuda()(mod).functions_items())
     assert K.refusal(heads, kv_heads, head_dim) is not None
     assert K.refusal(4, 2, 16) is None

@@ -20,16 +20,6 @@ from relaxtune.relax_passes.paged_prefill_grid_cuda import (
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90", "host": {"kind": "llvm"}})
 
 
-def _module(head_dim: int = 16, heads: int = 4, kv_heads: int = 2):
-    """A one-layer llama exported for cuda: its paged KV cache created with TVM's CUDA kernels."""
-    from relaxtune.models.config import ModelConfig
-    from relaxtune.models.llama import export
-
-    config = ModelConfig("llama", 64, heads * head_dim, 64, 1, heads, kv_heads, head_dim, 1e4, 1e-5, 128, True)
-    mod, _, _ = export(config, 16, target=CUDA, dtype="float16")
-    return mod
-
-
 def _grid(func) -> tuple[list[str], list[str]]:
     """The kernel's blockIdx.x extents and the strides of its tile walk."""
     text = func.script()
@@ -38,8 +28,8 @@ def _grid(func) -> tuple[list[str], list[str]]:
     )
 
 
-def test_the_builder_at_16_blocks_is_tvms_kernels():
-    mod = _module()
+def test_the_builder_at_16_blocks_is_tvms_kernels(cuda_llama):
+    mod = cuda_llama()
     args = create_calls(mod)[0]
     ragged, paged = prefill_kernels(2, 4, 16, "float16", CUDA, TVM_BLOCKS)
     tvm.ir.assert_structural_equal(mod[kernel_var(args, RAGGED, 1)], ragged)
@@ -47,8 +37,8 @@ def test_the_builder_at_16_blocks_is_tvms_kernels():
     assert _grid(ragged) == (["16"], ["16"]) and _grid(paged) == (["16"], ["16"])
 
 
-def test_pass_regrids_only_the_two_prefill_kernels():
-    mod = _module()
+def test_pass_regrids_only_the_two_prefill_kernels(cuda_llama):
+    mod = cuda_llama()
     out = PagedPrefillGridCuda(CUDA)(mod)
     changed = sorted(gv.name_hint for gv, f in out.functions_items() if not f.same_as(mod[gv]))
     assert changed == ["batch_prefill_paged_kv", "batch_prefill_ragged_kv"]
@@ -69,15 +59,12 @@ def test_regridded_kernels_build_for_sm_90():
         assert 'extern "C" __global__' in ex.imports[0].inspect_source()
 
 
-def test_pipeline_runs_it_on_cuda_only_and_as_asked():
+def test_pipeline_runs_it_on_cuda_only_and_as_asked(chosen_passes):
     from relaxtune import targets
     from relaxtune.config import CompileConfig, FlashAttention
-    from relaxtune.relax_passes.pipeline import fusion_passes
 
-    def names(spec, options):
-        return [type(p).__name__ for p in fusion_passes(targets.resolve(spec).target, {}, options)]
-
-    assert "PagedPrefillGridCuda" in names("cuda:sm_90", CompileConfig())
+    cuda, cpu = targets.resolve("cuda:sm_90").target, targets.resolve("cpu").target
     off = CompileConfig(flash_attention=FlashAttention(paged_prefill_grid=False))
-    assert "PagedPrefillGridCuda" not in names("cuda:sm_90", off)
-    assert "PagedPrefillGridCuda" not in names("cpu", CompileConfig())
+    assert len(chosen_passes(cuda, CompileConfig(), "PagedPrefillGridCuda")) == 1
+    assert chosen_passes(cuda, off, "PagedPrefillGridCuda") == []
+    assert chosen_passes(cpu, CompileConfig(), "PagedPrefillGridCuda") == []
