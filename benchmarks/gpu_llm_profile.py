@@ -20,27 +20,26 @@ from collections import defaultdict
 from pathlib import Path
 
 from gpu_llm import GROUP, MODELS, build
-from gpu_profile import trace
+from gpu_profile import totals, trace
 
 from relaxtune.models import random_checkpoint
 
 
 def by_name(call: list[dict]) -> dict:
-    """The call's span, time in kernels and gaps (us), and its kernels summed by name, largest first."""
+    """The call's span, time in kernels and gaps (us, gpu_profile.totals), and its kernels summed by name, largest
+    first."""
+    result = totals(call)
     span = call[-1]["ts"] + call[-1]["dur"] - call[0]["ts"]
-    busy = sum(k["dur"] for k in call)
     names: dict = defaultdict(lambda: [0.0, 0])
     for k in call:
-        names[k["name"][:100]][0] += k["dur"]
-        names[k["name"][:100]][1] += 1
+        entry = names[k["name"][:100]]
+        entry[0] += k["dur"]
+        entry[1] += 1
     rows = sorted(names.items(), key=lambda item: -item[1][0])
-    return {
-        "span_us": round(span, 1),
-        "kernels_us": round(busy, 1),
-        "gaps_us": round(span - busy, 1),
-        "kernels": len(call),
-        "by_name": [{"name": n, "us": round(us, 1), "count": c, "share": round(us / span, 3)} for n, (us, c) in rows],
-    }
+    result["by_name"] = [
+        {"name": n, "us": round(us, 1), "count": c, "share": round(us / span, 3)} for n, (us, c) in rows
+    ]
+    return result
 
 
 def markdown(results: dict, top: int) -> str:

@@ -49,20 +49,21 @@ def trace(fn, sync, reps: int, tmp: Path) -> list[list[dict]]:
     ]
 
 
+def totals(call: list[dict]) -> dict:
+    """One call's span on the GPU (first kernel's start to last kernel's end), time in kernels and gaps (us)."""
+    span = call[-1]["ts"] + call[-1]["dur"] - call[0]["ts"]
+    busy = sum(k["dur"] for k in call)
+    return {
+        "span_us": round(span, 1),
+        "kernels_us": round(busy, 1),
+        "gaps_us": round(span - busy, 1),
+        "kernels": len(call),
+    }
+
+
 def summary(calls: list[list[dict]]) -> dict:
     """The median call's span, time in kernels and gaps (us), and its kernels in order."""
-    rows = []
-    for call in calls:
-        span = call[-1]["ts"] + call[-1]["dur"] - call[0]["ts"]
-        busy = sum(k["dur"] for k in call)
-        rows.append(
-            {
-                "span_us": round(span, 1),
-                "kernels_us": round(busy, 1),
-                "gaps_us": round(span - busy, 1),
-                "kernels": len(call),
-            }
-        )
+    rows = [totals(call) for call in calls]
     order = sorted(range(len(rows)), key=lambda i: rows[i]["span_us"])
     median, pick = rows[order[len(order) // 2]], calls[order[len(order) // 2]]
     median["list"] = [
