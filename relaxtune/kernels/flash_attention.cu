@@ -29,6 +29,10 @@ struct Params {
   int n, m, group, causal;      // query rows, key rows, query heads per kv head, top-left causal mask
   float scale_log2;             // softmax scale * log2(e)
   int rope_k;                   // 1: k is rotated too, with the same tables (>= m rows), tile by tile (this kernel only)
+  // ragged (this kernel only): sequence b = blockIdx.z has rows q_indptr[b] .. q_indptr[b + 1] of q and o (batch
+  // strides 0) and kv_indptr[b] .. of k and v; null: every sequence has n and m rows
+  const int *q_indptr, *kv_indptr;
+  float* lse;                   // null, or (rows of o, heads) float32: the rows' base-2 log-sum-exp of the scaled scores
 };
 
 constexpr int BN = 64;
@@ -162,20 +166,24 @@ __device__ __forceinline__ void flash_forward(const Params& p) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int m0 = (gridDim.x - 1 - blockIdx.x) * BM;  // the longest (causal) blocks start first
   const int h = blockIdx.y, b = blockIdx.z;
-  const T* q = static_cast<const T*>(p.q) + b * p.q_batch + static_cast<long long>(m0) * p.q_row + (p.q_head0 + h) * D;
-  const T* k = static_cast<const T*>(p.k) + b * p.k_batch + (p.k_head0 + h / p.group) * D;
-  const T* v = static_cast<const T*>(p.v) + b * p.v_batch + (p.v_head0 + h / p.group) * D;
+  const bool ragged = p.q_indptr != nullptr;
+  const int q_first = ragged ? p.q_indptr[b] : 0, kv_first = ragged ? p.kv_indptr[b] : 0;
+  const int n = ragged ? p.q_indptr[b + 1] - q_first : p.n, m = ragged ? p.kv_indptr[b + 1] - kv_first : p.m;
+  if (m0 >= n) return;  // past the sequence's rows (a ragged grid covers the longest)
+  const T* q = static_cast<const T*>(p.q) + b * p.q_batch + static_cast<long long>(q_first + m0) * p.q_row + (p.q_head0 + h) * D;
+  const T* k = static_cast<const T*>(p.k) + b * p.k_batch + static_cast<long long>(kv_first) * p.k_row + (p.k_head0 + h / p.group) * D;
+  const T* v = static_cast<const T*>(p.v) + b * p.v_batch + static_cast<long long>(kv_first) * p.v_row + (p.v_head0 + h / p.group) * D;
 
-  const int kv_end = p.causal ? min(p.m, m0 + BM) : p.m;
+  const int kv_end = p.causal ? min(m, m0 + BM) : m;
   const int tiles = (kv_end + BN - 1) / BN;
   const int warp_row0 = m0 + warp * WM;            // this warp's first query row
   const int row_a = warp_row0 + (lane >> 2);       // the thread's rows: row_a + 16 mt and row_a + 16 mt + 8
 
-  load_tile<T, D, BM, THREADS>(s_q, q, p.q_row, p.n - m0, tid);
-  load_tile<T, D, BN, THREADS>(s_k, k, p.k_row, p.m, tid);
+  load_tile<T, D, BM, THREADS>(s_q, q, p.q_row, n - m0, tid);
+  load_tile<T, D, BN, THREADS>(s_k, k, p.k_row, m, tid);
   cp_commit();
   if (STAGES == 2) {
-    load_tile<T, D, BN, THREADS>(s_v, v, p.v_row, p.m, tid);
+    load_tile<T, D, BN, THREADS>(s_v, v, p.v_row, m, tid);
     cp_commit();
   }
   // one query block with k rotated too: K_0's rows are at q's positions, so one pass rotates both with one table read
@@ -183,7 +191,7 @@ __device__ __forceinline__ void flash_forward(const Params& p) {
   if (p.cos != nullptr) {  // RoPE on q (and K_0) in shared memory
     if (STAGES == 2) cp_wait1(); else cp_wait0();
     __syncthreads();
-    rotate_tile<T, D, BM, THREADS>(s_q, m0, p.n - m0, p, tid, s_k, k0_with_q ? min(p.m, BN) : 0);
+    rotate_tile<T, D, BM, THREADS>(s_q, m0, n - m0, p, tid, s_k, k0_with_q ? min(m, BN) : 0);
   }
 
   float o[MT][D / 8][4];
@@ -202,16 +210,16 @@ __device__ __forceinline__ void flash_forward(const Params& p) {
       cp_wait1();
       __syncthreads();  // K_j (and Q) landed; every warp is done with K_{j-1}
       if (j + 1 < tiles)
-        load_tile<T, D, BN, THREADS>(s_k + (stage ^ 1) * TILE_BYTES, k + static_cast<long long>(key0 + BN) * p.k_row, p.k_row, p.m - key0 - BN, tid);
+        load_tile<T, D, BN, THREADS>(s_k + (stage ^ 1) * TILE_BYTES, k + static_cast<long long>(key0 + BN) * p.k_row, p.k_row, m - key0 - BN, tid);
       cp_commit();
     } else {
       cp_wait0();
       __syncthreads();  // K_j (and Q) landed; every warp is done with V_{j-1}
-      load_tile<T, D, BN, THREADS>(s_v, v + static_cast<long long>(key0) * p.v_row, p.v_row, p.m - key0, tid);
+      load_tile<T, D, BN, THREADS>(s_v, v + static_cast<long long>(key0) * p.v_row, p.v_row, m - key0, tid);
       cp_commit();
     }
     if (p.rope_k && !(k0_with_q && j == 0)) {  // K_j rotated where it landed, before any warp reads it
-      rotate_tile<T, D, BN, THREADS>(s_k + stage * TILE_BYTES, key0, p.m - key0, p, tid);
+      rotate_tile<T, D, BN, THREADS>(s_k + stage * TILE_BYTES, key0, m - key0, p, tid);
       __syncthreads();
     }
 
@@ -237,7 +245,7 @@ __device__ __forceinline__ void flash_forward(const Params& p) {
           }
         }
       }
-      const bool masked = key0 + BN > p.m || (p.causal && key0 + BN - 1 > warp_row0);
+      const bool masked = key0 + BN > m || (p.causal && key0 + BN - 1 > warp_row0);
       if (masked) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
@@ -246,7 +254,7 @@ __device__ __forceinline__ void flash_forward(const Params& p) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               int col = key0 + t * 8 + (lane & 3) * 2 + (e & 1), row = row_a + mt * 16 + (e >> 1) * 8;
-              if (col >= p.m || (p.causal && col > row)) s[mt][t][e] = -INFINITY;
+              if (col >= m || (p.causal && col > row)) s[mt][t][e] = -INFINITY;
             }
       }
       // online softmax: rows r = 0 (elements 0, 1) and r = 1 (elements 2, 3); a row is spread over a quad
@@ -279,13 +287,13 @@ __device__ __forceinline__ void flash_forward(const Params& p) {
       cp_wait1();
       __syncthreads();  // V_j landed; every warp is done with V_{j-1}
       if (j + 1 < tiles)
-        load_tile<T, D, BN, THREADS>(s_v + (stage ^ 1) * TILE_BYTES, v + static_cast<long long>(key0 + BN) * p.v_row, p.v_row, p.m - key0 - BN, tid);
+        load_tile<T, D, BN, THREADS>(s_v + (stage ^ 1) * TILE_BYTES, v + static_cast<long long>(key0 + BN) * p.v_row, p.v_row, m - key0 - BN, tid);
       cp_commit();
     } else {
       cp_wait0();
       __syncthreads();  // V_j landed; every warp is done with K_j
       if (j + 1 < tiles) {
-        load_tile<T, D, BN, THREADS>(s_k, k + static_cast<long long>(key0 + BN) * p.k_row, p.k_row, p.m - key0 - BN, tid);
+        load_tile<T, D, BN, THREADS>(s_k, k + static_cast<long long>(key0 + BN) * p.k_row, p.k_row, m - key0 - BN, tid);
         cp_commit();
       }
     }
@@ -323,6 +331,10 @@ __device__ __forceinline__ void flash_forward(const Params& p) {
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       inv[r] = sum > 0.f ? 1.f / sum : 0.f;
+      const int row = m0 + warp * WM + mt * 16 + (lane >> 2) + 8 * r;  // row_max is the quad's already
+      if (p.lse != nullptr && (lane & 3) == 0 && row < n)
+        p.lse[static_cast<long long>(q_first + row) * gridDim.y + h] =
+            sum > 0.f ? fmaf(row_max[mt][r], p.scale_log2, log2f(sum)) : -INFINITY;
     }
 #pragma unroll
     for (int t = 0; t < D / 8; ++t) {
@@ -333,12 +345,12 @@ __device__ __forceinline__ void flash_forward(const Params& p) {
     }
   }
   __syncwarp();
-  T* out = static_cast<T*>(p.o) + b * p.o_batch + static_cast<long long>(m0) * p.o_row + h * D;
+  T* out = static_cast<T*>(p.o) + b * p.o_batch + static_cast<long long>(q_first + m0) * p.o_row + h * D;
   constexpr int CHUNKS = D / 8;
 #pragma unroll
   for (int i = lane; i < WM * CHUNKS; i += 32) {
     int row = warp * WM + i / CHUNKS, c = i % CHUNKS;
-    if (m0 + row < p.n) {
+    if (m0 + row < n) {
       uint4 value;
       asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
                    : "=r"(value.x), "=r"(value.y), "=r"(value.z), "=r"(value.w) : "r"(s_q + swz<D>(row, c)));

@@ -16,6 +16,8 @@ struct Params {  // must match cuda_flash_attention.cu
   int n, m, group, causal;
   float scale_log2;
   int rope_k;
+  const int *q_indptr, *kv_indptr;  // ragged (the mma.sync kernel only): null here but in RaggedPrefill
+  float* lse;
 };
 
 constexpr int kBlockN = 64;
@@ -154,8 +156,61 @@ void RopeConfig(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::Tensor
                 tvm::ffi::Shape heads, int64_t causal, double scale, int64_t block_m, int64_t stages, tvm::ffi::TensorView o) {
   Launch(q, k, v, &cos, &sin, At(heads, 0), At(heads, 1), At(heads, 2), At(heads, 3), causal, scale, block_m, o, stages);
 }
+// a paged KV cache's ragged prefill attention, with TVM's TIR kernel's arguments (the runtime's TIRRaggedPrefillFunc
+// calls it so): the queries of sequence s, rows q_indptr[s] .. q_indptr[s + 1] of q (total, heads, d), over keys and
+// values kv_indptr[s] .. of k, v (total_kv, kv_heads, d), into o (total, heads, d) and lse (total, heads) float32, the
+// base-2 log-sum-exp of the scaled scores (what the runtime's merge of attention states reads). causal: top-left,
+// the runtime's call (each prompt chunk over its own keys: q_indptr == kv_indptr). q and k come rotated (rotary_mode 0;
+// positions and the RoPE settings unused). The mma.sync kernel, 64 query rows a block, one K/V buffer; the grid covers
+// the longest sequence with ceil(total / 64) blocks a head and sequence, the blocks past a sequence's rows exit.
+void RaggedPrefill(tvm::ffi::TensorView q, tvm::ffi::TensorView q_indptr, tvm::ffi::TensorView k, tvm::ffi::TensorView v,
+                   tvm::ffi::TensorView kv_indptr, tvm::ffi::TensorView q_rope_position, tvm::ffi::TensorView k_rope_pos_offset,
+                   tvm::ffi::TensorView o, tvm::ffi::TensorView lse, int64_t causal, int64_t rotary_mode, double rope_scale,
+                   double rope_theta, double sm_scale) {
+  (void)q_rope_position, (void)k_rope_pos_offset, (void)rope_scale, (void)rope_theta;
+  TVM_FFI_ICHECK(rotary_mode == 0) << "ragged prefill: RoPE inside attention (rotary_mode " << rotary_mode << ") is not supported";
+  for (const auto* t : {&q, &k, &v, &o}) {
+    TVM_FFI_ICHECK(t->ndim() == 3 && t->IsContiguous()) << "ragged prefill: q, k, v and o must be compact (rows, heads, head_dim)";
+  }
+  DLDataType dt = q.dtype();
+  TVM_FFI_ICHECK(dt.bits == 16 && dt.lanes == 1 && (dt.code == kDLFloat || dt.code == kDLBfloat)) << "ragged prefill: fp16 or bf16 only";
+  for (const auto* t : {&k, &v, &o}) {
+    TVM_FFI_ICHECK(t->dtype().code == dt.code && t->dtype().bits == 16) << "ragged prefill: mixed dtypes";
+  }
+  const int64_t total = q.size(0), heads = q.size(1), dim = q.size(2), kv_heads = k.size(1), batch = q_indptr.size(0) - 1;
+  TVM_FFI_ICHECK(dim == 64 || dim == 128) << "ragged prefill: head_dim " << dim << " (64 or 128 only)";
+  TVM_FFI_ICHECK(o.size(0) == total && o.size(1) == heads && o.size(2) == dim && v.size(0) == k.size(0) && v.size(1) == kv_heads &&
+                 k.size(2) == dim && v.size(2) == dim) << "ragged prefill: the shapes of q, k, v and o differ";
+  TVM_FFI_ICHECK(kv_heads > 0 && heads % kv_heads == 0) << "ragged prefill: " << heads << " query heads for " << kv_heads << " kv heads";
+  for (const auto* t : {&q_indptr, &kv_indptr}) {
+    TVM_FFI_ICHECK(t->ndim() == 1 && t->size(0) == batch + 1 && t->dtype().code == kDLInt && t->dtype().bits == 32 && t->IsContiguous())
+        << "ragged prefill: q_indptr and kv_indptr must be int32 of batch + 1";
+  }
+  TVM_FFI_ICHECK(lse.ndim() == 2 && lse.size(0) == total && lse.size(1) == heads && lse.dtype().code == kDLFloat && lse.dtype().bits == 32 &&
+                 lse.IsContiguous()) << "ragged prefill: lse must be compact float32 (rows, heads)";
+  TVM_FFI_ICHECK(total * heads * dim <= INT_MAX && k.size(0) * kv_heads * dim <= INT_MAX && heads <= 65535 && batch <= 65535)
+      << "ragged prefill: too large";
+  if (batch <= 0 || total == 0) return;
+  Driver* d = LoadDriver();
+  DLDevice dev = o.device();
+  const int q_row = static_cast<int>(heads * dim), kv_row = static_cast<int>(kv_heads * dim);
+  Params p{Data(q), Data(k), Data(v), nullptr, nullptr, Data(o), 0, 0, 0, 0, q_row, kv_row, kv_row, q_row, 0, 0, 0,
+           static_cast<int>(total), static_cast<int>(k.size(0)), static_cast<int>(heads / kv_heads), causal ? 1 : 0,
+           static_cast<float>(sm_scale * 1.4426950408889634), 0,
+           reinterpret_cast<const int*>(Data(q_indptr)), reinterpret_cast<const int*>(Data(kv_indptr)),
+           reinterpret_cast<float*>(Data(lse))};
+  const char* type = dt.code == kDLBfloat ? "bf16" : "f16";
+  void* args[] = {&p};
+  const int smem = static_cast<int>((kBlockM + 2 * kBlockN) * dim * 2);
+  std::string name = std::string("relaxtune_flash_") + type + "_d" + std::to_string(dim) + "_m" + std::to_string(kBlockM) + "_s1";
+  Ptr fn = Kernel(d, relaxtune_flash_fatbin, dev.device_id, name, smem);
+  unsigned blocks = static_cast<unsigned>((total + kBlockM - 1) / kBlockM);
+  Check(d, d->launch(fn, blocks, static_cast<unsigned>(heads), static_cast<unsigned>(batch), 128, 1, 1, smem,
+                     TVMFFIEnvGetStream(dev.device_type, dev.device_id), args, nullptr), "cuLaunchKernel");
+}
 }  // namespace
 
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_flash_ragged_prefill, RaggedPrefill);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_flash_attention, Plain);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_flash_attention_in_place, InPlace);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_flash_attention_rope, Rope);
