@@ -45,6 +45,7 @@ from .merge_quant_projections import MergeQuantProjections
 from .pack_quant_weights_cuda import PackQuantWeightsCuda
 from .paged_decode_cuda import PagedDecodeCuda
 from .paged_kv_kernels import PagedKVKernels
+from .paged_prefill_flash_cuda import PagedPrefillFlashCuda
 from .paged_prefill_grid_cuda import PagedPrefillGridCuda
 from .plan_memory import PlanMemory
 from .quant_dot_gemv import QuantDotGemv
@@ -84,6 +85,7 @@ def fusion_passes(
         *([] if gpu else [PagedKVKernels()]),  # a paged KV cache's CPU kernels: relaxtune's, scheduled by its rules
         *([PagedDecodeCuda()] if target.kind.name == "cuda" and flash.paged_decode else []),  # its decode, split
         *([PagedPrefillGridCuda(target)] if target.kind.name == "cuda" and flash.paged_prefill_grid else []),  # prefill
+        *([PagedPrefillFlashCuda()] if flash.paged_prefill and flash_attention.supports(arch) else []),  # ragged: flash
         # Phase 1: graph fusion before the weights are lifted, so their packing runs once, at load
         # convolutions (CPU): batch norms folded into the weights, NHWC, weights in blocks of the rule's tile
         *([FoldBatchNorm(), ConvertConvLayout(), BlockConvWeights()] if ours and not gpu else []),

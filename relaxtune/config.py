@@ -180,6 +180,7 @@ class FlashAttention:
     rope_k: bool = True  # k rotated on load too in buckets of one query block (else by its own kernel)
     paged_decode: bool = True  # any cuda arch: a paged KV cache's decode attention split over keys (PagedDecodeCuda)
     paged_prefill_grid: bool = True  # any cuda arch: its prefill kernels over ~1024 blocks (PagedPrefillGridCuda)
+    paged_prefill: bool = False  # sm_80+: its ragged prefill on the flash kernel (PagedPrefillFlashCuda; GPU unchecked)
 
 
 @dataclass(frozen=True)

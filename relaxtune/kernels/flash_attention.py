@@ -40,6 +40,7 @@ FUNCTION = "relaxtune_flash_attention"
 IN_PLACE_FUNCTION = "relaxtune_flash_attention_in_place"
 ROPE_FUNCTION = "relaxtune_flash_attention_rope"
 ROPE_QK_FUNCTION = "relaxtune_flash_attention_rope_qk"  # k rotated on load too
+RAGGED_FUNCTION = "relaxtune_flash_attention_ragged"  # a paged KV cache's ragged prefill (TVM's kernel's arguments)
 BLOCK_ROWS = 64  # query rows per block of the kernel that block_m 0 picks below SM90_MIN_ROWS rows (the host's kBlockM)
 SM90_MIN_ROWS = 256  # from these query rows on block_m 0 picks the wgmma kernel on 9.0 (the host's kSm90MinRows)
 HEAD_DIMS = (64, 128)

@@ -210,7 +210,7 @@ void RaggedPrefill(tvm::ffi::TensorView q, tvm::ffi::TensorView q_indptr, tvm::f
 }
 }  // namespace
 
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_flash_ragged_prefill, RaggedPrefill);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_flash_attention_ragged, RaggedPrefill);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_flash_attention, Plain);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_flash_attention_in_place, InPlace);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_flash_attention_rope, Rope);

@@ -1,11 +1,15 @@
 """On an NVIDIA GPU (`python -m pytest -m gpu`): the paged KV cache's prefill kernels as PagedPrefillGridCuda makes
 them (TVM's kernels over ~1024 blocks, relax_passes/paged_prefill_grid_cuda.py) give every output and lse bit equal
 to TVM's 16-block kernels, and the ragged one agrees with torch in float32, on batches of mixed lengths (0 included)
-with and without the causal mask."""
+with and without the causal mask; relaxtune's flash kernel as the ragged prefill (`relaxtune_flash_attention_ragged`,
+PagedPrefillFlashCuda) agrees with the same reference and with TVM's kernel's lse."""
 
 from __future__ import annotations
 
 import math
+import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -111,3 +115,44 @@ def test_paged_prefill_over_more_blocks_is_tvms_bit_for_bit(kernels, h_q, h_kv, 
     want, want_lse = _call(theirs, tensors, scalars, sum(q_lens), h_q, d)
     assert not torch.isnan(got).any()
     assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
+
+
+@pytest.fixture(scope="module")
+def flash_library(tmp_path_factory):
+    import tvm
+    import tvm_ffi.libinfo
+
+    from relaxtune.kernels.flash_attention import object_file
+
+    if shutil.which("g++") is None:
+        pytest.skip("no g++")
+    arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
+    out = tmp_path_factory.mktemp("flash") / "libflash.so"
+    lib_dir = Path(tvm_ffi.libinfo.find_libtvm_ffi()).parent
+    subprocess.run(
+        ["g++", "-shared", "-o", str(out), str(object_file(arch)), "-ldl", f"-L{lib_dir}", "-ltvm_ffi"], check=True
+    )
+    return tvm.runtime.load_module(str(out))
+
+
+@pytest.mark.parametrize("causal", [1, 0])
+@pytest.mark.parametrize("lengths", [*LENGTHS, [200, 64, 1, 0, 65]], ids=lambda v: "-".join(map(str, v)))
+@pytest.mark.parametrize("h_q,h_kv,d", SIZES)
+def test_flash_ragged_prefill_matches_torch_and_tvms_lse(kernels, flash_library, h_q, h_kv, d, lengths, causal):
+    from relaxtune.kernels.flash_attention import RAGGED_FUNCTION
+
+    (_, _), (theirs, _) = kernels(h_q, h_kv, d)
+    gen, total = torch.Generator().manual_seed(len(lengths) + d + 7), sum(lengths)
+    q, k, v = (torch.randn(total, h, d, generator=gen).half() for h in (h_q, h_kv, h_kv))
+    indptr, sm_scale = _indptr(lengths), 1 / math.sqrt(d)
+    positions = torch.cat([torch.arange(n, dtype=torch.int32) for n in lengths])
+    tensors = [q, indptr, k, v, indptr, positions, torch.zeros(len(lengths), dtype=torch.int32)]
+    scalars = [causal, 0, 1.0, 1e4, sm_scale]
+    got, got_lse = _call({"main": flash_library[RAGGED_FUNCTION]}, tensors, scalars, total, h_q, d)
+    tvm_out, tvm_lse = _call(theirs, tensors, scalars, total, h_q, d)
+    ref, ref_lse = _reference(q, k, v, lengths, causal, sm_scale)
+    tvm_err = (tvm_out - ref).abs().max().item() if total else 0.0
+    assert not torch.isnan(got).any() and not torch.isnan(got_lse).any()
+    assert (got - ref).abs().max().item() <= max(2 * tvm_err, 4e-3) if total else True
+    assert torch.allclose(got_lse, ref_lse, atol=2e-3, rtol=1e-4)
+    assert torch.allclose(got_lse, tvm_lse, atol=2e-3, rtol=1e-4)
