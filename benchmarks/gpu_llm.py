@@ -72,11 +72,19 @@ def stage(name: str, out: Path, fn, *args):
 
 
 def build(
-    folder: Path, art: Path, device: str, graphs: bool, tops: tuple[int, ...], label: str = "", tvm_decode=False
+    folder: Path,
+    art: Path,
+    device: str,
+    graphs: bool,
+    tops: tuple[int, ...],
+    label: str = "",
+    tvm_decode=False,
+    flash_prefill=False,
 ) -> Path:
     """relaxtune's artifact of the checkpoint (rules only, buckets at `tops`), as `relaxtune compile` makes it;
     `label`: relaxtune's --quantize (q4f16, q4f32), or "" for the checkpoint's float type; `tvm_decode`: the paged
-    KV cache keeps TVM's decode attention (FlashAttention.paged_decode off). On the CPU with float32 activations
+    KV cache keeps TVM's decode attention (FlashAttention.paged_decode off); `flash_prefill`: its ragged prefill on
+    relaxtune's flash kernel (FlashAttention.paged_prefill). On the CPU with float32 activations
     (`--no-int8-activations`): the CPU mode checks the job's plumbing, to 1e-4 of transformers."""
     from relaxtune import api, targets
     from relaxtune.config import BucketConfig, CompileConfig, FlashAttention, JobConfig, QuantizeConfig
@@ -91,11 +99,15 @@ def build(
             use_cache=False,
             cuda_graphs=graphs,
             int8_activations=device == "cuda",
-            flash_attention=FlashAttention(paged_decode=not tvm_decode),
+            flash_attention=FlashAttention(paged_decode=not tvm_decode, paged_prefill=flash_prefill),
         ),
         buckets=BucketConfig(edges={"n": tops}),
     )
-    kind = ("graphs" if graphs else "nographs") + ("-tvmdecode" if tvm_decode else "")
+    kind = (
+        ("graphs" if graphs else "nographs")
+        + ("-tvmdecode" if tvm_decode else "")
+        + ("-flash" if flash_prefill else "")
+    )
     name = f"model{'-' + label if label else ''}-{kind}.so"
     start = time.perf_counter()
     result = api.compile(workload, target, job, art / name)
@@ -232,6 +244,11 @@ def parse(argv=None):
         default="relaxtune",
         help="relaxtune builds' paged decode attention: relaxtune (split over the keys), tvm (TVM's), or both",
     )
+    parser.add_argument(
+        "--prefill-kernel",
+        default="tvm",
+        help="relaxtune builds' ragged prefill attention: tvm (TVM's kernel), flash (relaxtune's), or both",
+    )
     parser.add_argument("--prefill", default="128,512", help="prompt lengths")
     parser.add_argument("--decode", default="128,1024", help="context lengths before the timed decode steps")
     parser.add_argument("--steps", type=int, default=32, help="decode steps timed per sample")
@@ -250,6 +267,9 @@ def parse(argv=None):
     args.decode_kernel = [k.strip() for k in args.decode_kernel.split(",") if k.strip()]
     if not args.decode_kernel or [k for k in args.decode_kernel if k not in ("relaxtune", "tvm")]:
         parser.error(f"--decode-kernel {','.join(args.decode_kernel)}: give relaxtune, tvm or both")
+    args.prefill_kernel = [k.strip() for k in args.prefill_kernel.split(",") if k.strip()]
+    if not args.prefill_kernel or [k for k in args.prefill_kernel if k not in ("tvm", "flash")]:
+        parser.error(f"--prefill-kernel {','.join(args.prefill_kernel)}: give tvm, flash or both")
     if not args.quantize or [q for q in args.quantize if q not in QUANTIZE]:
         parser.error(f"--quantize {','.join(args.quantize)}: give any of {', '.join(QUANTIZE)}")
     bad = [m for m in args.modes if m not in MODES]
@@ -284,13 +304,25 @@ def main(argv=None) -> int:
     systems, labels = {}, {}
     for label, loaded in weights.items():
         suffix = f" {label}" if label else ""
-        cuda_builds = [(g, k) for g in args.graphs for k in args.decode_kernel]  # graphs and the kernel are cuda's
-        for graphs, kernel in cuda_builds if args.device == "cuda" else cuda_builds[:1]:
+        # graphs and the attention kernels are cuda's
+        cuda_builds = [(g, k, f) for g in args.graphs for k in args.decode_kernel for f in args.prefill_kernel]
+        for graphs, kernel, prefill in cuda_builds if args.device == "cuda" else cuda_builds[:1]:
             name = "relaxtune" + suffix + ("" if args.device == "cpu" else " graphs" if graphs else " no graphs")
             tvm_decode = kernel == "tvm" and args.device == "cuda"
-            name += ", TVM decode" if tvm_decode else ""
+            flash_prefill = prefill == "flash" and args.device == "cuda"
+            name += (", TVM decode" if tvm_decode else "") + (", flash prefill" if flash_prefill else "")
             built = stage(
-                f"build {name}", args.out, build, folder, args.work, args.device, graphs, tops, label, tvm_decode
+                f"build {name}",
+                args.out,
+                build,
+                folder,
+                args.work,
+                args.device,
+                graphs,
+                tops,
+                label,
+                tvm_decode,
+                flash_prefill,
             )
             if built is not None:
                 systems[name] = stage(f"load {name}", args.out, Relaxtune, built, args.device, capacity)
