@@ -79,7 +79,7 @@ def build(
     tops: tuple[int, ...],
     label: str = "",
     tvm_decode=False,
-    flash_prefill=False,
+    flash_prefill=True,
 ) -> Path:
     """relaxtune's artifact of the checkpoint (rules only, buckets at `tops`), as `relaxtune compile` makes it;
     `label`: relaxtune's --quantize (q4f16, q4f32), or "" for the checkpoint's float type; `tvm_decode`: the paged
@@ -246,8 +246,8 @@ def parse(argv=None):
     )
     parser.add_argument(
         "--prefill-kernel",
-        default="tvm",
-        help="relaxtune builds' ragged prefill attention: tvm (TVM's kernel), flash (relaxtune's), or both",
+        default="flash",
+        help="relaxtune builds' ragged prefill attention: flash (relaxtune's kernel), tvm (TVM's), or both",
     )
     parser.add_argument("--prefill", default="128,512", help="prompt lengths")
     parser.add_argument("--decode", default="128,1024", help="context lengths before the timed decode steps")
@@ -310,7 +310,8 @@ def main(argv=None) -> int:
             name = "relaxtune" + suffix + ("" if args.device == "cpu" else " graphs" if graphs else " no graphs")
             tvm_decode = kernel == "tvm" and args.device == "cuda"
             flash_prefill = prefill == "flash" and args.device == "cuda"
-            name += (", TVM decode" if tvm_decode else "") + (", flash prefill" if flash_prefill else "")
+            tvm_prefill = prefill == "tvm" and args.device == "cuda"
+            name += (", TVM decode" if tvm_decode else "") + (", TVM prefill" if tvm_prefill else "")
             built = stage(
                 f"build {name}",
                 args.out,

@@ -9,7 +9,7 @@ flash kernel (tensor cores; a sequence per grid z, offsets from the indptr array
 cores, 32 query rows a tile). This pass finds each create call (`paged_kv_calls.py`) whose keys are rotated before
 they are stored, with a head_dim and a float type the kernel takes, and puts the extern function in its ragged
 tuple, ("tirx", ExternFunc); the artifact links the flash object wherever a relaxtune_flash_attention* name is
-called (`runtime/artifact.py`). Not yet run on a GPU: off by default (`FlashAttention.paged_prefill`).
+called (`runtime/artifact.py`). `FlashAttention(paged_prefill=False)` keeps TVM's kernel.
 
 Runs in the cuda pipeline after PagedPrefillGridCuda (which regrids the paged prefill kernel the runtime uses for the
 cached pages), before legalization.

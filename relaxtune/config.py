@@ -170,7 +170,8 @@ class CudaLibraries:
 class FlashAttention:
     """cuda sm_80+: attention as one fused flash kernel (RewriteAttentionToFlash, kernels/flash_attention);
     `paged_decode`: a paged KV cache's decode attention on relaxtune's kernel, on any cuda arch; `paged_prefill_grid`:
-    its prefill attention (TVM's kernels) over enough blocks to fill the GPU."""
+    its prefill attention (TVM's kernels) over enough blocks to fill the GPU; `paged_prefill`: its ragged prefill
+    attention (each prompt chunk over its own keys) on the flash kernel, on sm_80+."""
 
     enabled: bool = True
     min_rows: int = 1  # buckets from this many rows take the kernel
@@ -180,7 +181,7 @@ class FlashAttention:
     rope_k: bool = True  # k rotated on load too in buckets of one query block (else by its own kernel)
     paged_decode: bool = True  # any cuda arch: a paged KV cache's decode attention split over keys (PagedDecodeCuda)
     paged_prefill_grid: bool = True  # any cuda arch: its prefill kernels over ~1024 blocks (PagedPrefillGridCuda)
-    paged_prefill: bool = False  # sm_80+: its ragged prefill on the flash kernel (PagedPrefillFlashCuda; GPU unchecked)
+    paged_prefill: bool = True  # sm_80+: its ragged prefill on the flash kernel (PagedPrefillFlashCuda)
 
 
 @dataclass(frozen=True)

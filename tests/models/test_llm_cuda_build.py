@@ -164,8 +164,8 @@ def test_cli_cuda_artifact_and_its_device(tiny_gguf, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_the_flash_ragged_prefill_is_called_and_linked_where_asked(tmp_path):
-    """FlashAttention(paged_prefill=True) on a model whose head_dim (64) the flash kernel takes."""
+def test_the_flash_ragged_prefill_is_called_and_linked_by_default(tmp_path):
+    """The default FlashAttention (paged_prefill on) on a model whose head_dim (64) the flash kernel takes."""
     from relaxtune import api, targets
     from relaxtune.config import BucketConfig, CompileConfig, FlashAttention, JobConfig
     from relaxtune.kernels import flash_attention
@@ -175,7 +175,8 @@ def test_the_flash_ragged_prefill_is_called_and_linked_where_asked(tmp_path):
     target = targets.resolve("cuda")
     path = write(tmp_path / "d64.gguf", TinyModel(hidden=256, layers=1, heads=4, kv_heads=2, ffn=256))
     workload = load(f"gguf:{path}", {"max_prefill": "64"}, target=target)
-    options = CompileConfig(use_cache=False, flash_attention=FlashAttention(paged_prefill=True))
+    options = CompileConfig(use_cache=False)
+    assert options.flash_attention == FlashAttention(paged_prefill=True)
     job = JobConfig(compile=options, buckets=BucketConfig(edges={"n": (1, 16, 64)}))
     result = api.compile(workload, target, job, tmp_path / "model.so")
     # the flash object is linked in only where the executable calls a relaxtune_flash_attention* function

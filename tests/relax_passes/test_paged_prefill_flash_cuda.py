@@ -44,7 +44,7 @@ def test_pass_keeps_tvms_kernel_for_head_dims_the_flash_kernel_lacks(head_dim):
     assert all(f.same_as(mod[gv]) for gv, f in PagedPrefillFlashCuda()(mod).functions_items())
 
 
-def test_pipeline_runs_it_on_cuda_only_when_asked():
+def test_pipeline_runs_it_on_cuda_by_default_and_not_when_turned_off():
     from relaxtune import targets
     from relaxtune.config import CompileConfig, FlashAttention
     from relaxtune.relax_passes.pipeline import fusion_passes
@@ -52,8 +52,8 @@ def test_pipeline_runs_it_on_cuda_only_when_asked():
     def names(spec, options):
         return [type(p).__name__ for p in fusion_passes(targets.resolve(spec).target, {}, options)]
 
-    on = CompileConfig(flash_attention=FlashAttention(paged_prefill=True))
-    assert "PagedPrefillFlashCuda" not in names("cuda:sm_90", CompileConfig())
-    assert "PagedPrefillFlashCuda" in names("cuda:sm_90", on)
-    assert "PagedPrefillFlashCuda" in names("cuda:sm_80", on)
-    assert "PagedPrefillFlashCuda" not in names("cpu", on)
+    off = CompileConfig(flash_attention=FlashAttention(paged_prefill=False))
+    assert "PagedPrefillFlashCuda" in names("cuda:sm_90", CompileConfig())
+    assert "PagedPrefillFlashCuda" in names("cuda:sm_80", CompileConfig())
+    assert "PagedPrefillFlashCuda" not in names("cuda:sm_90", off)
+    assert "PagedPrefillFlashCuda" not in names("cpu", CompileConfig())
