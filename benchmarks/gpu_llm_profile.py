@@ -55,7 +55,7 @@ def markdown(results: dict, top: int) -> str:
 
 # what a kernel does, by its name (TVM's, cuBLAS's and relaxtune's kernels), with its colour in the plot
 KINDS = [
-    ("prefill attention", ("batch_prefill",), "#d62728"),
+    ("prefill attention", ("batch_prefill", "relaxtune_flash"), "#d62728"),
     ("decode attention", ("batch_decode", "relaxtune_paged_decode"), "#ff9f40"),
     ("GEMM / GEMV", ("nvjet", "cublas", "gemm", "relaxtune_gemv", "relaxtune_q4"), "#1f77b4"),
     ("dequantize", ("dequantize",), "#9467bd"),
