@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from ..config import (
@@ -11,6 +12,7 @@ from ..config import (
     QUANTIZE_MODES,
     BucketConfig,
     CompileConfig,
+    FlashAttention,
     JobConfig,
     QuantizeConfig,
     TuneConfig,
@@ -158,6 +160,26 @@ def add_gpu_options(parser: argparse.ArgumentParser, graphs: bool = True) -> Non
         default=None,
         help="cuda: attention as matmul / softmax / matmul kernels instead of the fused flash kernel",
     )
+    parser.add_argument(
+        "--paged-attention",
+        default=None,
+        metavar="{relaxtune,tvm}",
+        help="cuda, a language model's paged KV cache: relaxtune's attention kernels (decode split over the keys, "
+        "prefill on the flash kernel and over more blocks; the default) or the runtime's own (tvm)",
+    )
+
+
+def flash_attention(args) -> FlashAttention | None:
+    """--no-flash-attention and --paged-attention as one FlashAttention, or None where neither was given."""
+    enabled, paged = getattr(args, "flash_attention", None), getattr(args, "paged_attention", None)
+    if enabled is None and paged is None:
+        return None
+    if paged not in (None, "relaxtune", "tvm"):
+        raise UserError(f"--paged-attention {paged!r}: use relaxtune or tvm")
+    options = FlashAttention() if enabled is None else FlashAttention(enabled=enabled)
+    if paged == "tvm":
+        options = replace(options, paged_decode=False, paged_prefill_grid=False, paged_prefill=False)
+    return options
 
 
 def job_config(args, tune: TuneConfig | None = None, use_cache: bool = True) -> JobConfig:
@@ -166,7 +188,7 @@ def job_config(args, tune: TuneConfig | None = None, use_cache: bool = True) -> 
         "fusion": getattr(args, "fusion", None),
         "cublas": getattr(args, "cublas", None),
         "cuda_graphs": getattr(args, "cuda_graphs", None),
-        "flash_attention": getattr(args, "flash_attention", None),
+        "flash_attention": flash_attention(args),
         "int8_activations": getattr(args, "int8_activations", None),
     }
     return JobConfig(

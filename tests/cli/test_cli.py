@@ -37,6 +37,7 @@ def _error_line(capsys, argv):
         (["compile", "mlp", "-o", "x.txt"], ["x.txt", ".so"]),
         (["run", "missing/none.so"], ["missing/none.so", "does not exist"]),
         (["bench", "mlp", "--systems", "tensorrt"], ["tensorrt", "torch.compile"]),
+        (["compile", "mlp", "-o", "x.so", "--paged-attention", "flashinfer"], ["'flashinfer'", "relaxtune", "tvm"]),
         (["bench", "mlp", "--config", SMALL, "--shape", "n=1,100"], ["n=100", "[1, 64]"]),
         (["bench", "mlp", "--config", SMALL, "--shape", "q=1"], ["'q'", "'b'"]),
     ],
@@ -45,6 +46,39 @@ def test_bad_input_is_one_clear_line(capsys, argv, words):
     line = _error_line(capsys, argv)
     for word in words:
         assert word in line, line
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        ([], "default"),
+        (["--no-flash-attention"], {"enabled": False}),
+        (["--paged-attention", "relaxtune"], {}),
+        (["--paged-attention", "tvm"], {"paged_decode": False, "paged_prefill_grid": False, "paged_prefill": False}),
+        (
+            ["--no-flash-attention", "--paged-attention", "tvm"],
+            {"enabled": False, "paged_decode": False, "paged_prefill_grid": False, "paged_prefill": False},
+        ),
+    ],
+)
+def test_attention_flags_become_one_flash_attention_config(flags, expected):
+    import argparse
+
+    from relaxtune.cli import common
+    from relaxtune.config import FlashAttention
+    from relaxtune.relax_passes.pipeline import fusion_passes
+    from relaxtune.targets import resolve
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--buckets", action="append", default=[])
+    parser.add_argument("--cache", default=None)
+    common.add_gpu_options(parser)
+    options = common.job_config(parser.parse_args(flags)).compile
+    want = FlashAttention() if expected == "default" else FlashAttention(**expected)
+    assert options.flash_attention == want
+    names = {type(p).__name__ for p in fusion_passes(resolve("cuda:sm_90").target, {}, options)}
+    paged = {"PagedDecodeCuda", "PagedPrefillGridCuda", "PagedPrefillFlashCuda"}
+    assert names & paged == (set() if "tvm" in flags else paged)
 
 
 def test_compile_in_an_empty_folder_is_a_rules_only_compile(capsys, caplog, tmp_path, monkeypatch):
