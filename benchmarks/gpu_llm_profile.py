@@ -7,6 +7,8 @@ name, recorded with torch.profiler (CUPTI sees the TVM VM's kernels, cuBLAS and 
 The model is gpu_llm.py's (the SmolLM2-sized random checkpoint, written there) built as gpu_llm.py builds it, with
 CUDA graphs. Per call (the fastest of --reps): the span on the GPU from the first kernel's start to the last
 one's end, the time inside kernels, the gaps, and the kernels by name (total us, count, share of the span).
+The host's side of each call (the fastest of --reps, inside a torch.profiler annotation): its wall time, the time
+inside CUDA runtime / driver calls by name, and the rest (the VM, the runtime, Python).
 Writes llm_profile.json, llm_profile.md and llm_profile.png (each call's span split into what its kernels do) to
 --out; `--plot LABEL=JSON ...` draws profiles already taken (no GPU), e.g. before and after a change.
 """
@@ -20,7 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from gpu_llm import GROUP, MODELS, build
-from gpu_profile import totals, trace
+from gpu_profile import host_calls, kernel_calls, totals, trace_events
 
 from relaxtune.models import random_checkpoint
 
@@ -42,11 +44,30 @@ def by_name(call: list[dict]) -> dict:
     return result
 
 
+def profiled(fn, sync, reps: int, tmp: Path) -> dict:
+    """`by_name` of the call with the shortest GPU span, and `host`: the host's side of the call with the shortest
+    wall time (gpu_profile.host_calls)."""
+    events = trace_events(fn, sync, reps, tmp)
+    result = min((by_name(c) for c in kernel_calls(events, reps)), key=lambda r: r["span_us"])
+    host = host_calls(events)
+    if host:
+        result["host"] = min(host, key=lambda h: h["wall_us"])
+    return result
+
+
 def markdown(results: dict, top: int) -> str:
     lines = ["# relaxtune LLM kernels on the GPU", "", "| call | span us | in kernels us | gaps us | kernels |"]
     lines.append("|---|---|---|---|---|")
     for key, r in results.items():
         lines.append(f"| {key} | {r['span_us']} | {r['kernels_us']} | {r['gaps_us']} | {r['kernels']} |")
+    lines += ["", "## The host", ""]
+    lines.append("| call | wall us | in CUDA API calls us (calls) | the rest us | largest API calls |")
+    lines.append("|---|---|---|---|---|")
+    for key, r in results.items():
+        if "host" in r:
+            h = r["host"]
+            largest = ", ".join(f"{a['name']} {a['us']} ({a['count']})" for a in h["api_by_name"][:4])
+            lines.append(f"| {key} | {h['wall_us']} | {h['api_us']} ({h['api_calls']}) | {h['other_us']} | {largest} |")
     for key, r in results.items():
         lines += ["", f"## {key}", "", "| kernel | us | count | share of span |", "|---|---|---|---|"]
         lines += [f"| {k['name']} | {k['us']} | {k['count']} | {k['share']:.1%} |" for k in r["by_name"][:top]]
@@ -143,13 +164,11 @@ def main() -> None:
             llm.reset(len(ids) + 1)
             llm.prefill(ids)
 
-        calls = trace(run, llm.device.sync, args.reps, tmp)
-        results[f"prefill {n}"] = min((by_name(c) for c in calls), key=lambda r: r["span_us"])
+        results[f"prefill {n}"] = profiled(run, llm.device.sync, args.reps, tmp)
     ids = rng.integers(100, vocab, args.context).tolist()
     llm.reset(capacity)
     llm.prefill(ids)
-    calls = trace(lambda: llm.decode(int(ids[-1])), llm.device.sync, args.reps, tmp)
-    results[f"decode @{args.context}"] = min((by_name(c) for c in calls), key=lambda r: r["span_us"])
+    results[f"decode @{args.context}"] = profiled(lambda: llm.decode(int(ids[-1])), llm.device.sync, args.reps, tmp)
     results = {f"{k} {args.quantize}".strip(): v for k, v in results.items()}
     (args.out / "llm_profile.json").write_text(json.dumps({"group": GROUP, "calls": results}, indent=1))
     (args.out / "llm_profile.md").write_text(markdown(results, args.top))

@@ -24,20 +24,57 @@ from gpu_job_llama import Llama7B  # noqa: E402
 from gpu_job_variants import Q4_GROUP  # noqa: E402
 
 
-def trace(fn, sync, reps: int, tmp: Path) -> list[list[dict]]:
-    """The kernels of `reps` back-to-back calls of `fn` (after warm-up), split per call."""
-    from torch.profiler import ProfilerActivity, profile
+def trace_events(fn, sync, reps: int, tmp: Path) -> list[dict]:
+    """The chrome-trace events of `reps` back-to-back calls of `fn` (after warm-up), each call inside a
+    "relaxtune call" annotation: the kernels on the GPU, and the CUDA runtime / driver calls on the host."""
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     for _ in range(3):
         fn()
     sync()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
-            fn()
+            with record_function(CALL):
+                fn()
         sync()
     path = tmp / "trace.json"
     prof.export_chrome_trace(str(path))
-    events = json.loads(path.read_text())["traceEvents"]
+    return json.loads(path.read_text())["traceEvents"]
+
+
+CALL = "relaxtune call"
+
+
+def host_calls(events: list[dict]) -> list[dict]:
+    """Per call (its annotation), the host's time: wall us, us inside CUDA runtime / driver calls (by name, with
+    counts), and the rest (the caller's own code: the VM, the runtime, Python)."""
+    calls = sorted((e for e in events if e.get("name") == CALL and "dur" in e), key=lambda e: e["ts"])
+    api = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and "dur" in e]
+    result = []
+    for c in calls:
+        inside = [e for e in api if c["ts"] <= e["ts"] and e["ts"] + e["dur"] <= c["ts"] + c["dur"]]
+        names: dict = {}
+        for e in inside:
+            us, count = names.get(e["name"], (0.0, 0))
+            names[e["name"]] = (us + e["dur"], count + 1)
+        in_api = sum(e["dur"] for e in inside)
+        result.append(
+            {
+                "wall_us": round(c["dur"], 1),
+                "api_us": round(in_api, 1),
+                "other_us": round(c["dur"] - in_api, 1),
+                "api_calls": len(inside),
+                "api_by_name": [
+                    {"name": n, "us": round(us, 1), "count": k}
+                    for n, (us, k) in sorted(names.items(), key=lambda item: -item[1][0])
+                ],
+            }
+        )
+    return result
+
+
+def kernel_calls(events: list[dict], reps: int) -> list[list[dict]]:
+    """The kernels (and copies) of the events, in order, split into `reps` calls of equal count."""
     kernels = sorted(
         (e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e),
         key=lambda e: e["ts"],
@@ -47,6 +84,11 @@ def trace(fn, sync, reps: int, tmp: Path) -> list[list[dict]]:
         [{"name": e["name"], "ts": e["ts"], "dur": e["dur"]} for e in kernels[i * per : (i + 1) * per]]
         for i in range(reps)
     ]
+
+
+def trace(fn, sync, reps: int, tmp: Path) -> list[list[dict]]:
+    """The kernels of `reps` back-to-back calls of `fn` (after warm-up), split per call."""
+    return kernel_calls(trace_events(fn, sync, reps, tmp), reps)
 
 
 def totals(call: list[dict]) -> dict:

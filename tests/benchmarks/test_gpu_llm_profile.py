@@ -53,3 +53,31 @@ def test_plot_from_saved_profiles_and_one_line_for_a_bad_one(tmp_path):
         [sys.executable, script, "--out", str(tmp_path), "--plot", "nolabel"], capture_output=True, text=True
     )
     assert bad.returncode == 2 and "expected LABEL=JSON" in bad.stderr.strip().splitlines()[-1]
+
+
+def test_the_hosts_side_of_a_call_splits_its_wall_time_into_cuda_api_calls_and_the_rest():
+    import gpu_profile
+
+    call = gpu_profile.CALL
+    events = [
+        {"name": call, "cat": "user_annotation", "ts": 0.0, "dur": 100.0},
+        {"name": "cuLaunchKernel", "cat": "cuda_driver", "ts": 10.0, "dur": 5.0},
+        {"name": "cuLaunchKernel", "cat": "cuda_driver", "ts": 30.0, "dur": 7.0},
+        {"name": "cudaMemcpyAsync", "cat": "cuda_runtime", "ts": 50.0, "dur": 20.0},
+        {"name": "rms_norm_kernel", "cat": "kernel", "ts": 12.0, "dur": 3.0},  # the GPU's: not the host's
+        {"name": call, "cat": "user_annotation", "ts": 200.0, "dur": 40.0},
+        {"name": "cuLaunchKernel", "cat": "cuda_driver", "ts": 210.0, "dur": 4.0},
+        {"name": "cuLaunchKernel", "cat": "cuda_driver", "ts": 238.0, "dur": 4.0},  # ends after the call: not its
+    ]
+    first, second = gpu_profile.host_calls(events)
+    assert (first["wall_us"], first["api_us"], first["other_us"], first["api_calls"]) == (100.0, 32.0, 68.0, 3)
+    assert first["api_by_name"] == [
+        {"name": "cudaMemcpyAsync", "us": 20.0, "count": 1},
+        {"name": "cuLaunchKernel", "us": 12.0, "count": 2},
+    ]
+    assert (second["wall_us"], second["api_us"], second["api_calls"]) == (40.0, 4.0, 1)
+    r = prof.by_name(CALL)
+    r["host"] = first
+    assert "| prefill 8 | 100.0 | 32.0 (3) | 68.0 | cudaMemcpyAsync 20.0 (1), cuLaunchKernel 12.0 (2) |" in (
+        prof.markdown({"prefill 8": r}, 5)
+    )
