@@ -48,7 +48,10 @@ CALL = "relaxtune call"
 def host_calls(events: list[dict]) -> list[dict]:
     """Per call (its annotation), the host's time: wall us, us inside CUDA runtime / driver calls (by name, with
     counts), and the rest (the caller's own code: the VM, the runtime, Python)."""
-    calls = sorted((e for e in events if e.get("name") == CALL and "dur" in e), key=lambda e: e["ts"])
+    calls = sorted(
+        (e for e in events if e.get("name") == CALL and e.get("cat") == "user_annotation" and "dur" in e),
+        key=lambda e: e["ts"],
+    )  # the host's annotations (the GPU's copies of them are "gpu_user_annotation")
     api = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and "dur" in e]
     result = []
     for c in calls:

@@ -65,6 +65,7 @@ def test_the_hosts_side_of_a_call_splits_its_wall_time_into_cuda_api_calls_and_t
         {"name": "cuLaunchKernel", "cat": "cuda_driver", "ts": 30.0, "dur": 7.0},
         {"name": "cudaMemcpyAsync", "cat": "cuda_runtime", "ts": 50.0, "dur": 20.0},
         {"name": "rms_norm_kernel", "cat": "kernel", "ts": 12.0, "dur": 3.0},  # the GPU's: not the host's
+        {"name": call, "cat": "gpu_user_annotation", "ts": 11.0, "dur": 0.8},
         {"name": call, "cat": "user_annotation", "ts": 200.0, "dur": 40.0},
         {"name": "cuLaunchKernel", "cat": "cuda_driver", "ts": 210.0, "dur": 4.0},
         {"name": "cuLaunchKernel", "cat": "cuda_driver", "ts": 238.0, "dur": 4.0},  # ends after the call: not its
