@@ -87,6 +87,9 @@ class LLM:
             self._weights[f] = taken
         self._functions = {f: self.vm[f] for f in llm_files.FUNCTIONS}
         self._cache: KVCache | None = None
+        # the token ids of a call, on the device: one buffer of max_prefill, viewed per call (an array made per
+        # call would be a device allocation, and its release a device synchronisation, every decode step)
+        self._tokens = tvm.runtime.empty((1, self.max_prefill), "int32", self.device)
         self._tokenizer = None
         self.stats: GenerationStats | None = None
 
@@ -242,15 +245,14 @@ class LLM:
         self._cache.pop(count)
 
     def _forward(self, function: str, ids: list[int]):
-        import tvm
-
         cache = self._cache
         if cache is None or cache.length + len(ids) > cache.capacity:
             raise UserError(
                 f"the KV cache is full ({0 if cache is None else cache.length} of "
                 f"{0 if cache is None else cache.capacity} positions): start a new sequence (reset)"
             )
-        tokens = tvm.runtime.tensor(np.asarray([ids], dtype=np.int32), self.device)
+        tokens = self._tokens._create_view((1, len(ids)))
+        tokens.copyfrom(np.asarray([ids], dtype=np.int32))  # after the calls before it on the device's stream
         embeddings = self._functions["embed"](tokens, *self._weights["embed"])
         cache.begin(len(ids))
         logits, _ = self._functions[function](embeddings, cache.handle, *self._weights[function])

@@ -20,6 +20,31 @@ def test_greedy_generation_is_repeatable_and_stops_at_max_tokens(tiny_llm):
     assert llm.stats.prompt_tokens == 3 and llm.stats.new_tokens == 12 and llm.stats.decode_tokens_per_s > 0
 
 
+def test_calls_of_every_length_share_one_token_buffer_and_agree(tiny_llm):
+    """A prompt over max_prefill (64) runs as chunks of 64 and 36 rows, views of one device buffer of token ids:
+    its logits and the next step's equal those of the same prompt given in other chunks. (Not against single
+    steps: a CPU build's decode rounds activations to int8, its logits within a few % of prefill's.)"""
+    import numpy as np
+
+    from relaxtune import LLM
+
+    llm = LLM(tiny_llm)
+    ids = [int(t) for t in np.random.default_rng(0).integers(1, 350, 100)]
+    buffer = llm._tokens
+
+    def logits(chunks):
+        llm.reset(128)
+        for chunk in chunks:
+            out = llm.prefill(chunk) if len(chunk) > 1 else llm.decode(chunk[0])
+        return out.numpy().reshape(-1), llm.decode(7).numpy().reshape(-1)
+
+    whole = logits([ids])
+    for chunks in ([ids[:50], ids[50:]], [ids[:30], ids[30:94], ids[94:]]):
+        for got, want in zip(logits(chunks), whole):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert llm._tokens is buffer and tuple(buffer.shape) == (1, 64)
+
+
 def test_sampling_uses_the_seed(tiny_llm):
     from relaxtune import LLM
 
