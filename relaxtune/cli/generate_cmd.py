@@ -77,7 +77,8 @@ def run(args) -> int:
     print(
         f"[{stats.prompt_tokens} prompt tokens, {stats.new_tokens} new; "
         f"prefill {stats.prefill_tokens_per_s:.1f} tok/s, "
-        f"decode {stats.decode_tokens_per_s:.1f} tok/s; peak RSS {rss:.0f} MB]",
+        f"decode {stats.decode_tokens_per_s:.1f} tok/s, sampling {stats.sample_ms_per_token:.3f} ms/token; "
+        f"peak RSS {rss:.0f} MB]",
         file=sys.stderr,
     )
     common.write_json(
@@ -88,6 +89,7 @@ def run(args) -> int:
             "new_tokens": stats.new_tokens,
             "prefill_tokens_per_s": stats.prefill_tokens_per_s,
             "decode_tokens_per_s": stats.decode_tokens_per_s,
+            "sample_ms_per_token": stats.sample_ms_per_token,
             "peak_rss_mb": rss,
         },
     )

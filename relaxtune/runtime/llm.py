@@ -43,6 +43,7 @@ class GenerationStats:
     decode_calls: int
     prefill_seconds: float
     decode_seconds: float
+    sample_seconds: float = 0.0  # choosing the tokens from the logits (on the host)
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -51,6 +52,21 @@ class GenerationStats:
     @property
     def decode_tokens_per_s(self) -> float:
         return self.decode_calls / self.decode_seconds if self.decode_seconds else 0.0
+
+    @property
+    def sample_ms_per_token(self) -> float:
+        return self.sample_seconds / self.new_tokens * 1e3 if self.new_tokens else 0.0
+
+
+def greedy(values: np.ndarray) -> int:
+    """The index of the largest of `values` (the first of equals), as np.argmax gives it for values without NaN.
+    float16 is compared through int16 keys of the same order (the magnitude bits of negatives flipped): numpy's
+    argmax over float16 is not vectorised."""
+    values = values.reshape(-1)
+    if values.dtype != np.float16:
+        return int(np.argmax(values))
+    bits = values.view(np.int16)
+    return int(np.argmax(bits ^ ((bits >> 15) & 0x7FFF)))
 
 
 class LLM:
@@ -161,13 +177,15 @@ class LLM:
         start = time.perf_counter()
         logits = self.prefill(ids)
         self.device.sync()  # a GPU runs the calls asynchronously
-        prefill_s, decode_s, calls = time.perf_counter() - start, 0.0, 0
+        prefill_s, decode_s, sample_s, calls = time.perf_counter() - start, 0.0, 0.0, 0
         for new in range(1, max_tokens + 1):
+            start = time.perf_counter()
             token = self.sample(logits, temperature, top_p, rng)
-            self.stats = GenerationStats(len(ids), new - 1, calls, prefill_s, decode_s)
+            sample_s += time.perf_counter() - start
+            self.stats = GenerationStats(len(ids), new - 1, calls, prefill_s, decode_s, sample_s)
             if token in stops:
                 return
-            self.stats = GenerationStats(len(ids), new, calls, prefill_s, decode_s)
+            self.stats = GenerationStats(len(ids), new, calls, prefill_s, decode_s, sample_s)
             yield token
             if new == max_tokens:
                 return
@@ -202,13 +220,14 @@ class LLM:
                 )
             )
 
-    def sample(self, logits, temperature: float, top_p: float, rng: np.random.Generator) -> int:
+    @staticmethod
+    def sample(logits, temperature: float, top_p: float, rng: np.random.Generator) -> int:
         """The next token from logits (a (1, 1, vocab) runtime tensor, overwritten when sampling): argmax, or
         the runtime's sampler."""
         import tvm
 
         if temperature == 0:
-            return int(np.argmax(logits.numpy().reshape(-1)))
+            return greedy(logits.numpy())
         if logits.device != tvm.cpu(0) or str(logits.dtype) != "float32":
             logits = tvm.runtime.tensor(logits.numpy().astype(np.float32))  # the sampler runs on the host
         tvm.get_global_func("vm.builtin.apply_softmax_with_temperature")(

@@ -45,6 +45,23 @@ def test_calls_of_every_length_share_one_token_buffer_and_agree(tiny_llm):
     assert llm._tokens is buffer and tuple(buffer.shape) == (1, 64)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_greedy_is_numpys_argmax(dtype):
+    import numpy as np
+
+    from relaxtune.runtime.llm import greedy
+
+    rng = np.random.default_rng(0)
+    for scale in (1e-3, 1.0, 60.0):
+        values = (rng.standard_normal(49152) * scale).astype(dtype)
+        assert greedy(values) == int(np.argmax(values))
+    edges = np.array([-np.inf, -3.0, -0.5, -0.5, -np.inf], dtype)  # all negative, a tie: the first of equals
+    assert greedy(edges) == int(np.argmax(edges)) == 2
+    tiny = np.array([-65504.0, -6e-8, 6e-8, 6e-8, 65504.0, 65504.0, 1.0], dtype)  # subnormals, the largest
+    assert greedy(tiny) == int(np.argmax(tiny)) == 4
+    assert greedy(tiny[:4].reshape(1, 1, 4)) == 2  # (1, 1, vocab) logits as the model gives them
+
+
 def test_sampling_uses_the_seed(tiny_llm):
     from relaxtune import LLM
 
@@ -134,6 +151,7 @@ def test_generate_command_streams_and_reports(tiny_llm, capsys):
     assert main(["generate", str(tiny_llm), "--prompt", "Once upon a time", "--max-tokens", "6"]) == 0
     err = capsys.readouterr().err
     assert "prompt tokens" in err and "prefill" in err and "decode" in err and "peak RSS" in err
+    assert "sampling" in err and "ms/token" in err
     assert main(["generate", str(tiny_llm), "--prompt", "hi", "--max-tokens", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["relaxtune generate: error: --max-tokens 0: give 1 or more"]
