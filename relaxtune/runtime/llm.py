@@ -60,13 +60,14 @@ class GenerationStats:
 
 def greedy(values: np.ndarray) -> int:
     """The index of the largest of `values` (the first of equals), as np.argmax gives it for values without NaN.
-    float16 is compared through int16 keys of the same order (the magnitude bits of negatives flipped): numpy's
-    argmax over float16 is not vectorised."""
+    float16 is compared through int16 keys of the same order (+magnitude, or -magnitude where the sign bit is set:
+    -0 and +0 are equal): numpy's argmax over float16 is not vectorised."""
     values = values.reshape(-1)
     if values.dtype != np.float16:
         return int(np.argmax(values))
     bits = values.view(np.int16)
-    return int(np.argmax(bits ^ ((bits >> 15) & 0x7FFF)))
+    negative = bits >> 15  # -1 where the sign bit is set, else 0
+    return int(np.argmax((bits ^ (negative & 0x7FFF)) - negative))
 
 
 class LLM:

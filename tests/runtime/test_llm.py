@@ -60,6 +60,8 @@ def test_greedy_is_numpys_argmax(dtype):
     tiny = np.array([-65504.0, -6e-8, 6e-8, 6e-8, 65504.0, 65504.0, 1.0], dtype)  # subnormals, the largest
     assert greedy(tiny) == int(np.argmax(tiny)) == 4
     assert greedy(tiny[:4].reshape(1, 1, 4)) == 2  # (1, 1, vocab) logits as the model gives them
+    zeros = np.array([-1.0, -0.0, 0.0, -2.0], dtype)  # -0 and +0 are equal: the first
+    assert greedy(zeros) == int(np.argmax(zeros)) == 1
 
 
 def test_sampling_uses_the_seed(tiny_llm):
