@@ -1,5 +1,6 @@
 """The create calls of TVM's paged KV cache in a module, and what their arguments say (shared by the passes that
-put relaxtune's kernels in the cache: `paged_kv_kernels.py` on llvm, `paged_decode_cuda.py` on cuda).
+put relaxtune's kernels in the cache: `paged_kv_kernels.py` on llvm, `paged_decode_cuda.py`,
+`paged_prefill_grid_cuda.py` and `paged_prefill_flash_cuda.py` on cuda).
 
 `TIRPagedKVCache` (``relax.frontend.nn.llm.kv_cache``) creates the cache with one call of
 ``vm.builtin.paged_attention_kv_cache_create``: its sizes as constants, then the kernels the runtime will call, as
@@ -44,6 +45,15 @@ def _value(expr):
     return expr.value if isinstance(expr, (tirx.IntImm, tirx.FloatImm)) else None
 
 
+def is_create(call: relax.Call) -> bool:
+    """Whether `call` is a paged KV cache create call (its arguments after the builtin's name: call.args[1:])."""
+    return (
+        call.op.same_as(tvm.ir.Op.get("relax.call_pure_packed"))
+        and isinstance(call.args[0], relax.ExternFunc)
+        and call.args[0].global_symbol == CREATE
+    )
+
+
 @visitor
 class _CreateCalls(PyExprVisitor):
     def __init__(self):
@@ -51,11 +61,7 @@ class _CreateCalls(PyExprVisitor):
         self.calls = []
 
     def visit_call_(self, call):
-        if (
-            call.op.same_as(tvm.ir.Op.get("relax.call_pure_packed"))
-            and isinstance(call.args[0], relax.ExternFunc)
-            and call.args[0].global_symbol == CREATE
-        ):
+        if is_create(call):
             self.calls.append(list(call.args[1:]))
         for arg in call.args:
             self.visit_expr(arg)

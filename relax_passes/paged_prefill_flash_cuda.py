@@ -25,7 +25,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..kernels import flash_attention
 from .fusion_utils import with_functions
-from .paged_kv_calls import CREATE, RAGGED, cache_sizes
+from .paged_kv_calls import NOT_HANDLED, RAGGED, cache_sizes, is_create
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def refusal(args: list) -> str | None:
     """Why a create call keeps TVM's ragged prefill kernel, or None."""
     sizes = cache_sizes(args)
     if sizes is None:
-        return "another argument layout, RoPE inside attention, or unknown sizes"
+        return NOT_HANDLED
     if sizes.d not in flash_attention.HEAD_DIMS or sizes.dtype not in DTYPES or sizes.h_q % sizes.h_kv:
         return f"head_dim {sizes.d}, {sizes.dtype}, {sizes.h_q} / {sizes.h_kv} heads: the flash kernel does not take it"
     ragged = args[RAGGED]
@@ -57,11 +57,7 @@ class _Rewriter(PyExprMutator):
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
-        if not (
-            call.op.same_as(tvm.ir.Op.get("relax.call_pure_packed"))
-            and isinstance(call.args[0], relax.ExternFunc)
-            and call.args[0].global_symbol == CREATE
-        ):
+        if not is_create(call):
             return call
         args = list(call.args[1:])
         why = refusal(args)
