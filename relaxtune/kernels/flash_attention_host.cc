@@ -41,6 +41,28 @@ bool IsSm90(Driver* d, int device) {
   return Attribute(d, device, kComputeMajor) == 9 && Attribute(d, device, kComputeMinor) == 0;
 }
 
+// the float type of q, checked: fp16 or bf16, and k, v and o of the same (`what` names the caller in the errors)
+DLDataType HalfType(const char* what, const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& k, const tvm::ffi::TensorView& v,
+                    const tvm::ffi::TensorView& o) {
+  DLDataType dt = q.dtype();
+  TVM_FFI_ICHECK(dt.bits == 16 && dt.lanes == 1 && (dt.code == kDLFloat || dt.code == kDLBfloat)) << what << ": fp16 or bf16 only";
+  for (const auto* t : {&k, &v, &o}) {
+    TVM_FFI_ICHECK(t->dtype().code == dt.code && t->dtype().bits == 16) << what << ": mixed dtypes";
+  }
+  return dt;
+}
+
+// the mma.sync kernel of `block_m` query rows and `stages` K/V buffers (128 threads), over a grid (query blocks, heads,
+// batch) on TVM's current stream
+void LaunchMmaSync(Driver* d, DLDevice dev, const char* type, int64_t dim, int64_t block_m, int64_t stages, unsigned blocks,
+                   int64_t heads, int64_t batch, void** args) {
+  int smem = static_cast<int>((block_m + 2 * stages * kBlockN) * dim * 2);
+  std::string name = std::string("relaxtune_flash_") + type + "_d" + std::to_string(dim) + "_m" + std::to_string(block_m) + (stages == 1 ? "_s1" : "");
+  Ptr fn = Kernel(d, relaxtune_flash_fatbin, dev.device_id, name, smem);
+  Check(d, d->launch(fn, blocks, static_cast<unsigned>(heads), static_cast<unsigned>(batch), 128, 1, 1, smem,
+                     TVMFFIEnvGetStream(dev.device_type, dev.device_id), args, nullptr), "cuLaunchKernel");
+}
+
 // o (b, n, heads, d) = attention of heads q_head0.. of q, kv heads k_head0.. of k and v_head0.. of v
 // (each (b, rows, heads of the tensor, d), compact); cos/sin: (>= n, d) tables to rotate q with, or null
 void Launch(const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& k, const tvm::ffi::TensorView& v, const tvm::ffi::TensorView* cos,
@@ -50,11 +72,7 @@ void Launch(const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& k, const 
     TVM_FFI_ICHECK_EQ(t->ndim(), 4) << "flash attention: q, k, v and out must be (batch, rows, heads, head_dim)";
     TVM_FFI_ICHECK(t->IsContiguous()) << "flash attention: operands must be compact";
   }
-  DLDataType dt = q.dtype();
-  TVM_FFI_ICHECK(dt.bits == 16 && dt.lanes == 1 && (dt.code == kDLFloat || dt.code == kDLBfloat)) << "flash attention: fp16 or bf16 only";
-  for (const auto* t : {&k, &v, &o}) {
-    TVM_FFI_ICHECK(t->dtype().code == dt.code && t->dtype().bits == 16) << "flash attention: mixed dtypes";
-  }
+  DLDataType dt = HalfType("flash attention", q, k, v, o);
   int64_t b = o.size(0), n = o.size(1), heads = o.size(2), dim = o.size(3), m = k.size(1);
   TVM_FFI_ICHECK(dim == 64 || dim == 128) << "flash attention: head_dim " << dim << " (64 or 128 only)";
   TVM_FFI_ICHECK(q.size(0) == b && k.size(0) == b && v.size(0) == b && q.size(1) == n && v.size(1) == m)
@@ -116,10 +134,7 @@ void Launch(const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& k, const 
     Check(d, d->launch(fn, static_cast<unsigned>(heads), blocks, static_cast<unsigned>(b), 256, 1, 1, smem, stream, args, nullptr), "cuLaunchKernel");
     return;
   }
-  int smem = static_cast<int>((block_m + 2 * stages * kBlockN) * dim * 2);
-  std::string name = std::string("relaxtune_flash_") + type + "_d" + std::to_string(dim) + "_m" + std::to_string(block_m) + (stages == 1 ? "_s1" : "");
-  Ptr fn = Kernel(d, relaxtune_flash_fatbin, dev.device_id, name, smem);
-  Check(d, d->launch(fn, blocks, static_cast<unsigned>(heads), static_cast<unsigned>(b), 128, 1, 1, smem, stream, args, nullptr), "cuLaunchKernel");
+  LaunchMmaSync(d, dev, type, dim, block_m, stages, blocks, heads, b, args);
 }
 
 int64_t At(const tvm::ffi::Shape& s, int i) {
@@ -172,11 +187,7 @@ void RaggedPrefill(tvm::ffi::TensorView q, tvm::ffi::TensorView q_indptr, tvm::f
   for (const auto* t : {&q, &k, &v, &o}) {
     TVM_FFI_ICHECK(t->ndim() == 3 && t->IsContiguous()) << "ragged prefill: q, k, v and o must be compact (rows, heads, head_dim)";
   }
-  DLDataType dt = q.dtype();
-  TVM_FFI_ICHECK(dt.bits == 16 && dt.lanes == 1 && (dt.code == kDLFloat || dt.code == kDLBfloat)) << "ragged prefill: fp16 or bf16 only";
-  for (const auto* t : {&k, &v, &o}) {
-    TVM_FFI_ICHECK(t->dtype().code == dt.code && t->dtype().bits == 16) << "ragged prefill: mixed dtypes";
-  }
+  DLDataType dt = HalfType("ragged prefill", q, k, v, o);
   const int64_t total = q.size(0), heads = q.size(1), dim = q.size(2), kv_heads = k.size(1), batch = q_indptr.size(0) - 1;
   TVM_FFI_ICHECK(dim == 64 || dim == 128) << "ragged prefill: head_dim " << dim << " (64 or 128 only)";
   TVM_FFI_ICHECK(o.size(0) == total && o.size(1) == heads && o.size(2) == dim && v.size(0) == k.size(0) && v.size(1) == kv_heads &&
@@ -199,14 +210,9 @@ void RaggedPrefill(tvm::ffi::TensorView q, tvm::ffi::TensorView q_indptr, tvm::f
            static_cast<float>(sm_scale * 1.4426950408889634), 0,
            reinterpret_cast<const int*>(Data(q_indptr)), reinterpret_cast<const int*>(Data(kv_indptr)),
            reinterpret_cast<float*>(Data(lse))};
-  const char* type = dt.code == kDLBfloat ? "bf16" : "f16";
   void* args[] = {&p};
-  const int smem = static_cast<int>((kBlockM + 2 * kBlockN) * dim * 2);
-  std::string name = std::string("relaxtune_flash_") + type + "_d" + std::to_string(dim) + "_m" + std::to_string(kBlockM) + "_s1";
-  Ptr fn = Kernel(d, relaxtune_flash_fatbin, dev.device_id, name, smem);
-  unsigned blocks = static_cast<unsigned>((total + kBlockM - 1) / kBlockM);
-  Check(d, d->launch(fn, blocks, static_cast<unsigned>(heads), static_cast<unsigned>(batch), 128, 1, 1, smem,
-                     TVMFFIEnvGetStream(dev.device_type, dev.device_id), args, nullptr), "cuLaunchKernel");
+  LaunchMmaSync(d, dev, dt.code == kDLBfloat ? "bf16" : "f16", dim, kBlockM, 1, static_cast<unsigned>((total + kBlockM - 1) / kBlockM),
+                heads, batch, args);
 }
 }  // namespace
 
