@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import math
 import shutil
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -118,21 +116,12 @@ def test_paged_prefill_over_more_blocks_is_tvms_bit_for_bit(kernels, h_q, h_kv, 
 
 
 @pytest.fixture(scope="module")
-def flash_library(tmp_path_factory):
-    import tvm
-    import tvm_ffi.libinfo
-
+def flash_library(link_kernels):
     from relaxtune.kernels.flash_attention import object_file
 
     if shutil.which("g++") is None:
         pytest.skip("no g++")
-    arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
-    out = tmp_path_factory.mktemp("flash") / "libflash.so"
-    lib_dir = Path(tvm_ffi.libinfo.find_libtvm_ffi()).parent
-    subprocess.run(
-        ["g++", "-shared", "-o", str(out), str(object_file(arch)), "-ldl", f"-L{lib_dir}", "-ltvm_ffi"], check=True
-    )
-    return tvm.runtime.load_module(str(out))
+    return link_kernels(object_file("sm_{}{}".format(*torch.cuda.get_device_capability())), "flash")
 
 
 @pytest.mark.parametrize("causal", [1, 0])

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -67,19 +66,10 @@ def _expected_kernel(settings: dict, rows: int, k: int, group: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def gemv_library(tmp_path_factory):
-    import tvm
-    import tvm_ffi.libinfo
-
+def gemv_library(link_kernels):
     from relaxtune.kernels.gemv import object_file
 
-    arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
-    out = tmp_path_factory.mktemp("qgemv") / "libgemv.so"
-    lib_dir = Path(tvm_ffi.libinfo.find_libtvm_ffi()).parent
-    subprocess.run(
-        ["g++", "-shared", "-o", str(out), str(object_file(arch)), "-ldl", f"-L{lib_dir}", "-ltvm_ffi"], check=True
-    )
-    return tvm.runtime.load_module(str(out))
+    return link_kernels(object_file("sm_{}{}".format(*torch.cuda.get_device_capability())), "qgemv")
 
 
 @pytest.mark.parametrize("rows,k,n,group,residual", CASES)
