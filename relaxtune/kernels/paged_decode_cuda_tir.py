@@ -14,8 +14,9 @@ PrimFunc:
    an online softmax per head (base 2: scores scaled by sm_scale * log2(e)). The rows' states meet in shared
    memory; the block writes its unnormalized output and its (max, sum) per head to a workspace of (sequence,
    query head, split).
-2. ``merge``: blocks (sequence, query head), whose MERGE_ROWS rows take the splits in turns: the splits' states
-   rescaled to their common max, summed (per row, then the rows' in shared memory), divided:
+2. ``merge``: blocks (sequence, query head), whose MERGE_ROWS rows take the splits in turns, each row loading all
+   of its splits' states at once (unrolled, no load behind a branch: one round trip, not one a split): the
+   states rescaled to their common max, summed (per row, then the rows' in shared memory), divided:
    ``output``, and ``lse`` = max + log2(sum), the base-2 log-sum-exp as TVM's kernels give it.
 
 `splits` is min(MAX_SPLITS, ceil(TARGET_BLOCKS / (sequences * key/value heads)), ceil(nnz_pages / sequences)), at
@@ -90,6 +91,7 @@ def decode_kernel(h_kv: int, h_q: int, d: int, dtype: str):
     group = h_q // h_kv
     bdx, vec = lanes(d)
     bdz, kt, un = rows(group, d), PAGE_SIZE, UNROLL
+    merge_turns = -(-MAX_SPLITS // MERGE_ROWS)  # the splits a merge row takes at most
 
     @T.prim_func(s_tir=True, private=True)
     def decode(
@@ -241,24 +243,37 @@ def decode_kernel(h_kv: int, h_q: int, d: int, dtype: str):
                                 m_all = T.sblock_alloc_buffer((1,), "float32", scope="local")
                                 d_all = T.sblock_alloc_buffer((1,), "float32", scope="local")
                                 m_new = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                                md_loc = T.sblock_alloc_buffer((merge_turns, 2), "float32", scope="local")
+                                o_part = T.sblock_alloc_buffer((merge_turns, vec), "float32", scope="local")
                                 red_o = T.sblock_alloc_buffer((MERGE_ROWS, d), "float32", scope="shared")
                                 red_md = T.sblock_alloc_buffer((MERGE_ROWS, 2), "float32", scope="shared")
+                                # every split's state loaded at once, no load behind a branch (a run of them
+                                # in turns was a global round trip each); splits past n_split weigh nothing
+                                for it in T.unroll(merge_turns):
+                                    at: T.let[T.int32] = T.min(it * MERGE_ROWS + tz, n_split - 1)
+                                    md_loc[it, 0] = part_md[bx, hq, at, 0]
+                                    md_loc[it, 1] = part_md[bx, hq, at, 1]
+                                    for e in T.vectorized(vec):
+                                        o_part[it, e] = part_o[bx, hq, at, tx * vec + e]
+                                for it in T.unroll(merge_turns):  # a clamped repeat weighs nothing
+                                    md_loc[it, 1] = T.if_then_else(
+                                        it * MERGE_ROWS + tz < n_split, md_loc[it, 1], T.float32(0)
+                                    )
                                 m_all[0] = T.float32(EMPTY_LSE)
+                                for it in T.unroll(merge_turns):
+                                    m_all[0] = T.if_then_else(
+                                        md_loc[it, 1] > T.float32(0), T.max(m_all[0], md_loc[it, 0]), m_all[0]
+                                    )
                                 d_all[0] = T.float32(0)
                                 for e in T.vectorized(vec):
                                     acc[e] = T.float32(0)
-                                for it in T.serial(T.truncdiv(n_split + MERGE_ROWS - 1, MERGE_ROWS)):  # splits in turns
-                                    if it * MERGE_ROWS + tz < n_split:
-                                        if part_md[bx, hq, it * MERGE_ROWS + tz, 1] > T.float32(0):
-                                            m_new[0] = T.max(m_all[0], part_md[bx, hq, it * MERGE_ROWS + tz, 0])
-                                            d_all[0] = d_all[0] * T.exp2(m_all[0] - m_new[0]) + part_md[
-                                                bx, hq, it * MERGE_ROWS + tz, 1
-                                            ] * T.exp2(part_md[bx, hq, it * MERGE_ROWS + tz, 0] - m_new[0])
-                                            for e in T.vectorized(vec):
-                                                acc[e] = acc[e] * T.exp2(m_all[0] - m_new[0]) + part_o[
-                                                    bx, hq, it * MERGE_ROWS + tz, tx * vec + e
-                                                ] * T.exp2(part_md[bx, hq, it * MERGE_ROWS + tz, 0] - m_new[0])
-                                            m_all[0] = m_new[0]
+                                for it in T.unroll(merge_turns):  # an empty split: sum 0, and its part 0
+                                    m_new[0] = T.if_then_else(
+                                        md_loc[it, 1] > T.float32(0), T.exp2(md_loc[it, 0] - m_all[0]), T.float32(0)
+                                    )
+                                    d_all[0] = d_all[0] + md_loc[it, 1] * m_new[0]
+                                    for e in T.vectorized(vec):
+                                        acc[e] = acc[e] + o_part[it, e] * m_new[0]
                                 for e in T.vectorized(vec):
                                     red_o[tz, tx * vec + e] = acc[e]
                                 red_md[tz, 0] = m_all[0]
