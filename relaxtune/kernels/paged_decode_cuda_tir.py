@@ -242,7 +242,8 @@ def decode_kernel(h_kv: int, h_q: int, d: int, dtype: str):
                                 acc = T.sblock_alloc_buffer((vec,), "float32", scope="local")
                                 m_all = T.sblock_alloc_buffer((1,), "float32", scope="local")
                                 d_all = T.sblock_alloc_buffer((1,), "float32", scope="local")
-                                m_new = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                                # a split's share: exp2(its max - the common max), 0 where it is empty
+                                weight = T.sblock_alloc_buffer((1,), "float32", scope="local")
                                 md_loc = T.sblock_alloc_buffer((merge_turns, 2), "float32", scope="local")
                                 o_part = T.sblock_alloc_buffer((merge_turns, vec), "float32", scope="local")
                                 red_o = T.sblock_alloc_buffer((MERGE_ROWS, d), "float32", scope="shared")
@@ -268,12 +269,12 @@ def decode_kernel(h_kv: int, h_q: int, d: int, dtype: str):
                                 for e in T.vectorized(vec):
                                     acc[e] = T.float32(0)
                                 for it in T.unroll(merge_turns):  # an empty split: sum 0, and its part 0
-                                    m_new[0] = T.if_then_else(
+                                    weight[0] = T.if_then_else(
                                         md_loc[it, 1] > T.float32(0), T.exp2(md_loc[it, 0] - m_all[0]), T.float32(0)
                                     )
-                                    d_all[0] = d_all[0] + md_loc[it, 1] * m_new[0]
+                                    d_all[0] = d_all[0] + md_loc[it, 1] * weight[0]
                                     for e in T.vectorized(vec):
-                                        acc[e] = acc[e] + o_part[it, e] * m_new[0]
+                                        acc[e] = acc[e] + o_part[it, e] * weight[0]
                                 for e in T.vectorized(vec):
                                     red_o[tz, tx * vec + e] = acc[e]
                                 red_md[tz, 0] = m_all[0]
