@@ -7,7 +7,7 @@ k already rotated) are each read by nothing else, becomes
 ``y = relaxtune_gemv_nk_attn(q, k, v, cos, sin, heads, causal, scale, rope, w)`` (``_attn_add(..., w, res)``), rope 2
 (q and k rotated) or 1 (q only): each block of the (N, K) GEMV computes the attention of the sequence's rows, D / 8
 lanes per head, into its shared memory while its first weight loads are in flight, then the product (kernels/gemv.py,
-gemv.cu's kAttnX). Where: o is (1, rows, heads, D) with rows static and at most kernels.gemv.ATTN_MAX_ROWS, q, k and
+gemv_prologue.cu's kAttnX). Where: o is (1, rows, heads, D) with rows static and at most kernels.gemv.ATTN_MAX_ROWS, q, k and
 v have those rows (self-attention of one short sequence: the prefill of a block or model at n = 1 or 2), D is 64 or
 128 and K = heads x D, all of one dtype (float16 / bfloat16).
 

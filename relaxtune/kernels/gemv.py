@@ -50,9 +50,9 @@ Emitted by `RewriteGemvToCuda` (relax_passes/gemv_cuda.py) in the small (decode)
   activations); `relaxtune_q4mlp_i8_kernel` names its kernel or says why none applies. Emitted by
   `FuseQuantMlpCuda` (relax_passes/fuse_quant_mlp_cuda.py). `relaxtune_q4mlp_attn_i8(q, k, v, cos, sin, heads, causal,
   scale, rope, res, wo, ..., y)`: the same where x is the attention of the one row, which every block computes first
-  (gemv.cu's attention_rows) into shared memory before its ring.
+  (gemv_prologue.cu's attention_rows) into shared memory before its ring.
 
-The (K, N) kernel (cuda_gemv.cu) gives each block 64 output columns: 8 threads x 16-byte vectors per
+The (K, N) kernel (gemv.cu) gives each block 64 output columns: 8 threads x 16-byte vectors per
 weight row, 32 or 64 K lanes per block each taking 8 consecutive rows (x: one vector load per row),
 the next 8 rows' loads in flight while the current ones are multiplied, up to 8 rows of x sharing
 one pass over the weights (more rows: one launch per 8). At N = 4096 outputs, 64 column tiles are
@@ -95,7 +95,7 @@ NK_GLU_FUNCTION = "relaxtune_gemv_nk_glu"  # silu(x @ gate^T) * (x @ up^T) for t
 NK_RMS_GLU_FUNCTION = "relaxtune_gemv_nk_rms_glu"  # the same of rms_norm(x)
 NK_ATTN_FUNCTION = "relaxtune_gemv_nk_attn"  # attention(q, k, v) @ w^T for a sequence of up to 2 rows
 NK_ATTN_ADD_FUNCTION = "relaxtune_gemv_nk_attn_add"
-ATTN_MAX_ROWS = 2  # gemv.cu's kAttnX: the prologue kernels' rows
+ATTN_MAX_ROWS = 2  # gemv_prologue.cu's kAttnX: the prologue kernels' rows
 ATTN_HEAD_DIMS = (64, 128)
 PROLOGUE_MAX_K = 16384  # the prologue kernels keep 2 rows of K elements in shared memory (64 KB at this K)
 CONFIG_FUNCTION = "relaxtune_gemv_config"
@@ -129,7 +129,8 @@ _HERE = Path(__file__).parent
 # one fatbin and one host object: the 4-bit kernels (qgemv.cu, qgemv_stream.cu) use gemv.cu's load and wait
 # helpers (the streamed one also qgemv.cu's dequantization), their host code (qgemv_host.cc) gemv_host.cc's launch
 KERNEL_SOURCE = "\n".join(
-    (_HERE / name).read_text() for name in ("gemv.cu", "qgemv.cu", "qgemv_stream.cu", "qmlp_stream.cu")
+    (_HERE / name).read_text()
+    for name in ("gemv.cu", "gemv_prologue.cu", "gemv_nk.cu", "qgemv.cu", "qgemv_stream.cu", "qmlp_stream.cu")
 )
 
 HOST_SOURCE = extern_host_source(

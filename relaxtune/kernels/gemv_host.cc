@@ -6,21 +6,21 @@
 extern "C" const char relaxtune_gemv_fatbin[];  // the nvcc fatbin, linked in by .incbin below
 
 namespace {
-struct Params {  // must match cuda_gemv.cu
+struct Params {  // must match gemv.cu
   const void *x, *w, *res;
   void* y;
   int rows, k, n, k_per_split;
   const void* g;  // the nk RMSNorm prologue's weight, else null
   float eps;
 };
-struct AttnParams {  // must match gemv.cu
+struct AttnParams {  // must match gemv_prologue.cu
   const void *q, *k, *v, *cos, *sin;
   int q_row, k_row, v_row, q_head0, k_head0, v_head0, heads, group, causal, rope;
   float scale;
 };
 constexpr int kCols = 64, kMaxRows = 8, kMaxSplits = 8, kMinRowsPerSplit = 256;
 constexpr int kNkFeatures = 32, kNkMaxRows = 4;  // the nk kernel's features per 512-thread block (16 warps x 2), rows per launch
-// the nk kernel's x prologues (gemv.cu's kRmsX, kSwiGluX: their x in dynamic shared memory) and its SwiGLU epilogue
+// the nk kernel's x prologues (gemv_prologue.cu's kRmsX, kSwiGluX: their x in dynamic shared memory) and its SwiGLU epilogue
 // (GLU): up to 2 rows per launch
 enum class Prologue { kNone, kRms, kSwiGlu, kAttention };
 constexpr int kNkPrologueMaxRows = 2, kSharedOptin = 97;  // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
@@ -184,7 +184,7 @@ void LaunchNk(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, cons
   }
 }
 
-// the attention of one sequence of up to `max_rows` rows (batch 1) over itself as gemv.cu's attention_rows takes it:
+// the attention of one sequence of up to `max_rows` rows (batch 1) over itself as gemv_prologue.cu's attention_rows takes it:
 // heads q_head0.. of q and kv heads k_head0.. / v_head0.. of k and v (each (1, rows, heads of the tensor, D), compact,
 // of `dtype`), q (rope 1) or q and k (rope 2) rotated by the cos / sin tables (>= rows, D); its output has
 // `features` = query heads x D per row. Puts the rows in `rows`.
@@ -220,7 +220,7 @@ AttnParams CheckAttention(const char* what, const tvm::ffi::TensorView& q, const
                     static_cast<int>(query_heads / kv_heads), causal ? 1 : 0, static_cast<int>(rope), static_cast<float>(scale)};
 }
 
-// y = attention(q, k, v) @ w^T (+ r) for up to 2 rows (CheckAttention), computed by each block (gemv.cu's kAttnX) as x
+// y = attention(q, k, v) @ w^T (+ r) for up to 2 rows (CheckAttention), computed by each block (gemv_prologue.cu's kAttnX) as x
 void LaunchNkAttention(const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& k, const tvm::ffi::TensorView& v,
                        const tvm::ffi::TensorView& cos, const tvm::ffi::TensorView& sin, const tvm::ffi::Shape& heads, int64_t causal,
                        double scale, int64_t rope, const tvm::ffi::TensorView& w, const tvm::ffi::TensorView* r, const tvm::ffi::TensorView& y) {

@@ -35,7 +35,7 @@ constexpr Q4StreamKernel kQ4StreamKernels[] = {{"s2r4", 2, 4, 1}, {"s2r4", 2, 4,
                                                {"i8s2r8", 2, 8, 1}, {"i8s1r8", 1, 8, 1}, {"i8s1r8", 1, 8, 3}};
 constexpr int kQ4PieceThreads = 256, kQ4PieceWeights = 16, kQ4BarrierBytes = 1024, kQ4MaxStages = 64;
 constexpr int kQ4ScratchBytes = 256;  // qgemv_stream.cu's
-// x prologues (qgemv_stream.cu's P, gemv.cu's kinds): kernels with one exist for int8 activations in the default
+// x prologues (qgemv_stream.cu's P, gemv_prologue.cu's kinds): kernels with one exist for int8 activations in the default
 // int8 families only (relaxtune_q4gemv_i8s2r8p1_rms_m1, ...)
 enum { kQ4PlainX = 0, kQ4RmsX = 1 };
 constexpr int kMaxSharedOptIn = 97;  // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN

@@ -28,7 +28,7 @@
 // weights against about 35 for the fp16 products, which bound the fp16 kernel below the copy rate. The integer sums
 // are exact; x's rounding to int8 is the only other error.
 //
-// x prologue (P, gemv.cu's kinds, with int8 activations): kRmsX, x = rms_norm(x, g, eps) over K: each row group's
+// x prologue (P, gemv_prologue.cu's kinds, with int8 activations): kRmsX, x = rms_norm(x, g, eps) over K: each row group's
 // 256 threads hold the whole row of x, so their sums of squares meet in shared memory behind a named barrier of the
 // group, and each thread scales its own pieces (fp32, one rounding to fp16, as TVM's legalized rms_norm). The
 // RMSNorm before a decode projection is then no kernel.

@@ -21,7 +21,7 @@
 // memory (q4mlp_grid_barrier). h and a are outputs (the caller's memory): written once by their owner block, read by
 // all after the barrier. Each step's time in the kernel: benchmarks/q4mlp_trace.py (the `trace` stamps).
 // Where x_bytes > 0, x is no input: every block first computes it, the attention of the step's one row (q, k, v and
-// the rotary tables in `attn`, gemv.cu's attention_rows), into shared memory before the ring.
+// the rotary tables in `attn`, gemv_prologue.cu's attention_rows), into shared memory before the ring.
 
 struct Q4MlpParams {  // must match qmlp_host.cc
   const void* x;          // (A) fp16: the o_proj input
@@ -41,7 +41,7 @@ struct Q4MlpParams {  // must match qmlp_host.cc
   int barrier;                // kGenerationBarrier / kCountBarrier (q4mlp_grid_barrier)
   int x_bytes;                // > 0: x is the attention of one row (attn), computed into that much shared memory
   int ahead;                  // slots of a step the producer copies before the consumers pass its grid barrier
-  AttnParams attn;            // gemv.cu's: q, k, v, the tables, the heads (x null)
+  AttnParams attn;            // gemv_prologue.cu's: q, k, v, the tables, the heads (x null)
 };
 
 constexpr int kQ4MlpTraceEvents = 16;
@@ -235,7 +235,7 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
     int corr[PH];
     float scale[PH];
     wait_for_previous_kernel();  // x and res only after the previous kernel
-    if (p.x_bytes > 0) {  // x = the attention of the one row (gemv.cu), into shared memory
+    if (p.x_bytes > 0) {  // x = the attention of the one row (gemv_prologue.cu), into shared memory
       attention_rows<__half, 1>(1, p.a, p.attn, xs, kConsumers);
       asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
     }
@@ -263,7 +263,6 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
     float sq = 0.0f;
 #pragma unroll
     for (int j = 0; j < PH; ++j) {
-      const int piece = t + j * kQ4PieceThreads;
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float f[8];
@@ -286,7 +285,6 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
     float scale[PH];
 #pragma unroll
     for (int j = 0; j < PH; ++j) {
-      const int piece = t + j * kQ4PieceThreads;
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float f[8], gf[8];
