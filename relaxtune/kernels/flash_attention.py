@@ -45,10 +45,11 @@ BLOCK_ROWS = 64  # query rows per block of the kernel that block_m 0 picks below
 SM90_MIN_ROWS = 256  # from these query rows on block_m 0 picks the wgmma kernel on 9.0 (the host's kSm90MinRows)
 HEAD_DIMS = (64, 128)
 MIN_ARCH = 80  # mma.sync with bf16, cp.async
-# the mma.sync kernels (sm_80+) and, appended in the same translation unit, the wgmma kernels (sm_90a)
+# the shared mma.sync / ldmatrix / cp.async wrappers (mma_sm80.cu), the mma.sync kernels (sm_80+) and, appended in the
+# same translation unit, the wgmma kernels (sm_90a)
 KERNEL_SOURCE = "".join(
     Path(__file__).with_name(name).read_text()
-    for name in ("flash_attention.cu", "flash_attention_sm90.cu", "flash_attention_sm90_ws.cu")
+    for name in ("mma_sm80.cu", "flash_attention.cu", "flash_attention_sm90.cu", "flash_attention_sm90_ws.cu")
 )
 
 HOST_SOURCE = extern_host_source(
