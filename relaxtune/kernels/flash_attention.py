@@ -15,9 +15,9 @@ as head ranges of larger (b, rows, H, d) tensors (the merged q/k/v projection): 
 landed (the mma.sync kernel; tables of >= m rows): for grids of one query block per head, where no key tile is
 rotated twice. Emitted by `RewriteAttentionToFlash` (relax_passes/flash_attention_cuda.py).
 
-The kernels (cuda_flash_attention.cu, FlashAttention-2 style: mma.sync tensor cores, cp.async
-double buffering, online softmax; cuda_flash_attention_sm90.cu, the same with Hopper's wgmma, two
-warpgroups per block; cuda_flash_attention_sm90_ws.cu, that with a producer warpgroup feeding
+The kernels (flash_attention.cu, FlashAttention-2 style: mma.sync tensor cores, cp.async
+double buffering, online softmax; flash_attention_sm90.cu, the same with Hopper's wgmma, two
+warpgroups per block; flash_attention_sm90_ws.cu, that with a producer warpgroup feeding
 mbarrier-guarded stages and the two consumer warpgroups taking turns on the tensor cores) are
 compiled here by nvcc into a fatbin for the target's arch;
 `object_file(arch)` embeds that fatbin in a host object (`.incbin`) whose exported TVM FFI

@@ -7,7 +7,7 @@
 extern "C" const char relaxtune_flash_fatbin[];  // the nvcc fatbin, linked in by .incbin below
 
 namespace {
-struct Params {  // must match cuda_flash_attention.cu
+struct Params {  // must match flash_attention.cu
   const void *q, *k, *v, *cos, *sin;
   void* o;
   long long q_batch, k_batch, v_batch, o_batch;
@@ -26,11 +26,11 @@ constexpr int kBlockN = 64;
 // and one K/V buffer each (48 KB of shared memory: more blocks per SM) beat two for the 7B block's call at
 // n = 2048 (q, v in place, q rotated: 217 us against 239 us; 128 rows: 249 / 247 us)
 constexpr int kBlockM = 64;
-constexpr int kStages = 1;  // K/V buffers per block (cuda_flash_attention.cu); relaxtune_flash_attention_config picks any
+constexpr int kStages = 1;  // K/V buffers per block (flash_attention.cu); relaxtune_flash_attention_config picks any
 // on compute capability 9.0, from kSm90MinRows query rows on: the warp-specialized wgmma kernel with ping-pong
-// (cuda_flash_attention_sm90_ws.cu, 128 query rows, 64 key rows per tile), measured on an H200 for the 7B block's
+// (flash_attention_sm90_ws.cu, 128 query rows, 64 key rows per tile), measured on an H200 for the 7B block's
 // call at n = 2048 (q, v in place, q rotated): 89.1 us, without ping-pong 89.7, the two-warpgroup kernel
-// (cuda_flash_attention_sm90.cu) 107-108 with 64 or 128 key rows, the mma.sync kernel 215
+// (flash_attention_sm90.cu) 107-108 with 64 or 128 key rows, the mma.sync kernel 215
 constexpr int kSm90MinRows = 256;
 constexpr int kSm90BlockN = 64;
 constexpr int kSm90 = 90;  // block_m value that asks for that kernel

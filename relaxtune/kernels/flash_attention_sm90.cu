@@ -1,5 +1,5 @@
 // relaxtune flash attention for Hopper (sm_90a): wgmma tensor-core instructions. Appended to
-// cuda_flash_attention.cu (one translation unit: Params and the load / pack helpers are shared).
+// flash_attention.cu (one translation unit: Params and the load / pack helpers, with mma_sm80.cu's, are shared).
 //
 // One CTA: 128 query rows of one (batch, query head), two warpgroups of 64 rows each sharing the
 // K and V tiles (BN key rows, staged by cp.async into 128-byte-swizzled shared memory: the
