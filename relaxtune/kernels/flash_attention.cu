@@ -38,12 +38,6 @@ struct Params {
 
 constexpr int BN = 64;
 
-// byte offset of 16-byte chunk `c` of row `row` in a tile of D-element rows
-template <int D>
-__device__ __forceinline__ uint32_t swz(int row, int c) {
-  return static_cast<uint32_t>((row * (D / 8) + (c ^ (row & 7))) * 16);
-}
-
 // ROWS rows of D elements from `src` (row stride `stride` elements) into the tile at `dst`
 template <typename T, int D, int ROWS, int THREADS>
 __device__ __forceinline__ void load_tile(uint32_t dst, const T* src, int stride, int valid_rows, int tid) {

@@ -1,7 +1,7 @@
 // The sm_80+ tensor-core and asynchronous-copy primitives relaxtune's CUDA kernels share: mma.sync m16n8k16 with
 // fp32 accumulators (fp16 or bf16 inputs), ldmatrix x4 (plain and transposed), cp.async 16-byte copies with zero
-// fill, and fp16 / bf16 pairs packed to and from 32 bits. Prepended to the kernels that use them in one translation
-// unit (kernels/flash_attention.py: flash_attention.cu).
+// fill, fp16 / bf16 pairs packed to and from 32 bits, and the swizzled tile layout that ldmatrix reads. Prepended to
+// the kernels that use them in one translation unit (kernels/flash_attention.py: flash_attention.cu).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -73,5 +73,12 @@ __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_grou
 __device__ __forceinline__ void cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
 
 __device__ __forceinline__ void cp_wait0() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+// byte offset of 16-byte chunk `c` of row `row` in a tile of D-element (16-bit) rows, XOR-swizzled by
+// row so that ldmatrix reads of 8 rows are conflict-free
+template <int D>
+__device__ __forceinline__ uint32_t swz(int row, int c) {
+  return static_cast<uint32_t>((row * (D / 8) + (c ^ (row & 7))) * 16);
+}
 
 }  // namespace
