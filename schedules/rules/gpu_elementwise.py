@@ -27,14 +27,14 @@ extent L (else V = 1), and C = L / V vectors per row:
 No element needs a division: the row is the block index and the column the thread index
 (times V), so the remaining index arithmetic is one multiply-add per vector. It is 32-bit
 (`ForceNarrowIndexToInt32` on the scheduled kernel) when every buffer's element count provably
-fits in int32: static shapes, or symbolic ones whose upper bounds `annotate_var_bounds` (run
+fits in int32: static shapes, or symbolic ones whose upper bounds `var_bounds.annotate_var_bounds` (run
 before the rules, see gpu_rules.gpu_schedule_pass) wrote on the kernel as `relaxtune.var_upper_bound`
 from its callers' `tir_var_upper_bound` (the bucket bounds: n <= 2048 at max_seq 2048). Otherwise
 (no bound, a bound too large, scalar parameters) it stays int64.
 
 A select on the column (RoPE's `if_then_else`, which picks the rotated half) is taken only when
-every such condition is constant on each half of the row (`_constant_per_half`): the last axis is
-then split into its two halves with `loop_partition`, so that TVM's simplifier folds each half's
+every such condition is constant on each half of the row (`elementwise_analysis.constant_per_half`):
+the last axis is then split into its two halves with `loop_partition`, so that TVM's simplifier folds each half's
 condition (the half's column range is known before VectorizeLoop) and both halves get 16-byte
 loads and stores (`_schedule_halves`: rows on threadIdx.y, a half's vectors on threadIdx.x). A
 vector condition would make TVM's vectoriser scalarise the lane loop: the layouts tried before
@@ -59,122 +59,22 @@ from __future__ import annotations
 import logging
 
 import tvm
-import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
+
+from .elementwise_analysis import (
+    buffer_accesses,
+    conditions_on,
+    constant_per_half,
+    contiguous,
+    inline_all,
+    tvm_dtype_bytes,
+)
+from .var_bounds import fits_int32
 
 logger = logging.getLogger(__name__)
 
 DATA_PAR = 0  # tirx.IterVar.iter_type
-
-
-def _inline_all(sch: s_tir.Schedule, root) -> list:
-    """Inline every block into its consumers (and a trailing epilogue into its producer); the blocks left."""
-    changed = True
-    while changed:
-        changed = False
-        blocks = sch.get_child_blocks(root)
-        for block in blocks[:-1]:
-            try:
-                sch.compute_inline(block)
-                changed = True
-                break
-            except Exception:  # noqa: BLE001 - an output or a non-injective block: the checks below decide
-                continue
-    blocks = sch.get_child_blocks(root)
-    while len(blocks) >= 2:
-        try:
-            sch.reverse_compute_inline(blocks[-1])
-        except Exception:  # noqa: BLE001
-            break
-        blocks = sch.get_child_blocks(root)
-    return list(blocks)
-
-
-def _uses(expr, var) -> bool:
-    return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
-
-
-def _contiguous(index_exprs, var, analyzer) -> bool:
-    """`var` appears in no index but the last, and there as `var + offset` (offset free of `var`), or nowhere."""
-    if not index_exprs:
-        return True
-    *lead, last = index_exprs
-    if any(_uses(analyzer.simplify(e), var) for e in lead):  # e.g. a reshape's `(v // 128 + row) % U`
-        return False
-    return not _uses(last, var) or not _uses(analyzer.simplify(last - var), var)
-
-
-_FIELDS = (
-    "a",
-    "b",
-    "value",
-    "args",
-    "indices",
-    "condition",
-    "true_value",
-    "false_value",
-    "body",
-    "seq",
-    "then_case",
-    "else_case",
-    "base",
-)
-
-
-def _nodes(node):
-    """`node` and every TIR node under it, parents first (TVM 0.27 has no Python visitor for tirx)."""
-    yield node
-    for field in _FIELDS:
-        child = getattr(node, field, None)
-        if child is None or isinstance(child, (int, float, str)):
-            continue
-        for item in child if isinstance(child, (list, tuple, tvm_ffi.Array)) else [child]:
-            if hasattr(item, "same_as"):
-                yield from _nodes(item)
-
-
-def _conditions_on(node, var) -> list:
-    """The conditions of every Select / if_then_else under `node` that use `var` (RoPE's rotate-half concat)."""
-    found = []
-    for item in _nodes(node):
-        kind = type(item).__name__
-        if kind == "Select" and _uses(item.condition, var):
-            found.append(item.condition)
-        elif kind == "Call" and str(getattr(item.op, "name", "")).endswith("if_then_else") and _uses(item.args[0], var):
-            found.append(item.args[0])
-    return found
-
-
-def _constant_per_half(body, var, length: int) -> bool:
-    """Every select condition on `var` is provably true or provably false for `var` in [0, L/2) and in [L/2, L)."""
-    conditions = _conditions_on(body, var)
-    for lo, hi in ((0, length // 2), (length // 2, length)):
-        analyzer = tvm.sym.Analyzer()
-        dtype = str(var.ty.dtype)
-        analyzer.bind(var, tvm.ir.Range(tirx.IntImm(dtype, lo), tirx.IntImm(dtype, hi)))
-        for cond in conditions:
-            if not (analyzer.can_prove(cond) or analyzer.can_prove(tirx.Not(cond))):
-                return False
-    return bool(conditions)
-
-
-def _accesses(node) -> list:
-    """Every load and store under `node` (the block body): (buffer name, element type, indices)."""
-    found = []
-    for item in _nodes(node):
-        if type(item).__name__ not in (
-            "BufferLoad",
-            "BufferStore",
-            "TensorLoad",
-            "TensorStore",
-        ):  # 0.27: loads are TensorLoad nodes
-            continue
-        if hasattr(item, "buffer"):  # a store: the buffer is a Var typed as a buffer
-            found.append((item.buffer.name, str(item.buffer.dtype), list(item.indices)))
-        else:
-            found.append((item.source.name, str(item.ty.dtype), list(item.indices)))
-    return found
 
 
 class RowElementwise(dl.ScheduleRule):
@@ -202,7 +102,7 @@ class RowElementwise(dl.ScheduleRule):
         if func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):
             return None
         sch = s_tir.Schedule(func)
-        blocks = _inline_all(sch, sch.get_sblock("root"))
+        blocks = inline_all(sch, sch.get_sblock("root"))
         if len(blocks) != 1:
             return None
         (block,) = blocks
@@ -229,14 +129,14 @@ class RowElementwise(dl.ScheduleRule):
         if len(out.shape) == 0:
             return None
         inner = stmt.iter_vars[-1].var
-        accesses = _accesses(stmt.body)
+        accesses = buffer_accesses(stmt.body)
         if not accesses:
             return None
         analyzer = tvm.sym.Analyzer()  # the block vars' domains: `v % 128` with v < 128 is v
         for iv in stmt.iter_vars:
             analyzer.bind(iv.var, iv.dom)
         for _name, _dtype, indices in accesses:
-            if not _contiguous(indices, inner, analyzer):
+            if not contiguous(indices, inner, analyzer):
                 return None
         # the output's last index must be the innermost var itself (a store along the last axis)
         stores = [idx for name, _dt, idx in accesses if name == out.name]
@@ -244,9 +144,9 @@ class RowElementwise(dl.ScheduleRule):
             return None
         widest = max(tvm_dtype_bytes(dtype) for _n, dtype, _i in accesses)
         vector = max(1, self.vector_bytes // widest)
-        if _conditions_on(stmt.body, inner):
+        if conditions_on(stmt.body, inner):
             # RoPE's rotate-half: one vectorised loop per half of the row, where the select is constant
-            if not self.halves or length % (2 * vector) or not _constant_per_half(stmt.body, inner, length):
+            if not self.halves or length % (2 * vector) or not constant_per_half(stmt.body, inner, length):
                 return None
             return self._schedule_halves(sch, block, loops, length, vector, target)
         if length % vector:
@@ -275,7 +175,7 @@ class RowElementwise(dl.ScheduleRule):
         # loop_partition (0.27) copies the block with the same iter var objects: ill-formed TIR (a var
         # defined twice) that a new Schedule refuses; printed and parsed back, each copy gets its own
         mod = tvm.script.from_source(sch.mod.script())
-        narrow = _fits_int32(mod["main"])
+        narrow = fits_int32(mod["main"])
         logger.debug(
             "RowElementwise: halves, %d rows of 2 x %d vectors per block, vector %d, %s indices",
             per_block,
@@ -324,107 +224,8 @@ class RowElementwise(dl.ScheduleRule):
             layout = f"{per_block} rows of {chunks} vectors per block"
         if vec is not None:
             sch.vectorize(vec)
-        narrow = _fits_int32(sch.mod["main"])
+        narrow = fits_int32(sch.mod["main"])
         logger.debug("RowElementwise: %s, vector %d, %s indices", layout, vector, "int32" if narrow else "int64")
         if narrow:
             return s_tir.Schedule(tirx.transform.ForceNarrowIndexToInt32()(sch.mod))
         return sch
-
-
-def tvm_dtype_bytes(dtype) -> int:
-    import tvm
-
-    return max(1, tvm.runtime.DataType(str(dtype)).bits // 8)
-
-
-BOUND_ATTR = "relaxtune.var_upper_bound"
-INT32_MAX = 2**31 - 1
-
-
-def _fits_int32(func) -> bool:
-    """Every buffer of `func` has < 2^31 elements, with its symbolic dims at their `BOUND_ATTR` bounds;
-    all parameters are buffers (a scalar int64 parameter would change type when narrowed)."""
-    bounds = dict(func.attrs[BOUND_ATTR]) if func.attrs is not None and BOUND_ATTR in func.attrs else {}
-    analyzer = tvm.sym.Analyzer()
-    for p in func.params:
-        shape = getattr(p, "shape", None)
-        if shape is None:
-            return False
-        for dim in shape:
-            for var in tirx.analysis.undefined_vars(dim):
-                if str(var.name) not in bounds:
-                    return False
-                analyzer.bind(
-                    var,
-                    tvm.ir.Range(
-                        tirx.IntImm(str(var.ty.dtype), 0),
-                        tirx.IntImm(str(var.ty.dtype), int(bounds[str(var.name)]) + 1),
-                    ),
-                )
-        total = 1
-        for dim in shape:
-            total *= int(analyzer.const_int_bound(dim).max_value)
-            if total > INT32_MAX:
-                return False
-    return True
-
-
-def annotate_var_bounds(mod):
-    """Write on each PrimFunc `BOUND_ATTR`: {its symbolic dim name: upper bound}, the largest value that
-    dim takes over every call_tir of it from a Relax function with `tir_var_upper_bound` (the bucket
-    functions); a PrimFunc with a dim no bounded caller determines gets no attribute."""
-    from tvm import relax
-
-    call_tir = tvm.ir.Op.get("relax.call_tir")
-    found: dict = {}  # GlobalVar name -> {dim name: bound or None (unbounded)}
-
-    def shape_of(ty):
-        return (
-            list(ty.shape.values)
-            if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr)
-            else None
-        )
-
-    for _gv, func in mod.functions_items():
-        if not isinstance(func, relax.Function) or func.attrs is None or "tir_var_upper_bound" not in func.attrs:
-            continue
-        upper = {str(k): int(v) for k, v in func.attrs["tir_var_upper_bound"].items()}
-        lower = (
-            {str(k): int(v) for k, v in func.attrs["tir_var_lower_bound"].items()}
-            if "tir_var_lower_bound" in func.attrs
-            else {}
-        )
-        analyzer = tvm.sym.Analyzer()
-        for var in relax.analysis.defined_symbolic_vars(func):
-            if str(var.name) in upper:
-                lo = tirx.IntImm(str(var.ty.dtype), lower.get(str(var.name), 0))
-                analyzer.bind(var, tvm.ir.Range(lo, tirx.IntImm(str(var.ty.dtype), upper[str(var.name)] + 1)))
-
-        def visit(node, analyzer=analyzer):
-            if not isinstance(node, relax.Call) or not node.op.same_as(call_tir):
-                return
-            callee = node.args[0]
-            if not isinstance(callee, tvm.ir.GlobalVar) or not isinstance(mod[callee], tirx.PrimFunc):
-                return
-            args = list(node.args[1].fields) if isinstance(node.args[1], relax.Tuple) else [node.args[1]]
-            outs = list(node.ty.fields) if isinstance(node.ty, relax.TupleType) else [node.ty]
-            shapes = [shape_of(a.ty) for a in args] + [shape_of(t) for t in outs]
-            dims = found.setdefault(callee.name_hint, {})
-            for param, caller in zip(mod[callee].params, shapes):
-                callee_shape = getattr(param, "shape", None)
-                if callee_shape is None or caller is None or len(caller) != len(callee_shape):
-                    continue
-                for mine, theirs in zip(callee_shape, caller):
-                    if isinstance(mine, tirx.Var):
-                        top = analyzer.const_int_bound(theirs).max_value
-                        ok = top < 2**62 and dims.get(str(mine.name), 0) is not None
-                        dims[str(mine.name)] = max(dims.get(str(mine.name)) or 0, int(top)) if ok else None
-
-        relax.analysis.post_order_visit(func.body, visit)
-    out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
-    for name, dims in found.items():
-        known = {k: v for k, v in dims.items() if v is not None}
-        if known:
-            gv = mod.get_global_var(name)
-            out[gv] = mod[gv].with_attr(BOUND_ATTR, known)
-    return out

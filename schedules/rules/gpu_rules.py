@@ -79,7 +79,7 @@ def gpu_schedule_pass(rules: list | None = None):
     first (for RowElementwise's 32-bit indices), then dlight's ApplyDefaultSchedule."""
     import tvm
 
-    from .gpu_elementwise import annotate_var_bounds
+    from .var_bounds import annotate_var_bounds
 
     @tvm.transform.module_pass(opt_level=0, name="AnnotateVarBounds")
     def bounds(mod, _ctx):

@@ -434,14 +434,14 @@ def test_random_graphs_compute_the_same_values(target, graph):
 
 def test_run_time_choice_between_layouts(target, monkeypatch):
     """Three layouts kept where one would do: the smallest arena is picked per call, for every offset alike."""
-    original = plan_memory._choose
+    original = plan_memory.choose  # memory_layouts.choose, looked up where plan_function calls it
 
     def three(layouts):
         chosen, _ = original(layouts)
         kept = (chosen + [c for c in layouts if all(c is not k for k in chosen)])[:3]
         return kept, [min(r) for r in zip(*(c[2] for c in kept))]
 
-    monkeypatch.setattr(plan_memory, "_choose", three)
+    monkeypatch.setattr(plan_memory, "choose", three)
     # attention-like sizes, n x 16 against n x n: which layout is smallest depends on n
     bb = relax.BlockBuilder()
     n = tirx.Var("n", "int64")

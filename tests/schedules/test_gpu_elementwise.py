@@ -17,7 +17,8 @@ from tvm import te, tirx, topi
 
 from relaxtune import targets
 from relaxtune.kernels import device_code as cdc
-from relaxtune.schedules.rules.gpu_elementwise import BOUND_ATTR, RowElementwise, annotate_var_bounds
+from relaxtune.schedules.rules.gpu_elementwise import RowElementwise
+from relaxtune.schedules.rules.var_bounds import BOUND_ATTR, annotate_var_bounds
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="no CUDA toolkit")
 I64 = lambda v: tirx.IntImm("int64", v)  # noqa: E731 - Relax legalizes with int64 shapes
