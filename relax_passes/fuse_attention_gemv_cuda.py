@@ -7,9 +7,9 @@ k already rotated) are each read by nothing else, becomes
 ``y = relaxtune_gemv_nk_attn(q, k, v, cos, sin, heads, causal, scale, rope, w)`` (``_attn_add(..., w, res)``), rope 2
 (q and k rotated) or 1 (q only): each block of the (N, K) GEMV computes the attention of the sequence's rows, D / 8
 lanes per head, into its shared memory while its first weight loads are in flight, then the product (kernels/gemv.py,
-gemv_prologue.cu's kAttnX). Where: o is (1, rows, heads, D) with rows static and at most kernels.gemv.ATTN_MAX_ROWS, q, k and
-v have those rows (self-attention of one short sequence: the prefill of a block or model at n = 1 or 2), D is 64 or
-128 and K = heads x D, all of one dtype (float16 / bfloat16).
+gemv_prologue.cu's kAttnX). Where: o is (1, rows, heads, D) with rows static and at most kernels.gemv.ATTN_MAX_ROWS,
+q, k and v have those rows (self-attention of one short sequence: the prefill of a block or model at n = 1 or 2), D is
+64 or 128 and K = heads x D, all of one dtype (float16 / bfloat16).
 
 Why: at n = 1 the flash kernel is a launch of its own between q/k/v's GEMV and o_proj's in the block's CUDA graph,
 plainly launched, with almost no work; o_proj's programmatic launch then overlaps q/k/v's end instead

@@ -41,6 +41,7 @@ from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..kernels.attention_tir import ARGS_ATTR, ATTR, KEY_MASK_ATTR, KIND, Operands, attention_kernel
+from .attention_patterns import has_axes
 from .fusion_utils import FUSED_OPS_ATTR, is_op, static_int, static_ints, use_counts
 
 logger = logging.getLogger(__name__)
@@ -236,10 +237,6 @@ class _Tracer:
         )
 
 
-def _axes(call: relax.Call, expected: list[int]) -> bool:
-    return call.attrs.axes is not None and [int(a) for a in call.attrs.axes] == expected
-
-
 def _rotation(tracer: _Tracer, expr) -> tuple[relax.Expr, int, tuple, int] | None:
     """(x, reads, (cos, sin), seq_axis) when `expr` (b, n, h, d) is x (b, n, h, d) rotated, read by
     nothing else than the rotation (`reads` times), or the rotation computed heads first (b, h, n, d)
@@ -249,12 +246,12 @@ def _rotation(tracer: _Tracer, expr) -> tuple[relax.Expr, int, tuple, int] | Non
         x, tables, reads = found
         return (x, reads, tables, 1) if tracer.uses.get(x, 0) == reads else None
     back = tracer.bound(expr, "relax.permute_dims")
-    found = None if back is None or not _axes(back, [0, 2, 1, 3]) else tracer.rope(back.args[0], seq_axis=2)
+    found = None if back is None or not has_axes(back, [0, 2, 1, 3]) else tracer.rope(back.args[0], seq_axis=2)
     if found is None:
         return None
     x_heads_first, tables, reads = found
     there = tracer.bound(x_heads_first, "relax.permute_dims", uses=reads)
-    return (there.args[0], 1, tables, 2) if there is not None and _axes(there, [0, 2, 1, 3]) else None
+    return (there.args[0], 1, tables, 2) if there is not None and has_axes(there, [0, 2, 1, 3]) else None
 
 
 def _operand(tracer: _Tracer, expr, rotation: tuple | None) -> _Source:

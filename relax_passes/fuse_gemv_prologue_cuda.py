@@ -16,9 +16,9 @@ In the calls RewriteGemvToCuda made for weights kept (N, K) (the decode buckets)
   (``relaxtune_gemv_nk_rms_glu(x, g, w_gu, epsilon)``), ``m (..., K)``, and the down projection reads ``m``:
   ``y = relaxtune_gemv_nk(m, w)`` (``relaxtune_gemv_nk_add(m, w, r)``).
 
-The kernel (kernels/gemv.py, gemv_prologue.cu's x prologues and gemv_nk.cu's SwiGLU epilogue) computes a prologue's input once per
-block into shared memory while its first weight loads are in flight, or pairs each gate row with its up row and
-writes silu(gate) * up; rounded where the kernels it replaces round. Matched by operators and types, never by
+The kernel (kernels/gemv.py, gemv_prologue.cu's x prologues and gemv_nk.cu's SwiGLU epilogue) computes a prologue's
+input once per block into shared memory while its first weight loads are in flight, or pairs each gate row with its up
+row and writes silu(gate) * up; rounded where the kernels it replaces round. Matched by operators and types, never by
 names: x, g, gu, w and y of one dtype (float16 / bfloat16), the norm over the last axis, unit strides, the slices'
 bounds static. K is at most kernels.gemv.PROLOGUE_MAX_K (shared memory).
 

@@ -40,7 +40,8 @@ def inline_all(sch: s_tir.Schedule, root) -> list:
     return list(blocks)
 
 
-def _uses(expr, var) -> bool:
+def uses(expr, var) -> bool:
+    """`expr` reads `var`."""
     return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
 
 
@@ -49,9 +50,9 @@ def contiguous(index_exprs, var, analyzer) -> bool:
     if not index_exprs:
         return True
     *lead, last = index_exprs
-    if any(_uses(analyzer.simplify(e), var) for e in lead):  # e.g. a reshape's `(v // 128 + row) % U`
+    if any(uses(analyzer.simplify(e), var) for e in lead):  # e.g. a reshape's `(v // 128 + row) % U`
         return False
-    return not _uses(last, var) or not _uses(analyzer.simplify(last - var), var)
+    return not uses(last, var) or not uses(analyzer.simplify(last - var), var)
 
 
 _FIELDS = (
@@ -88,9 +89,9 @@ def conditions_on(node, var) -> list:
     found = []
     for item in _nodes(node):
         kind = type(item).__name__
-        if kind == "Select" and _uses(item.condition, var):
+        if kind == "Select" and uses(item.condition, var):
             found.append(item.condition)
-        elif kind == "Call" and str(getattr(item.op, "name", "")).endswith("if_then_else") and _uses(item.args[0], var):
+        elif kind == "Call" and str(getattr(item.op, "name", "")).endswith("if_then_else") and uses(item.args[0], var):
             found.append(item.args[0])
     return found
 

@@ -54,13 +54,11 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 
+from .elementwise_analysis import uses
+
 logger = logging.getLogger(__name__)
 
 DATA_PAR, COMM_REDUCE = 0, 2  # tirx.IterVar.iter_type values
-
-
-def _uses(expr, var) -> bool:
-    return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
 
 
 def _kinds(sch: s_tir.Schedule, block) -> list[int]:
@@ -216,18 +214,18 @@ class RowSoftmax(dl.ScheduleRule):
         analyzer = tvm.sym.Analyzer()
 
         def along_row(region) -> bool:  # the last index is k + an offset free of k, the others free of k
-            if not len(region) or any(_uses(r.min, k) for r in region[:-1]):
+            if not len(region) or any(uses(r.min, k) for r in region[:-1]):
                 return False
             last = region[-1]
             return (
                 isinstance(last.extent, tirx.IntImm)
                 and int(last.extent) == 1
-                and _uses(last.min, k)
-                and not _uses(analyzer.simplify(last.min - k), k)
+                and uses(last.min, k)
+                and not uses(analyzer.simplify(last.min - k), k)
             )
 
         rows = [i for i, r in enumerate(reads) if along_row(r.region)]
-        if not rows or any(_uses(r.region[-1].min, k) for i, r in enumerate(reads) if i not in rows):
+        if not rows or any(uses(r.region[-1].min, k) for i, r in enumerate(reads) if i not in rows):
             return False
         names = {reads[i].source.name for i in rows}
         widest = max(tvm.runtime.DataType(str(reads[i].source.dtype)).bits // 8 for i in rows)
