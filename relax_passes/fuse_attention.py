@@ -1,4 +1,4 @@
-"""FuseAttention: `R.nn.attention` → one online-softmax TIR kernel (`attention_kernel.py`).
+"""FuseAttention: `R.nn.attention` → one online-softmax TIR kernel (`kernels/attention_tir.py`).
 
 Each call is replaced by a `call_tir` of the fused kernel: scaled Q·Kᵀ, causal mask, softmax and
 ·V in one pass over the keys, so no `n x m` score tensor goes through memory. Grouped-query
@@ -46,7 +46,9 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from ..kernels.attention_tir import ATTR, CAUSAL_MASKS, KIND, attention_kernel
+from ..kernels.attention_masks import CAUSAL_MASKS
+from ..kernels.attention_spec import ATTR, KIND
+from ..kernels.attention_tir import attention_kernel
 from .attention_patterns import (
     all_masked_guard,
     has_axes,

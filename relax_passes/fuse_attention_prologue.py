@@ -40,7 +40,9 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from ..kernels.attention_tir import ARGS_ATTR, ATTR, KEY_MASK_ATTR, KIND, Operands, attention_kernel
+from ..kernels.attention_operands import Operands
+from ..kernels.attention_spec import ARGS_ATTR, ATTR, KEY_MASK_ATTR, KIND
+from ..kernels.attention_tir import attention_kernel
 from .attention_patterns import has_axes
 from .fusion_utils import FUSED_OPS_ATTR, is_op, static_int, static_ints, use_counts
 

@@ -7,8 +7,9 @@ builtin's name and its argument layout, never by a kernel's name), reads the cac
 arguments (query / key-value heads, head_dim, dtype, RoPE base), and replaces, under the same global
 names, the kernels the runtime calls for a model whose keys are rotated before they are stored
 (RopeMode NONE or NORMAL): the ragged and paged prefill attention, the decode attention, the merge of
-two partial results (`kernels/paged_attention_tir.py`), the split-and-rotate of q/k/v and the append of k/v
-into the pages (`kernels/paged_copy_tir.py`). The sliding-window, tree and page-copy kernels stay TVM's.
+two partial results (`kernels/paged_prefill_tir.py`, `paged_decode_tir.py`, `paged_attention_tir.py`), the
+split-and-rotate of q/k/v and the append of k/v into the pages (`kernels/paged_copy_tir.py`). The
+sliding-window, tree and page-copy kernels stay TVM's.
 A cache created with RopeMode INLINE (keys rotated inside attention) is left as it is.
 
 Runs before legalization and scheduling (first in the CPU pipeline: `pipeline.fusion_passes`); the
@@ -19,8 +20,10 @@ from __future__ import annotations
 
 import tvm
 
-from ..kernels.paged_attention_tir import PAGE_SIZE, decode_kernel, merge_kernel, prefill_kernel
+from ..kernels.paged_attention_tir import PAGE_SIZE, merge_kernel
 from ..kernels.paged_copy_tir import append_kernel, rope_kernel
+from ..kernels.paged_decode_tir import decode_kernel
+from ..kernels.paged_prefill_tir import prefill_kernel
 from .paged_kv_calls import (
     APPEND,
     DECODE,

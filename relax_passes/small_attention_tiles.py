@@ -1,6 +1,6 @@
 """SmallAttentionTiles: a fused attention kernel called with short sequences gets tiles of their size.
 
-The fused attention kernel (`attention_kernel.py`) takes queries 32 rows and keys 32 at a time: at
+The fused attention kernel (`kernels/attention_tir.py`) takes queries 32 rows and keys 32 at a time: at
 n = 1 it computes 4 rows x 32 keys of scores and P·V sums for 1 x 1 that count, in two parallel
 launches. After BucketDispatch each bucket's function knows its bounds: an exact bucket binds n to
 a constant (n = 1), a ranged one carries ``tir_var_upper_bound``. For each call of a fused
@@ -27,7 +27,8 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from ..kernels.attention_tir import ATTR, BOUNDS_ATTR, KEY_TILE, KIND, QUERY_TILE, ROW_GROUP, retiled
+from ..kernels.attention_retile import retiled
+from ..kernels.attention_spec import ATTR, BOUNDS_ATTR, KEY_TILE, KIND, QUERY_TILE, ROW_GROUP
 from .fusion_utils import is_op, upper_bound, upper_bounds
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,8 @@
-"""The fused attention kernel's compute definition: one TIR PrimFunc, no schedule.
+"""The fused attention kernel's compute definition: `attention_kernel`, one TIR PrimFunc, no schedule.
+FuseAttention and FuseAttentionPrologue build it; the CPU schedule is `schedules/rules/cpu_attention.py`, and a
+GPU schedule (threads over query rows / key tiles) can reuse this definition. Its attributes, block names and
+default tiles: `attention_spec.py`; where it reads q, k, v: `attention_operands.py`; which keys a query sees:
+`attention_masks.py`; the kernel built again with other tiles: `attention_retile.py`.
 
 ``O = softmax(scale * Q Kᵀ + causal mask) V`` for ``Q (b, n, heads, d)``, ``K, V (b, m, kv_heads, d)``
 and ``O (b, n, heads, d)``, with grouped-query heads (query head ``h`` reads key/value head
@@ -16,155 +20,37 @@ in parts, block ``pv_part``) are small arrays of its own: under 1 KiB each, so T
 stack and LLVM keeps them in registers, as the schedule accumulates each key vector / value vector
 into every row of the group. No ``n x m`` tensor exists. ``b``, ``n`` and ``m`` are symbolic.
 
-Causal masks follow TVM's ``R.nn.attention`` legalisation: key ``j`` is visible to query ``i`` when
-``j <= i + offset``, ``offset = 0`` (``TopLeft``) or ``|n - m|`` (``BottomRight``; with one query
-against a longer key sequence, the decode step, that query sees every key). A key tile past the
-diagonal of the whole query tile is skipped (the ``key_tile`` block's predicate); inside a tile
-the mask is applied to the values, so the inner blocks have no predicates (affine bindings, which
-``decompose_reduction`` and ``vectorize`` require).
+A key tile past the diagonal of the whole query tile is skipped (the ``key_tile`` block's predicate); inside a
+tile the mask is applied to the values, so the inner blocks have no predicates (affine bindings, which
+``decompose_reduction`` and ``vectorize`` require); with a key mask as without one.
 Rows past ``n`` and keys past ``m`` are never loaded: their q rows and keys are zeros, so a row
 group that straddles ``n`` computes finite values for its extra rows, which are never written; P·V
 reads the value row ``min(key, m - 1)``, which a key past ``m`` multiplies by its probability 0.
 Only row groups below ``n`` load their q rows and initialise their state (``q_tile``, ``row_init``,
 ``acc_zero`` have a row group loop and its predicate): a decode step touches 1 group, not 8.
-
-With ``key_mask`` the kernel takes a fifth input, the model's ``(b, m)`` padding mask (nonzero:
-the key may be attended), and a key is visible when it is causal *and* unmasked; no ``n x m``
-mask exists. A query row with no visible key (left padding) gives what the imported model gives
-(``KEY_MASKS``): zeros (``"zero"``, torch SDPA's guard), or the mean of all ``m`` values
-(``"uniform"``: masked keys enter with the float32 minimum, so such a row's softmax is uniform).
-For ``"uniform"`` the block ``v_sum`` (in ``query_tile``, before the key tiles) sums the values
-over all keys, and ``output`` uses that sum / ``m`` for those rows. Masked keys of other rows get
-weight 0 in every variant (``exp(lowest - max)`` is 0 in float32 too), and tiles past the
-diagonal are skipped as without a mask.
+With the key mask ``"uniform"`` the block ``v_sum`` (in ``query_tile``, before the key tiles) sums the values
+over all keys, and ``output`` uses that sum / ``m`` for rows with no visible key.
 Accumulation is float32 for every input dtype.
 
-With ``operands`` (``Operands``; FuseAttentionPrologue sets it) q, k and v are read where the
-model computed them: each from a ``(b, seq, total heads, d)`` tensor (the merged projection's
-output, viewed as heads) at a head offset, not from sliced copies; with ``rope`` q and k are also
-rotated, rotate-half form ``x·cos + rot(x)·sin``, ``rot(x)[i] = -x[i + d/2]`` for ``i < d/2`` else
-``x[i - d/2]``, from ``(rows >= n, d)`` cos and sin tables (inputs after v; position ``i`` reads row ``i``): q as its
-tile is loaded
-(``q_tile``, loops (row group, row, half, i)), k once per call as ``k_transpose`` transposes it (loops
-(batch, head, key tile, key, half, i); rotating it per query tile instead cost 17% at n = 512).
-The signature is then ``(q, k, v, cos, sin, [mask], out)``.
-
-Blocks (``BLOCKS``; schedules look them up by name): ``k_transpose``, then in ``query_tile``:
-``q_tile``, ``row_init``, ``acc_zero``, then per key tile (``key_tile``) and
-row group (``row_group``; loops (row, ...)) ``score`` (Q·Kᵀ), ``tile_max``,
-``rescale`` (``exp(old max - new max)``, max updated), ``prob``, ``tile_sum``, and per part of
-``head_dim`` (``pv_part``) ``acc`` (P·V into the group's sums, which start from the rescaled partial
-output) and ``acc_store`` (the sums back into the partial output), and after the last key tile
-``output``. Row groups past ``n`` are skipped by the
-``row_group`` predicate (a decode step, n = 1, computes one group, not ``query_tile`` rows). The CPU
-schedule is ``schedules/rules/cpu_attention.py``; a GPU schedule (threads over query rows / key
-tiles) can reuse this definition.
+With ``operands`` q, k and v are read in place; with ``rope`` q is rotated as its tile is loaded (``q_tile``,
+loops (row group, row, half, i)) and k once per call as ``k_transpose`` transposes it (loops (batch, head, key
+tile, key, half, i); rotating it per query tile instead cost 17% at n = 512), with the cos and sin tables
+(inputs after v): the signature is then ``(q, k, v, cos, sin, [mask], out)``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from functools import partial
 
 from tvm import tirx
 from tvm.script import tirx as T
 
-QUERY_TILE = 32  # query rows sharing one key tile: its transposed keys and values are loaded once for all
-# (measured, llama-block shapes, n = 128..1024: 10-15% faster than 16, 64 no better; key tile 64 no better than 32)
-KEY_TILE = 32  # keys per online-softmax step
-ROW_GROUP = 4  # query rows per step inside a key tile (halved while rows x key_tile float32 would reach 1 KiB)
-# (measured, llama-block shapes, n = 512: 4 rows 8% faster than 2. Sums kept in (qt, kt) / (qt, d) workspace
-# buffers instead of the group's stack arrays: 2x slower, LLVM stored every accumulator every step, as in the
-# VM build it could not tell the workspace buffers apart)
-ATTR = "relaxtune.kernel"  # function attribute naming the kernel kind for the schedule rules
-KIND = "fused_attention"
-ARGS_ATTR = (
-    "relaxtune.attention_args"  # function attribute: the arguments that built the kernel (FuseAttentionPrologue)
-)
-KEY_MASK_ATTR = "relaxtune.key_mask"  # function attribute: the key_mask variant (absent without a mask)
-BLOCKS_UNIFORM = ("v_sum",)  # only in the key_mask="uniform" variant
-ROPE_ATTR = "relaxtune.rope"  # function attribute: q and k rotated on load (Operands.rope)
-BOUNDS_ATTR = (
-    "relaxtune.attention_bounds"  # function attribute: [n, m] upper bounds at its call site (SmallAttentionTiles)
-)
-BLOCKS = (
-    "k_transpose",
-    "query_tile",
-    "q_tile",
-    "row_init",
-    "acc_zero",
-    "key_tile",
-    "row_group",
-    "score",
-    "tile_max",
-    "rescale",
-    "prob",
-    "tile_sum",
-    "pv_part",
-    "acc",
-    "acc_store",
-    "output",
-)
-CAUSAL_MASKS = (None, "TopLeft", "BottomRight")
-# key-padding mask variants, by what a query row with no visible key gives: None: no mask input;
-# "zero": zeros (torch SDPA's guard); "uniform": the mean of all m values (an additive mask of the
-# float32 minimum, as torch's eager attention builds it: every score of the row rounds to it)
-KEY_MASKS = (None, "zero", "uniform")
+from .attention_masks import Masks
+from .attention_operands import OPERAND_FIELDS, Operands, plus, rotated
+from .attention_spec import ARGS_ATTR, ATTR, KEY_MASK_ATTR, KEY_TILE, KIND, QUERY_TILE, ROPE_ATTR, ROW_GROUP
+
 _LOWEST = -3.4028234663852886e38  # the running max before any key: exp(_LOWEST - x) == 0
-
-
-@dataclass(frozen=True)
-class Operands:
-    """Where the kernel reads q, k and v (module docstring): each from a tensor of ``*_heads`` heads
-    starting at head ``*_offset``; ``rope``: q and k rotated (rotate-half) on load."""
-
-    q_heads: int
-    k_heads: int
-    v_heads: int
-    q_offset: int = 0
-    k_offset: int = 0
-    v_offset: int = 0
-    rope: bool = False
-
-
-_OPERAND_FIELDS = ("q_heads", "k_heads", "v_heads", "q_offset", "k_offset", "v_offset", "rope")
-
-
-def retiled(kernel: tirx.PrimFunc, query_tile: int, key_tile: int) -> tirx.PrimFunc:
-    """`kernel` (built by `attention_kernel`, its arguments in ``ARGS_ATTR``) built again with other tiles,
-    keeping every other attribute of it."""
-    if ARGS_ATTR not in (kernel.attrs or {}):
-        raise ValueError(
-            f"kernel {kernel.attrs.get('global_symbol', '?') if kernel.attrs else '?'} has no {ARGS_ATTR}: not built "
-            "by attention_kernel"
-        )
-    args = {key: getattr(value, "value", value) for key, value in kernel.attrs[ARGS_ATTR].items()}
-    operands = args.get("operands", None)
-    if operands is not None:
-        operands = Operands(*(bool(x) if f == "rope" else int(x) for f, x in zip(_OPERAND_FIELDS, operands)))
-    causal = None if args["causal_mask"] == "none" else str(args["causal_mask"])
-    key_mask = args.get("key_mask", None)
-    new = attention_kernel(
-        int(args["heads"]),
-        int(args["kv_heads"]),
-        int(args["head_dim"]),
-        str(args["dtype"]),
-        causal,
-        float(args["scale"]),
-        query_tile,
-        key_tile,
-        None if key_mask is None else str(key_mask),
-        str(args.get("mask_dtype", "int64")),
-        operands,
-    )
-    for key, value in kernel.attrs.items():
-        if key != ARGS_ATTR:
-            new = new.with_attr(key, value)
-    return new
-
-
-def _plus(base, offset: int):
-    return base if offset == 0 else base + tirx.const(offset, "int64")
 
 
 def attention_kernel(
@@ -183,10 +69,7 @@ def attention_kernel(
     """The PrimFunc ``(q, k, v, out)``, or ``(q, k, v, mask, out)`` with a ``key_mask`` (``mask (b, m)``,
     nonzero: the key may be attended); ``scale`` defaults to ``1 / sqrt(head_dim)``. ``operands``:
     q, k, v read in place, q and k maybe rotated (module docstring; cos, sin follow v)."""
-    if causal_mask not in CAUSAL_MASKS:
-        raise ValueError(f"causal_mask {causal_mask!r} is not one of {CAUSAL_MASKS}")
-    if key_mask not in KEY_MASKS:
-        raise ValueError(f"key_mask {key_mask!r} is not one of {KEY_MASKS}")
+    masks = Masks(causal_mask, key_mask, mask_dtype)  # checks both variants
     if heads % kv_heads:
         raise ValueError(f"heads {heads} is not a multiple of kv_heads {kv_heads}")
     group = heads // kv_heads
@@ -202,32 +85,17 @@ def attention_kernel(
         raise ValueError(f"query_tile {qt} is not a multiple of the row group {rg}")
     # int64 extents, like legalised kernels: SpecializePrimFuncBasedOnCallSite matches them to call sites
     ops = operands or Operands(heads, kv_heads, kv_heads)
-    if (
-        ops.q_offset + heads > ops.q_heads
-        or ops.k_offset + kv_heads > ops.k_heads
-        or ops.v_offset + kv_heads > ops.v_heads
-    ):
-        raise ValueError(f"operands {ops} do not hold {heads} query and {kv_heads} key/value heads")
-    if ops.rope and head_dim % 2:
-        raise ValueError(f"rotate-half needs an even head_dim, not {head_dim}")
+    ops.check(heads, kv_heads, head_dim)
     q_heads, k_heads, dim = (tirx.const(x, "int64") for x in (heads, kv_heads, head_dim))
     src_heads = [tirx.const(x, "int64") for x in (ops.q_heads, ops.k_heads, ops.v_heads)]
     half = head_dim // 2
-
-    def rotated(x, table_cos, table_sin, bi, row, head, side, i):
-        """Element ``side * d/2 + i`` of x[bi, row, head] rotated (rotate-half) with the tables, as float32."""
-        d = side * half + i
-        partner = T.Cast(acc, x[bi, row, head, (1 - side) * half + i])
-        turned = T.if_then_else(side == 0, -partner, partner)
-        return T.Cast(acc, x[bi, row, head, d]) * T.Cast(acc, table_cos[row, d]) + turned * T.Cast(
-            acc, table_sin[row, d]
-        )
+    rotate = partial(rotated, half=half)  # an element of q or k rotated with the tables
 
     def tile_reads(q, k_trans, v, table_cos, table_sin, mask, vb, vh, n, m):
         reads = [
-            q[vb, 0:n, _plus(vh, ops.q_offset), 0:head_dim],
+            q[vb, 0:n, plus(vh, ops.q_offset), 0:head_dim],
             k_trans[vb, vh // group, 0 : (m + kt - 1) // kt, 0:head_dim, 0:kt],
-            v[vb, 0:m, _plus(vh // group, ops.v_offset), 0:head_dim],
+            v[vb, 0:m, plus(vh // group, ops.v_offset), 0:head_dim],
         ]
         if ops.rope:
             reads += [table_cos[0:n, 0:head_dim], table_sin[0:n, 0:head_dim]]
@@ -238,7 +106,7 @@ def attention_kernel(
         reads = [
             q_t[rows, 0:head_dim],
             k_trans[vb, vh // group, vt, 0:head_dim, 0:kt],
-            v[vb, 0:m, _plus(vh // group, ops.v_offset), 0:head_dim],
+            v[vb, 0:m, plus(vh // group, ops.v_offset), 0:head_dim],
             run_max[rows],
             run_sum[rows],
             out_acc[rows, 0:head_dim],
@@ -251,34 +119,10 @@ def attention_kernel(
 
     def part_reads(prob, v, out_acc, alpha, vb, vh, vg, vp, m):
         rows, cols = slice(vg * rg, vg * rg + rg), slice(vp * dp, vp * dp + dp)
-        return [prob[0:rg, 0:kt], v[vb, 0:m, _plus(vh // group, ops.v_offset), cols], out_acc[rows, cols], alpha[rows]]
+        return [prob[0:rg, 0:kt], v[vb, 0:m, plus(vh // group, ops.v_offset), cols], out_acc[rows, cols], alpha[rows]]
 
     def part_writes(out_acc, vg, vp):
         return [out_acc[vg * rg : vg * rg + rg, vp * dp : vp * dp + dp]]
-
-    def offset(n, m):
-        if causal_mask == "BottomRight":
-            return tirx.abs(n - m)
-        return tirx.const(0, "int64")
-
-    def causal(i, j, n, m):
-        """Key ``j`` (< m) is inside the causal window of query ``i``."""
-        if causal_mask is None:
-            return j < m
-        return tirx.all(j < m, j <= i + offset(n, m))
-
-    def visible(mask, bi, i, j, n, m):
-        """Key ``j`` (< m) is visible to query ``i`` of batch row ``bi``."""
-        if key_mask is None:
-            return causal(i, j, n, m)
-        return tirx.all(causal(i, j, n, m), mask[bi, tirx.min(j, m - 1)] != tirx.const(0, mask_dtype))
-
-    def finish(acc_value, total, fallback):
-        """The output of a row: with a key mask, a row with no visible key (``total`` 0) gives
-        `fallback` (zeros or the mean of all values, ``KEY_MASKS``), never 0 / 0."""
-        if key_mask is None:
-            return acc_value / total
-        return T.if_then_else(total > T.float32(0), acc_value / total, fallback)
 
     @T.prim_func(private=True, s_tir=True)
     def fused_attention(
@@ -309,9 +153,7 @@ def attention_kernel(
                     vb, vh, vt, vj, vs, vi = T.axis.remap("SSSSSS", [i0, h, t, jj, side, i])
                     k_trans[vb, vh, vt, vs * half + vi, vj] = T.if_then_else(
                         vt * kt + vj < m,
-                        rotated(
-                            k, table_cos, table_sin, vb, T.min(vt * kt + vj, m - 1), _plus(vh, ops.k_offset), vs, vi
-                        ),
+                        rotate(k, table_cos, table_sin, vb, T.min(vt * kt + vj, m - 1), plus(vh, ops.k_offset), vs, vi),
                         T.float32(0),
                     )
         else:
@@ -320,7 +162,7 @@ def attention_kernel(
                     vb, vh, vt, vj, vd = T.axis.remap("SSSSS", [i0, h, t, jj, dd])
                     k_trans[vb, vh, vt, vd, vj] = T.if_then_else(
                         vt * kt + vj < m,
-                        T.Cast(acc, k[vb, T.min(vt * kt + vj, m - 1), _plus(vh, ops.k_offset), vd]),
+                        T.Cast(acc, k[vb, T.min(vt * kt + vj, m - 1), plus(vh, ops.k_offset), vd]),
                         T.float32(0),
                     )
         for i0, i1, i2 in T.grid(b, q_heads, (n + qt - 1) // qt):
@@ -341,7 +183,7 @@ def attention_kernel(
                             vj, vd = T.axis.remap("RS", [jj, dd])
                             with T.init():
                                 v_sum[0, vd] = T.float32(0)
-                            v_sum[0, vd] = v_sum[0, vd] + T.Cast(acc, v[vb, vj, _plus(vh // group, ops.v_offset), vd])
+                            v_sum[0, vd] = v_sum[0, vd] + T.Cast(acc, v[vb, vj, plus(vh // group, ops.v_offset), vd])
                 if ops.rope:
                     for g, r, side, dd in T.grid(qt // rg, rg, 2, half):
                         with T.sblock("q_tile"):
@@ -349,13 +191,13 @@ def attention_kernel(
                             T.where(vq * qt + g * rg < n)
                             q_t[vg * rg + vr, vs * half + vd] = T.if_then_else(
                                 vq * qt + vg * rg + vr < n,
-                                rotated(
+                                rotate(
                                     q,
                                     table_cos,
                                     table_sin,
                                     vb,
                                     T.min(vq * qt + vg * rg + vr, n - 1),
-                                    _plus(vh, ops.q_offset),
+                                    plus(vh, ops.q_offset),
                                     vs,
                                     vd,
                                 ),
@@ -368,7 +210,7 @@ def attention_kernel(
                             T.where(vq * qt + g * rg < n)
                             q_t[vg * rg + vr, vd] = T.if_then_else(
                                 vq * qt + vg * rg + vr < n,
-                                T.Cast(acc, q[vb, T.min(vq * qt + vg * rg + vr, n - 1), _plus(vh, ops.q_offset), vd]),
+                                T.Cast(acc, q[vb, T.min(vq * qt + vg * rg + vr, n - 1), plus(vh, ops.q_offset), vd]),
                                 T.float32(0),
                             )
                 for g, r in T.grid(qt // rg, rg):
@@ -385,7 +227,7 @@ def attention_kernel(
                 for t in range((m + kt - 1) // kt):
                     with T.sblock("key_tile"):
                         vt = T.axis.opaque((m + kt - 1) // kt, t)
-                        T.where(causal(T.min(vq * qt + qt - 1, n - 1), t * kt, n, m))  # else: past the diagonal
+                        T.where(masks.causal(T.min(vq * qt + qt - 1, n - 1), t * kt, n, m))  # else: past the diagonal
                         for g in range(qt // rg):
                             with T.sblock("row_group"):  # groups past n (in the last query tile) do no work
                                 vg = T.axis.opaque(qt // rg, g)
@@ -414,7 +256,7 @@ def attention_kernel(
                                         new_max[vg * rg + vr] = T.max(
                                             new_max[vg * rg + vr],
                                             T.if_then_else(
-                                                visible(mask, vb, vq * qt + vg * rg + vr, vt * kt + vj, n, m),
+                                                masks.visible(mask, vb, vq * qt + vg * rg + vr, vt * kt + vj, n, m),
                                                 score[vr, vj] * T.float32(scale),
                                                 T.float32(_LOWEST),
                                             ),
@@ -428,7 +270,7 @@ def attention_kernel(
                                     with T.sblock("prob"):
                                         vr, vj = T.axis.remap("SS", [ri, jj])
                                         prob[vr, vj] = T.if_then_else(
-                                            visible(mask, vb, vq * qt + vg * rg + vr, vt * kt + vj, n, m),
+                                            masks.visible(mask, vb, vq * qt + vg * rg + vr, vt * kt + vj, n, m),
                                             T.exp(score[vr, vj] * T.float32(scale) - run_max[vg * rg + vr]),
                                             T.float32(0),
                                         )
@@ -456,7 +298,7 @@ def attention_kernel(
                                                     v[
                                                         vb,
                                                         T.min(vt * kt + vj, m - 1),
-                                                        _plus(vh // group, ops.v_offset),
+                                                        plus(vh // group, ops.v_offset),
                                                         vp * dp + vd,
                                                     ],
                                                 )
@@ -470,7 +312,7 @@ def attention_kernel(
                             vi, vd = T.axis.remap("SS", [ii, dd])
                             T.where(vq * qt + ii < n)
                             out[vb, vq * qt + vi, vh, vd] = T.Cast(
-                                dtype, finish(out_acc[vi, vd], run_sum[vi], v_sum[0, vd] / T.Cast(acc, m))
+                                dtype, masks.finish(out_acc[vi, vd], run_sum[vi], v_sum[0, vd] / T.Cast(acc, m))
                             )
                 else:
                     for ii, dd in T.grid(qt, head_dim):
@@ -478,7 +320,7 @@ def attention_kernel(
                             vi, vd = T.axis.remap("SS", [ii, dd])
                             T.where(vq * qt + ii < n)
                             out[vb, vq * qt + vi, vh, vd] = T.Cast(
-                                dtype, finish(out_acc[vi, vd], run_sum[vi], T.float32(0))
+                                dtype, masks.finish(out_acc[vi, vd], run_sum[vi], T.float32(0))
                             )
 
     unused = ({3, 4} if not ops.rope else set()) | ({5} if key_mask is None else set())  # cos, sin; mask
@@ -496,7 +338,7 @@ def attention_kernel(
             "query_tile": qt,
             "key_tile": kt,
             **({} if key_mask is None else {"key_mask": key_mask, "mask_dtype": mask_dtype}),
-            **({} if operands is None else {"operands": [getattr(ops, f) for f in _OPERAND_FIELDS]}),
+            **({} if operands is None else {"operands": [getattr(ops, f) for f in OPERAND_FIELDS]}),
         },
     )
     if ops.rope:

@@ -1,4 +1,4 @@
-"""CPU rule for the fused attention kernel (`relax_passes/attention_kernel.py`).
+"""CPU rule for the fused attention kernel (`kernels/attention_tir.py`; its block names: `attention_spec.py`).
 
 Recognises the kernel by its ``relaxtune.kernel`` attribute, set by the compute definition (never
 by a model's names), and schedules it by its block names. Runs before the generic rules, which
@@ -33,7 +33,7 @@ import logging
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from ...kernels import attention_tir as kernel
+from ...kernels import attention_spec as kernel
 from . import _utils as U
 from . import fast_math
 

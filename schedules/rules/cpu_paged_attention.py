@@ -1,4 +1,4 @@
-"""CPU rule for relaxtune's paged-KV-cache attention kernels (`kernels/paged_attention_tir.py`).
+"""CPU rule for relaxtune's paged-KV-cache attention kernels (`kernels/paged_prefill_tir.py`, `paged_decode_tir.py`).
 
 Recognises a kernel by its ``relaxtune.kernel`` attribute (never by name) and schedules it by its
 block names; runs before the generic rules. Not a MetaSchedule task (data-dependent loops: page
@@ -13,7 +13,7 @@ head_dim, one vector FMA per key and part of head_dim), the max and sum over the
 Decode (``paged_decode``): the (sequence, head) tasks are one parallel loop; each score is a dot
 product along head_dim, one vector of partial sums per key (the 16 keys' chains interleaved), summed,
 then the same updates.
-The merge kernel is written scheduled (the kernel file says why).
+The merge kernel is written scheduled (`kernels/paged_attention_tir.py` says why).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ from tvm import relax, tirx
 from tvm.script import ir as I
 from tvm.script import relax as R
 
-from relaxtune.kernels.attention_tir import Operands, attention_kernel
+from relaxtune.kernels.attention_operands import Operands
+from relaxtune.kernels.attention_tir import attention_kernel
 from relaxtune.relax_passes.fuse_attention import FuseAttention
 from relaxtune.schedules.rules import apply_cpu_rules
 from relaxtune.schedules.rules.cpu_attention import Attention

@@ -8,7 +8,8 @@ import pytest
 import tvm
 from tvm import relax, tirx
 
-from relaxtune.kernels.attention_tir import Operands, attention_kernel
+from relaxtune.kernels.attention_operands import Operands
+from relaxtune.kernels.attention_tir import attention_kernel
 from relaxtune.relax_passes.fuse_attention import FuseAttention
 from relaxtune.relax_passes.fuse_attention_prologue import NAME, FuseAttentionPrologue, in_place
 from relaxtune.schedules.rules import apply_cpu_rules

@@ -9,6 +9,8 @@ import tvm
 
 from relaxtune.kernels import paged_attention_tir as K
 from relaxtune.kernels.paged_copy_tir import append_kernel, rope_kernel
+from relaxtune.kernels.paged_decode_tir import decode_kernel
+from relaxtune.kernels.paged_prefill_tir import prefill_kernel
 from relaxtune.relax_passes.paged_kv_kernels import PagedKVKernels
 from relaxtune.schedules.rules.cpu_paged_attention import PagedAttention
 from relaxtune.schedules.rules.cpu_paged_copy import PagedCopy
@@ -61,7 +63,7 @@ def tensors(*arrays):
 
 @pytest.mark.parametrize("scheduled", [True, False])
 def test_ragged_prefill(target, scheduled):
-    run = build(K.prefill_kernel(H_KV, H_Q, D, "float32", paged=False), target, scheduled)
+    run = build(prefill_kernel(H_KV, H_Q, D, "float32", paged=False), target, scheduled)
     rng = np.random.default_rng(0)
     lengths = [1, 5, 33, 40]  # two sequences per call: 1 + 33 tokens, then 5 + 40
     for n0, n1 in ((lengths[0], lengths[2]), (lengths[1], lengths[3])):
@@ -87,8 +89,8 @@ def test_ragged_prefill(target, scheduled):
 
 @pytest.mark.parametrize("scheduled", [True, False])
 def test_paged_prefill_and_decode(target, scheduled):
-    prefill = build(K.prefill_kernel(H_KV, H_Q, D, "float32", paged=True), target, scheduled)
-    decode = build(K.decode_kernel(H_KV, H_Q, D, "float32"), target, scheduled)
+    prefill = build(prefill_kernel(H_KV, H_Q, D, "float32", paged=True), target, scheduled)
+    decode = build(decode_kernel(H_KV, H_Q, D, "float32"), target, scheduled)
     rng = np.random.default_rng(1)
     for m in (1, 16, 17, 300):
         k, v = (rng.standard_normal((m, H_KV, D)).astype(np.float32) for _ in range(2))

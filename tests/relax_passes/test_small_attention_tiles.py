@@ -10,7 +10,10 @@ import pytest
 import tvm
 from tvm import relax, tirx
 
-from relaxtune.kernels.attention_tir import ARGS_ATTR, BOUNDS_ATTR, Operands, attention_kernel, retiled
+from relaxtune.kernels.attention_operands import Operands
+from relaxtune.kernels.attention_retile import retiled
+from relaxtune.kernels.attention_spec import ARGS_ATTR, BOUNDS_ATTR
+from relaxtune.kernels.attention_tir import attention_kernel
 from relaxtune.relax_passes.fuse_attention_prologue import NAME, in_place
 from relaxtune.relax_passes.small_attention_tiles import SmallAttentionTiles
 from relaxtune.schedules.rules.cpu_attention import Attention

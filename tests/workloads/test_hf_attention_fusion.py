@@ -12,7 +12,7 @@ from tvm import relax, tirx
 
 from relaxtune import api
 from relaxtune.config import CompileConfig, JobConfig
-from relaxtune.kernels.attention_tir import ATTR, KEY_MASK_ATTR, KIND, ROPE_ATTR
+from relaxtune.kernels.attention_spec import ATTR, KEY_MASK_ATTR, KIND, ROPE_ATTR
 from relaxtune.relax_passes.pipeline import fuse
 from relaxtune.runtime.artifact import prepare_params
 from relaxtune.workloads import load

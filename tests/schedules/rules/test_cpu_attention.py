@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import tvm
 
-from relaxtune.kernels.attention_tir import Operands, attention_kernel
+from relaxtune.kernels.attention_operands import Operands
+from relaxtune.kernels.attention_tir import attention_kernel
 from relaxtune.schedules.rules.cpu_attention import Attention
 
 TARGET = {"kind": "llvm", "num-cores": 2}
