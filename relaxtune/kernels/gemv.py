@@ -130,7 +130,15 @@ _HERE = Path(__file__).parent
 # helpers (the streamed one also qgemv.cu's dequantization), their host code (qgemv_host.cc) gemv_host.cc's launch
 KERNEL_SOURCE = "\n".join(
     (_HERE / name).read_text()
-    for name in ("gemv.cu", "gemv_prologue.cu", "gemv_nk.cu", "qgemv.cu", "qgemv_stream.cu", "qmlp_stream.cu")
+    for name in (
+        "gemv.cu",
+        "gemv_prologue.cu",
+        "gemv_nk.cu",
+        "qgemv.cu",
+        "qstream_ring.cu",
+        "qgemv_stream.cu",
+        "qmlp_stream.cu",
+    )
 )
 
 HOST_SOURCE = extern_host_source(

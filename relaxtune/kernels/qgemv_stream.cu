@@ -1,8 +1,9 @@
 // relaxtune's 4-bit decode GEMV streamed through shared memory (compute capability 9.0+): the product of qgemv.cu,
 // y[r, :] = x[r, :] @ W^T (+ res[r, :]) for one or two rows r, W (N, K) in the GPU layout with fp16 scales per
-// group, fp32 accumulation. Appended after gemv.cu and qgemv.cu in one fatbin (kernels/gemv.py): it uses their
-// wait_for_previous_kernel, half2_bits and dequantize_word. Host side: qgemv_host.cc, which takes these kernels
-// where K / group is a multiple of 8 (16-byte scale rows), K <= 256 * 16 * PMAX and the ring fits, else qgemv.cu's.
+// group, fp32 accumulation. Appended after gemv.cu, qgemv.cu and qstream_ring.cu in one fatbin (kernels/gemv.py): it
+// uses their wait_for_previous_kernel, half2_bits, dequantize_word and the ring. Host side: qgemv_host.cc, which
+// takes these kernels where K / group is a multiple of 8 (16-byte scale rows), K <= 256 * 16 * PMAX and the ring
+// fits, else qgemv.cu's.
 //
 // One block per SM owns a contiguous range of output features (rows of W, N / grid +-1 of them), so its weights
 // and their scales are two contiguous byte ranges. A producer warp copies them, RS = GR * RPG rows at a time, into a
@@ -28,9 +29,9 @@
 // weights against about 35 for the fp16 products, which bound the fp16 kernel below the copy rate. The integer sums
 // are exact; x's rounding to int8 is the only other error.
 //
-// x prologue (P, gemv_prologue.cu's kinds, with int8 activations): kRmsX, x = rms_norm(x, g, eps) over K: each row group's
-// 256 threads hold the whole row of x, so their sums of squares meet in shared memory behind a named barrier of the
-// group, and each thread scales its own pieces (fp32, one rounding to fp16, as TVM's legalized rms_norm). The
+// x prologue (P, gemv_prologue.cu's kinds, with int8 activations): kRmsX, x = rms_norm(x, g, eps) over K: each row
+// group's 256 threads hold the whole row of x, so their sums of squares meet in shared memory behind a named barrier of
+// the group, and each thread scales its own pieces (fp32, one rounding to fp16, as TVM's legalized rms_norm). The
 // RMSNorm before a decode projection is then no kernel.
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -49,125 +50,7 @@ struct Q4StreamParams {  // must match qgemv_host.cc
   float eps;          // kRmsX: its epsilon
 };
 
-constexpr int kQ4PieceThreads = 256;      // threads of a row group: 8 warps
-constexpr int kQ4StreamMaxStages = 64;    // mbarriers: full and empty per slot in the first kQ4BarrierBytes
-constexpr int kQ4BarrierBytes = 1024;
-constexpr int kQ4ScratchBytes = 256;      // after the partial sums: the norm's per-warp sums of squares
-
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// d = c + a . b over 4 bytes, a's unsigned and b's signed
-__device__ __forceinline__ int dot4_u8s8(uint32_t a, uint32_t b, int c) {
-  int d;
-  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
-
-// 16 halfs of x (h[0]: 0-7, h[1]: 8-15) as int8 q = rint(x * 127 / absmax) in the order dot4_u8s8 meets the nibbles
-// of two words of the GPU layout (word & 0x0F0F0F0F holds weights 0, 4, 1, 5 of its 8; word & 0xF0F0F0F0 2, 6, 3, 7,
-// as 16 x): q[0] = x 0 4 1 5, q[1] = x 2 6 3 7, q[2] = x 8 12 9 13, q[3] = x 10 14 11 15; corr = -8 sum(q), and
-// scale16 = absmax / (127 * 16), the factor of the joined sums (16 x the low nibbles' + the high nibbles').
-// rint without a conversion (F2I runs at a quarter of the FP32 rate): x * 127 / absmax (rounded to fp32 as before)
-// plus 1.5 * 2^23 rounds to the nearest integer, ties to even, into the low mantissa bits, whose low byte is the int8
-// in two's complement; byte permutes gather the bytes, a dp4a with ones sums them
-__device__ __forceinline__ void quantize_piece(const uint4 (&h)[2], uint32_t (&q)[4], int& corr, float& scale16) {
-  const uint32_t words[8] = {h[0].x, h[0].y, h[0].z, h[0].w, h[1].x, h[1].y, h[1].z, h[1].w};
-  __half2 top = __habs2(half2_bits(words[0]));
-#pragma unroll
-  for (int e = 1; e < 8; ++e) top = __hmax2(top, __habs2(half2_bits(words[e])));
-  const float amax = fmaxf(__low2float(top), __high2float(top));
-  const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
-  uint32_t v[16];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const float2 f = __half22float2(half2_bits(words[e]));
-    v[2 * e] = __float_as_uint(__fadd_rn(__fmul_rn(f.x, inv), kRound));
-    v[2 * e + 1] = __float_as_uint(__fadd_rn(__fmul_rn(f.y, inv), kRound));
-  }
-  auto bytes = [&](int a, int b, int c, int d) {  // the low bytes of v[a], v[b], v[c], v[d], in that order
-    return __byte_perm(__byte_perm(v[a], v[b], 0x0040), __byte_perm(v[c], v[d], 0x0040), 0x5410);
-  };
-  q[0] = bytes(0, 4, 1, 5), q[1] = bytes(2, 6, 3, 7), q[2] = bytes(8, 12, 9, 13), q[3] = bytes(10, 14, 11, 15);
-  int sum = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) asm("dp4a.s32.s32 %0, %1, %2, %0;" : "+r"(sum) : "r"(q[i]), "r"(0x01010101));
-  corr = -8 * sum, scale16 = amax / 2032.0f;
-}
-
-// 16 x the dot product of a piece's 16 weights (two words of the GPU layout, as unsigned nibbles) with its int8 x
-// (quantize_piece's q and corr): 4 masks and 4 dp4a, the low nibbles' sum from corr, the high nibbles' as 16 x
-__device__ __forceinline__ int dot_piece_i8(const uint2& q, const uint32_t (&xq)[4], int corr) {
-  const int lo = dot4_u8s8(q.y & 0x0F0F0F0Fu, xq[2], dot4_u8s8(q.x & 0x0F0F0F0Fu, xq[0], corr));
-  const int hi = dot4_u8s8(q.y & 0xF0F0F0F0u, xq[3], dot4_u8s8(q.x & 0xF0F0F0F0u, xq[1], 0));
-  return 16 * lo + hi;
-}
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ void barrier_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void barrier_expect_bytes(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(bar)), "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(bar)) : "memory");
-}
-
-__device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n}" ::"r"(shared_address(bar)),
-      "r"(parity)
-      : "memory");
-}
-
-// the consumers' next ring slot and its full barrier's parity: s % stages and (s / stages) & 1 for the s-th slot,
-// advanced slot by slot (no division per slot)
-struct Q4RingSlot {
-  int slot = 0;
-  uint32_t phase = 0;
-  __device__ __forceinline__ void next(int stages) { slot = slot + 1 == stages ? 0 : slot + 1, phase ^= slot == 0; }
-};
-
-// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global `src` to shared `dst`, counted on `bar`
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(shared_address(dst)), "l"(src), "r"(bytes), "r"(shared_address(bar))
-               : "memory");
-}
-
-// one step of warp_transposed_sum: N of the NV values left per lane; keep half, add the partner's same half
-template <int N, int NV>
-__device__ __forceinline__ void halve_over_lanes(float (&v)[NV], int lane) {
-  if constexpr (N > 1) {
-    constexpr int offset = 16 * N / NV;
-    const bool upper = (lane & offset) != 0;
-#pragma unroll
-    for (int i = 0; i < N / 2; ++i) {
-      const float give = upper ? v[i] : v[i + N / 2], keep = upper ? v[i + N / 2] : v[i];
-      v[i] = keep + __shfl_xor_sync(0xffffffffu, give, offset);
-    }
-    halve_over_lanes<N / 2, NV>(v, lane);
-  }
-}
-
-// the sums over the warp of NV values per lane (NV a power of two <= 32): lane l gets value l / (32 / NV)'s
-template <int NV>
-__device__ __forceinline__ float warp_transposed_sum(float (&v)[NV], int lane) {
-  halve_over_lanes<NV, NV>(v, lane);
-  float s = v[0];
-#pragma unroll
-  for (int offset = 16 / NV; offset > 0; offset /= 2) s += __shfl_xor_sync(0xffffffffu, s, offset);
-  return s;
-}
-#endif
+constexpr int kQ4ScratchBytes = 256;  // after the partial sums: the norm's per-warp sums of squares
 
 template <int M, int GR, int RPG, int PMAX, bool I8, int P>
 __device__ __forceinline__ void q4stream_body(const Q4StreamParams& p) {

@@ -2,7 +2,7 @@
 //   h = x @ Wo^T + res,  n = rms_norm(h, g, eps),  a = silu(n @ Wgate^T) * (n @ Wup^T),  y = a @ Wd^T + h,
 // the o_proj through the down projection of a decoder layer's decode step, which qgemv_stream.cu's kernels run as
 // five launches (three GEMVs, the norm, the SwiGLU). Appended after qgemv_stream.cu in one fatbin (kernels/gemv.py):
-// it uses its ring helpers, quantize_piece, dot_piece_i8 and warp_transposed_sum. Host side: qmlp_host.cc.
+// it uses qstream_ring.cu's ring helpers, quantize_piece, dot_piece_i8 and warp_transposed_sum. Host: qmlp_host.cc.
 //
 // One block per SM, launched cooperatively (all blocks resident). Block b owns the same share of rows in each of the
 // four weights: rows b * H / G .. of Wo and Wd, features b * F / G .. of gate and up (the merged (2F, H) weight's
