@@ -8,8 +8,8 @@ scores never reach memory), linked into the artifact. Grouped-query attention is
 a k and a v that are `R.repeat(x, r, axis=2)` of kv heads (the model's repeat_kv) are passed as
 `x`, and the kernel maps query head h to kv head h / r, so the repeat kernels go away.
 
-Operands are read where the projection put them (FuseAttentionPrologue's tracing, CPU's in-place
-attention): a q, k or v that is a single-use head slice of a (b, n, H, d) tensor (the merged
+Operands are read where the projection put them (attention_operand_trace.py, as CPU's in-place
+attention does): a q, k or v that is a single-use head slice of a (b, n, H, d) tensor (the merged
 q/k/v projection) is read from that tensor at a head offset
 (`relaxtune_flash_attention_in_place`), and a q that is a rotate-half RoPE of such a slice (or of
 any tensor) with (1, n, 1, d) cos/sin tables is rotated as the kernel loads it
@@ -46,8 +46,8 @@ from ..kernels.flash_attention import (
     SM90_MIN_ROWS,
     supports,
 )
+from .attention_operand_trace import Source, Tracer
 from .bucket_dispatch import BUCKET_ATTR
-from .fuse_attention_prologue import _Source, _Tracer
 from .fusion_utils import is_op, static_int, use_counts
 
 logger = logging.getLogger(__name__)
@@ -143,14 +143,14 @@ class _Rewriter(PyExprMutator):
 
     def _in_place(self, q, k, v) -> tuple[str, list] | None:
         """(function, operands) reading q, k, v in place and rotating q on load where they allow it."""
-        tracer = _Tracer(self.builder_, self.uses, self.views)
+        tracer = Tracer(self.builder_, self.uses, self.views)
         rope = tracer.rope(q)
         if rope is not None:
             x, tables, reads = rope
-            qs = tracer.heads(x, uses=reads) or _Source(x)  # x is read by x * cos and by the rotation
+            qs = tracer.heads(x, uses=reads) or Source(x)  # x is read by x * cos and by the rotation
         else:
-            qs, tables = tracer.heads(q) or _Source(q), None
-        ks, vs = tracer.heads(k) or _Source(k), tracer.heads(v) or _Source(v)
+            qs, tables = tracer.heads(q) or Source(q), None
+        ks, vs = tracer.heads(k) or Source(k), tracer.heads(v) or Source(v)
         if tables is None and all(s.tensor.same_as(x) for s, x in zip((qs, ks, vs), (q, k, v))):
             return None
         heads = relax.ShapeExpr([qs.offset, ks.offset, vs.offset, static_int(k.ty.shape.values[2])])
@@ -161,7 +161,7 @@ class _Rewriter(PyExprMutator):
         k_rope = tracer.rope(k) if self.one_block else None
         if k_rope is not None and all(a.same_as(b) for a, b in zip(k_rope[1], tables)):
             kx, _tables, reads = k_rope
-            ks = tracer.heads(kx, uses=reads) or _Source(kx)
+            ks = tracer.heads(kx, uses=reads) or Source(kx)
             heads = relax.ShapeExpr([qs.offset, ks.offset, vs.offset, static_int(k.ty.shape.values[2])])
             self.rotated_k += 1
             return ROPE_QK_FUNCTION, [qs.tensor, ks.tensor, vs.tensor, *(tracer.rows(t) for t in tables), heads]

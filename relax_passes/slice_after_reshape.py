@@ -19,7 +19,7 @@ Fires when the reshape only inserts unit dimensions into the slice's shape, the 
 axis from 0 with stride 1, and the table's shape is static. Matches operators, never names; a
 slice reached through a tuple (``(slice_a, slice_b)[i]``, as LiftPositionTables writes for a
 call with two outputs) counts. Run after RewriteAttentionToFlash (whose q rotation reads the
-whole table through the ``reshape(strided_slice(...))`` form, fuse_attention_prologue._Tracer.rows)
+whole table through the ``reshape(strided_slice(...))`` form, attention_operand_trace.Tracer.rows)
 and before LegalizeOps / FoldConstant.
 """
 

@@ -3,7 +3,7 @@
 ``load(spec, config, dtype)`` returns a :class:`Workload`: ``spec`` is a built-in name from
 :data:`BUILTIN` (``llama-block``, ``gpt2-block``, ``mlp``), the path of a user ``.py`` file
 (see :mod:`relaxtune.workloads.user`), or an imported model: ``torch:package.module:Factory``
-(:mod:`.torch_import`), ``hf:MODEL_TYPE`` (:mod:`.hf_import`), ``torchvision:NAME``
+(:mod:`.torch_spec`), ``hf:MODEL_TYPE`` (:mod:`.hf_import`), ``torchvision:NAME``
 (:mod:`.torchvision_import`) or a path ending in ``.onnx`` (:mod:`.onnx_import`), or a language
 model: ``gguf:PATH``, ``hf:DIR`` (a local transformers checkpoint) or a packaged model's name such
 as ``smollm2`` (:mod:`.language_model`).
@@ -136,7 +136,7 @@ def _load(spec: str, config: Mapping[str, str] | None, dtype: str | None) -> Wor
         builtin = BUILTIN[spec]
         return builtin.build(resolve_config(builtin, config, dtype))
     if spec.startswith("torch:"):
-        from .torch_import import load_torch
+        from .torch_spec import load_torch
 
         return load_torch(spec, config, dtype)
     if spec.startswith("hf:"):
