@@ -23,7 +23,7 @@ from ..config import QuantizeConfig
 from ..errors import UserError
 from . import gpt2_block, llama_block, mlp
 from .base import Dim, TensorSpec, Workload
-from .common import DTYPES, Builtin, check_dtype
+from .common import DTYPES, Builtin, check_dtype, convert_config_value
 from .user import load_user
 
 __all__ = ["BUILTIN", "DTYPES", "Builtin", "Dim", "TensorSpec", "Workload", "load", "parse_config", "resolve_config"]
@@ -54,26 +54,6 @@ def parse_config(text: str) -> dict[str, str]:
     return result
 
 
-def _convert(key: str, value: object, default: object) -> object:
-    kind = type(default)
-    if isinstance(value, kind) and not isinstance(value, bool):
-        return value
-    if kind is int:
-        try:
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            return int(str(value).strip())
-        except ValueError:
-            pass
-        raise UserError(f"config {key}={value!r} is not an integer (default {default})")
-    if kind is float:
-        try:
-            return float(str(value).strip())
-        except ValueError:
-            raise UserError(f"config {key}={value!r} is not a number (default {default})") from None
-    return kind(value)
-
-
 def resolve_config(
     builtin: Builtin, config: Mapping[str, object] | None = None, dtype: str | None = None
 ) -> dict[str, object]:
@@ -84,7 +64,7 @@ def resolve_config(
             raise UserError(
                 f"unknown config key {key!r} for {builtin.name}: valid keys are {', '.join(builtin.defaults)}"
             )
-        resolved[key] = _convert(key, value, builtin.defaults[key])
+        resolved[key] = convert_config_value(key, value, builtin.defaults[key])
     if dtype is not None:
         resolved["dtype"] = dtype
     check_dtype(resolved["dtype"])

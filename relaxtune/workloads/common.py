@@ -185,3 +185,25 @@ def make_workload(
         torch_module=lambda: torch_factory(params),
         flops=flops,
     )
+
+
+def convert_config_value(key: str, value: object, default: object) -> object:
+    """A config value (a string from the command line, or already typed) as the type of its default; one line naming
+    the key, the value and the default where it does not convert."""
+    kind = type(default)
+    if isinstance(value, kind) and not isinstance(value, bool):
+        return value
+    if kind is int:
+        try:
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            return int(str(value).strip())
+        except ValueError:
+            pass
+        raise UserError(f"config {key}={value!r} is not an integer (default {default})")
+    if kind is float:
+        try:
+            return float(str(value).strip())
+        except ValueError:
+            raise UserError(f"config {key}={value!r} is not a number (default {default})") from None
+    return kind(value)

@@ -36,6 +36,7 @@ from typing import Mapping
 
 from ..errors import UserError
 from .base import TensorSpec, Workload
+from .common import convert_config_value
 from .torch_import import ExportError, from_module
 
 logger = logging.getLogger(__name__)
@@ -107,18 +108,16 @@ def _attr_name(default_config, standard: str) -> str | None:
 
 def resolve(model_type: str, config: Mapping[str, object] | None, transformers) -> tuple[dict, dict]:
     """Split the config into relaxtune settings and keyword arguments for the family's config class."""
-    from . import _convert
-
     cls = _config_class(transformers, model_type)
     default_config = cls()
     given = dict(config or {})
     settings, extra = dict(DEFAULTS), {}
     for key, value in given.items():
         if key in DEFAULTS:
-            settings[key] = _convert(key, value, DEFAULTS[key])
+            settings[key] = convert_config_value(key, value, DEFAULTS[key])
         elif key in default_config.to_dict():
             extra[key] = (
-                _convert(key, value, getattr(default_config, key))
+                convert_config_value(key, value, getattr(default_config, key))
                 if getattr(default_config, key) is not None
                 else value
             )

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import UserError
 from .base import TensorSpec, Workload
-from .common import bounded_dims, detached_weights, set_bounds
+from .common import bounded_dims, convert_config_value, detached_weights, set_bounds
 
 logger = logging.getLogger(__name__)
 
@@ -42,13 +42,11 @@ _FAILED_OP = re.compile(r"Error converting operator (\w+)")
 
 
 def _settings(path: str, config: Mapping[str, object] | None) -> dict[str, object]:
-    from . import _convert
-
     settings = dict(DEFAULTS)
     for key, value in (config or {}).items():
         if key not in DEFAULTS:
             raise UserError(f"unknown config key {key!r} for {path}: valid keys are {', '.join(DEFAULTS)}")
-        settings[key] = _convert(key, value, DEFAULTS[key])
+        settings[key] = convert_config_value(key, value, DEFAULTS[key])
     if not 1 <= int(settings["min_seq"]) <= int(settings["max_seq"]) or int(settings["max_batch"]) < 1:
         raise UserError(f"config for {path} is invalid: need 1 <= min_seq <= max_seq and max_batch >= 1")
     return settings

@@ -28,6 +28,7 @@ from typing import Mapping
 
 from ..errors import UserError
 from .base import TensorSpec, Workload
+from .common import convert_config_value
 from .torch_import import first_line, from_module
 
 RESERVED = {"max_seq": 128, "min_seq": 1, "max_batch": 4}
@@ -52,8 +53,6 @@ def _factory(spec: str):
 
 
 def _factory_kwargs(spec: str, factory, config: Mapping[str, object]) -> dict[str, object]:
-    from . import _convert  # the package's config conversion (package is initialised by now)
-
     params = inspect.signature(factory).parameters
     kwargs = {}
     for key, value in config.items():
@@ -61,7 +60,8 @@ def _factory_kwargs(spec: str, factory, config: Mapping[str, object]) -> dict[st
             allowed = ", ".join([*RESERVED, "shape", *params]) or "(none)"
             raise UserError(f"config key {key!r} is not accepted by {spec}: valid keys are {allowed}")
         default = params[key].default
-        kwargs[key] = value if default is inspect.Parameter.empty or default is None else _convert(key, value, default)
+        typed = default is not inspect.Parameter.empty and default is not None
+        kwargs[key] = convert_config_value(key, value, default) if typed else value
     return kwargs
 
 

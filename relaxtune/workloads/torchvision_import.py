@@ -34,6 +34,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from .base import TensorSpec, Workload
+from .common import convert_config_value
 from .torch_import import from_module
 
 logger = logging.getLogger(__name__)
@@ -77,13 +78,11 @@ def _check_name(name: str) -> None:
 
 
 def _resolve(config: Mapping[str, object] | None) -> dict[str, object]:
-    from . import _convert  # the package's config conversion (package is initialised by now)
-
     resolved = dict(DEFAULTS)
     for key, value in (config or {}).items():
         if key not in DEFAULTS:
             raise UserError(f"unknown config key {key!r} for torchvision models: valid keys are {', '.join(DEFAULTS)}")
-        resolved[key] = _convert(key, value, DEFAULTS[key])
+        resolved[key] = convert_config_value(key, value, DEFAULTS[key])
     for key in ("max_batch", "image", "num_classes"):
         if int(resolved[key]) < 1:
             raise UserError(f"config {key}={resolved[key]} is invalid: {key} must be >= 1")
