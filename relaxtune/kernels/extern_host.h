@@ -18,14 +18,24 @@
 namespace {
 using CUresult = int;
 using Ptr = void*;
-struct LaunchAttribute { int id; char pad[4]; union { char raw[64]; struct { unsigned x, y, z; } cluster; } value; };  // CUlaunchAttribute
+struct LaunchAttribute {
+  int id;
+  char pad[4];
+  union {
+    char raw[64];
+    struct {
+      unsigned x, y, z;
+    } cluster;
+  } value;
+};  // CUlaunchAttribute
 struct LaunchConfig {  // CUlaunchConfig
   unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes;
   Ptr stream;
   LaunchAttribute* attrs;
   unsigned num_attrs;
 };
-constexpr int kClusterDimension = 4, kProgrammaticSerialization = 6;  // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, _PROGRAMMATIC_STREAM_SERIALIZATION
+// CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+constexpr int kClusterDimension = 4, kProgrammaticSerialization = 6;
 constexpr int kMaxDynamicSharedBytes = 8;  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 constexpr int kComputeMajor = 75, kComputeMinor = 76, kMultiprocessors = 16;  // CU_DEVICE_ATTRIBUTE_*
 
@@ -38,7 +48,8 @@ struct Driver {
   CUresult (*module_load_data)(Ptr*, const void*) = nullptr;
   CUresult (*module_get_function)(Ptr*, Ptr, const char*) = nullptr;
   CUresult (*func_set_attribute)(Ptr, int, int) = nullptr;
-  CUresult (*launch)(Ptr, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, Ptr, void**, void**) = nullptr;
+  CUresult (*launch)(Ptr, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, Ptr, void**,
+                     void**) = nullptr;
   CUresult (*launch_ex)(const LaunchConfig*, Ptr, void**, void**) = nullptr;  // CUDA 12+ drivers; null on older ones
   CUresult (*error_string)(CUresult, const char**) = nullptr;
   CUresult (*device_attribute)(int*, int, int) = nullptr;
@@ -51,14 +62,21 @@ Driver* LoadDriver() {
   std::call_once(once, [] {
     void* so = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
     if (so == nullptr) { error = "cannot dlopen libcuda.so.1 (no NVIDIA driver?)"; return; }
-    auto sym = [so](auto& fn, const char* name) { fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(so, name)); return fn != nullptr; };
-    bool ok = sym(d.init, "cuInit") && sym(d.ctx_get_current, "cuCtxGetCurrent") && sym(d.ctx_set_current, "cuCtxSetCurrent") &&
-              sym(d.device_get, "cuDeviceGet") && sym(d.primary_retain, "cuDevicePrimaryCtxRetain") &&
-              sym(d.module_load_data, "cuModuleLoadData") && sym(d.module_get_function, "cuModuleGetFunction") &&
-              sym(d.func_set_attribute, "cuFuncSetAttribute") && sym(d.launch, "cuLaunchKernel") && sym(d.error_string, "cuGetErrorString") &&
+    auto sym = [so](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(so, name));
+      return fn != nullptr;
+    };
+    bool ok = sym(d.init, "cuInit") && sym(d.ctx_get_current, "cuCtxGetCurrent") &&
+              sym(d.ctx_set_current, "cuCtxSetCurrent") && sym(d.device_get, "cuDeviceGet") &&
+              sym(d.primary_retain, "cuDevicePrimaryCtxRetain") && sym(d.module_load_data, "cuModuleLoadData") &&
+              sym(d.module_get_function, "cuModuleGetFunction") && sym(d.func_set_attribute, "cuFuncSetAttribute") &&
+              sym(d.launch, "cuLaunchKernel") && sym(d.error_string, "cuGetErrorString") &&
               sym(d.device_attribute, "cuDeviceGetAttribute");
     sym(d.launch_ex, "cuLaunchKernelEx");
-    if (!ok || d.init(0) != 0) { error = "libcuda.so.1 lacks a driver entry point, or cuInit failed"; d.launch = nullptr; }
+    if (!ok || d.init(0) != 0) {
+      error = "libcuda.so.1 lacks a driver entry point, or cuInit failed";
+      d.launch = nullptr;
+    }
   });
   TVM_FFI_ICHECK(d.launch != nullptr) << RELAXTUNE_EXTERN ": " << error;
   return &d;
@@ -68,7 +86,8 @@ void Check(Driver* d, CUresult status, const char* what) {
   if (status == 0) return;
   const char* text = nullptr;
   d->error_string(status, &text);
-  TVM_FFI_THROW(RuntimeError) << RELAXTUNE_EXTERN ": " << what << " failed: " << (text ? text : "?") << " (" << status << ")";
+  TVM_FFI_THROW(RuntimeError) << RELAXTUNE_EXTERN ": " << what << " failed: " << (text ? text : "?") << " (" << status
+                              << ")";
 }
 
 // the kernel `name` of `fatbin` on `device`; the module is loaded once per device, in its current (else
@@ -95,7 +114,9 @@ Ptr Kernel(Driver* d, const char* fatbin, int device, const std::string& name, i
   }
   Ptr fn = nullptr;
   Check(d, d->module_get_function(&fn, module, name.c_str()), "cuModuleGetFunction");
-  if (shared_bytes > 0) Check(d, d->func_set_attribute(fn, kMaxDynamicSharedBytes, shared_bytes), "cuFuncSetAttribute(max dynamic shared memory)");
+  if (shared_bytes > 0)
+    Check(d, d->func_set_attribute(fn, kMaxDynamicSharedBytes, shared_bytes),
+          "cuFuncSetAttribute(max dynamic shared memory)");
   return kernels[key] = fn;
 }
 

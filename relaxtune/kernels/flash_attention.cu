@@ -29,11 +29,11 @@ struct Params {
   int q_head0, k_head0, v_head0;
   int n, m, group, causal;      // query rows, key rows, query heads per kv head, top-left causal mask
   float scale_log2;             // softmax scale * log2(e)
-  int rope_k;                   // 1: k is rotated too, with the same tables (>= m rows), tile by tile (this kernel only)
+  int rope_k;  // 1: k is rotated too, with the same tables (>= m rows), tile by tile (this kernel only)
   // ragged (this kernel only): sequence b = blockIdx.z has rows q_indptr[b] .. q_indptr[b + 1] of q and o (batch
   // strides 0) and kv_indptr[b] .. of k and v; null: every sequence has n and m rows
   const int *q_indptr, *kv_indptr;
-  float* lse;                   // null, or (rows of o, heads) float32: the rows' base-2 log-sum-exp of the scaled scores
+  float* lse;  // null, or (rows of o, heads) float32: the rows' base-2 log-sum-exp of the scaled scores
 };
 
 constexpr int BN = 64;
@@ -63,8 +63,10 @@ __device__ __forceinline__ void rotate_tile(uint32_t tile, int pos0, int valid_r
     int row = i / (D / 4), j = (i % (D / 4)) * 2;
     if (row >= max(valid_rows, valid2)) continue;
     const long long t = static_cast<long long>(pos0 + row) * D + j;
-    float2 c1 = unpack<T>(*reinterpret_cast<const uint32_t*>(cos + t)), c2 = unpack<T>(*reinterpret_cast<const uint32_t*>(cos + t + D / 2));
-    float2 s1 = unpack<T>(*reinterpret_cast<const uint32_t*>(sin + t)), s2 = unpack<T>(*reinterpret_cast<const uint32_t*>(sin + t + D / 2));
+    float2 c1 = unpack<T>(*reinterpret_cast<const uint32_t*>(cos + t)),
+           c2 = unpack<T>(*reinterpret_cast<const uint32_t*>(cos + t + D / 2));
+    float2 s1 = unpack<T>(*reinterpret_cast<const uint32_t*>(sin + t)),
+           s2 = unpack<T>(*reinterpret_cast<const uint32_t*>(sin + t + D / 2));
 #pragma unroll
     for (int which = 0; which < 2; ++which) {
       if (row >= (which ? valid2 : valid_rows)) continue;
@@ -99,9 +101,12 @@ __device__ __forceinline__ void flash_forward(const Params& p) {
   const int q_first = ragged ? p.q_indptr[b] : 0, kv_first = ragged ? p.kv_indptr[b] : 0;
   const int n = ragged ? p.q_indptr[b + 1] - q_first : p.n, m = ragged ? p.kv_indptr[b + 1] - kv_first : p.m;
   if (m0 >= n) return;  // past the sequence's rows (a ragged grid covers the longest)
-  const T* q = static_cast<const T*>(p.q) + b * p.q_batch + static_cast<long long>(q_first + m0) * p.q_row + (p.q_head0 + h) * D;
-  const T* k = static_cast<const T*>(p.k) + b * p.k_batch + static_cast<long long>(kv_first) * p.k_row + (p.k_head0 + h / p.group) * D;
-  const T* v = static_cast<const T*>(p.v) + b * p.v_batch + static_cast<long long>(kv_first) * p.v_row + (p.v_head0 + h / p.group) * D;
+  const T* q =
+      static_cast<const T*>(p.q) + b * p.q_batch + static_cast<long long>(q_first + m0) * p.q_row + (p.q_head0 + h) * D;
+  const T* k = static_cast<const T*>(p.k) + b * p.k_batch + static_cast<long long>(kv_first) * p.k_row +
+               (p.k_head0 + h / p.group) * D;
+  const T* v = static_cast<const T*>(p.v) + b * p.v_batch + static_cast<long long>(kv_first) * p.v_row +
+               (p.v_head0 + h / p.group) * D;
 
   const int kv_end = p.causal ? min(m, m0 + BM) : m;
   const int tiles = (kv_end + BN - 1) / BN;
@@ -139,7 +144,8 @@ __device__ __forceinline__ void flash_forward(const Params& p) {
       cp_wait1();
       __syncthreads();  // K_j (and Q) landed; every warp is done with K_{j-1}
       if (j + 1 < tiles)
-        load_tile<T, D, BN, THREADS>(s_k + (stage ^ 1) * TILE_BYTES, k + static_cast<long long>(key0 + BN) * p.k_row, p.k_row, m - key0 - BN, tid);
+        load_tile<T, D, BN, THREADS>(s_k + (stage ^ 1) * TILE_BYTES, k + static_cast<long long>(key0 + BN) * p.k_row,
+                                     p.k_row, m - key0 - BN, tid);
       cp_commit();
     } else {
       cp_wait0();
@@ -162,11 +168,13 @@ __device__ __forceinline__ void flash_forward(const Params& p) {
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t a[MT][4];
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], s_q + swz<D>(warp * WM + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+        for (int mt = 0; mt < MT; ++mt)
+          ldsm_x4(a[mt], s_q + swz<D>(warp * WM + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)));
 #pragma unroll
         for (int nn = 0; nn < BN / 16; ++nn) {
           uint32_t bk[4];  // each K fragment feeds MT row tiles
-          ldsm_x4(bk, s_k + stage * TILE_BYTES + swz<D>(nn * 16 + (lane >> 4) * 8 + (lane & 7), kk * 2 + ((lane >> 3) & 1)));
+          ldsm_x4(bk, s_k + stage * TILE_BYTES +
+                          swz<D>(nn * 16 + (lane >> 4) * 8 + (lane & 7), kk * 2 + ((lane >> 3) & 1)));
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
             mma<T>(s[mt][2 * nn], a[mt], bk[0], bk[1]);
@@ -216,7 +224,8 @@ __device__ __forceinline__ void flash_forward(const Params& p) {
       cp_wait1();
       __syncthreads();  // V_j landed; every warp is done with V_{j-1}
       if (j + 1 < tiles)
-        load_tile<T, D, BN, THREADS>(s_v + (stage ^ 1) * TILE_BYTES, v + static_cast<long long>(key0 + BN) * p.v_row, p.v_row, m - key0 - BN, tid);
+        load_tile<T, D, BN, THREADS>(s_v + (stage ^ 1) * TILE_BYTES, v + static_cast<long long>(key0 + BN) * p.v_row,
+                                     p.v_row, m - key0 - BN, tid);
       cp_commit();
     } else {
       cp_wait0();
@@ -233,13 +242,16 @@ __device__ __forceinline__ void flash_forward(const Params& p) {
         uint32_t a[MT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          a[mt][0] = pack<T>(s[mt][2 * kb][0], s[mt][2 * kb][1]), a[mt][1] = pack<T>(s[mt][2 * kb][2], s[mt][2 * kb][3]);
-          a[mt][2] = pack<T>(s[mt][2 * kb + 1][0], s[mt][2 * kb + 1][1]), a[mt][3] = pack<T>(s[mt][2 * kb + 1][2], s[mt][2 * kb + 1][3]);
+          a[mt][0] = pack<T>(s[mt][2 * kb][0], s[mt][2 * kb][1]),
+          a[mt][1] = pack<T>(s[mt][2 * kb][2], s[mt][2 * kb][3]);
+          a[mt][2] = pack<T>(s[mt][2 * kb + 1][0], s[mt][2 * kb + 1][1]),
+          a[mt][3] = pack<T>(s[mt][2 * kb + 1][2], s[mt][2 * kb + 1][3]);
         }
 #pragma unroll
         for (int dn = 0; dn < D / 16; ++dn) {
           uint32_t bv[4];  // each V fragment feeds MT row tiles
-          ldsm_x4_trans(bv, s_v + stage * TILE_BYTES + swz<D>(kb * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), dn * 2 + (lane >> 4)));
+          ldsm_x4_trans(bv, s_v + stage * TILE_BYTES +
+                                swz<D>(kb * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), dn * 2 + (lane >> 4)));
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
             mma<T>(o[mt][2 * dn], a[mt], bv[0], bv[1]);
@@ -268,7 +280,8 @@ __device__ __forceinline__ void flash_forward(const Params& p) {
 #pragma unroll
     for (int t = 0; t < D / 8; ++t) {
       int row = warp * WM + mt * 16 + (lane >> 2), col = t * 8 + (lane & 3) * 2;
-      uint32_t lo = pack<T>(o[mt][t][0] * inv[0], o[mt][t][1] * inv[0]), hi = pack<T>(o[mt][t][2] * inv[1], o[mt][t][3] * inv[1]);
+      uint32_t lo = pack<T>(o[mt][t][0] * inv[0], o[mt][t][1] * inv[0]),
+               hi = pack<T>(o[mt][t][2] * inv[1], o[mt][t][3] * inv[1]);
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_q + swz<D>(row, col / 8) + (col % 8) * 2), "r"(lo));
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(s_q + swz<D>(row + 8, col / 8) + (col % 8) * 2), "r"(hi));
     }

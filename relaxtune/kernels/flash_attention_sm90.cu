@@ -9,20 +9,25 @@
 // overlaps P_{j-1} V_{j-1} on the tensor cores with the softmax of S_j; K_{j+1} and V_j load
 // (cp.async, two buffers each) while tile j is computed. Causal: tiles past the block's last row
 // are never loaded and only diagonal / tail tiles are masked; both warpgroups run every tile (a
-// warpgroup-dependent branch around wgmma makes ptxas serialize them). The grid runs heads fastest and query blocks from the last (the longest causal
-// rows) to the first.
+// warpgroup-dependent branch around wgmma makes ptxas serialize them). The grid runs heads fastest and query blocks
+// from the last (the longest causal rows) to the first.
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define RELAXTUNE_WGMMA 1
 #endif
 
 namespace {
 
-#define RT_D32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define RT_D64                                                                                                                              \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, " \
-  "%29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "  \
-  "%56, %57, %58, %59, %60, %61, %62, %63}"
-#define RT_OUT8(b) "+f"(d[b]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3]), "+f"(d[b + 4]), "+f"(d[b + 5]), "+f"(d[b + 6]), "+f"(d[b + 7])
+#define RT_D32                                                                                                      \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+  "%24, %25, %26, %27, %28, %29, %30, %31}"
+#define RT_D64                                                                       \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "          \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define RT_OUT8(b)                                                                                            \
+  "+f"(d[b]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3]), "+f"(d[b + 4]), "+f"(d[b + 5]), "+f"(d[b + 6]), \
+      "+f"(d[b + 7])
 #define RT_OUT32 RT_OUT8(0), RT_OUT8(8), RT_OUT8(16), RT_OUT8(24)
 #define RT_OUT64 RT_OUT32, RT_OUT8(32), RT_OUT8(40), RT_OUT8(48), RT_OUT8(56)
 
@@ -32,24 +37,27 @@ namespace {
 template <typename T, int N>
 struct Wgmma;
 #ifdef RELAXTUNE_WGMMA
-#define RT_WGMMA(TYPE, DT, N, DREGS, OUTS, SS_OPS, RS_OPS)                                                                             \
-  template <>                                                                                                                           \
-  struct Wgmma<TYPE, N> {                                                                                                               \
-    static __device__ __forceinline__ void ss(float* d, uint64_t a, uint64_t b, int scale_d) {                                         \
-      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SS_OPS ";\n}\n" : OUTS : "l"(a), "l"(b), "r"(scale_d));                        \
-    }                                                                                                                                   \
-    static __device__ __forceinline__ void rs(float* d, const uint32_t* a, uint64_t b, int scale_d) {                                  \
-      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " RS_OPS ";\n}\n" : OUTS : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b),  \
-                   "r"(scale_d));                                                                                                       \
-    }                                                                                                                                   \
+#define RT_WGMMA(TYPE, DT, N, DREGS, OUTS, SS_OPS, RS_OPS)                                                     \
+  template <>                                                                                                  \
+  struct Wgmma<TYPE, N> {                                                                                      \
+    static __device__ __forceinline__ void ss(float* d, uint64_t a, uint64_t b, int scale_d) {                 \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SS_OPS ";\n}\n" : OUTS : "l"(a), "l"(b), "r"(scale_d)); \
+    }                                                                                                          \
+    static __device__ __forceinline__ void rs(float* d, const uint32_t* a, uint64_t b, int scale_d) {          \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " RS_OPS ";\n}\n"                                         \
+                   : OUTS                                                                                      \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));                        \
+    }                                                                                                          \
   };
-#define RT_WGMMA_TYPE(TYPE, DT)                                                                                                         \
-  RT_WGMMA(TYPE, DT, 64, RT_D32, RT_OUT32,                                                                                              \
-           "%34, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." DT "." DT " " RT_D32 ", %32, %33, p, 1, 1, 0, 0",                      \
-           "%37, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." DT "." DT " " RT_D32 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1")        \
-  RT_WGMMA(TYPE, DT, 128, RT_D64, RT_OUT64,                                                                                             \
-           "%66, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32." DT "." DT " " RT_D64 ", %64, %65, p, 1, 1, 0, 0",                    \
-           "%69, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32." DT "." DT " " RT_D64 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1")      \
+#define RT_WGMMA_TYPE(TYPE, DT)                                                                                      \
+  RT_WGMMA(TYPE, DT, 64, RT_D32, RT_OUT32,                                                                           \
+           "%34, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." DT "." DT " " RT_D32 ", %32, %33, p, 1, 1, 0, 0",  \
+           "%37, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." DT "." DT " " RT_D32                               \
+           ", {%32, %33, %34, %35}, %36, p, 1, 1, 1")                                                                \
+  RT_WGMMA(TYPE, DT, 128, RT_D64, RT_OUT64,                                                                          \
+           "%66, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32." DT "." DT " " RT_D64 ", %64, %65, p, 1, 1, 0, 0", \
+           "%69, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32." DT "." DT " " RT_D64                              \
+           ", {%64, %65, %66, %67}, %68, p, 1, 1, 1")
 
 RT_WGMMA_TYPE(__half, "f16")
 RT_WGMMA_TYPE(__nv_bfloat16, "bf16")
@@ -90,7 +98,8 @@ __device__ __forceinline__ void fence_async_smem() {
 
 // shared-memory matrix descriptor, 128-byte swizzle: start address, leading / stride byte offsets
 __device__ __forceinline__ uint64_t gmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) | (static_cast<uint64_t>(sbo >> 4) << 32) | (1ull << 62);
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+         (static_cast<uint64_t>(sbo >> 4) << 32) | (1ull << 62);
 }
 
 // byte offset of 16-byte chunk `c` of row `row` in a tile of ROWS rows stored as 64-column blocks
@@ -116,7 +125,8 @@ __device__ __forceinline__ void load_tile128(uint32_t dst, const T* src, int str
 // chunk pairs (16-byte q, cos and sin chunks of both halves) is issued before the first use,
 // then the rotated chunks are stored swizzled; rows past `valid_rows` are zeros
 template <typename T, int D, int ROWS, int THREADS>
-__device__ __forceinline__ void load_q_rotated(uint32_t dst, const T* src, int stride, int valid_rows, const T* cos, const T* sin, int tid) {
+__device__ __forceinline__ void load_q_rotated(uint32_t dst, const T* src, int stride, int valid_rows, const T* cos,
+                                               const T* sin, int tid) {
   constexpr int PAIRS = D / 16, ITEMS = ROWS * PAIRS / THREADS;  // chunk c pairs with chunk c + D / 16
   static_assert(ROWS * PAIRS % THREADS == 0, "chunk pairs must divide among the threads");
   uint4 x1[ITEMS], x2[ITEMS], c1[ITEMS], c2[ITEMS], s1[ITEMS], s2[ITEMS];
@@ -127,9 +137,12 @@ __device__ __forceinline__ void load_q_rotated(uint32_t dst, const T* src, int s
     bool ok = row < valid_rows;
     const T* x = src + static_cast<long long>(row) * stride + c * 8;
     const long long t = static_cast<long long>(row) * D + c * 8;
-    x1[it] = ok ? *reinterpret_cast<const uint4*>(x) : zero, x2[it] = ok ? *reinterpret_cast<const uint4*>(x + D / 2) : zero;
-    c1[it] = ok ? *reinterpret_cast<const uint4*>(cos + t) : zero, c2[it] = ok ? *reinterpret_cast<const uint4*>(cos + t + D / 2) : zero;
-    s1[it] = ok ? *reinterpret_cast<const uint4*>(sin + t) : zero, s2[it] = ok ? *reinterpret_cast<const uint4*>(sin + t + D / 2) : zero;
+    x1[it] = ok ? *reinterpret_cast<const uint4*>(x) : zero,
+    x2[it] = ok ? *reinterpret_cast<const uint4*>(x + D / 2) : zero;
+    c1[it] = ok ? *reinterpret_cast<const uint4*>(cos + t) : zero,
+    c2[it] = ok ? *reinterpret_cast<const uint4*>(cos + t + D / 2) : zero;
+    s1[it] = ok ? *reinterpret_cast<const uint4*>(sin + t) : zero,
+    s2[it] = ok ? *reinterpret_cast<const uint4*>(sin + t + D / 2) : zero;
   }
 #pragma unroll
   for (int it = 0; it < ITEMS; ++it) {
@@ -140,12 +153,15 @@ __device__ __forceinline__ void load_q_rotated(uint32_t dst, const T* src, int s
     uint32_t r1[4], r2[4];
 #pragma unroll
     for (int w = 0; w < 4; ++w) {  // two columns per 32-bit word
-      float2 u = unpack<T>(a[w]), v = unpack<T>(b[w]), cu = unpack<T>(ca[w]), cv = unpack<T>(cb[w]), su = unpack<T>(sa[w]), sv = unpack<T>(sb[w]);
+      float2 u = unpack<T>(a[w]), v = unpack<T>(b[w]), cu = unpack<T>(ca[w]), cv = unpack<T>(cb[w]),
+             su = unpack<T>(sa[w]), sv = unpack<T>(sb[w]);
       r1[w] = pack<T>(u.x * cu.x - v.x * su.x, u.y * cu.y - v.y * su.y);
       r2[w] = pack<T>(v.x * cv.x + u.x * sv.x, v.y * cv.y + u.y * sv.y);
     }
-    asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"r"(dst + swz128<ROWS>(row, c)), "r"(r1[0]), "r"(r1[1]), "r"(r1[2]), "r"(r1[3]));
-    asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"r"(dst + swz128<ROWS>(row, c + PAIRS)), "r"(r2[0]), "r"(r2[1]), "r"(r2[2]), "r"(r2[3]));
+    asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"r"(dst + swz128<ROWS>(row, c)), "r"(r1[0]), "r"(r1[1]),
+                 "r"(r1[2]), "r"(r1[3]));
+    asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"r"(dst + swz128<ROWS>(row, c + PAIRS)), "r"(r2[0]),
+                 "r"(r2[1]), "r"(r2[2]), "r"(r2[3]));
   }
 }
 
@@ -172,11 +188,13 @@ __device__ __forceinline__ void flash_forward_sm90(const Params& p) {
   if (p.cos == nullptr) load_tile128<T, D, BM, THREADS>(s_q, q, p.q_row, p.n - m0, tid);
   load_tile128<T, D, BN, THREADS>(s_k, k, p.k_row, p.m, tid);
   cp_commit();
-  if (tiles > 1) load_tile128<T, D, BN, THREADS>(s_k + KV_BYTES, k + static_cast<long long>(BN) * p.k_row, p.k_row, p.m - BN, tid);
+  if (tiles > 1)
+    load_tile128<T, D, BN, THREADS>(s_k + KV_BYTES, k + static_cast<long long>(BN) * p.k_row, p.k_row, p.m - BN, tid);
   load_tile128<T, D, BN, THREADS>(s_v, v, p.v_row, p.m, tid);
   cp_commit();
   if (p.cos != nullptr)  // while K_0 loads: q through registers, rotated (RoPE) on the way
-    load_q_rotated<T, D, BM, THREADS>(s_q, q, p.q_row, p.n - m0, static_cast<const T*>(p.cos) + static_cast<long long>(m0) * D,
+    load_q_rotated<T, D, BM, THREADS>(s_q, q, p.q_row, p.n - m0,
+                                      static_cast<const T*>(p.cos) + static_cast<long long>(m0) * D,
                                       static_cast<const T*>(p.sin) + static_cast<long long>(m0) * D, tid);
   cp_wait1();
   fence_async_smem();
@@ -200,7 +218,8 @@ __device__ __forceinline__ void flash_forward_sm90(const Params& p) {
   // O += P V for V in buffer `vbuf` (V read transposed: 64-column blocks BN * 128 bytes apart)
   auto issue_pv = [&](uint32_t vbuf) {
 #pragma unroll
-    for (int kb = 0; kb < BN / 16; ++kb) Wgmma<T, D>::rs(&o[0][0], pa[kb], gmma_desc(vbuf + kb * 16 * 128, BN * 128, 1024), 1);
+    for (int kb = 0; kb < BN / 16; ++kb)
+      Wgmma<T, D>::rs(&o[0][0], pa[kb], gmma_desc(vbuf + kb * 16 * 128, BN * 128, 1024), 1);
   };
   // mask S_j, fold it into the running max / sum (alpha: the factor for O), S_j becomes exp(S_j - max)
   auto softmax = [&](int j) {
@@ -252,8 +271,10 @@ __device__ __forceinline__ void flash_forward_sm90(const Params& p) {
   softmax(0);
   to_pa();
   __syncthreads();  // both warpgroups are done with K_0
-  if (tiles > 2) load_tile128<T, D, BN, THREADS>(s_k, k + static_cast<long long>(2 * BN) * p.k_row, p.k_row, p.m - 2 * BN, tid);
-  if (tiles > 1) load_tile128<T, D, BN, THREADS>(s_v + KV_BYTES, v + static_cast<long long>(BN) * p.v_row, p.v_row, p.m - BN, tid);
+  if (tiles > 2)
+    load_tile128<T, D, BN, THREADS>(s_k, k + static_cast<long long>(2 * BN) * p.k_row, p.k_row, p.m - 2 * BN, tid);
+  if (tiles > 1)
+    load_tile128<T, D, BN, THREADS>(s_v + KV_BYTES, v + static_cast<long long>(BN) * p.v_row, p.v_row, p.m - BN, tid);
   cp_commit();
 
   for (int j = 1; j < tiles; ++j) {
@@ -275,9 +296,12 @@ __device__ __forceinline__ void flash_forward_sm90(const Params& p) {
     to_pa();
     __syncthreads();  // both warpgroups are done with K_j and V_{j-1}: load K_{j+2} and V_{j+1} there
     if (j + 2 < tiles)
-      load_tile128<T, D, BN, THREADS>(s_k + (j & 1) * KV_BYTES, k + static_cast<long long>((j + 2) * BN) * p.k_row, p.k_row, p.m - (j + 2) * BN, tid);
+      load_tile128<T, D, BN, THREADS>(s_k + (j & 1) * KV_BYTES, k + static_cast<long long>((j + 2) * BN) * p.k_row,
+                                      p.k_row, p.m - (j + 2) * BN, tid);
     if (j + 1 < tiles)
-      load_tile128<T, D, BN, THREADS>(s_v + ((j + 1) & 1) * KV_BYTES, v + static_cast<long long>((j + 1) * BN) * p.v_row, p.v_row, p.m - (j + 1) * BN, tid);
+      load_tile128<T, D, BN, THREADS>(s_v + ((j + 1) & 1) * KV_BYTES,
+                                      v + static_cast<long long>((j + 1) * BN) * p.v_row, p.v_row, p.m - (j + 1) * BN,
+                                      tid);
     cp_commit();
   }
   cp_wait0();  // V of the last tile
@@ -313,7 +337,9 @@ __device__ __forceinline__ void flash_forward_sm90(const Params& p) {
     int i = tid + it * THREADS, row = i / CHUNKS, c = i % CHUNKS;
     if (m0 + row < p.n) {
       uint4 value;
-      asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(value.x), "=r"(value.y), "=r"(value.z), "=r"(value.w) : "r"(s_q + swz128<BM>(row, c)));
+      asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                   : "=r"(value.x), "=r"(value.y), "=r"(value.z), "=r"(value.w)
+                   : "r"(s_q + swz128<BM>(row, c)));
       *reinterpret_cast<uint4*>(out + static_cast<long long>(row) * p.o_row + c * 8) = value;
     }
   }

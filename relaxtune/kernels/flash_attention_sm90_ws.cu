@@ -3,12 +3,12 @@
 //
 // One CTA: 128 query rows of one (batch, query head) in two consumer warpgroups of 64 rows and one
 // producer warpgroup (setmaxnreg moves its registers to the consumers). The producer streams K_j
-// and V_j (cp.async) through NS = 3 stages, each guarded by a "full" mbarrier (the producer's copies landed) and an "empty" one (both warpgroups are done with
-// the stage); so the warpgroups never wait for each other: each loads and rotates its own 64 query
-// rows, runs the same loop as cuda_flash_attention_sm90.cu (S_j = Q K_j^T on the tensor cores, the
-// softmax of S_j overlapping P_{j-1} V_{j-1}) and stores its own rows. With PINGPONG the two
-// warpgroups take turns issuing their wgmma (named barriers, as FlashAttention-3 does), so one's
-// softmax runs while the other's matrix products do.
+// and V_j (cp.async) through NS = 3 stages, each guarded by a "full" mbarrier (the producer's copies landed) and an
+// "empty" one (both warpgroups are done with the stage); so the warpgroups never wait for each other: each loads and
+// rotates its own 64 query rows, runs the same loop as cuda_flash_attention_sm90.cu (S_j = Q K_j^T on the tensor cores,
+// the softmax of S_j overlapping P_{j-1} V_{j-1}) and stores its own rows. With PINGPONG the two warpgroups take turns
+// issuing their wgmma (named barriers, as FlashAttention-3 does), so one's softmax runs while the other's matrix
+// products do.
 
 namespace {
 
@@ -27,9 +27,13 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
       "@!done bra WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
 }
 
-__device__ __forceinline__ void named_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
+__device__ __forceinline__ void named_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
 
-__device__ __forceinline__ void named_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
+__device__ __forceinline__ void named_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
 
 template <typename T, int D, int BN, bool PINGPONG>
 __device__ __forceinline__ void flash_forward_sm90_ws(const Params& p) {
@@ -42,7 +46,8 @@ __device__ __forceinline__ void flash_forward_sm90_ws(const Params& p) {
   auto empty = [&](int s) { return s_bar + (NS + s) * 8; };
 
   const int tid = threadIdx.x, lane = tid & 31;
-  const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);  // warp-uniform to the compiler: the role branch is not divergent
+  // warp-uniform to the compiler: the role branch is not divergent
+  const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
   const int h = blockIdx.x, m0 = (gridDim.y - 1 - blockIdx.y) * 128, b = blockIdx.z;
   const T* q = static_cast<const T*>(p.q) + b * p.q_batch + static_cast<long long>(m0) * p.q_row + (p.q_head0 + h) * D;
   const T* k = static_cast<const T*>(p.k) + b * p.k_batch + (p.k_head0 + h / p.group) * D;
@@ -61,8 +66,10 @@ __device__ __forceinline__ void flash_forward_sm90_ws(const Params& p) {
     for (int j = 0; j < tiles; ++j) {
       const int s = j % NS;
       if (j >= NS) mbar_wait(empty(s), (j / NS - 1) & 1);
-      load_tile128<T, D, BN, 128>(s_k + s * KV_BYTES, k + static_cast<long long>(j * BN) * p.k_row, p.k_row, p.m - j * BN, tid & 127);
-      load_tile128<T, D, BN, 128>(s_v + s * KV_BYTES, v + static_cast<long long>(j * BN) * p.v_row, p.v_row, p.m - j * BN, tid & 127);
+      load_tile128<T, D, BN, 128>(s_k + s * KV_BYTES, k + static_cast<long long>(j * BN) * p.k_row, p.k_row,
+                                  p.m - j * BN, tid & 127);
+      load_tile128<T, D, BN, 128>(s_v + s * KV_BYTES, v + static_cast<long long>(j * BN) * p.v_row, p.v_row,
+                                  p.m - j * BN, tid & 127);
       cp_commit();
       if (j >= 1) {  // tile j - 1 landed: visible to wgmma, then announced
         cp_wait1();
@@ -85,7 +92,8 @@ __device__ __forceinline__ void flash_forward_sm90_ws(const Params& p) {
     cp_commit();
     cp_wait0();
   } else {
-    load_q_rotated<T, D, 64, 128>(s_qw, qw, p.q_row, p.n - wg_row0, static_cast<const T*>(p.cos) + static_cast<long long>(wg_row0) * D,
+    load_q_rotated<T, D, 64, 128>(s_qw, qw, p.q_row, p.n - wg_row0,
+                                  static_cast<const T*>(p.cos) + static_cast<long long>(wg_row0) * D,
                                   static_cast<const T*>(p.sin) + static_cast<long long>(wg_row0) * D, wtid);
   }
   fence_async_smem();
@@ -108,7 +116,8 @@ __device__ __forceinline__ void flash_forward_sm90_ws(const Params& p) {
   };
   auto issue_pv = [&](uint32_t vbuf) {
 #pragma unroll
-    for (int kb = 0; kb < BN / 16; ++kb) Wgmma<T, D>::rs(&o[0][0], pa[kb], gmma_desc(vbuf + kb * 16 * 128, BN * 128, 1024), 1);
+    for (int kb = 0; kb < BN / 16; ++kb)
+      Wgmma<T, D>::rs(&o[0][0], pa[kb], gmma_desc(vbuf + kb * 16 * 128, BN * 128, 1024), 1);
   };
   auto softmax = [&](int j) {
     const int key0 = j * BN;
@@ -218,7 +227,9 @@ __device__ __forceinline__ void flash_forward_sm90_ws(const Params& p) {
     int i = wtid + it * 128, row = i / CHUNKS, c = i % CHUNKS;
     if (wg_row0 + row < p.n) {
       uint4 value;
-      asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(value.x), "=r"(value.y), "=r"(value.z), "=r"(value.w) : "r"(s_qw + swz128<64>(row, c)));
+      asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                   : "=r"(value.x), "=r"(value.y), "=r"(value.z), "=r"(value.w)
+                   : "r"(s_qw + swz128<64>(row, c)));
       *reinterpret_cast<uint4*>(out + static_cast<long long>(row) * p.o_row + c * 8) = value;
     }
   }

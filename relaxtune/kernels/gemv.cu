@@ -57,19 +57,27 @@ __device__ __forceinline__ uint4 load_stream(const void* p) {  // read once: no 
   return v;
 }
 
-__device__ __forceinline__ float2 to_float2(uint32_t bits, __half) { return __half22float2(*reinterpret_cast<__half2*>(&bits)); }
-__device__ __forceinline__ float2 to_float2(uint32_t bits, __nv_bfloat16) { return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&bits)); }
+__device__ __forceinline__ float2 to_float2(uint32_t bits, __half) {
+  return __half22float2(*reinterpret_cast<__half2*>(&bits));
+}
+__device__ __forceinline__ float2 to_float2(uint32_t bits, __nv_bfloat16) {
+  return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&bits));
+}
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 template <typename T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 
 // U weight rows (16 bytes each) from row k on, or zeros where the chunk is outside the block's range
 template <int U>
 __device__ __forceinline__ void load_weights(uint4 (&wv)[U], const char* w, size_t row_bytes, int k, bool ok) {
 #pragma unroll
-  for (int u = 0; u < U; ++u) wv[u] = ok ? load_stream(w + static_cast<size_t>(k + u) * row_bytes) : make_uint4(0, 0, 0, 0);
+  for (int u = 0; u < U; ++u)
+    wv[u] = ok ? load_stream(w + static_cast<size_t>(k + u) * row_bytes) : make_uint4(0, 0, 0, 0);
 }
 
 // U consecutive elements of x from p (2U-byte aligned) as floats: one vector load

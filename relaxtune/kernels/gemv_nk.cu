@@ -14,7 +14,8 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b, __half) {
   const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
   __half2 h = __hmul2(*reinterpret_cast<const __half2*>(&av[0]), *reinterpret_cast<const __half2*>(&bv[0]));
 #pragma unroll
-  for (int j = 1; j < 4; ++j) h = __hfma2(*reinterpret_cast<const __half2*>(&av[j]), *reinterpret_cast<const __half2*>(&bv[j]), h);
+  for (int j = 1; j < 4; ++j)
+    h = __hfma2(*reinterpret_cast<const __half2*>(&av[j]), *reinterpret_cast<const __half2*>(&bv[j]), h);
   const float2 f = __half22float2(h);
   return f.x + f.y;
 }
@@ -141,15 +142,31 @@ RELAXTUNE_GEMV_NK(relaxtune_gemv_nk_bf16_m4_narrow, __nv_bfloat16, 4, 256, 2)
 // the prologue / epilogue kernels (rows <= 2 per launch: a prologue's x is 2 x K x 2 bytes of shared memory): RMSNorm
 // before the product (q/k/v), SwiGLU of the merged gate/up product before it (down, when gate/up is no GEMV of
 // this kind), the SwiGLU epilogue with (gate/up) or without the norm
-#define RELAXTUNE_GEMV_NK_X(NAME, P, GLU)                                                                                  \
-  extern "C" __global__ void __launch_bounds__(512, 1) relaxtune_gemv_nk_##NAME##_f16_m1(GemvParams p) { gemv_nk_body<__half, 1, 2, 4, P, GLU>(p); } \
-  extern "C" __global__ void __launch_bounds__(512, 1) relaxtune_gemv_nk_##NAME##_f16_m2(GemvParams p) { gemv_nk_body<__half, 2, 2, 4, P, GLU>(p); } \
-  extern "C" __global__ void __launch_bounds__(512, 1) relaxtune_gemv_nk_##NAME##_bf16_m1(GemvParams p) { gemv_nk_body<__nv_bfloat16, 1, 2, 4, P, GLU>(p); } \
-  extern "C" __global__ void __launch_bounds__(512, 1) relaxtune_gemv_nk_##NAME##_bf16_m2(GemvParams p) { gemv_nk_body<__nv_bfloat16, 2, 2, 4, P, GLU>(p); } \
-  extern "C" __global__ void __launch_bounds__(256, 2) relaxtune_gemv_nk_##NAME##_f16_m1_narrow(GemvParams p) { gemv_nk_body<__half, 1, 2, 4, P, GLU>(p); } \
-  extern "C" __global__ void __launch_bounds__(256, 2) relaxtune_gemv_nk_##NAME##_f16_m2_narrow(GemvParams p) { gemv_nk_body<__half, 2, 2, 4, P, GLU>(p); } \
-  extern "C" __global__ void __launch_bounds__(256, 2) relaxtune_gemv_nk_##NAME##_bf16_m1_narrow(GemvParams p) { gemv_nk_body<__nv_bfloat16, 1, 2, 4, P, GLU>(p); } \
-  extern "C" __global__ void __launch_bounds__(256, 2) relaxtune_gemv_nk_##NAME##_bf16_m2_narrow(GemvParams p) { gemv_nk_body<__nv_bfloat16, 2, 2, 4, P, GLU>(p); }
+#define RELAXTUNE_GEMV_NK_X(NAME, P, GLU)                                                                        \
+  extern "C" __global__ void __launch_bounds__(512, 1) relaxtune_gemv_nk_##NAME##_f16_m1(GemvParams p) {         \
+    gemv_nk_body<__half, 1, 2, 4, P, GLU>(p);                                                                    \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(512, 1) relaxtune_gemv_nk_##NAME##_f16_m2(GemvParams p) {         \
+    gemv_nk_body<__half, 2, 2, 4, P, GLU>(p);                                                                    \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(512, 1) relaxtune_gemv_nk_##NAME##_bf16_m1(GemvParams p) {        \
+    gemv_nk_body<__nv_bfloat16, 1, 2, 4, P, GLU>(p);                                                             \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(512, 1) relaxtune_gemv_nk_##NAME##_bf16_m2(GemvParams p) {        \
+    gemv_nk_body<__nv_bfloat16, 2, 2, 4, P, GLU>(p);                                                             \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(256, 2) relaxtune_gemv_nk_##NAME##_f16_m1_narrow(GemvParams p) {  \
+    gemv_nk_body<__half, 1, 2, 4, P, GLU>(p);                                                                    \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(256, 2) relaxtune_gemv_nk_##NAME##_f16_m2_narrow(GemvParams p) {  \
+    gemv_nk_body<__half, 2, 2, 4, P, GLU>(p);                                                                    \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(256, 2) relaxtune_gemv_nk_##NAME##_bf16_m1_narrow(GemvParams p) { \
+    gemv_nk_body<__nv_bfloat16, 1, 2, 4, P, GLU>(p);                                                             \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(256, 2) relaxtune_gemv_nk_##NAME##_bf16_m2_narrow(GemvParams p) { \
+    gemv_nk_body<__nv_bfloat16, 2, 2, 4, P, GLU>(p);                                                             \
+  }
 
 RELAXTUNE_GEMV_NK_X(rms, kRmsX, false)
 RELAXTUNE_GEMV_NK_X(swiglu, kSwiGluX, false)
@@ -157,8 +174,10 @@ RELAXTUNE_GEMV_NK_X(glu, kPlainX, true)
 RELAXTUNE_GEMV_NK_X(rms_glu, kRmsX, true)
 
 // the attention prologue (o_proj of a one- or two-row bucket: the attention before it is no kernel of its own)
-#define RELAXTUNE_GEMV_NK_ATTN(NAME, T, M, THREADS, MINB) \
-  extern "C" __global__ void __launch_bounds__(THREADS, MINB) NAME(GemvParams p, AttnParams a) { gemv_nk_body<T, M, 2, 4, kAttnX>(p, &a); }
+#define RELAXTUNE_GEMV_NK_ATTN(NAME, T, M, THREADS, MINB)                                        \
+  extern "C" __global__ void __launch_bounds__(THREADS, MINB) NAME(GemvParams p, AttnParams a) { \
+    gemv_nk_body<T, M, 2, 4, kAttnX>(p, &a);                                                     \
+  }
 
 RELAXTUNE_GEMV_NK_ATTN(relaxtune_gemv_nk_attn_f16_m1, __half, 1, 512, 1)
 RELAXTUNE_GEMV_NK_ATTN(relaxtune_gemv_nk_attn_f16_m2, __half, 2, 512, 1)

@@ -38,7 +38,8 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi, __nv_bfloat16) {
 
 template <typename T>
 __device__ __forceinline__ uint4 pack8(const float (&in)[8]) {
-  return make_uint4(pack2(in[0], in[1], T()), pack2(in[2], in[3], T()), pack2(in[4], in[5], T()), pack2(in[6], in[7], T()));
+  return make_uint4(pack2(in[0], in[1], T()), pack2(in[2], in[3], T()), pack2(in[4], in[5], T()),
+                    pack2(in[6], in[7], T()));
 }
 
 template <typename T>
@@ -141,7 +142,8 @@ __device__ __forceinline__ void load_part(const uint4* src, size_t at, bool ok, 
   }
 }
 
-// the attention of `rows` (<= M) rows into xs (rows x K), by threads [0, threads) of the block (whole warps); no barrier
+// the attention of `rows` (<= M) rows into xs (rows x K), by threads [0, threads) of the block (whole warps); no
+// barrier
 template <typename T, int M>
 __device__ __forceinline__ void attention_rows(int rows, int k_features, const AttnParams& a, uint4* xs, int threads) {
   const int d = k_features / a.heads, lanes = d / 8, sub = threadIdx.x % lanes, per_warp = 32 / lanes;

@@ -78,7 +78,8 @@ template <int M>
 __device__ __forceinline__ void q4gemv_body(const Q4GemvParams& p) {
   constexpr int R = kQ4Features, C = kQ4Vectors;
   const int lane = threadIdx.x % 32;
-  // this warp's slot: SM b % sms, slot (b / sms) * 8 + w of that SM's 16; feature pairs p go to slot p / sms of SM p % sms
+  // this warp's slot: SM b % sms, slot (b / sms) * 8 + w of that SM's 16; feature pairs p go to slot p / sms of SM p %
+  // sms
   const int b = blockIdx.x, sm = b % p.sms, slot = (b / p.sms) * kQ4Warps + threadIdx.x / 32;
   const int first = slot * p.sms + sm, stride = 2 * kQ4Warps * p.sms;
   const int pairs = (p.n + R - 1) / R, vectors = p.k / 32, chunks = (vectors + 32 * C - 1) / (32 * C);
@@ -124,7 +125,8 @@ __device__ __forceinline__ void q4gemv_body(const Q4GemvParams& p) {
       for (int m = 0; m < M; ++m)
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-          xv[m][j] = v < vectors && m < p.rows ? __ldg(x + static_cast<size_t>(m) * (p.k / 8) + 4 * v + j) : make_uint4(0, 0, 0, 0);
+          xv[m][j] = v < vectors && m < p.rows ? __ldg(x + static_cast<size_t>(m) * (p.k / 8) + 4 * v + j)
+                                               : make_uint4(0, 0, 0, 0);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         __half2 wv[16];

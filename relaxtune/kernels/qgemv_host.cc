@@ -35,8 +35,8 @@ constexpr Q4StreamKernel kQ4StreamKernels[] = {{"s2r4", 2, 4, 1}, {"s2r4", 2, 4,
                                                {"i8s2r8", 2, 8, 1}, {"i8s1r8", 1, 8, 1}, {"i8s1r8", 1, 8, 3}};
 constexpr int kQ4PieceThreads = 256, kQ4PieceWeights = 16, kQ4BarrierBytes = 1024, kQ4MaxStages = 64;
 constexpr int kQ4ScratchBytes = 256;  // qgemv_stream.cu's
-// x prologues (qgemv_stream.cu's P, gemv_prologue.cu's kinds): kernels with one exist for int8 activations in the default
-// int8 families only (relaxtune_q4gemv_i8s2r8p1_rms_m1, ...)
+// x prologues (qgemv_stream.cu's P, gemv_prologue.cu's kinds): kernels with one exist for int8 activations in the
+// default int8 families only (relaxtune_q4gemv_i8s2r8p1_rms_m1, ...)
 enum { kQ4PlainX = 0, kQ4RmsX = 1 };
 constexpr int kMaxSharedOptIn = 97;  // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
 
@@ -123,19 +123,22 @@ void LaunchQ4(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& w, cons
   const Q4Weight q = CheckQ4Weight("q4gemv", w, scale);
   const int64_t n = q.n, k = q.k;
   const int shift = q.shift;
-  TVM_FFI_ICHECK(x.ndim() >= 1 && x.size(x.ndim() - 1) == k && IsHalf(x.dtype())) << "q4gemv: x must be (..., K = " << k << ") float16";
+  TVM_FFI_ICHECK(x.ndim() >= 1 && x.size(x.ndim() - 1) == k && IsHalf(x.dtype()))
+      << "q4gemv: x must be (..., K = " << k << ") float16";
   const int64_t m = x.numel() / k;
   if (prologue == kQ4RmsX) {
     TVM_FFI_ICHECK(g != nullptr && g->ndim() == 1 && g->size(0) == k && IsHalf(g->dtype()) && g->IsContiguous() &&
                    reinterpret_cast<uintptr_t>(Data(*g)) % 16 == 0)
         << "q4gemv: the norm's weight must be (K = " << k << ") float16, 16-byte aligned";
   }
-  TVM_FFI_ICHECK(IsHalf(y.dtype()) && y.size(y.ndim() - 1) == n && y.numel() == m * n) << "q4gemv: y must be (..., N) float16 with x's rows";
+  TVM_FFI_ICHECK(IsHalf(y.dtype()) && y.size(y.ndim() - 1) == n && y.numel() == m * n)
+      << "q4gemv: y must be (..., N) float16 with x's rows";
   TVM_FFI_ICHECK(k <= INT32_MAX / 2 && n <= INT32_MAX / 2) << "q4gemv: too large";
   for (const auto* t : {&x, &y, r}) {  // the weight and its scales: CheckQ4Weight
     if (t != nullptr) TVM_FFI_ICHECK(t->IsContiguous()) << "q4gemv: operands must be compact";
   }
-  if (r != nullptr) TVM_FFI_ICHECK(IsHalf(r->dtype()) && r->numel() == m * n) << "q4gemv: the residual must be shaped like y";
+  if (r != nullptr)
+    TVM_FFI_ICHECK(IsHalf(r->dtype()) && r->numel() == m * n) << "q4gemv: the residual must be shaped like y";
   TVM_FFI_ICHECK(reinterpret_cast<uintptr_t>(Data(w)) % 16 == 0 && reinterpret_cast<uintptr_t>(Data(x)) % 16 == 0)
       << "q4gemv: the weight and x must be 16-byte aligned";
   if (m == 0 || n == 0) return;
