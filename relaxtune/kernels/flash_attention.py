@@ -49,7 +49,13 @@ MIN_ARCH = 80  # mma.sync with bf16, cp.async
 # same translation unit, the wgmma kernels (sm_90a)
 KERNEL_SOURCE = "".join(
     Path(__file__).with_name(name).read_text()
-    for name in ("mma_sm80.cu", "flash_attention.cu", "flash_attention_sm90.cu", "flash_attention_sm90_ws.cu")
+    for name in (
+        "mma_sm80.cu",
+        "flash_attention.cu",
+        "flash_sm90_common.cu",
+        "flash_attention_sm90.cu",
+        "flash_attention_sm90_ws.cu",
+    )
 )
 
 HOST_SOURCE = extern_host_source(

@@ -1,11 +1,11 @@
-// relaxtune flash attention for Hopper, warp-specialized: appended after cuda_flash_attention_sm90.cu
-// (one translation unit; the wgmma wrappers, descriptors and tile loaders are shared).
+// relaxtune flash attention for Hopper, warp-specialized: appended after flash_attention_sm90.cu (one translation
+// unit; flash_sm90_common.cu's wgmma wrappers, descriptors, tile loaders and softmax steps are shared).
 //
 // One CTA: 128 query rows of one (batch, query head) in two consumer warpgroups of 64 rows and one
 // producer warpgroup (setmaxnreg moves its registers to the consumers). The producer streams K_j
 // and V_j (cp.async) through NS = 3 stages, each guarded by a "full" mbarrier (the producer's copies landed) and an
 // "empty" one (both warpgroups are done with the stage); so the warpgroups never wait for each other: each loads and
-// rotates its own 64 query rows, runs the same loop as cuda_flash_attention_sm90.cu (S_j = Q K_j^T on the tensor cores,
+// rotates its own 64 query rows, runs the same loop as flash_attention_sm90.cu (S_j = Q K_j^T on the tensor cores,
 // the softmax of S_j overlapping P_{j-1} V_{j-1}) and stores its own rows. With PINGPONG the two warpgroups take turns
 // issuing their wgmma (named barriers, as FlashAttention-3 does), so one's softmax runs while the other's matrix
 // products do.
@@ -119,44 +119,8 @@ __device__ __forceinline__ void flash_forward_sm90_ws(const Params& p) {
     for (int kb = 0; kb < BN / 16; ++kb)
       Wgmma<T, D>::rs(&o[0][0], pa[kb], gmma_desc(vbuf + kb * 16 * 128, BN * 128, 1024), 1);
   };
-  auto softmax = [&](int j) {
-    const int key0 = j * BN;
-    if (key0 + BN > p.m || (p.causal && key0 + BN - 1 > wg_row0)) {
-#pragma unroll
-      for (int t = 0; t < NT; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          int col = key0 + t * 8 + (lane & 3) * 2 + (e & 1), row = row_a + (e >> 1) * 8;
-          if (col >= p.m || (p.causal && col > row)) s[t][e] = -INFINITY;
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = row_max[r];
-#pragma unroll
-      for (int t = 0; t < NT; ++t) mx = fmaxf(mx, fmaxf(s[t][2 * r], s[t][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float base = mx == -INFINITY ? 0.f : mx * p.scale_log2;
-      alpha[r] = exp2f(row_max[r] * p.scale_log2 - base);
-      row_max[r] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        s[t][2 * r] = exp2f(fmaf(s[t][2 * r], p.scale_log2, -base));
-        s[t][2 * r + 1] = exp2f(fmaf(s[t][2 * r + 1], p.scale_log2, -base));
-        sum += s[t][2 * r] + s[t][2 * r + 1];
-      }
-      row_sum[r] = row_sum[r] * alpha[r] + sum;
-    }
-  };
-  auto to_pa = [&]() {
-#pragma unroll
-    for (int kb = 0; kb < BN / 16; ++kb) {
-      pa[kb][0] = pack<T>(s[2 * kb][0], s[2 * kb][1]), pa[kb][1] = pack<T>(s[2 * kb][2], s[2 * kb][3]);
-      pa[kb][2] = pack<T>(s[2 * kb + 1][0], s[2 * kb + 1][1]), pa[kb][3] = pack<T>(s[2 * kb + 1][2], s[2 * kb + 1][3]);
-    }
-  };
+  auto softmax = [&](int j) { online_softmax<BN, NT>(s, row_max, row_sum, alpha, p, j * BN, wg_row0, row_a, lane); };
+  auto to_pa = [&]() { pack_p<T, BN, NT>(s, pa); };
   // turns of issuing wgmma: tiles + 1 per warpgroup (S_0, then S_j with P_{j-1} V_{j-1}, then the last P V)
   auto turn_begin = [&]() {
     if (PINGPONG) named_sync(3 + wg, 256);
@@ -205,13 +169,7 @@ __device__ __forceinline__ void flash_forward_sm90_ws(const Params& p) {
 
   // epilogue: the warpgroup's rows, staged in its own Q rows (its last S read them long ago), 16-byte stores
   float inv[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float sum = row_sum[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    inv[r] = sum > 0.f ? 1.f / sum : 0.f;
-  }
+  inverse_row_sums(row_sum, inv);
   const int row_t = (warp & 3) * 16 + (lane >> 2);
 #pragma unroll
   for (int t = 0; t < D / 8; ++t) {
