@@ -4,12 +4,13 @@
     python benchmarks/ptx_identity.py dump after.json             # on the change
     python benchmarks/ptx_identity.py compare before.json after.json
 
-`dump` compiles the sources of the installed package's fatbins (the gemv fatbin for sm_80 and sm_90; the flash
-attention fatbin for sm_80 and sm_90a) to PTX with nvcc and the flags they are built with, and writes a digest per
-kernel entry (and one for what precedes the first: the module's globals). The anonymous namespace's name carries a
-hash of its file's contents, so it is replaced by a placeholder first: a pure move of code between files leaves every
-digest as it was. `compare` lists the kernels whose PTX differs, appeared or disappeared, and exits 1 if any did.
-Identical PTX means identical SASS (ptxas is deterministic), so a refactor that passes needs no GPU run.
+`dump` compiles the sources of the installed package's fatbins (the gemv fatbin for sm_80 and sm_90; the flash attention
+fatbin for sm_80 and sm_90a) to PTX with nvcc and the flags they are built with, and writes a digest per kernel entry
+(and one for what precedes the first: the module's globals). The anonymous namespace's name carries hashes of its file
+and a number that differs from run to run, so they are replaced by a placeholder first: the same code gives the same
+digests, and a pure move of code between files leaves every digest as it was. `compare` lists the kernels whose PTX
+differs, appeared or disappeared, and exits 1 if any did. Identical PTX means identical SASS (ptxas is deterministic),
+so a refactor that passes needs no GPU run.
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ from pathlib import Path
 from relaxtune.kernels import flash_attention, gemv
 from relaxtune.kernels.device_code import find_nvcc
 
-# the hashes nvcc puts in the names of an anonymous namespace's (or a file-local) symbol: of the file's contents
-ANONYMOUS = re.compile(r"(?<=_GLOBAL__N__)[0-9a-f]{8}|(?<=_INTERNAL_)[0-9a-f]{8}|(?<=_cu_)[0-9a-f]{8}_\d+")
+# what nvcc's names of an anonymous namespace's (or a file-local) symbol carry besides the code: hashes of the file's
+# path and contents, a number that changes from run to run, and the mangled lengths that number's digits change
+ANONYMOUS = re.compile(
+    r"(?<=_GLOBAL__N__)[0-9a-f]+|(?<=_INTERNAL_)[0-9a-f]+|(?<=_cu_)[0-9a-f]+_\d+|(?<=_ZN)\d+(?=_GLOBAL__N__|_INTERNAL_)"
+)
 ENTRY = re.compile(r"\.entry (\w+)")
 # (fatbin, source, nvcc flags, arches): as kernels/gemv.py and kernels/flash_attention.py build them
 FATBINS = (
