@@ -31,6 +31,6 @@ $noprologue \
 fi
 if [[ " $* " != *" notests "* ]]; then
   (cd "$(mktemp -d)" && timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$OLDPWD" \
-    "$OLDPWD/tests/kernels/test_gpu_qgemv.py" 2>&1 | tail -15)
+    "$OLDPWD/tests/kernels/test_gpu_qgemv.py" "$OLDPWD/tests/kernels/test_gpu_q4mlp.py" 2>&1 | tail -15)
   echo "tested in $((SECONDS - start)) s"
 fi

@@ -50,7 +50,8 @@ timeout 240 python3 benchmarks/gpu_ab_builds.py --q4 --variant "$default" --plai
 echo "timed in $((SECONDS - start)) s"
 if [[ $tests == 1 ]]; then
   (cd "$(mktemp -d)" && timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$OLDPWD" \
-    "$OLDPWD/tests/kernels/test_gpu_qgemv.py" "$OLDPWD/tests/models/test_llm_cuda.py" \
-    "$OLDPWD/tests/kernels/test_gpu_kernels.py" -k "not test_gpu_kernels or attn" 2>&1 | tail -6)
+    "$OLDPWD/tests/kernels/test_gpu_qgemv.py" "$OLDPWD/tests/kernels/test_gpu_q4mlp.py" \
+    "$OLDPWD/tests/models/test_llm_cuda.py" "$OLDPWD/tests/kernels/test_gpu_kernels.py" \
+    -k "not test_gpu_kernels or attn" 2>&1 | tail -6)
   echo "tested in $((SECONDS - start)) s"
 fi

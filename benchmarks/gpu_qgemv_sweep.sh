@@ -15,7 +15,7 @@ start=$SECONDS
 timeout 300 python3 benchmarks/qgemv_sweep.py --out "$out" 2>&1 | grep -v "^\s*$" | tail -60
 echo "swept in $((SECONDS - start)) s"
 (cd "$(mktemp -d)" && timeout 360 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$OLDPWD" \
-  "$OLDPWD/tests/kernels/test_gpu_qgemv.py" 2>&1 | tail -15)
+  "$OLDPWD/tests/kernels/test_gpu_qgemv.py" "$OLDPWD/tests/kernels/test_gpu_q4mlp.py" 2>&1 | tail -15)
 echo "tested in $((SECONDS - start)) s"
 if [[ ${2:-} == block ]]; then
   art=/tmp/gjq4

@@ -18,5 +18,5 @@ python3 benchmarks/gpu_job.py run --art "$art" --out "$out" --seqs 1,128 \
 echo "ran in $((SECONDS - start)) s"
 if [[ ${2:-} == tests ]]; then
   (cd "$(mktemp -d)" && python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$OLDPWD" \
-    "$OLDPWD/tests/kernels/test_gpu_qgemv.py" 2>&1 | tail -15)
+    "$OLDPWD/tests/kernels/test_gpu_qgemv.py" "$OLDPWD/tests/kernels/test_gpu_q4mlp.py" 2>&1 | tail -15)
 fi

@@ -137,6 +137,8 @@ KERNEL_SOURCE = "\n".join(
         "qgemv.cu",
         "qstream_ring.cu",
         "qgemv_stream.cu",
+        "qmlp_grid.cu",
+        "qmlp_steps.cu",
         "qmlp_stream.cu",
     )
 )

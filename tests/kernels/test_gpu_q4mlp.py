@@ -1,0 +1,168 @@
+"""On an NVIDIA GPU of compute capability 9.0+ (`python -m pytest -m gpu`): the fused 4-bit decode MLP kernel
+(relaxtune_q4mlp_i8, kernels/qmlp_stream.cu) against the composed int8 reference of the five kernels it replaces,
+with each grid barrier and gate / up as fixed shares or as chunks taken while they last (kernels/qmlp_steps.cu), and
+its attention-fed form. Skipped where no GPU is (CI has none)."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
+    pytest.mark.skipif(shutil.which("nvcc") is None or shutil.which("g++") is None, reason="no nvcc / g++"),
+]
+
+
+@pytest.fixture(scope="module")
+def gemv_library(link_kernels):
+    from relaxtune.kernels.gemv import object_file
+
+    return link_kernels(object_file("sm_{}{}".format(*torch.cuda.get_device_capability())), "q4mlp")
+
+
+def _round16(v):
+    return np.asarray(v, dtype=np.float32).astype(np.float16).astype(np.float64)
+
+
+def _q4_mlp_reference(x, res, wo, g, wgu, wd, eps):
+    """(h, act, y) float64 as relaxtune_q4mlp_i8 computes them: quant_formats.q4_gemv_int8_reference for each
+    product, rounded to float16 where the separate kernels round (the norm in float32, the SwiGLU step by step)."""
+    from relaxtune.kernels import quant_formats as qf
+
+    h = _round16(qf.q4_gemv_int8_reference(x, *wo) + res)
+    h32 = h.astype(np.float32)
+    inv = np.float32(1) / np.sqrt(np.mean(h32 * h32, axis=-1, keepdims=True) + np.float32(eps))
+    n = (h32 * inv * g.astype(np.float32)).astype(np.float16)
+    gu = _round16(qf.q4_gemv_int8_reference(n, *wgu))
+    f = gu.shape[-1] // 2
+    gate, up = gu[:, :f], gu[:, f:]
+    sigmoid = _round16(1.0 / _round16(1.0 + _round16(np.exp(-gate))))
+    act = _round16(_round16(gate * sigmoid) * up)
+    y = _round16(qf.q4_gemv_int8_reference(act.astype(np.float16), *wd) + h)
+    return h, act, y
+
+
+# the grid barriers, and gate / up as fixed shares or chunks (qmlp_host.cc, read per launch)
+SETTINGS = {
+    "default": {},
+    "generation": {"RELAXTUNE_Q4MLP_BARRIER": "generation"},
+    "chunks": {"RELAXTUNE_Q4MLP_SHARE": "chunks"},
+    "generation-chunks": {"RELAXTUNE_Q4MLP_BARRIER": "generation", "RELAXTUNE_Q4MLP_SHARE": "chunks"},
+}
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("hidden,ffn,group", [(4096, 11008, 32), (256, 512, 32), (4096, 14336, 128), (2048, 5632, 32)])
+def test_q4mlp_matches_its_int8_reference(gemv_library, monkeypatch, hidden, ffn, group, setting):
+    """relaxtune_q4mlp_i8 (qmlp_stream.cu): h, act and y against the composed int8 reference of the five kernels it
+    replaces, for three rows launched one after the other (each launch must find its chunk counter at zero), with each
+    grid barrier and each way of sharing gate / up between the blocks (SETTINGS); the kernel the host chooses by the
+    sizes. At H = 256 some of the 132 blocks own no rows."""
+    import tvm
+    import tvm_ffi
+
+    from relaxtune.kernels import quant_formats as qf
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the fused MLP kernel needs compute capability 9.0+")
+    for name, value in SETTINGS[setting].items():
+        monkeypatch.setenv(name, value)
+    rng = np.random.default_rng(hidden + ffn + group)
+
+    def weight(n, k):
+        parts = qf.quantize(qf.own_format(4, group), rng.standard_normal((n, k)).astype(np.float32) / k**0.5)
+        return qf.pack_q4_gpu(parts["qweight"]), parts["scale"]
+
+    wo, wgu, wd = weight(hidden, hidden), weight(2 * ffn, hidden), weight(hidden, ffn)
+    res = rng.standard_normal((1, hidden)).astype(np.float16)
+    g = (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float16)
+    dev = tvm.cuda(0)
+    weights = [tvm.runtime.tensor(v, dev) for v in (res, *wo, g, *wgu, *wd)]
+    outs = [torch.full((1, n), float("nan"), device="cuda", dtype=torch.float16) for n in (hidden, ffn, hidden)]
+    ffi_outs = [tvm_ffi.from_dlpack(o) for o in outs]
+    x = tvm.runtime.tensor(np.zeros((1, hidden), np.float16), dev)
+    chosen = str(gemv_library["relaxtune_q4mlp_i8_kernel"](x, *weights, 1e-5, *ffi_outs))
+    assert chosen == "relaxtune_q4mlp_h1f4", chosen
+    for launch in range(3):  # the barriers' state returns to its start after each launch; the epoch moves on
+        xv = rng.standard_normal((1, hidden)).astype(np.float16)
+        want = _q4_mlp_reference(xv, res, wo, g, wgu, wd, 1e-5)
+        for o in outs:
+            o.fill_(float("nan"))
+        gemv_library["relaxtune_q4mlp_i8"](tvm.runtime.tensor(xv, dev), *weights, 1e-5, *ffi_outs)
+        torch.cuda.synchronize()
+        for name, got, ref in zip(("h", "act", "y"), outs, want):
+            err = np.max(np.abs(got.float().cpu().numpy() - ref)) / max(1.0, np.max(np.abs(ref)))
+            # float32 sum order against the reference: a float16 rounding apart, then carried through the norm's int8
+            assert err == err and err < 1e-2, (launch, name, err)
+
+
+@pytest.mark.parametrize("setting", ["default", "chunks"])
+@pytest.mark.parametrize("hidden,heads,kv_heads,ffn", [(4096, 32, 32, 11008), (2048, 32, 8, 5632), (512, 8, 2, 1024)])
+def test_q4mlp_with_the_attention_matches_it_fed_the_attention(
+    gemv_library, monkeypatch, hidden, heads, kv_heads, ffn, setting
+):
+    """relaxtune_q4mlp_attn_i8: x computed by every block from q, k, v (one row: the attention of a row over itself is
+    its v, rounded once) against relaxtune_q4mlp_i8 given that x; h, act and y equal to the bit."""
+    import tvm
+    import tvm_ffi
+
+    from relaxtune.kernels import quant_formats as qf
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the fused MLP kernel needs compute capability 9.0+")
+    for name, value in SETTINGS[setting].items():
+        monkeypatch.setenv(name, value)
+    rng = np.random.default_rng(hidden + heads)
+    dim = hidden // heads
+
+    def weight(n, k):
+        parts = qf.quantize(qf.own_format(4, 32), rng.standard_normal((n, k)).astype(np.float32) / k**0.5)
+        return [tvm.runtime.tensor(v, tvm.cuda(0)) for v in (qf.pack_q4_gpu(parts["qweight"]), parts["scale"])]
+
+    wo, wgu, wd = weight(hidden, hidden), weight(2 * ffn, hidden), weight(hidden, ffn)
+    qkv = torch.randn(1, 1, heads + 2 * kv_heads, dim, device="cuda", dtype=torch.float16)
+    tables = torch.randn(2, 1, dim, device="cuda", dtype=torch.float16)
+    x = qkv[:, :, heads + kv_heads :].repeat_interleave(heads // kv_heads, dim=2).reshape(1, hidden).contiguous()
+    res = torch.randn(1, hidden, device="cuda", dtype=torch.float16)
+    g = (1 + 0.1 * torch.randn(hidden, device="cuda")).half()
+    ffi = tvm_ffi.from_dlpack
+    outs = [
+        [torch.full((1, n), float("nan"), device="cuda", dtype=torch.float16) for n in (hidden, ffn, hidden)]
+        for _ in range(2)
+    ]
+    weights = [ffi(res), *wo, ffi(g), *wgu, *wd, 1e-5]
+    gemv_library["relaxtune_q4mlp_i8"](ffi(x), *weights, *(ffi(o) for o in outs[0]))
+    heads_arg = tvm_ffi.Shape((0, heads, heads + kv_heads, kv_heads))
+    for _ in range(2):
+        attention = [ffi(qkv)] * 3 + [ffi(tables[0]), ffi(tables[1]), heads_arg, 1, dim**-0.5, 2]
+        gemv_library["relaxtune_q4mlp_attn_i8"](*attention, *weights, *(ffi(o) for o in outs[1]))
+        torch.cuda.synchronize()
+        for name, got, want in zip(("h", "act", "y"), outs[1], outs[0]):
+            assert torch.equal(got, want), (name, (got.float() - want.float()).abs().max().item())
+
+
+def test_q4mlp_says_why_it_does_not_apply(gemv_library):
+    import tvm
+    import tvm_ffi
+
+    from relaxtune.kernels import quant_formats as qf
+
+    hidden, ffn = 576, 1536  # SmolLM2's H: 18 groups a row, not a multiple of 8
+    dev = tvm.cuda(0)
+
+    def weight(n, k):
+        parts = qf.quantize(qf.own_format(4, 32), np.ones((n, k), np.float32))
+        return [tvm.runtime.tensor(v, dev) for v in (qf.pack_q4_gpu(parts["qweight"]), parts["scale"])]
+
+    vec = [torch.zeros(1, n, device="cuda", dtype=torch.float16) for n in (hidden, hidden, hidden, hidden, ffn, hidden)]
+    x, res, g, *outs = (tvm_ffi.from_dlpack(v) for v in vec)
+    args = [x, res, *weight(hidden, hidden), g, *weight(2 * ffn, hidden), *weight(hidden, ffn), 1e-5, *outs]
+    assert str(gemv_library["relaxtune_q4mlp_i8_kernel"](*args)).startswith("none: K = 576")
+    with pytest.raises(Exception, match="does not apply"):
+        gemv_library["relaxtune_q4mlp_i8"](*args)
