@@ -24,8 +24,7 @@ from qgemv_sweep import _settings, library
 from relaxtune.kernels import quant_formats as qf
 
 H, F, GROUP = 4096, 11008, 32
-# "h in hand" / "act in hand": past the grid barrier and the read back
-EVENTS = ["start", "x ready", "o_proj", "h in hand", "norm", "gate/up", "act in hand", "act ready", "down", "end"]
+EVENTS = ["start", "x ready", "o_proj", "barrier 1", "norm", "gate/up", "barrier 2", "act ready", "down", "end"]
 PRODUCER = ["producer start", "o_proj issued", "gate issued", "up issued", "down issued"]
 H1F4 = {"RELAXTUNE_Q4MLP": "relaxtune_q4mlp_h1f4"}
 VARIANTS = {
@@ -39,9 +38,6 @@ VARIANTS = {
     "h1f4-before": {**H1F4, "RELAXTUNE_Q4MLP_STAGES": "64", "RELAXTUNE_Q4MLP_AHEAD": "64"},  # both as before
     "h1f4-nocoop": {**H1F4, "RELAXTUNE_Q4MLP_COOPERATIVE": "0"},  # a programmatic dependent, not cooperative
     "h3f4": {"RELAXTUNE_Q4MLP": "relaxtune_q4mlp_h3f4"},  # 3 pieces of K = H per thread, 4 rows per group
-    # gate / up as chunks each block takes while they last (kernels/qmlp_steps.cu), not a fixed share
-    "h1f4-chunks": {**H1F4, "RELAXTUNE_Q4MLP_SHARE": "chunks"},
-    "h1f4-chunks-ahead3": {**H1F4, "RELAXTUNE_Q4MLP_SHARE": "chunks", "RELAXTUNE_Q4MLP_AHEAD": "3"},
 }
 
 
@@ -55,17 +51,17 @@ def _weight(n: int, k: int, seed: int):
 
 # what the consumers' time went to, with its colour in the timeline
 X, STREAM = "x / y", "weights streamed (o_proj, gate / up, down)"
-BARRIER, READ = "grid barrier + read back of h / act", "norm / quantize"
+BARRIER, READ = "grid barrier", "read back h / act, norm"
 COLORS = {X: "#9e9e9e", STREAM: "#1f77b4", BARRIER: "#d62728", READ: "#ff9f40"}
 # the steps as the timeline draws them: (from, to, what the time went to)
 PHASES = [
     ("start", "x ready", X),
     ("x ready", "o_proj", STREAM),
-    ("o_proj", "h in hand", BARRIER),
-    ("h in hand", "norm", READ),
+    ("o_proj", "barrier 1", BARRIER),
+    ("barrier 1", "norm", READ),
     ("norm", "gate/up", STREAM),
-    ("gate/up", "act in hand", BARRIER),
-    ("act in hand", "act ready", READ),
+    ("gate/up", "barrier 2", BARRIER),
+    ("barrier 2", "act ready", READ),
     ("act ready", "down", STREAM),
     ("down", "end", X),
 ]

@@ -1,17 +1,9 @@
-// What the blocks of one launch of the fused 4-bit decode MLP kernel (qmlp_stream.cu) share in global memory: the
-// grid barriers between its steps (q4mlp_grid_barrier), and the counter from which they take gate / up's chunks
-// (qmlp_steps.cu's q4mlp_produce_chunks). Appended after qstream_ring.cu and before qmlp_steps.cu in the gemv fatbin
+// The state the blocks of one launch of the fused 4-bit decode MLP kernel (qmlp_stream.cu) share in global memory:
+// the grid barriers between its steps. Appended after qstream_ring.cu and before qmlp_steps.cu in the gemv fatbin
 // (kernels/gemv.py).
-//
-// The chunk counter of launch e is relaxtune_q4mlp_chunks[e & 1], e the launch's epoch (relaxtune_q4mlp_epoch, read
-// once the previous kernel is done). Once every block has passed the second grid barrier (each has read the epoch and
-// taken its last chunk), block 0 zeroes launch e + 1's counter and bumps the epoch; the module's memory starts at
-// zero. Like the barriers, it needs every block of the grid resident at once (the cooperative launch).
 
-__device__ unsigned int relaxtune_q4mlp_barrier[2];      // arrivals, generation (zero at module load)
+__device__ unsigned int relaxtune_q4mlp_barrier[2];  // arrivals, generation (zero at module load)
 __device__ unsigned long long relaxtune_q4mlp_arrivals;  // kCountBarrier: every arrival ever (zero at module load)
-__device__ unsigned int relaxtune_q4mlp_epoch;
-__device__ unsigned int relaxtune_q4mlp_chunks[2];  // gate / up chunks taken: launch e's is [e & 1]
 enum { kGenerationBarrier = 0, kCountBarrier = 1 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -47,16 +39,4 @@ __device__ __forceinline__ void q4mlp_grid_barrier(int consumers, int kind) {
   }
   asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
 }
-
-__device__ __forceinline__ unsigned int q4mlp_epoch() {  // this launch's (after the previous kernel is done)
-  unsigned int e;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(e) : "l"(&relaxtune_q4mlp_epoch) : "memory");
-  return e;
-}
-
-__device__ __forceinline__ void q4mlp_next_epoch(unsigned int e) {  // launch e + 1's chunk counter, then the epoch
-  asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(&relaxtune_q4mlp_chunks[(e + 1) & 1]) : "memory");
-  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(&relaxtune_q4mlp_epoch), "r"(e + 1) : "memory");
-}
-
 #endif

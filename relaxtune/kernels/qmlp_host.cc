@@ -23,10 +23,9 @@ struct Q4MlpArgs {  // must match qmlp_stream.cu's Q4MlpParams
   float eps;
   int stages, stage_bytes;
   void* trace;
-  int barrier;  // qmlp_grid.cu's kGenerationBarrier / kCountBarrier
+  int barrier;  // qmlp_stream.cu's kGenerationBarrier / kCountBarrier
   int x_bytes;  // > 0: x is the attention of the row (attn), in that much shared memory
   int ahead;    // slots of a step copied before its grid barrier (Q4MlpAhead)
-  int chunked;  // gate / up in chunks taken while they last (Q4MlpChunked)
   AttnParams attn;
 };
 struct Q4MlpKernel {
@@ -40,7 +39,7 @@ std::atomic<bool> both_refused{false};  // the driver refused a cooperative prog
 constexpr int kQ4MlpTraceEvents = 16;  // qmlp_stream.cu's stamps per block
 constexpr int kQ4MlpWarps = 8, kQ4MlpScratch = 4 * kQ4MlpWarps;  // partial sums per row; the norm's per-warp sums
 
-// qmlp_grid.cu's grid barrier: the count barrier where every launch's grid is the SM count (`whole`), unless
+// qmlp_stream.cu's grid barrier: the count barrier where every launch's grid is the SM count (`whole`), unless
 // RELAXTUNE_Q4MLP_BARRIER=generation (read per launch, for measurements)
 int Q4MlpBarrier(bool whole) {
   const char* value = std::getenv("RELAXTUNE_Q4MLP_BARRIER");
@@ -55,7 +54,7 @@ constexpr int kQ4MlpAhead = 2;
 // the ring's slots: more than 3 (4 fit at the 7B sizes) only queue more copies in front of the grid barriers' round
 // trips (docs/results.md)
 constexpr int kQ4MlpStages = 3;
-static_assert(kQ4MlpStages <= kQ4MaxStages / 2, "past half the barriers' places: the steps passed, the chunks");
+static_assert(kQ4MlpStages < kQ4MaxStages, "the last full barrier's place holds the count of barriers passed");
 int Q4MlpAhead(int stages) {
   const char* value = std::getenv("RELAXTUNE_Q4MLP_AHEAD");
   return std::min(value != nullptr && std::atoi(value) >= 0 ? std::atoi(value) : kQ4MlpAhead, stages);
@@ -66,12 +65,6 @@ int Q4MlpAhead(int stages) {
 bool Q4MlpCooperative() {
   const char* value = std::getenv("RELAXTUNE_Q4MLP_COOPERATIVE");
   return value == nullptr || std::string(value) != "0";
-}
-// gate / up as chunks each block takes while they last (qmlp_steps.cu), unless RELAXTUNE_Q4MLP_SHARE=fixed (read per
-// launch, for measurements): each block its fixed share
-bool Q4MlpChunked() {
-  const char* value = std::getenv("RELAXTUNE_Q4MLP_SHARE");
-  return value != nullptr && std::string(value) == "chunks";
 }
 std::string Q4MlpForced() {
   const char* value = std::getenv("RELAXTUNE_Q4MLP");
@@ -116,23 +109,18 @@ Q4MlpPlan PlanQ4Mlp(int64_t a, int64_t hidden, int64_t f, const int (&shifts)[3]
     return plan;
   }
   plan.blocks = static_cast<int>(std::min<int64_t>({sms, hidden, f}));
-  // the kernel's even shares of rows and features
-  const int64_t rows = 2 * ((hidden / 2 + plan.blocks - 1) / plan.blocks);
-  const int64_t frows = 2 * ((f / 2 + plan.blocks - 1) / plan.blocks);
+  const int64_t rows = (hidden + plan.blocks - 1) / plan.blocks, frows = (f + plan.blocks - 1) / plan.blocks;
+  const int64_t part = (std::max(rows, 2 * frows) * kQ4MlpWarps + kQ4MlpScratch) * 4;
   const int gr = plan.kernel->groups;
-  // the row sums: o_proj's and down's, gate / up's fixed share or two chunks' (qmlp_steps.cu); the norm's after them
-  const int64_t part = (std::max({rows, 2 * frows, 4 * static_cast<int64_t>(plan.kernel->rows_h)}) * kQ4MlpWarps +
-                        kQ4MlpScratch) * 4;
   const int64_t slot = std::max({Q4MlpSlotBytes(a, shifts[0], gr, plan.kernel->rows_h),
                                  Q4MlpSlotBytes(hidden, shifts[1], gr, plan.kernel->rows_h),
                                  Q4MlpSlotBytes(f, shifts[2], gr, plan.kernel->rows_f)});
-  // kQ4MlpStages slots, or RELAXTUNE_Q4MLP_STAGES (for measurements), as far as they fit and at most half the
-  // kQ4MaxStages barriers' places (the last full barrier's holds the steps passed, the empty ones' second half each
-  // slot's chunk)
+  // kQ4MlpStages slots, or RELAXTUNE_Q4MLP_STAGES (for measurements), as far as they fit (the last of the
+  // kQ4MaxStages full barriers' places holds the kernel's count of barriers passed)
   const char* asked = std::getenv("RELAXTUNE_Q4MLP_STAGES");
   const int64_t want = asked != nullptr && std::atoi(asked) > 0 ? std::atoi(asked) : kQ4MlpStages;
   const int64_t fit = (shared - kQ4BarrierBytes - x_bytes - part) / slot;
-  const int64_t stages = std::min<int64_t>({want, kQ4MaxStages / 2, fit});
+  const int64_t stages = std::min<int64_t>({want, kQ4MaxStages - 1, fit});
   if (stages < 2) {
     plan.kernel = nullptr;
     plan.why = "two ring slots of " + std::to_string(slot) + " bytes do not fit in shared memory";
@@ -191,7 +179,7 @@ void LaunchQ4Mlp(const tvm::ffi::TensorView* x, const tvm::ffi::TensorView& res,
               Data(wgu), Data(sgu), Data(wd), Data(sd), Data(h),
               Data(act), Data(y),   static_cast<int>(o.k), static_cast<int>(hidden), static_cast<int>(f),
               o.shift,   gu.shift,  d.shift,  static_cast<float>(eps), plan.stages, plan.stage_bytes, nullptr,
-              Q4MlpBarrier(plan.blocks == sms), x_bytes, Q4MlpAhead(plan.stages), Q4MlpChunked() ? 1 : 0,
+              Q4MlpBarrier(plan.blocks == sms), x_bytes, Q4MlpAhead(plan.stages),
               attn != nullptr ? *attn : AttnParams{}};
   if (trace != nullptr) {
     TVM_FFI_ICHECK(trace->dtype().code == kDLInt && trace->dtype().bits == 64 && trace->IsContiguous() &&

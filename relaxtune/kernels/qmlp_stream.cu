@@ -3,7 +3,7 @@
 // the o_proj through the down projection of a decoder layer's decode step, which qgemv_stream.cu's kernels run as
 // five launches (three GEMVs, the norm, the SwiGLU). Appended after qgemv_stream.cu in one fatbin (kernels/gemv.py):
 // it uses qstream_ring.cu's ring helpers, quantize_piece, dot_piece_i8 and warp_transposed_sum, qmlp_grid.cu's grid
-// barriers and chunk counter, and qmlp_steps.cu's producer and consumer steps. Host: qmlp_host.cc.
+// barriers and qmlp_steps.cu's steps. Host: qmlp_host.cc.
 //
 // One block per SM, launched cooperatively (all blocks resident). Block b owns the same share of rows in each of the
 // four weights: rows b * H / G .. of Wo and Wd, features b * F / G .. of gate and up (the merged (2F, H) weight's
@@ -19,10 +19,8 @@
 //     grid barrier;
 //   - every block reads the whole a and quantizes it; Wd; y = sum + h.
 // The grid barrier is the consumers' (the producer only reads their count of it), on state in this module's global
-// memory (qmlp_grid.cu). h and a are outputs (the caller's memory): written once by their owner block, read by all
-// after the barrier, two values at a time (the shares of rows and features are even). With `chunked`, gate / up is
-// no fixed share: each block's producer takes chunks of RH features from a counter while they last (qmlp_steps.cu).
-// Each step's time in the kernel: benchmarks/q4mlp_trace.py (the `trace` stamps).
+// memory (qmlp_grid.cu's q4mlp_grid_barrier). h and a are outputs (the caller's memory): written once by their owner
+// block, read by all after the barrier. Each step's time in the kernel: benchmarks/q4mlp_trace.py (the `trace` stamps).
 // Where x_bytes > 0, x is no input: every block first computes it, the attention of the step's one row (q, k, v and
 // the rotary tables in `attn`, gemv_prologue.cu's attention_rows), into shared memory before the ring.
 
@@ -41,10 +39,9 @@ struct Q4MlpParams {  // must match qmlp_host.cc
   float eps;
   int stages, stage_bytes;
   unsigned long long* trace;  // null, or per block kQ4MlpTraceEvents globaltimer stamps (benchmarks/q4mlp_trace.py)
-  int barrier;                // kGenerationBarrier / kCountBarrier (qmlp_grid.cu)
+  int barrier;                // kGenerationBarrier / kCountBarrier (q4mlp_grid_barrier)
   int x_bytes;                // > 0: x is the attention of one row (attn), computed into that much shared memory
   int ahead;                  // slots of a step the producer copies before the consumers pass its grid barrier
-  int chunked;                // gate / up in chunks grabbed while they last (q4mlp_produce_chunks), not a fixed share
   AttnParams attn;            // gemv_prologue.cu's: q, k, v, the tables, the heads (x null)
 };
 
@@ -65,7 +62,6 @@ __device__ __forceinline__ void q4mlp_stamp(const Q4MlpParams& p, int e) {
 template <int GR, int RH, int PH, int RF, int PF>
 __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  static_assert(GR == 2 && RH % 2 == 0, "gate / up chunks: gate's rows in one row group, up's in the other, pairs");
   constexpr int kConsumers = GR * kQ4PieceThreads, kWarps = kQ4PieceThreads / 32;
   extern __shared__ __align__(128) unsigned char smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem);
@@ -74,9 +70,7 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
   unsigned char* ring = smem + kQ4BarrierBytes + p.x_bytes;
   float* part = reinterpret_cast<float*>(ring + static_cast<size_t>(p.stages) * p.stage_bytes);
   const int b = blockIdx.x, blocks = gridDim.x;
-  auto share = [&](int n, int i) {  // an even share: h and act are written two values at a time
-    return 2 * static_cast<int>(static_cast<long long>(i) * (n / 2) / blocks);
-  };
+  auto share = [&](int n, int i) { return static_cast<int>(static_cast<long long>(i) * n / blocks); };
   const int r0 = share(p.hidden, b), rows = share(p.hidden, b + 1) - r0;
   const int f0 = share(p.f, b), frows = share(p.f, b + 1) - f0;
   const Q4MlpSegment seg[4] = {
@@ -85,34 +79,33 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
       q4mlp_segment(p.wgu, p.sgu, p.hidden, p.shift_gu, p.f + f0, frows),
       q4mlp_segment(p.wd, p.sd, p.f, p.shift_d, r0, rows),
   };
-  const Q4MlpSegment gate = q4mlp_segment(p.wgu, p.sgu, p.hidden, p.shift_gu, 0, p.f);  // chunks: all of gate's rows
-  // the steps passed (0, 1, 2) in full[] past the ring's slots, each slot's chunk in empty[] past them (stages <= 32)
-  const Q4MlpRing r{ring, full, empty, p.stages, p.stage_bytes, p.ahead,
-                    reinterpret_cast<volatile int*>(full + kQ4StreamMaxStages - 1),
-                    reinterpret_cast<volatile int*>(empty + kQ4StreamMaxStages / 2)};
+  // the grid barriers the consumers passed (0, 1, 2), in full[] past the ring's slots (the host keeps them < 64)
+  volatile int* passed = reinterpret_cast<volatile int*>(full + kQ4StreamMaxStages - 1);
   if (threadIdx.x == 0) {
     for (int s = 0; s < p.stages; ++s) barrier_init(&full[s], 1), barrier_init(&empty[s], GR * kWarps);
-    *r.passed = 0;
+    *passed = 0;
     asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;" ::: "memory");
   }
   __syncthreads();
   if (threadIdx.x >= kConsumers) {  // the producer warp: all four segments' weights, never waiting for activations
     if (threadIdx.x == kConsumers) {  // (but for `ahead` slots of each step after the first before its barrier)
       q4mlp_stamp(p, 10);
-      int s = q4mlp_produce(r, seg[0], GR * RH, 0, 0, 0);
-      q4mlp_stamp(p, 11);  // each segment's last copy issued
-      if (p.chunked) {
-        wait_for_previous_kernel();  // the epoch, which picks the chunk counter, once the previous kernel is done
-        s = q4mlp_produce_chunks(r, gate, p.f, RH, &relaxtune_q4mlp_chunks[q4mlp_epoch() & 1], s);
-        q4mlp_stamp(p, 12);
-      } else {
-        s = q4mlp_produce(r, seg[1], GR * RH, s, 0, 1);
-        q4mlp_stamp(p, 12);
-        s = q4mlp_produce(r, seg[2], GR * RH, s, (frows + GR * RH - 1) / (GR * RH), 1);
+      int s = 0;
+      for (int i = 0; i < 4; ++i) {
+        const int rs = GR * (i == 3 ? RF : RH), step = i == 0 ? 0 : i < 3 ? 1 : 2;
+        for (int r = 0, n = i == 2 ? (seg[1].rows + rs - 1) / rs : 0; r < seg[i].rows; r += rs, ++s, ++n) {
+          const int slot = s % p.stages, here = min(rs, seg[i].rows - r);
+          if (s >= p.stages) barrier_wait(&empty[slot], (s / p.stages - 1) & 1);
+          if (n >= p.ahead)
+            while (*passed < step) __nanosleep(64);
+          unsigned char* dst = ring + static_cast<size_t>(slot) * p.stage_bytes;
+          barrier_expect_bytes(&full[slot], here * (seg[i].row_bytes + seg[i].scale_bytes));
+          bulk_copy(dst, seg[i].w + static_cast<size_t>(r) * seg[i].row_bytes, here * seg[i].row_bytes, &full[slot]);
+          bulk_copy(dst + rs * seg[i].row_bytes, seg[i].s + static_cast<size_t>(r) * seg[i].scale_bytes,
+                    here * seg[i].scale_bytes, &full[slot]);
+        }
+        q4mlp_stamp(p, 11 + i);  // the segment's last copy issued
       }
-      q4mlp_stamp(p, 13);
-      q4mlp_produce(r, seg[3], GR * RF, s, 0, 2);
-      q4mlp_stamp(p, 14);
     }
     return;
   }
@@ -123,44 +116,36 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
   Q4RingSlot s;
   const bool stamps = threadIdx.x == 0;
   if (stamps) q4mlp_stamp(p, 0);
-  wait_for_previous_kernel();  // x, res and the epoch only after the previous kernel
-  const unsigned int epoch = q4mlp_epoch();
   {  // h = x @ Wo^T + res for this block's rows
+    uint32_t xq[PH][4];
+    int corr[PH];
+    float scale[PH];
+    wait_for_previous_kernel();  // x and res only after the previous kernel
     if (p.x_bytes > 0) {  // x = the attention of the one row (gemv_prologue.cu), into shared memory
       attention_rows<__half, 1>(1, p.a, p.attn, xs, kConsumers);
       asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
     }
-    uint4 xv[PH][2];
-    if (p.x_bytes > 0) {
-      q4mlp_load<PH, false>(xs, p.a, t, xv, true);
-    } else {
-      q4mlp_load<PH, false>(p.x, p.a, t, xv);
-    }
-    uint32_t xq[PH][4];
-    int corr[PH];
-    float scale[PH];
-#pragma unroll
-    for (int j = 0; j < PH; ++j) quantize_piece(xv[j], xq[j], corr[j], scale[j]);
+    q4mlp_quantize<PH, false>(p.x_bytes > 0 ? xs : p.x, p.a, t, xq, corr, scale, p.x_bytes > 0);
     if (stamps) q4mlp_stamp(p, 1);
-    q4mlp_consume<GR, RH, PH>(r, s, seg[0], p.a, xq, corr, scale, part);
+    q4mlp_consume<GR, RH, PH>(seg[0], s, p.stages, p.stage_bytes, ring, full, empty, p.a, xq, corr, scale, part);
     if (stamps) q4mlp_stamp(p, 2);
     asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
     const __half* res = static_cast<const __half*>(p.res);
-    for (int i = 2 * threadIdx.x; i < rows; i += 2 * kConsumers) {  // two rows a thread (rows is even)
-      float sum[2] = {__half2float(res[r0 + i]), __half2float(res[r0 + i + 1])};
+    for (int r = threadIdx.x; r < rows; r += kConsumers) {
+      float sum = __half2float(res[r0 + r]);
 #pragma unroll
-      for (int q = 0; q < kWarps; ++q) sum[0] += part[i * kWarps + q], sum[1] += part[(i + 1) * kWarps + q];
-      *reinterpret_cast<__half2*>(h + r0 + i) = __floats2half2_rn(sum[0], sum[1]);
+      for (int q = 0; q < kWarps; ++q) sum += part[r * kWarps + q];
+      h[r0 + r] = __float2half_rn(sum);
     }
   }
   uint4 gv[PH][2];  // the norm's weight for this thread's pieces, read before the barrier
   q4mlp_load<PH, false>(p.g, p.hidden, t, gv);
   q4mlp_grid_barrier(kConsumers, p.barrier);
-  uint4 xv[PH][2];  // all of h
-  q4mlp_load<PH, true>(h, p.hidden, t, xv);
-  if (threadIdx.x == 0) *r.passed = 1;
+  if (threadIdx.x == 0) *passed = 1;
   if (stamps) q4mlp_stamp(p, 3);
   {  // n = rms_norm(h) * g; gate and up of this block's features; act = silu(gate) * up
+    uint4 xv[PH][2];
+    q4mlp_load<PH, true>(h, p.hidden, t, xv);
     float sq = 0.0f;
 #pragma unroll
     for (int j = 0; j < PH; ++j) {
@@ -174,8 +159,7 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
     }
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, o);
-    // after the gate / up sums: the fixed share's, or the chunks' two buffers
-    float* scratch = part + static_cast<size_t>(max(2 * frows, 4 * RH)) * kWarps + g * kWarps;
+    float* scratch = part + 2 * static_cast<size_t>(frows) * kWarps + g * kWarps;  // after gate's and up's sums
     if (lane == 0) scratch[warp] = sq;
     asm volatile("bar.sync %0, %1;" ::"r"(2 + g), "r"(kQ4PieceThreads) : "memory");  // this row group's warps
     float total = 0.0f;
@@ -199,55 +183,36 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
       quantize_piece(xv[j], xq[j], corr[j], scale[j]);
     }
     if (stamps) q4mlp_stamp(p, 4);
-    // act for features f, f + 1 from their gate and up sums (`stride` floats apart) over the 8 warps
-    auto act_pair = [&](int f, const float* sums, int stride) {
-      float a[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        float gsum = 0.0f, usum = 0.0f;
-#pragma unroll
-        for (int q = 0; q < kWarps; ++q) gsum += sums[i * kWarps + q], usum += sums[stride + i * kWarps + q];
-        a[i] = silu_times<__half>(round_to<__half>(gsum), round_to<__half>(usum));
-      }
-      *reinterpret_cast<__half2*>(act + f) = __floats2half2_rn(a[0], a[1]);
-    };
-    if (p.chunked) {
-      q4mlp_consume_chunks<RH, PH>(r, s, gate, p.hidden, xq, corr, scale, part, [&](int c, const float* sums) {
-        const int i = 2 * threadIdx.x;
-        if (i < RH && c * RH + i < p.f) act_pair(c * RH + i, sums + i * kWarps, RH * kWarps);
-      });
-    } else {
-      q4mlp_consume<GR, RH, PH>(r, s, seg[1], p.hidden, xq, corr, scale, part);
-      q4mlp_consume<GR, RH, PH>(r, s, seg[2], p.hidden, xq, corr, scale, part + static_cast<size_t>(frows) * kWarps);
-      asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
-      for (int i = 2 * threadIdx.x; i < frows; i += 2 * kConsumers) {  // two features a thread (frows is even)
-        act_pair(f0 + i, part + i * kWarps, frows * kWarps);
-      }
-    }
+    q4mlp_consume<GR, RH, PH>(seg[1], s, p.stages, p.stage_bytes, ring, full, empty, p.hidden, xq, corr, scale,
+                              part);
+    q4mlp_consume<GR, RH, PH>(seg[2], s, p.stages, p.stage_bytes, ring, full, empty, p.hidden, xq, corr, scale,
+                              part + static_cast<size_t>(frows) * kWarps);
     if (stamps) q4mlp_stamp(p, 5);
+    asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
+    for (int r = threadIdx.x; r < frows; r += kConsumers) {
+      float gate = 0.0f, up = 0.0f;
+#pragma unroll
+      for (int q = 0; q < kWarps; ++q) gate += part[r * kWarps + q], up += part[(frows + r) * kWarps + q];
+      act[f0 + r] = __float2half_rn(silu_times<__half>(round_to<__half>(gate), round_to<__half>(up)));
+    }
   }
+  q4mlp_grid_barrier(kConsumers, p.barrier);
+  if (threadIdx.x == 0) *passed = 2;
+  if (stamps) q4mlp_stamp(p, 6);
   {  // y = act @ Wd^T + h for this block's rows
-    q4mlp_grid_barrier(kConsumers, p.barrier);
-    // every block has read the epoch and taken its last chunk: the next launch's counter and epoch
-    if (b == 0 && threadIdx.x == 0) q4mlp_next_epoch(epoch);
-    uint4 av[PF][2];  // all of act
-    q4mlp_load<PF, true>(act, p.f, t, av);
-    if (threadIdx.x == 0) *r.passed = 2;
-    if (stamps) q4mlp_stamp(p, 6);
     uint32_t xq[PF][4];
     int corr[PF];
     float scale[PF];
-#pragma unroll
-    for (int j = 0; j < PF; ++j) quantize_piece(av[j], xq[j], corr[j], scale[j]);
+    q4mlp_quantize<PF, true>(act, p.f, t, xq, corr, scale);
     if (stamps) q4mlp_stamp(p, 7);
-    q4mlp_consume<GR, RF, PF>(r, s, seg[3], p.f, xq, corr, scale, part);
+    q4mlp_consume<GR, RF, PF>(seg[3], s, p.stages, p.stage_bytes, ring, full, empty, p.f, xq, corr, scale, part);
     if (stamps) q4mlp_stamp(p, 8);
     asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
-    for (int i = threadIdx.x; i < rows; i += kConsumers) {
-      float sum = __half2float(__ldcg(h + r0 + i));
+    for (int r = threadIdx.x; r < rows; r += kConsumers) {
+      float sum = __half2float(__ldcg(h + r0 + r));
 #pragma unroll
-      for (int q = 0; q < kWarps; ++q) sum += part[i * kWarps + q];
-      y[r0 + i] = __float2half_rn(sum);
+      for (int q = 0; q < kWarps; ++q) sum += part[r * kWarps + q];
+      y[r0 + r] = __float2half_rn(sum);
     }
   }
   if (stamps) q4mlp_stamp(p, 9);

@@ -1,7 +1,6 @@
 """On an NVIDIA GPU of compute capability 9.0+ (`python -m pytest -m gpu`): the fused 4-bit decode MLP kernel
 (relaxtune_q4mlp_i8, kernels/qmlp_stream.cu) against the composed int8 reference of the five kernels it replaces,
-with each grid barrier and gate / up as fixed shares or as chunks taken while they last (kernels/qmlp_steps.cu), and
-its attention-fed form. Skipped where no GPU is (CI has none)."""
+with each grid barrier (kernels/qmlp_grid.cu), and its attention-fed form. Skipped where no GPU is (CI has none)."""
 
 from __future__ import annotations
 
@@ -48,22 +47,16 @@ def _q4_mlp_reference(x, res, wo, g, wgu, wd, eps):
     return h, act, y
 
 
-# the grid barriers, and gate / up as fixed shares or chunks (qmlp_host.cc, read per launch)
-SETTINGS = {
-    "default": {},
-    "generation": {"RELAXTUNE_Q4MLP_BARRIER": "generation"},
-    "chunks": {"RELAXTUNE_Q4MLP_SHARE": "chunks"},
-    "generation-chunks": {"RELAXTUNE_Q4MLP_BARRIER": "generation", "RELAXTUNE_Q4MLP_SHARE": "chunks"},
-}
+# the grid barriers (qmlp_host.cc, read per launch): the count barrier (the default on an SM-count grid), the other
+SETTINGS = {"default": {}, "generation": {"RELAXTUNE_Q4MLP_BARRIER": "generation"}}
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
 @pytest.mark.parametrize("hidden,ffn,group", [(4096, 11008, 32), (256, 512, 32), (4096, 14336, 128), (2048, 5632, 32)])
 def test_q4mlp_matches_its_int8_reference(gemv_library, monkeypatch, hidden, ffn, group, setting):
     """relaxtune_q4mlp_i8 (qmlp_stream.cu): h, act and y against the composed int8 reference of the five kernels it
-    replaces, for three rows launched one after the other (each launch must find its chunk counter at zero), with each
-    grid barrier and each way of sharing gate / up between the blocks (SETTINGS); the kernel the host chooses by the
-    sizes. At H = 256 some of the 132 blocks own no rows."""
+    replaces, for three rows launched one after the other (each launch must find the barrier's state as it started
+    and compute its own row), with each grid barrier (SETTINGS); the kernel the host chooses by the sizes."""
     import tvm
     import tvm_ffi
 
@@ -89,7 +82,7 @@ def test_q4mlp_matches_its_int8_reference(gemv_library, monkeypatch, hidden, ffn
     x = tvm.runtime.tensor(np.zeros((1, hidden), np.float16), dev)
     chosen = str(gemv_library["relaxtune_q4mlp_i8_kernel"](x, *weights, 1e-5, *ffi_outs))
     assert chosen == "relaxtune_q4mlp_h1f4", chosen
-    for launch in range(3):  # the barriers' state returns to its start after each launch; the epoch moves on
+    for launch in range(3):
         xv = rng.standard_normal((1, hidden)).astype(np.float16)
         want = _q4_mlp_reference(xv, res, wo, g, wgu, wd, 1e-5)
         for o in outs:
@@ -102,11 +95,8 @@ def test_q4mlp_matches_its_int8_reference(gemv_library, monkeypatch, hidden, ffn
             assert err == err and err < 1e-2, (launch, name, err)
 
 
-@pytest.mark.parametrize("setting", ["default", "chunks"])
 @pytest.mark.parametrize("hidden,heads,kv_heads,ffn", [(4096, 32, 32, 11008), (2048, 32, 8, 5632), (512, 8, 2, 1024)])
-def test_q4mlp_with_the_attention_matches_it_fed_the_attention(
-    gemv_library, monkeypatch, hidden, heads, kv_heads, ffn, setting
-):
+def test_q4mlp_with_the_attention_matches_it_fed_the_attention(gemv_library, hidden, heads, kv_heads, ffn):
     """relaxtune_q4mlp_attn_i8: x computed by every block from q, k, v (one row: the attention of a row over itself is
     its v, rounded once) against relaxtune_q4mlp_i8 given that x; h, act and y equal to the bit."""
     import tvm
@@ -116,8 +106,6 @@ def test_q4mlp_with_the_attention_matches_it_fed_the_attention(
 
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the fused MLP kernel needs compute capability 9.0+")
-    for name, value in SETTINGS[setting].items():
-        monkeypatch.setenv(name, value)
     rng = np.random.default_rng(hidden + heads)
     dim = hidden // heads
 
