@@ -41,12 +41,20 @@ FATBINS = (
 
 
 def kernel_digests(ptx: str) -> dict[str, str]:
-    """{entry name (or "<globals>"): sha1 of its PTX with the anonymous namespace's name made neutral}."""
-    out = {}
+    """{entry name (or "<globals>"): sha1 of its PTX with the anonymous namespace's name made neutral}. nvcc writes
+    the module's variables after the first entry's `// .globl` line, before its `.entry`: they count as globals."""
+    out, module = {}, []
     for part in re.split(r"(?=\n\t// \.globl)", ANONYMOUS.sub("X", ptx)):
         found = ENTRY.search(part)
-        out[found.group(1) if found else "<globals>"] = hashlib.sha1(part.encode()).hexdigest()
-    return out
+        if found is None:
+            module.append(part)
+            continue
+        start = part.rfind("\n", 0, found.start()) + 1  # the line of `.entry` (after `.visible`, `.weak`)
+        header, _, between = part[:start].partition("\n\t// .globl")
+        marker, _, declarations = between.partition("\n")
+        module.append(header + declarations)
+        out[found.group(1)] = hashlib.sha1(f"// .globl{marker}\n{part[start:]}".encode()).hexdigest()
+    return {"<globals>": hashlib.sha1("".join(module).encode()).hexdigest(), **out}
 
 
 def dump(path: Path) -> None:

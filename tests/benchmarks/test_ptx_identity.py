@@ -1,5 +1,5 @@
 """benchmarks/ptx_identity.py: a pure move of code leaves every kernel's digest as it was, a changed kernel is named and
-fails the comparison (nvcc on the CPU, no GPU)."""
+fails the comparison, a module variable more changes the globals' digest alone (nvcc on the CPU, no GPU)."""
 
 from __future__ import annotations
 
@@ -59,6 +59,11 @@ def test_moved_code_same_digests_changed_kernel_named(tmp_path):
     assert ptx_identity.compare(digests["a"], digests["b"]) == []
     third = {"unit": ptx_identity.kernel_digests(changed)}
     assert ptx_identity.compare(digests["a"], third) == ["unit: second differs"]
+    # a module variable more: nvcc writes it after the first kernel's `// .globl` line, yet only the globals differ
+    counted = _ptx(tmp_path, "counted", "__device__ unsigned int counter;\n" + KERNEL.replace("SECOND", "1.0f"))
+    assert counted.index("// .globl") < counted.index(".global .align 4 .u32 counter")
+    more = {"unit": ptx_identity.kernel_digests(counted)}
+    assert ptx_identity.compare(digests["a"], more) == ["unit: <globals> differs"]
     for name, value in (("a", digests["a"]), ("c", third)):
         (tmp_path / f"{name}.json").write_text(json.dumps(value))
     assert _run("compare", "a.json", "a.json", cwd=tmp_path).returncode == 0
