@@ -56,6 +56,7 @@ template <int M, int GR, int RPG, int PMAX, bool I8, int P>
 __device__ __forceinline__ void q4stream_body(const Q4StreamParams& p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int RS = GR * RPG, kConsumers = kQ4PieceThreads * GR, NV = RPG * M, kWarpsPerGroup = kQ4PieceThreads / 32;
+  static_assert(GR * M * 8 * sizeof(float) <= kQ4ScratchBytes, "the norm's per-warp sums fit the host's scratch");
   static_assert((NV & (NV - 1)) == 0 && NV <= 32, "RPG * M is a power of two <= 32");
   extern __shared__ __align__(128) unsigned char smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem);
