@@ -1,4 +1,5 @@
-"""Shared by the GPU kernel tests: a kernel object (fatbin inside) linked into a library the TVM runtime loads."""
+"""Shared by the GPU kernel tests: a kernel object (fatbin inside) linked into a library the TVM runtime loads, and the
+gemv fatbin's library (the fp16 GEMVs, the 4-bit GEMVs, the fused 4-bit MLP) linked once for all of them."""
 
 from __future__ import annotations
 
@@ -23,3 +24,13 @@ def link_kernels(tmp_path_factory):
         return tvm.runtime.load_module(str(out))
 
     return link
+
+
+@pytest.fixture(scope="session")
+def gemv_library(link_kernels):
+    """kernels/gemv.py's host object for this GPU's arch, linked and loaded (once a session)."""
+    import torch
+
+    from relaxtune.kernels.gemv import object_file
+
+    return link_kernels(object_file("sm_{}{}".format(*torch.cuda.get_device_capability())), "gemv")

@@ -25,13 +25,6 @@ GEMV_CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def gemv_library(link_kernels):
-    from relaxtune.kernels.gemv import object_file
-
-    return link_kernels(object_file("sm_{}{}".format(*torch.cuda.get_device_capability())), "gemv")
-
-
 @pytest.mark.parametrize("nk", [False, True], ids=["kn", "nk"])
 @pytest.mark.parametrize("rows,k,n,dtype,residual", GEMV_CASES)
 def test_gemv_kernel_matches_fp32_torch(gemv_library, rows, k, n, dtype, residual, nk):

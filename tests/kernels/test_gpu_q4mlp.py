@@ -18,13 +18,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def gemv_library(link_kernels):
-    from relaxtune.kernels.gemv import object_file
-
-    return link_kernels(object_file("sm_{}{}".format(*torch.cuda.get_device_capability())), "q4mlp")
-
-
 def _round16(v):
     return np.asarray(v, dtype=np.float32).astype(np.float16).astype(np.float64)
 

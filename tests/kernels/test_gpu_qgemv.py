@@ -65,13 +65,6 @@ def _expected_kernel(settings: dict, rows: int, k: int, group: int) -> str:
     return f"relaxtune_q4gemv_f16_m{m}"
 
 
-@pytest.fixture(scope="module")
-def gemv_library(link_kernels):
-    from relaxtune.kernels.gemv import object_file
-
-    return link_kernels(object_file("sm_{}{}".format(*torch.cuda.get_device_capability())), "qgemv")
-
-
 @pytest.mark.parametrize("rows,k,n,group,residual", CASES)
 def test_q4gemv_matches_torch_dequantize_then_matmul(gemv_library, monkeypatch, rows, k, n, group, residual):
     """The default kernel, then every family of SETTINGS, on the same operands."""
