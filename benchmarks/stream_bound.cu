@@ -1,0 +1,115 @@
+// The skeleton of relaxtune's fused 4-bit decode kernels for benchmarks/stream_bound.py: the same weight bytes,
+// streamed the same way (one block per SM, launched cooperatively; a producer warp's cp.async.bulk copies into a ring
+// of shared-memory slots, qstream_ring.cu's helpers), the same grid barrier between the steps (qmlp_grid.cu's) and the
+// same outputs written before it and read back after it, but no arithmetic: the consumers only read each slot once.
+// Its time per call is the least a kernel of this design can take for those bytes and dependencies. Appended after
+// relaxtune's gemv kernel sources (kernels/gemv.py's KERNEL_SOURCE), which it uses unchanged.
+
+constexpr int kBoundMaxSegments = 8, kBoundMaxSteps = 4, kBoundEvents = 2 + 2 * kBoundMaxSteps;
+constexpr int kBoundConsumers = 2 * kQ4PieceThreads;  // two row groups, as relaxtune_q4mlp_h1f4
+
+struct BoundSegment {  // must match stream_bound.py's Segment
+  const char *w, *s;   // rows x row_bytes, rows x scale_bytes
+  int rows, row_bytes, scale_bytes, rows_per_slot;
+  int step;  // 0 ..: a step > 0 starts after a grid barrier (where `barriers`), then reads back the outputs before it
+  int out;  // this segment's outputs' offset in `out` (2 bytes a row)
+};
+
+struct BoundParams {  // must match stream_bound.py's Params
+  BoundSegment seg[kBoundMaxSegments];
+  int segments, stages, stage_bytes, ahead, barriers, barrier_kind;
+  char* out;  // every step's outputs, 2 bytes a row of its segments
+  int readback[kBoundMaxSteps];  // bytes of `out` every block reads after the barrier that starts the step
+  int readfrom[kBoundMaxSteps];  // their offset
+  unsigned long long* trace;  // null, or kBoundEvents globaltimer stamps a block
+  unsigned int* sink;  // one word a block: what the consumers read, so that no read is dropped
+};
+static_assert(sizeof(BoundSegment) == 40 && sizeof(BoundParams) == 400, "stream_bound.py's Segment and Params");
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void bound_stamp(const BoundParams& p, int e) {
+  if (p.trace == nullptr) return;
+  unsigned long long now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  p.trace[blockIdx.x * kBoundEvents + e] = now;
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(kBoundConsumers + 32, 1) relaxtune_stream_bound(BoundParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char bound_smem[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(bound_smem);
+  uint64_t* empty = full + kQ4StreamMaxStages;
+  volatile int* passed = reinterpret_cast<volatile int*>(full + kQ4StreamMaxStages - 1);
+  unsigned char* ring = bound_smem + kQ4BarrierBytes;
+  const int b = blockIdx.x, blocks = gridDim.x;
+  auto share = [&](int n, int i) { return static_cast<int>(static_cast<long long>(i) * n / blocks); };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < p.stages; ++s) barrier_init(&full[s], 1), barrier_init(&empty[s], kBoundConsumers / 32);
+    *passed = 0;
+    asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x >= kBoundConsumers) {  // the producer warp, as qmlp_stream.cu's
+    if (threadIdx.x == kBoundConsumers) {
+      int s = 0;
+      for (int i = 0, n = 0; i < p.segments; ++i) {
+        const BoundSegment& sg = p.seg[i];
+        if (i > 0 && sg.step != p.seg[i - 1].step) n = 0;  // slots of this step so far
+        const int r0 = share(sg.rows, b), rows = share(sg.rows, b + 1) - r0;
+        for (int r = 0; r < rows; r += sg.rows_per_slot, ++s, ++n) {
+          const int slot = s % p.stages, here = min(sg.rows_per_slot, rows - r);
+          if (s >= p.stages) barrier_wait(&empty[slot], (s / p.stages - 1) & 1);
+          if (p.barriers && n >= p.ahead)
+            while (*passed < sg.step) __nanosleep(64);
+          unsigned char* dst = ring + static_cast<size_t>(slot) * p.stage_bytes;
+          barrier_expect_bytes(&full[slot], here * (sg.row_bytes + sg.scale_bytes));
+          bulk_copy(dst, sg.w + static_cast<size_t>(r0 + r) * sg.row_bytes, here * sg.row_bytes, &full[slot]);
+          bulk_copy(dst + sg.rows_per_slot * sg.row_bytes, sg.s + static_cast<size_t>(r0 + r) * sg.scale_bytes,
+                    here * sg.scale_bytes, &full[slot]);
+        }
+      }
+    }
+    return;
+  }
+  const bool stamps = threadIdx.x == 0;
+  if (stamps) bound_stamp(p, 0);
+  unsigned int seen = 0;
+  Q4RingSlot ring_slot;
+  for (int i = 0; i < p.segments; ++i) {
+    const BoundSegment& sg = p.seg[i];
+    if (i > 0 && sg.step != p.seg[i - 1].step) {  // the step before is done: its outputs, the barrier, the read back
+      const int step = sg.step;
+      for (int j = 0; j < i; ++j) {
+        if (p.seg[j].step != step - 1) continue;
+        const int r0 = share(p.seg[j].rows, b), rows = share(p.seg[j].rows, b + 1) - r0;
+        for (int r = threadIdx.x; r < rows; r += kBoundConsumers)
+          reinterpret_cast<unsigned short*>(p.out + p.seg[j].out)[r0 + r] = static_cast<unsigned short>(seen + r);
+      }
+      if (stamps) bound_stamp(p, 2 * step);
+      if (p.barriers) {
+        q4mlp_grid_barrier(kBoundConsumers, p.barrier_kind);
+        if (threadIdx.x == 0) *passed = step;
+      }
+      if (stamps) bound_stamp(p, 2 * step + 1);
+      const uint4* back = reinterpret_cast<const uint4*>(p.out + p.readfrom[step]);
+      for (int v = threadIdx.x; v < p.readback[step] / 16; v += kBoundConsumers) seen ^= __ldcg(back + v).x;
+    }
+    const int r0 = share(sg.rows, b), rows = share(sg.rows, b + 1) - r0;
+    const int slot_bytes = sg.rows_per_slot * (sg.row_bytes + sg.scale_bytes);
+    for (int r = 0; r < rows; r += sg.rows_per_slot) {
+      const int slot = ring_slot.slot;
+      barrier_wait(&full[slot], ring_slot.phase);
+      ring_slot.next(p.stages);
+      const uint4* data = reinterpret_cast<const uint4*>(ring + static_cast<size_t>(slot) * p.stage_bytes);
+      for (int v = threadIdx.x; v < slot_bytes / 16; v += kBoundConsumers) seen += data[v].y;
+      __syncwarp();
+      if (threadIdx.x % 32 == 0) barrier_arrive(&empty[slot]);
+    }
+  }
+  if (stamps) bound_stamp(p, 2 * kBoundMaxSteps);
+  seen = __reduce_add_sync(0xffffffffu, seen);
+  if (threadIdx.x % 32 == 0) atomicAdd(p.sink + b, seen);
+  if (stamps) bound_stamp(p, 2 * kBoundMaxSteps + 1);
+#endif
+}
