@@ -2,8 +2,10 @@
 // streamed the same way (one block per SM, launched cooperatively; a producer warp's cp.async.bulk copies into a ring
 // of shared-memory slots, qstream_ring.cu's helpers), the same grid barrier between the steps (qmlp_grid.cu's) and the
 // same outputs written before it and read back after it, but no arithmetic: the consumers only read each slot once.
-// Its time per call is the least a kernel of this design can take for those bytes and dependencies. Appended after
-// relaxtune's gemv kernel sources (kernels/gemv.py's KERNEL_SOURCE), which it uses unchanged.
+// Its time per call is the least a kernel of this design can take for those bytes and dependencies. Where readback[0]
+// > 0 the consumers first wait for the previous kernel (a programmatic dependent launch) and read the kernel's input,
+// as the product reads x or q / k / v. Appended after relaxtune's gemv kernel sources (kernels/gemv.py's
+// KERNEL_SOURCE), which it uses unchanged.
 
 constexpr int kBoundMaxSegments = 8, kBoundMaxSteps = 4, kBoundEvents = 2 + 2 * kBoundMaxSteps;
 constexpr int kBoundConsumers = 2 * kQ4PieceThreads;  // two row groups, as relaxtune_q4mlp_h1f4
@@ -19,7 +21,7 @@ struct BoundParams {  // must match stream_bound.py's Params
   BoundSegment seg[kBoundMaxSegments];
   int segments, stages, stage_bytes, ahead, barriers, barrier_kind;
   char* out;  // every step's outputs, 2 bytes a row of its segments
-  int readback[kBoundMaxSteps];  // bytes of `out` every block reads after the barrier that starts the step
+  int readback[kBoundMaxSteps];  // bytes of `out` every block reads after the barrier that starts the step (0: first)
   int readfrom[kBoundMaxSteps];  // their offset
   unsigned long long* trace;  // null, or kBoundEvents globaltimer stamps a block
   unsigned int* sink;  // one word a block: what the consumers read, so that no read is dropped
@@ -75,25 +77,35 @@ extern "C" __global__ void __launch_bounds__(kBoundConsumers + 32, 1) relaxtune_
   const bool stamps = threadIdx.x == 0;
   if (stamps) bound_stamp(p, 0);
   unsigned int seen = 0;
+  auto read_back = [&](int step) {  // readback[step] bytes of `out`, through L2
+    const uint4* back = reinterpret_cast<const uint4*>(p.out + p.readfrom[step]);
+    for (int v = threadIdx.x; v < p.readback[step] / 16; v += kBoundConsumers) seen ^= __ldcg(back + v).x;
+  };
+  auto write_outputs = [&](int step) {  // this block's rows of the step's outputs
+    for (int j = 0; j < p.segments; ++j) {
+      if (p.seg[j].step != step) continue;
+      const int r0 = share(p.seg[j].rows, b), rows = share(p.seg[j].rows, b + 1) - r0;
+      for (int r = threadIdx.x; r < rows; r += kBoundConsumers)
+        reinterpret_cast<unsigned short*>(p.out + p.seg[j].out)[r0 + r] = static_cast<unsigned short>(seen + r);
+    }
+  };
+  if (p.readback[0] > 0) {
+    wait_for_previous_kernel();
+    read_back(0);
+  }
   Q4RingSlot ring_slot;
   for (int i = 0; i < p.segments; ++i) {
     const BoundSegment& sg = p.seg[i];
     if (i > 0 && sg.step != p.seg[i - 1].step) {  // the step before is done: its outputs, the barrier, the read back
       const int step = sg.step;
-      for (int j = 0; j < i; ++j) {
-        if (p.seg[j].step != step - 1) continue;
-        const int r0 = share(p.seg[j].rows, b), rows = share(p.seg[j].rows, b + 1) - r0;
-        for (int r = threadIdx.x; r < rows; r += kBoundConsumers)
-          reinterpret_cast<unsigned short*>(p.out + p.seg[j].out)[r0 + r] = static_cast<unsigned short>(seen + r);
-      }
+      write_outputs(step - 1);
       if (stamps) bound_stamp(p, 2 * step);
       if (p.barriers) {
         q4mlp_grid_barrier(kBoundConsumers, p.barrier_kind);
         if (threadIdx.x == 0) *passed = step;
       }
       if (stamps) bound_stamp(p, 2 * step + 1);
-      const uint4* back = reinterpret_cast<const uint4*>(p.out + p.readfrom[step]);
-      for (int v = threadIdx.x; v < p.readback[step] / 16; v += kBoundConsumers) seen ^= __ldcg(back + v).x;
+      read_back(step);
     }
     const int r0 = share(sg.rows, b), rows = share(sg.rows, b + 1) - r0;
     const int slot_bytes = sg.rows_per_slot * (sg.row_bytes + sg.scale_bytes);
@@ -108,6 +120,8 @@ extern "C" __global__ void __launch_bounds__(kBoundConsumers + 32, 1) relaxtune_
     }
   }
   if (stamps) bound_stamp(p, 2 * kBoundMaxSteps);
+  asm volatile("bar.sync 1, %0;" ::"r"(kBoundConsumers) : "memory");  // the last step's outputs: every slot read
+  write_outputs(p.seg[p.segments - 1].step);
   seen = __reduce_add_sync(0xffffffffu, seen);
   if (threadIdx.x % 32 == 0) atomicAdd(p.sink + b, seen);
   if (stamps) bound_stamp(p, 2 * kBoundMaxSteps + 1);

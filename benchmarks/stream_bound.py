@@ -10,7 +10,8 @@ costs while the weights stream. Variants:
 
 - `block`: the whole q4f16 block at n = 1 in one kernel: q/k/v (12288 x 4096), o_proj (4096 x 4096), gate and up
   (2 x 11008 x 4096), down (4096 x 11008); three grid barriers (q/k/v before the attention, h before its norm,
-  silu(gate) * up before down); `mlp`: o_proj .. down (relaxtune_q4mlp_i8's bytes), two barriers;
+  silu(gate) * up before down); `mlp`: o_proj .. down (relaxtune_q4mlp_i8's bytes) alone, two barriers; `split`: the
+  block as relaxtune runs it today, the q/k/v kernel, then the o_proj .. down kernel as its programmatic dependent;
 - suffixes: `-stream` no barriers (the ring's own rate), `-noread` no read back, `-aheadN` the producer copies N
   slots of a step before its barrier (default 2, as the product), `-stN` N ring slots (default 3), `-gen` the
   generation barrier instead of the count barrier.
@@ -55,6 +56,19 @@ class Segment(ctypes.Structure):  # stream_bound.cu's BoundSegment
     ]
 
 
+class LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint * 16)]
+
+
+class LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [
+        *((name, ctypes.c_uint) for name in ("gx", "gy", "gz", "bx", "by", "bz", "shared")),
+        ("stream", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(LaunchAttribute)),
+        ("num_attrs", ctypes.c_uint),
+    ]
+
+
 class Params(ctypes.Structure):  # stream_bound.cu's BoundParams
     _fields_ = [
         ("seg", Segment * MAX_SEGMENTS),
@@ -72,19 +86,23 @@ class Params(ctypes.Structure):  # stream_bound.cu's BoundParams
     ]
 
 
-def weights(kind: str) -> list[tuple[str, int, int, int]]:
-    """(name, rows, K, step) of each segment, in the order the kernel streams them."""
-    mlp = [("o_proj", H, A, 1), ("gate", F, H, 2), ("up", F, H, 2), ("down", H, F, 3)]
-    if kind == "block":
-        return [("qkv", 3 * A, H, 0), *mlp]
-    return [(name, rows, k, step - 1) for name, rows, k, step in mlp]
+# every segment's (rows, K); its outputs (2 bytes a row) at a fixed offset of `out`, after the block's input x
+SEGMENTS = {"qkv": (3 * A, H), "o_proj": (H, A), "gate": (F, H), "up": (F, H), "down": (H, F)}
+X_BYTES = 2 * H
+OUT = {name: X_BYTES + 2 * sum(r for r, _k in list(SEGMENTS.values())[:i]) for i, name in enumerate(SEGMENTS)}
+# the kernels of a call: each a list of (segment, step)
+KERNELS = {
+    "block": [[("qkv", 0), ("o_proj", 1), ("gate", 2), ("up", 2), ("down", 3)]],
+    "mlp": [[("o_proj", 0), ("gate", 1), ("up", 1), ("down", 2)]],
+    "split": [[("qkv", 0)], [("o_proj", 0), ("gate", 1), ("up", 1), ("down", 2)]],
+}
 
 
 def parse_variant(name: str) -> dict:
-    """`block` / `mlp` and the suffixes of the module docstring as settings; one line naming what is allowed else."""
+    """A variant's kind and suffixes (the module docstring) as settings; else one line naming what is allowed."""
     kind, *flags = name.split("-")
-    if kind not in ("block", "mlp"):
-        raise SystemExit(f"stream_bound: variant {name!r}: starts with block or mlp")
+    if kind not in KERNELS:
+        raise SystemExit(f"stream_bound: variant {name!r}: starts with one of {', '.join(KERNELS)}")
     v = {"kind": kind, "barriers": True, "read": True, "ahead": 2, "stages": 3, "barrier_kind": 1}
     for flag in flags:
         if flag == "stream":
@@ -120,7 +138,7 @@ class Bound:
         self._check(self.cu.cuModuleGetFunction(ctypes.byref(self.fn), self.module, b"relaxtune_stream_bound"), "")
         self.sms = torch.cuda.get_device_properties(0).multi_processor_count
         self.copies = copies
-        self.sets = {kind: [self._weights(kind) for _ in range(copies)] for kind in ("block", "mlp")}
+        self.sets = [{name: self._weights(rows, k) for name, (rows, k) in SEGMENTS.items()} for _ in range(copies)]
         self.out = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda")
         self.sink = torch.zeros(self.sms, dtype=torch.int32, device="cuda")
         self.shared = 0
@@ -129,89 +147,101 @@ class Bound:
         if rc != 0:
             raise RuntimeError(f"stream_bound: {what} failed with CUresult {rc}")
 
-    def _weights(self, kind: str) -> list:
+    def _weights(self, rows: int, k: int) -> tuple:
         torch = self.torch
-        return [
-            (
-                torch.randint(0, 255, (rows, k // 2), dtype=torch.uint8, device="cuda"),
-                torch.randint(0, 255, (rows, 2 * (k // GROUP)), dtype=torch.uint8, device="cuda"),
-                rows,
-                k,
-                step,
-            )
-            for _name, rows, k, step in weights(kind)
-        ]
+        return (
+            torch.randint(0, 255, (rows, k // 2), dtype=torch.uint8, device="cuda"),
+            torch.randint(0, 255, (rows, 2 * (k // GROUP)), dtype=torch.uint8, device="cuda"),
+        )
 
     def bytes(self, kind: str) -> int:
-        return sum(w.numel() + s.numel() for w, s, *_ in self.sets[kind][0])
+        weights = self.sets[0]
+        return sum(weights[name][0].numel() + weights[name][1].numel() for k in KERNELS[kind] for name, _ in k)
 
-    def params(self, v: dict, copy: int, trace=None) -> Params:
+    def params(self, v: dict, kernel: list, copy: int, trace=None) -> Params:
+        """One kernel's parameters: its segments of weight copy `copy`, what it reads first (x, or q / k / v where
+        it starts at o_proj), and after each barrier the first segment's outputs of the step before."""
         p = Params()
-        offset, outs = 0, {}
-        rows_by_step: dict[int, list[int]] = {}
-        for i, (w, s, rows, k, step) in enumerate(self.sets[v["kind"]][copy]):
+        for i, (name, step) in enumerate(kernel):
+            w, s = self.sets[copy][name]
+            rows, k = SEGMENTS[name]
             rps = 8 if k > H else 16  # relaxtune_q4mlp_h1f4's rows a slot: 2 groups x RH = 8, RF = 4
-            p.seg[i] = Segment(w.data_ptr(), s.data_ptr(), rows, k // 2, 2 * (k // GROUP), rps, step, offset)
-            outs[i] = offset
-            rows_by_step.setdefault(step, []).append(i)
-            offset += 2 * rows
-        p.segments = len(self.sets[v["kind"]][copy])
+            p.seg[i] = Segment(w.data_ptr(), s.data_ptr(), rows, k // 2, 2 * (k // GROUP), rps, step, OUT[name])
+        p.segments = len(kernel)
         p.stage_bytes = max(seg.rows_per_slot * (seg.row_bytes + seg.scale_bytes) for seg in p.seg[: p.segments])
         p.stages, p.ahead, p.barriers, p.barrier_kind = v["stages"], v["ahead"], int(v["barriers"]), v["barrier_kind"]
         p.out, p.sink = self.out.data_ptr(), self.sink.data_ptr()
         p.trace = trace.data_ptr() if trace is not None else None
-        for step in rows_by_step:
-            if step == 0 or not v["read"]:
-                continue
-            # the read back: the first segment's outputs of the step before (q/k/v, h, or act as gate's rows)
-            first = rows_by_step[step - 1][0]
-            p.readfrom[step], p.readback[step] = outs[first], 2 * p.seg[first].rows
+        first = kernel[0][0]
+        p.readfrom[0], p.readback[0] = (0, X_BYTES) if first == "qkv" else (OUT["qkv"], 2 * SEGMENTS["qkv"][0])
+        for (_before, was), (_name, step) in zip(kernel, kernel[1:]):
+            if step != was and v["read"]:
+                first_before = next(name for name, s in kernel if s == was)
+                p.readfrom[step], p.readback[step] = OUT[first_before], 2 * SEGMENTS[first_before][0]
         return p
 
     def shared_bytes(self, p: Params) -> int:
         return BARRIER_BYTES + p.stages * p.stage_bytes
 
-    def launch(self, p: Params, shared: int) -> None:
-        if shared != self.shared:  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    def launch(self, p: Params) -> None:
+        """A programmatic dependent launch (as the product's), cooperative where the kernel has grid barriers."""
+        shared = self.shared_bytes(p)
+        if shared > self.shared:  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             self._check(self.cu.cuFuncSetAttribute(self.fn, 8, shared), "cuFuncSetAttribute")
             self.shared = shared
+        attrs = (LaunchAttribute * 2)()
+        attrs[0].id, attrs[0].value[0] = 6, 1  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attrs[1].id, attrs[1].value[0] = 2, 1  # CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+        stream = self.torch.cuda.current_stream().cuda_stream
+        config = LaunchConfig(self.sms, 1, 1, THREADS, 1, 1, shared, stream, attrs, 2 if p.barriers else 1)
         args = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(p), ctypes.c_void_p))
-        stream = ctypes.c_void_p(self.torch.cuda.current_stream().cuda_stream)
-        rc = self.cu.cuLaunchCooperativeKernel(self.fn, self.sms, 1, 1, THREADS, 1, 1, shared, stream, args)
-        self._check(rc, "cuLaunchCooperativeKernel")
+        if p.barriers and self.cu.cuLaunchKernelEx(ctypes.byref(config), self.fn, args, None) == 0:
+            return
+        if p.barriers:  # the driver refused both attributes together: cooperative only, as the product falls back
+            config.attrs, config.num_attrs = ctypes.pointer(attrs[1]), 1
+        self._check(self.cu.cuLaunchKernelEx(ctypes.byref(config), self.fn, args, None), "cuLaunchKernelEx")
+
+    def calls(self, v: dict, traces=None) -> list[list[Params]]:
+        """Each weight copy's call: its kernels' parameters."""
+        return [
+            [self.params(v, k, c, traces[i] if traces else None) for i, k in enumerate(KERNELS[v["kind"]])]
+            for c in range(self.copies)
+        ]
 
     def time_us(self, v: dict, iters: int = 60, rounds: int = 7) -> float:
         """Median over rounds of the us per call of `iters` calls in turn over the weight copies."""
         torch = self.torch
-        ps = [self.params(v, c) for c in range(self.copies)]
-        shared = self.shared_bytes(ps[0])
+        calls = self.calls(v)
         for i in range(2 * self.copies):
-            self.launch(ps[i % self.copies], shared)
+            for p in calls[i % self.copies]:
+                self.launch(p)
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         times = []
         for _ in range(rounds):
             start.record()
             for i in range(iters):
-                self.launch(ps[i % self.copies], shared)
+                for p in calls[i % self.copies]:
+                    self.launch(p)
             end.record()
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end) * 1e3 / iters)
         return statistics.median(times)
 
-    def trace(self, v: dict) -> list[list[float]]:
-        """Each block's stamps in us from the first block's start (the last of three rounds over the copies)."""
+    def trace(self, v: dict) -> list[list[list[float]]]:
+        """Each kernel's blocks' stamps in us from the call's first block's start (the last of three rounds over
+        the copies)."""
         torch = self.torch
-        stamps = torch.zeros(self.sms * EVENTS, dtype=torch.int64, device="cuda")
-        ps = [self.params(v, c, stamps) for c in range(self.copies)]
-        shared = self.shared_bytes(ps[0])
+        traces = [torch.zeros(self.sms * EVENTS, dtype=torch.int64, device="cuda") for _ in KERNELS[v["kind"]]]
+        calls = self.calls(v, traces)
         for _ in range(3):
-            for p in ps:
-                self.launch(p, shared)
+            for call in calls:
+                for p in call:
+                    self.launch(p)
         torch.cuda.synchronize()
-        t = stamps.view(-1, EVENTS).double().cpu()
-        t0 = t[:, 0].min()
-        return [[(float(x) - float(t0)) / 1e3 if x > 0 else float("nan") for x in row] for row in t.tolist()]
+        stamps = [t.view(-1, EVENTS).double().cpu() for t in traces]
+        t0 = float(stamps[0][:, 0].min())
+        return [[[(float(x) - t0) / 1e3 if x > 0 else float("nan") for x in row] for row in t.tolist()] for t in stamps]
 
 
 def _steps(rows: list[list[float]]) -> dict:
@@ -237,7 +267,7 @@ def _steps(rows: list[list[float]]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--variants", default="block-stream,block,block-noread,mlp-stream,mlp,mlp-noread")
+    parser.add_argument("--variants", default="split,block,block-stream,block-noread,mlp,mlp-stream")
     args = parser.parse_args()
     from gpu_job_common import copy_bandwidth
 
@@ -251,7 +281,7 @@ def main() -> None:
         moved = bound.bytes(v["kind"])
         floor = moved / copy_gbs / 1e3
         us = bound.time_us(v)
-        steps = _steps(bound.trace(v))
+        steps = {f"kernel {i}": _steps(rows) for i, rows in enumerate(bound.trace(v))}
         report["variants"][name] = {
             **v,
             "MB": moved / 1e6,
@@ -260,10 +290,11 @@ def main() -> None:
             "x_floor": us / floor,
             "steps_us_min_median_max": steps,
         }
-        last = steps.get("end", [0, 0, 0])[2]
+        last = steps[f"kernel {len(steps) - 1}"].get("end", [0, 0, 0])[2]
         lines.append(f"| {name} | {moved / 1e6:.2f} | {us:.2f} | {floor:.2f} | {us / floor:.3f} | {last:.2f} |")
         print(lines[-1], flush=True)
-        print("   " + ", ".join(f"{e} {'/'.join(map(str, s))}" for e, s in steps.items()), flush=True)
+        for kernel, named in steps.items():
+            print(f"   {kernel}: " + ", ".join(f"{e} {'/'.join(map(str, s))}" for e, s in named.items()), flush=True)
     (args.out / "stream_bound.json").write_text(json.dumps(report, indent=1))
     (args.out / "stream_bound.md").write_text(f"copy rate {copy_gbs:.0f} GB/s\n\n" + "\n".join(lines) + "\n")
 

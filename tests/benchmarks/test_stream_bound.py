@@ -33,7 +33,7 @@ def test_variants_parse_or_name_what_is_allowed(bound_module):
     assert bound_module.parse_variant("mlp-stream")["barriers"] is False
     with pytest.raises(SystemExit, match="unknown 'fast'.*aheadN"):
         bound_module.parse_variant("block-fast")
-    with pytest.raises(SystemExit, match="starts with block or mlp"):
+    with pytest.raises(SystemExit, match="starts with one of block, mlp, split"):
         bound_module.parse_variant("layer")
 
 
@@ -41,38 +41,31 @@ def _cpu_bound(module):
     """A Bound whose weights are CPU tensors (params() only reads their shapes and addresses)."""
     bound = module.Bound.__new__(module.Bound)
     bound.torch, bound.copies = torch, 1
-    bound.sets = {
-        kind: [
-            [
-                (
-                    torch.zeros(rows, k // 2, dtype=torch.uint8),
-                    torch.zeros(rows, k // 16, dtype=torch.uint8),
-                    rows,
-                    k,
-                    s,
-                )
-                for _name, rows, k, s in module.weights(kind)
-            ]
-        ]
-        for kind in ("block", "mlp")
-    }
+    zeros = lambda *shape: torch.zeros(*shape, dtype=torch.uint8)  # noqa: E731
+    bound.sets = [{name: (zeros(rows, k // 2), zeros(rows, k // 16)) for name, (rows, k) in module.SEGMENTS.items()}]
     bound.out, bound.sink = torch.zeros(1 << 20, dtype=torch.uint8), torch.zeros(132, dtype=torch.int32)
     return bound
 
 
 def test_params_cover_the_block_and_read_back_what_the_product_does(bound_module):
     assert ctypes.sizeof(bound_module.Segment) == 40 and ctypes.sizeof(bound_module.Params) == 400  # the .cu's
+    assert ctypes.sizeof(bound_module.LaunchAttribute) == 72 and ctypes.sizeof(bound_module.LaunchConfig) == 56
     bound = _cpu_bound(bound_module)
-    # the q4f16 7B block's 4-bit weights and fp16 scales (the norms' 16 KB aside)
-    assert bound.bytes("block") == 113_836_032 and bound.bytes("mlp") == 85_524_480
-    block = bound.params(bound_module.parse_variant("block"), 0)
+    # the q4f16 7B block's 4-bit weights and fp16 scales (the norms' 16 KB aside), in one kernel or two
+    assert bound.bytes("block") == bound.bytes("split") == 113_836_032 and bound.bytes("mlp") == 85_524_480
+    out = bound_module.OUT
+    (block,) = [bound.params(bound_module.parse_variant("block"), k, 0) for k in bound_module.KERNELS["block"]]
     assert [block.seg[i].step for i in range(block.segments)] == [0, 1, 2, 2, 3]
-    # after each barrier every block reads q / k / v (3 x 4096), h (4096), silu(gate) * up (11008) as fp16
-    assert list(block.readback) == [0, 2 * 12288, 2 * 4096, 2 * 11008]
-    assert [block.readfrom[i] for i in (1, 2, 3)] == [0, block.seg[1].out, block.seg[2].out]
+    # first x; after each barrier every block reads q / k / v (3 x 4096), h (4096), silu(gate) * up (11008), fp16
+    assert list(block.readback) == [2 * 4096, 2 * 12288, 2 * 4096, 2 * 11008]
+    assert list(block.readfrom) == [0, out["qkv"], out["o_proj"], out["gate"]]
     assert block.stage_bytes == 8 * (5504 + 688) and bound.shared_bytes(block) == 1024 + 3 * block.stage_bytes
-    quiet = bound.params(bound_module.parse_variant("mlp-noread-stream"), 0)
-    assert list(quiet.readback) == [0, 0, 0, 0] and quiet.barriers == 0
+    # today's two kernels: the second starts at o_proj and first reads the first's q / k / v
+    qkv, mlp = [bound.params(bound_module.parse_variant("split"), k, 0) for k in bound_module.KERNELS["split"]]
+    assert (qkv.segments, mlp.segments) == (1, 4) and qkv.seg[0].out == out["qkv"]
+    assert (mlp.readfrom[0], mlp.readback[0]) == (out["qkv"], 2 * 12288) and list(mlp.readback)[1:3] == [8192, 22016]
+    quiet = bound.params(bound_module.parse_variant("mlp-noread-stream"), bound_module.KERNELS["mlp"][0], 0)
+    assert list(quiet.readback)[1:] == [0, 0, 0] and quiet.barriers == 0
 
 
 @pytest.mark.slow
