@@ -17,10 +17,14 @@ costs while the weights stream. Variants:
   generation barrier instead of the count barrier.
 
     python3 benchmarks/stream_bound.py --out $OUT/bound [--variants block,block-stream,...]
+    bash benchmarks/gpu_bound.sh $OUT          # the same beside the product's kernel and block, one GPU call
+    python3 benchmarks/stream_bound.py --out DIR --plot LABEL=OUT ...   # no GPU: those calls side by side
 
 Needs a GPU of compute capability 9.0+, torch and nvcc there (the module is compiled on the spot). Writes
 stream_bound.json and stream_bound.md (us per call, x the floor, and the blocks' min / median / max time of each
-step).
+step). `--plot` draws, for each gpu_bound.sh folder, the skeleton's variants and the product's figures it holds
+(OUT/tr/q4mlp_trace.json: relaxtune_q4mlp_i8 alone; OUT/q4/gpu_job.json: the q4f16 block as built) as x their
+floor, into stream_bound.png.
 """
 
 from __future__ import annotations
@@ -264,18 +268,84 @@ def _steps(rows: list[list[float]]) -> dict:
     return out
 
 
+# the bars drawn: (label, the skeleton's variant or the product's figure)
+BARS = [
+    ("block's weights streamed, no dependency (block-stream)", "block-stream"),
+    ("one kernel, 3 grid barriers and read backs (block)", "block"),
+    ("two kernels as relaxtune runs it (split)", "split"),
+    ("relaxtune's q4f16 block as built", "product block"),
+    ("o_proj .. down alone, 2 barriers (mlp)", "mlp"),
+    ("relaxtune_q4mlp_i8 alone", "product mlp"),
+]
+
+
+def x_floors(folder: Path) -> dict[str, float]:
+    """x the floor of each variant and product figure in a gpu_bound.sh folder."""
+    report = json.loads((folder / "bound" / "stream_bound.json").read_text())
+    out = {name: v["x_floor"] for name, v in report["variants"].items()}
+    trace, block = folder / "tr" / "q4mlp_trace.json", folder / "q4" / "gpu_job.json"
+    if trace.exists():
+        out["product mlp"] = 100 / json.loads(trace.read_text())["variants"]["h1f4"]["pct_copy"]
+    if block.exists():
+        floor = json.loads(block.read_text()).get("q4_floor", {})
+        out.update({"product block": v for k, v in floor.items() if k.endswith("_n1_over_floor")})
+    out["device"] = report.get("device", folder.name)
+    return out
+
+
+def plot(folders: dict[str, Path], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = {label: x_floors(folder) for label, folder in folders.items()}
+    fig, ax = plt.subplots(figsize=(10, 0.5 * len(BARS) * len(runs) + 1.8))
+    height = 0.8 / len(runs)
+    for j, (label, xs) in enumerate(runs.items()):
+        ys = [i + j * height for i, (_, key) in enumerate(BARS) if key in xs]
+        vals = [xs[key] for _, key in BARS if key in xs]
+        ax.barh(ys, vals, height=height, label=f"{label}: {xs['device']}")
+        for y, v in zip(ys, vals):
+            ax.text(v + 0.005, y, f"{v:.3f}", va="center", fontsize=7)
+    ax.set_yticks([i + 0.4 - height / 2 for i in range(len(BARS))], [name for name, _ in BARS], fontsize=8)
+    ax.invert_yaxis()
+    ax.axvline(1.3, color="#d62728", linestyle="--", linewidth=1, label="issue 26's goal for the block: 1.3x")
+    ax.set_xlim(1.0, max(max(v for k, v in xs.items() if k != "device") for xs in runs.values()) + 0.08)
+    ax.set_xlabel("time a call / the floor (its weight bytes at the measured copy rate)")
+    ax.set_title("The q4f16 7B block at n = 1: the design without arithmetic against the product", fontsize=10)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1 - 1.0 / (len(BARS) * len(runs) + 4)), ncol=2)
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--variants", default="split,block,block-stream,block-noread,mlp,mlp-stream")
+    parser.add_argument("--plot", nargs="+", metavar="LABEL=DIR", help="draw gpu_bound.sh folders (no GPU)")
     args = parser.parse_args()
+    if args.plot:
+        folders = {}
+        for spec in args.plot:
+            label, _, folder = spec.rpartition("=")
+            if not (Path(folder) / "bound" / "stream_bound.json").is_file():
+                parser.error(f"--plot {spec!r}: {folder}/bound/stream_bound.json is missing (gpu_bound.sh's folder?)")
+            folders[label or Path(folder).name] = Path(folder)
+        args.out.mkdir(parents=True, exist_ok=True)
+        plot(folders, args.out / "stream_bound.png")
+        print(f"wrote {args.out / 'stream_bound.png'}")
+        return
     from gpu_job_common import copy_bandwidth
 
     variants = {name: parse_variant(name) for name in args.variants.split(",")}
     args.out.mkdir(parents=True, exist_ok=True)
     copy_gbs = copy_bandwidth()
     bound = Bound(Path(tempfile.mkdtemp()))
-    report = {"copy_gbs": copy_gbs, "sms": bound.sms, "variants": {}}
+    device = bound.torch.cuda.get_device_name()
+    report = {"device": device, "copy_gbs": copy_gbs, "sms": bound.sms, "variants": {}}
     lines = ["| variant | MB | us a call | floor (us) | x floor | last block's end (us) |", "|---|---|---|---|---|---|"]
     for name, v in variants.items():
         moved = bound.bytes(v["kind"])

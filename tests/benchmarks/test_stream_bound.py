@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import json
 import subprocess
 from pathlib import Path
 
@@ -66,6 +67,26 @@ def test_params_cover_the_block_and_read_back_what_the_product_does(bound_module
     assert (mlp.readfrom[0], mlp.readback[0]) == (out["qkv"], 2 * 12288) and list(mlp.readback)[1:3] == [8192, 22016]
     quiet = bound.params(bound_module.parse_variant("mlp-noread-stream"), bound_module.KERNELS["mlp"][0], 0)
     assert list(quiet.readback)[1:] == [0, 0, 0] and quiet.barriers == 0
+
+
+def test_plot_draws_a_folder_with_or_without_the_product(bound_module, tmp_path):
+    variants = {name: {"x_floor": 1.1 + i / 10} for i, name in enumerate(["block-stream", "block", "split", "mlp"])}
+    for name in ("full", "bare"):
+        (tmp_path / name / "bound").mkdir(parents=True)
+        report = {"device": "NVIDIA H200", "variants": variants}
+        (tmp_path / name / "bound" / "stream_bound.json").write_text(json.dumps(report))
+    (tmp_path / "full" / "tr").mkdir()
+    (tmp_path / "full" / "tr" / "q4mlp_trace.json").write_text(json.dumps({"variants": {"h1f4": {"pct_copy": 80.0}}}))
+    (tmp_path / "full" / "q4").mkdir()
+    floor = {"q4_floor": {"weight_MB": 113.85, "llama7b-q4-rf-cublas-flash-graph_n1_over_floor": 1.42}}
+    (tmp_path / "full" / "q4" / "gpu_job.json").write_text(json.dumps(floor))
+    xs = bound_module.x_floors(tmp_path / "full")
+    assert (
+        xs["product mlp"] == pytest.approx(1.25) and xs["product block"] == 1.42 and xs["split"] == pytest.approx(1.3)
+    )
+    assert "product block" not in bound_module.x_floors(tmp_path / "bare")
+    bound_module.plot({"a": tmp_path / "full", "b": tmp_path / "bare"}, tmp_path / "bound.png")
+    assert (tmp_path / "bound.png").stat().st_size > 10_000
 
 
 @pytest.mark.slow
