@@ -12,6 +12,7 @@ costs while the weights stream. Variants:
   (2 x 11008 x 4096), down (4096 x 11008); three grid barriers (q/k/v before the attention, h before its norm,
   silu(gate) * up before down); `mlp`: o_proj .. down (relaxtune_q4mlp_i8's bytes) alone, two barriers; `split`: the
   block as relaxtune runs it today, the q/k/v kernel, then the o_proj .. down kernel as its programmatic dependent;
+  `qkv`: that q/k/v kernel alone (relaxtune_q4gemv_i8's q/k/v projection without its norm);
 - suffixes: `-stream` no barriers (the ring's own rate), `-noread` no read back, `-aheadN` the producer copies N
   slots of a step before its barrier (default 2, as the product), `-stN` N ring slots (default 3), `-gen` the
   generation barrier instead of the count barrier.
@@ -99,6 +100,7 @@ KERNELS = {
     "block": [[("qkv", 0), ("o_proj", 1), ("gate", 2), ("up", 2), ("down", 3)]],
     "mlp": [[("o_proj", 0), ("gate", 1), ("up", 1), ("down", 2)]],
     "split": [[("qkv", 0)], [("o_proj", 0), ("gate", 1), ("up", 1), ("down", 2)]],
+    "qkv": [[("qkv", 0)]],
 }
 
 
@@ -276,6 +278,8 @@ BARS = [
     ("relaxtune's q4f16 block as built", "product block"),
     ("o_proj .. down alone, 2 barriers (mlp)", "mlp"),
     ("relaxtune_q4mlp_i8 alone", "product mlp"),
+    ("q/k/v alone (qkv)", "qkv"),
+    ("relaxtune's q/k/v GEMV alone", "product qkv"),
 ]
 
 
@@ -287,8 +291,10 @@ def x_floors(folder: Path) -> dict[str, float]:
     if trace.exists():
         out["product mlp"] = 100 / json.loads(trace.read_text())["variants"]["h1f4"]["pct_copy"]
     if block.exists():
-        floor = json.loads(block.read_text()).get("q4_floor", {})
-        out.update({"product block": v for k, v in floor.items() if k.endswith("_n1_over_floor")})
+        job = json.loads(block.read_text())
+        out.update({"product block": v for k, v in job.get("q4_floor", {}).items() if k.endswith("_n1_over_floor")})
+        qkv = [r for r in job.get("q4_kernel", []) if r["shape"] == "qkv" and r["rows"] == 1]
+        out.update({"product qkv": 100 / qkv[0]["graph_pct_copy"]} if qkv else {})
     out["device"] = report.get("device", folder.name)
     return out
 
@@ -324,7 +330,7 @@ def plot(folders: dict[str, Path], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--variants", default="split,block,block-stream,block-noread,mlp,mlp-stream")
+    parser.add_argument("--variants", default="split,block,block-stream,block-noread,mlp,mlp-stream,qkv")
     parser.add_argument("--plot", nargs="+", metavar="LABEL=DIR", help="draw gpu_bound.sh folders (no GPU)")
     args = parser.parse_args()
     if args.plot:

@@ -54,6 +54,7 @@ def test_params_cover_the_block_and_read_back_what_the_product_does(bound_module
     bound = _cpu_bound(bound_module)
     # the q4f16 7B block's 4-bit weights and fp16 scales (the norms' 16 KB aside), in one kernel or two
     assert bound.bytes("block") == bound.bytes("split") == 113_836_032 and bound.bytes("mlp") == 85_524_480
+    assert bound.bytes("qkv") == 12288 * (2048 + 256)
     out = bound_module.OUT
     (block,) = [bound.params(bound_module.parse_variant("block"), k, 0) for k in bound_module.KERNELS["block"]]
     assert [block.seg[i].step for i in range(block.segments)] == [0, 1, 2, 2, 3]
@@ -78,7 +79,13 @@ def test_plot_draws_a_folder_with_or_without_the_product(bound_module, tmp_path)
     (tmp_path / "full" / "tr").mkdir()
     (tmp_path / "full" / "tr" / "q4mlp_trace.json").write_text(json.dumps({"variants": {"h1f4": {"pct_copy": 80.0}}}))
     (tmp_path / "full" / "q4").mkdir()
-    floor = {"q4_floor": {"weight_MB": 113.85, "llama7b-q4-rf-cublas-flash-graph_n1_over_floor": 1.42}}
+    floor = {
+        "q4_floor": {"weight_MB": 113.85, "llama7b-q4-rf-cublas-flash-graph_n1_over_floor": 1.42},
+        "q4_kernel": [
+            {"shape": "qkv", "rows": 2, "graph_pct_copy": 60.0},
+            {"shape": "qkv", "rows": 1, "graph_pct_copy": 50.0},
+        ],
+    }
     (tmp_path / "full" / "q4" / "gpu_job.json").write_text(json.dumps(floor))
     xs = bound_module.x_floors(tmp_path / "full")
     assert (
