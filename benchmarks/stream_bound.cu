@@ -25,8 +25,14 @@ struct BoundParams {  // must match stream_bound.py's Params
   int readfrom[kBoundMaxSteps];  // their offset
   unsigned long long* trace;  // null, or kBoundEvents globaltimer stamps a block
   unsigned int* sink;  // one word a block: what the consumers read, so that no read is dropped
+  // reduce > 0: the last step's products are partial sums over each block's own K (split-K, as down over the block's
+  // own features of silu(gate) * up would be): every block adds `reduce` floats into `red`, the last to count itself
+  // in `arrived` reads them back, writes them as fp16 to out and zeroes `red` and `arrived` for the next launch
+  float* red;
+  unsigned int* arrived;
+  int reduce, pad;
 };
-static_assert(sizeof(BoundSegment) == 40 && sizeof(BoundParams) == 400, "stream_bound.py's Segment and Params");
+static_assert(sizeof(BoundSegment) == 40 && sizeof(BoundParams) == 424, "stream_bound.py's Segment and Params");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void bound_stamp(const BoundParams& p, int e) {
@@ -124,6 +130,25 @@ extern "C" __global__ void __launch_bounds__(kBoundConsumers + 32, 1) relaxtune_
   write_outputs(p.seg[p.segments - 1].step);
   seen = __reduce_add_sync(0xffffffffu, seen);
   if (threadIdx.x % 32 == 0) atomicAdd(p.sink + b, seen);
+  if (p.reduce > 0) {  // split-K: this block's partial sums into red; the last block to arrive finishes y
+    const float part = static_cast<float>(seen & 0xFF);
+    for (int v = threadIdx.x; v < p.reduce / 4; v += kBoundConsumers)
+      atomicAdd(reinterpret_cast<float4*>(p.red) + v, make_float4(part, part, part, part));
+    __threadfence();
+    asm volatile("bar.sync 1, %0;" ::"r"(kBoundConsumers) : "memory");
+    volatile int* last = passed;  // the count of barriers passed is no longer read
+    if (threadIdx.x == 0) *last = atomicAdd(p.arrived, 1u) == gridDim.x - 1 ? -1 : 0;
+    asm volatile("bar.sync 1, %0;" ::"r"(kBoundConsumers) : "memory");
+    if (*last == -1) {
+      __threadfence();
+      unsigned short* y = reinterpret_cast<unsigned short*>(p.out + p.seg[p.segments - 1].out);
+      for (int v = threadIdx.x; v < p.reduce; v += kBoundConsumers) {
+        y[v] = __half_as_ushort(__float2half_rn(__ldcg(p.red + v)));
+        p.red[v] = 0.0f;
+      }
+      if (threadIdx.x == 0) *p.arrived = 0;
+    }
+  }
   if (stamps) bound_stamp(p, 2 * kBoundMaxSteps + 1);
 #endif
 }

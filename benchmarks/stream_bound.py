@@ -12,7 +12,10 @@ costs while the weights stream. Variants:
   (2 x 11008 x 4096), down (4096 x 11008); three grid barriers (q/k/v before the attention, h before its norm,
   silu(gate) * up before down); `mlp`: o_proj .. down (relaxtune_q4mlp_i8's bytes) alone, two barriers; `split`: the
   block as relaxtune runs it today, the q/k/v kernel, then the o_proj .. down kernel as its programmatic dependent;
-  `qkv`: that q/k/v kernel alone (relaxtune_q4gemv_i8's q/k/v projection without its norm);
+  `qkv`: that q/k/v kernel alone (relaxtune_q4gemv_i8's q/k/v projection without its norm); `splitk` /
+  `mlpsplitk`: `block` / `mlp` with down over each block's own features of silu(gate) * up instead of the last
+  barrier (Wd laid out by feature; every block adds its partial sums of y into one fp32 buffer, the last to arrive
+  writes y);
 - suffixes: `-stream` no barriers (the ring's own rate), `-noread` no read back, `-aheadN` the producer copies N
   slots of a step before its barrier (default 2, as the product), `-stN` N ring slots (default 3), `-gen` the
   generation barrier instead of the count barrier.
@@ -88,11 +91,18 @@ class Params(ctypes.Structure):  # stream_bound.cu's BoundParams
         ("readfrom", ctypes.c_int * MAX_STEPS),
         ("trace", ctypes.c_void_p),
         ("sink", ctypes.c_void_p),
+        ("red", ctypes.c_void_p),
+        ("arrived", ctypes.c_void_p),
+        ("reduce", ctypes.c_int),
+        ("pad", ctypes.c_int),
     ]
 
 
 # every segment's (rows, K); its outputs (2 bytes a row) at a fixed offset of `out`, after the block's input x
 SEGMENTS = {"qkv": (3 * A, H), "o_proj": (H, A), "gate": (F, H), "up": (F, H), "down": (H, F)}
+# down split over K: a block streams the columns of its own features of silu(gate) * up (Wd re-laid out as (F, H)
+# per feature, as gate), its partial sums of all H outputs then added across the blocks
+SEGMENTS["down_k"] = (F, H)
 X_BYTES = 2 * H
 OUT = {name: X_BYTES + 2 * sum(r for r, _k in list(SEGMENTS.values())[:i]) for i, name in enumerate(SEGMENTS)}
 # the kernels of a call: each a list of (segment, step)
@@ -101,6 +111,8 @@ KERNELS = {
     "mlp": [[("o_proj", 0), ("gate", 1), ("up", 1), ("down", 2)]],
     "split": [[("qkv", 0)], [("o_proj", 0), ("gate", 1), ("up", 1), ("down", 2)]],
     "qkv": [[("qkv", 0)]],
+    "splitk": [[("qkv", 0), ("o_proj", 1), ("gate", 2), ("up", 2), ("down_k", 2)]],
+    "mlpsplitk": [[("o_proj", 0), ("gate", 1), ("up", 1), ("down_k", 1)]],
 }
 
 
@@ -147,6 +159,8 @@ class Bound:
         self.sets = [{name: self._weights(rows, k) for name, (rows, k) in SEGMENTS.items()} for _ in range(copies)]
         self.out = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda")
         self.sink = torch.zeros(self.sms, dtype=torch.int32, device="cuda")
+        self.red = torch.zeros(H, dtype=torch.float32, device="cuda")
+        self.arrived = torch.zeros(1, dtype=torch.int32, device="cuda")
         self.shared = 0
 
     def _check(self, rc: int, what: str) -> None:
@@ -177,6 +191,8 @@ class Bound:
         p.stage_bytes = max(seg.rows_per_slot * (seg.row_bytes + seg.scale_bytes) for seg in p.seg[: p.segments])
         p.stages, p.ahead, p.barriers, p.barrier_kind = v["stages"], v["ahead"], int(v["barriers"]), v["barrier_kind"]
         p.out, p.sink = self.out.data_ptr(), self.sink.data_ptr()
+        p.red, p.arrived = self.red.data_ptr(), self.arrived.data_ptr()
+        p.reduce = H if kernel[-1][0] == "down_k" else 0
         p.trace = trace.data_ptr() if trace is not None else None
         first = kernel[0][0]
         p.readfrom[0], p.readback[0] = (0, X_BYTES) if first == "qkv" else (OUT["qkv"], 2 * SEGMENTS["qkv"][0])
@@ -278,6 +294,8 @@ BARS = [
     ("relaxtune's q4f16 block as built", "product block"),
     ("o_proj .. down alone, 2 barriers (mlp)", "mlp"),
     ("relaxtune_q4mlp_i8 alone", "product mlp"),
+    ("one kernel, down split over K: 2 barriers (splitk)", "splitk"),
+    ("o_proj .. down, down split over K: 1 barrier (mlpsplitk)", "mlpsplitk"),
     ("q/k/v alone (qkv)", "qkv"),
     ("relaxtune's q/k/v GEMV alone", "product qkv"),
 ]
@@ -330,7 +348,9 @@ def plot(folders: dict[str, Path], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--variants", default="split,block,block-stream,block-noread,mlp,mlp-stream,qkv")
+    parser.add_argument(
+        "--variants", default="split,block,block-stream,block-noread,splitk,mlp,mlp-stream,mlpsplitk,qkv"
+    )
     parser.add_argument("--plot", nargs="+", metavar="LABEL=DIR", help="draw gpu_bound.sh folders (no GPU)")
     args = parser.parse_args()
     if args.plot:

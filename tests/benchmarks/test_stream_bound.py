@@ -45,11 +45,12 @@ def _cpu_bound(module):
     zeros = lambda *shape: torch.zeros(*shape, dtype=torch.uint8)  # noqa: E731
     bound.sets = [{name: (zeros(rows, k // 2), zeros(rows, k // 16)) for name, (rows, k) in module.SEGMENTS.items()}]
     bound.out, bound.sink = torch.zeros(1 << 20, dtype=torch.uint8), torch.zeros(132, dtype=torch.int32)
+    bound.red, bound.arrived = torch.zeros(4096), torch.zeros(1, dtype=torch.int32)
     return bound
 
 
 def test_params_cover_the_block_and_read_back_what_the_product_does(bound_module):
-    assert ctypes.sizeof(bound_module.Segment) == 40 and ctypes.sizeof(bound_module.Params) == 400  # the .cu's
+    assert ctypes.sizeof(bound_module.Segment) == 40 and ctypes.sizeof(bound_module.Params) == 424  # the .cu's
     assert ctypes.sizeof(bound_module.LaunchAttribute) == 72 and ctypes.sizeof(bound_module.LaunchConfig) == 56
     bound = _cpu_bound(bound_module)
     # the q4f16 7B block's 4-bit weights and fp16 scales (the norms' 16 KB aside), in one kernel or two
@@ -66,6 +67,10 @@ def test_params_cover_the_block_and_read_back_what_the_product_does(bound_module
     qkv, mlp = [bound.params(bound_module.parse_variant("split"), k, 0) for k in bound_module.KERNELS["split"]]
     assert (qkv.segments, mlp.segments) == (1, 4) and qkv.seg[0].out == out["qkv"]
     assert (mlp.readfrom[0], mlp.readback[0]) == (out["qkv"], 2 * 12288) and list(mlp.readback)[1:3] == [8192, 22016]
+    # down over each block's own features: no third barrier, every block's partial sums of y added up
+    (splitk,) = [bound.params(bound_module.parse_variant("splitk"), k, 0) for k in bound_module.KERNELS["splitk"]]
+    assert [splitk.seg[i].step for i in range(splitk.segments)] == [0, 1, 2, 2, 2] and splitk.reduce == 4096
+    assert bound.bytes("splitk") == bound.bytes("block") and list(splitk.readback)[3] == 0 and block.reduce == 0
     quiet = bound.params(bound_module.parse_variant("mlp-noread-stream"), bound_module.KERNELS["mlp"][0], 0)
     assert list(quiet.readback)[1:] == [0, 0, 0] and quiet.barriers == 0
 
