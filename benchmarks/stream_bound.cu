@@ -35,12 +35,7 @@ struct BoundParams {  // must match stream_bound.py's Params
 static_assert(sizeof(BoundSegment) == 40 && sizeof(BoundParams) == 424, "stream_bound.py's Segment and Params");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ void bound_stamp(const BoundParams& p, int e) {
-  if (p.trace == nullptr) return;
-  unsigned long long now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  p.trace[blockIdx.x * kBoundEvents + e] = now;
-}
+__device__ __forceinline__ void bound_stamp(const BoundParams& p, int e) { globaltimer_stamp<kBoundEvents>(p, e); }
 #endif
 
 extern "C" __global__ void __launch_bounds__(kBoundConsumers + 32, 1) relaxtune_stream_bound(BoundParams p) {

@@ -48,13 +48,17 @@ struct Q4MlpParams {  // must match qmlp_host.cc
 constexpr int kQ4MlpTraceEvents = 16;
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// event `e` of this block's trace (thread 0 of the consumers, or the producer), where one is asked for
-__device__ __forceinline__ void q4mlp_stamp(const Q4MlpParams& p, int e) {
+// event `e` of this block's trace of `events` stamps a block (the globaltimer, ns) in p.trace, where one is asked for
+template <int events, typename Params>
+__device__ __forceinline__ void globaltimer_stamp(const Params& p, int e) {
   if (p.trace == nullptr) return;
   unsigned long long now;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  p.trace[blockIdx.x * kQ4MlpTraceEvents + e] = now;
+  p.trace[blockIdx.x * events + e] = now;
 }
+
+// event `e` of this block's trace (thread 0 of the consumers, or the producer)
+__device__ __forceinline__ void q4mlp_stamp(const Q4MlpParams& p, int e) { globaltimer_stamp<kQ4MlpTraceEvents>(p, e); }
 #endif
 
 // GR row groups of 8 consumer warps; RH / RF: rows per row group and slot for the K = A, H segments / the K = F
