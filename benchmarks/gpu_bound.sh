@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_bound.sh OUT [stream_bound variants]
 set -uo pipefail
 out=${1:?usage: gpu_bound.sh OUT [variants]}
-variants=${2:-split,block,block-stream,block-noread,splitk,mlp,mlp-stream,mlpsplitk,qkv}
+variants=${2:-split,block,block-stream,block-noread,block-l24,splitk,mlp,mlp-stream,mlpsplitk,qkv}
 mkdir -p "$out"
 site=$(bash scripts/device_install.sh) || exit 1
 export PYTHONPATH=$site:$PWD/benchmarks PYTHONUNBUFFERED=1

@@ -30,11 +30,17 @@ struct BoundParams {  // must match stream_bound.py's Params
   // in `arrived` reads them back, writes them as fp16 to out and zeroes `red` and `arrived` for the next launch
   float* red;
   unsigned int* arrived;
-  int reduce, pad;
+  int reduce;
+  int prefetch;  // > 0: where the producer stops at a barrier, it first asks L2 for the step's next `prefetch` slots
 };
 static_assert(sizeof(BoundSegment) == 40 && sizeof(BoundParams) == 424, "stream_bound.py's Segment and Params");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// `bytes` (a multiple of 16) from global `src` into L2, nothing waiting on them
+__device__ __forceinline__ void prefetch_l2(const char* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
+
 __device__ __forceinline__ void bound_stamp(const BoundParams& p, int e) { globaltimer_stamp<kBoundEvents>(p, e); }
 #endif
 
@@ -63,8 +69,14 @@ extern "C" __global__ void __launch_bounds__(kBoundConsumers + 32, 1) relaxtune_
         for (int r = 0; r < rows; r += sg.rows_per_slot, ++s, ++n) {
           const int slot = s % p.stages, here = min(sg.rows_per_slot, rows - r);
           if (s >= p.stages) barrier_wait(&empty[slot], (s / p.stages - 1) & 1);
-          if (p.barriers && n >= p.ahead)
+          if (p.barriers && n >= p.ahead && *passed < sg.step) {
+            if (n == p.ahead && p.prefetch > 0) {  // the memory keeps streaming into L2 while the barrier is met
+              const int last = min(rows, r + p.prefetch * sg.rows_per_slot);
+              prefetch_l2(sg.w + static_cast<size_t>(r0 + r) * sg.row_bytes, (last - r) * sg.row_bytes);
+              prefetch_l2(sg.s + static_cast<size_t>(r0 + r) * sg.scale_bytes, (last - r) * sg.scale_bytes);
+            }
             while (*passed < sg.step) __nanosleep(64);
+          }
           unsigned char* dst = ring + static_cast<size_t>(slot) * p.stage_bytes;
           barrier_expect_bytes(&full[slot], here * (sg.row_bytes + sg.scale_bytes));
           bulk_copy(dst, sg.w + static_cast<size_t>(r0 + r) * sg.row_bytes, here * sg.row_bytes, &full[slot]);

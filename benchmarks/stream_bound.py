@@ -18,7 +18,8 @@ costs while the weights stream. Variants:
   writes y);
 - suffixes: `-stream` no barriers (the ring's own rate), `-noread` no read back, `-aheadN` the producer copies N
   slots of a step before its barrier (default 2, as the product), `-stN` N ring slots (default 3), `-gen` the
-  generation barrier instead of the count barrier.
+  generation barrier instead of the count barrier, `-l2N` where the producer stops at a barrier it first has the
+  step's next N slots prefetched into L2 (cp.async.bulk.prefetch.L2), so the memory keeps streaming meanwhile.
 
     python3 benchmarks/stream_bound.py --out $OUT/bound [--variants block,block-stream,...]
     bash benchmarks/gpu_bound.sh $OUT          # the same beside the product's kernel and block, one GPU call
@@ -94,7 +95,7 @@ class Params(ctypes.Structure):  # stream_bound.cu's BoundParams
         ("red", ctypes.c_void_p),
         ("arrived", ctypes.c_void_p),
         ("reduce", ctypes.c_int),
-        ("pad", ctypes.c_int),
+        ("prefetch", ctypes.c_int),
     ]
 
 
@@ -121,7 +122,7 @@ def parse_variant(name: str) -> dict:
     kind, *flags = name.split("-")
     if kind not in KERNELS:
         raise SystemExit(f"stream_bound: variant {name!r}: starts with one of {', '.join(KERNELS)}")
-    v = {"kind": kind, "barriers": True, "read": True, "ahead": 2, "stages": 3, "barrier_kind": 1}
+    v = {"kind": kind, "barriers": True, "read": True, "ahead": 2, "stages": 3, "barrier_kind": 1, "prefetch": 0}
     for flag in flags:
         if flag == "stream":
             v["barriers"] = False
@@ -129,10 +130,12 @@ def parse_variant(name: str) -> dict:
             v["read"] = False
         elif flag == "gen":
             v["barrier_kind"] = 0
-        elif m := re.fullmatch(r"(ahead|st)(\d+)", flag):
-            v["ahead" if m[1] == "ahead" else "stages"] = int(m[2])
+        elif m := re.fullmatch(r"(ahead|st|l2)(\d+)", flag):
+            v[{"ahead": "ahead", "st": "stages", "l2": "prefetch"}[m[1]]] = int(m[2])
         else:
-            raise SystemExit(f"stream_bound: variant {name!r}: unknown {flag!r} (stream, noread, gen, aheadN, stN)")
+            raise SystemExit(
+                f"stream_bound: variant {name!r}: unknown {flag!r} (stream, noread, gen, aheadN, stN, l2N)"
+            )
     return v
 
 
@@ -190,6 +193,7 @@ class Bound:
         p.segments = len(kernel)
         p.stage_bytes = max(seg.rows_per_slot * (seg.row_bytes + seg.scale_bytes) for seg in p.seg[: p.segments])
         p.stages, p.ahead, p.barriers, p.barrier_kind = v["stages"], v["ahead"], int(v["barriers"]), v["barrier_kind"]
+        p.prefetch = v["prefetch"]
         p.out, p.sink = self.out.data_ptr(), self.sink.data_ptr()
         p.red, p.arrived = self.red.data_ptr(), self.arrived.data_ptr()
         p.reduce = H if kernel[-1][0] == "down_k" else 0

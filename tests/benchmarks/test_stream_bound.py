@@ -29,10 +29,11 @@ def bound_module():
 
 
 def test_variants_parse_or_name_what_is_allowed(bound_module):
-    v = bound_module.parse_variant("block-st4-ahead3-gen-noread")
-    assert v == {"kind": "block", "barriers": True, "read": False, "ahead": 3, "stages": 4, "barrier_kind": 0}
+    v = bound_module.parse_variant("block-st4-ahead3-gen-noread-l22")
+    expected = {"kind": "block", "barriers": True, "read": False, "ahead": 3, "stages": 4, "barrier_kind": 0}
+    assert v == {**expected, "prefetch": 2}
     assert bound_module.parse_variant("mlp-stream")["barriers"] is False
-    with pytest.raises(SystemExit, match="unknown 'fast'.*aheadN"):
+    with pytest.raises(SystemExit, match="unknown 'fast'.*aheadN, stN, l2N"):
         bound_module.parse_variant("block-fast")
     with pytest.raises(SystemExit, match="starts with one of block, mlp, split"):
         bound_module.parse_variant("layer")
@@ -71,6 +72,10 @@ def test_params_cover_the_block_and_read_back_what_the_product_does(bound_module
     (splitk,) = [bound.params(bound_module.parse_variant("splitk"), k, 0) for k in bound_module.KERNELS["splitk"]]
     assert [splitk.seg[i].step for i in range(splitk.segments)] == [0, 1, 2, 2, 2] and splitk.reduce == 4096
     assert bound.bytes("splitk") == bound.bytes("block") and list(splitk.readback)[3] == 0 and block.reduce == 0
+    assert (
+        block.prefetch == 0
+        and bound.params(bound_module.parse_variant("block-l24"), bound_module.KERNELS["block"][0], 0).prefetch == 4
+    )
     quiet = bound.params(bound_module.parse_variant("mlp-noread-stream"), bound_module.KERNELS["mlp"][0], 0)
     assert list(quiet.readback)[1:] == [0, 0, 0] and quiet.barriers == 0
 
