@@ -16,4 +16,4 @@ art=/tmp/gjbound
 python3 benchmarks/gpu_job.py build --art "$art" --only llama7b-q4-rf-cublas-flash-graph 2>&1 | tail -1
 python3 benchmarks/gpu_job.py run --art "$art" --out "$out/q4" --seqs 1 \
   --skip flash,gemv,tiny,kernels,runtime,compile,modes,fp16 2>&1 | grep -E "q4f16 (floor|block n = 1)"
-python3 benchmarks/stream_bound.py --out "$out" --plot "$(nvidia-smi --query-gpu=name --format=csv,noheader)=$out"
+python3 benchmarks/stream_bound.py --out "$out" --plot "$out"  # labelled by the folder and the device

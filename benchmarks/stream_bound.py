@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import itertools
 import json
 import re
 import statistics
@@ -50,6 +51,7 @@ MAX_SEGMENTS, MAX_STEPS = 8, 4
 EVENTS = 2 + 2 * MAX_STEPS  # stream_bound.cu's kBoundEvents
 THREADS = 2 * 256 + 32  # two row groups of consumers and the producer warp
 BARRIER_BYTES = 1024  # qstream_ring.cu's kQ4BarrierBytes
+STAMPED = ("outputs", "passed")  # stream_bound.cu's stamps 2 * step and 2 * step + 1 of each step after the first
 
 
 class Segment(ctypes.Structure):  # stream_bound.cu's BoundSegment
@@ -209,8 +211,9 @@ class Bound:
     def shared_bytes(self, p: Params) -> int:
         return BARRIER_BYTES + p.stages * p.stage_bytes
 
-    def launch(self, p: Params) -> None:
-        """A programmatic dependent launch (as the product's), cooperative where the kernel has grid barriers."""
+    def prepared(self, p: Params) -> tuple:
+        """p's launch, built once so that the timed loop only launches: a programmatic dependent launch (as the
+        product's), cooperative where the kernel has grid barriers. (config, args, what they point to)."""
         shared = self.shared_bytes(p)
         if shared > self.shared:  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             self._check(self.cu.cuFuncSetAttribute(self.fn, 8, shared), "cuFuncSetAttribute")
@@ -221,38 +224,37 @@ class Bound:
         stream = self.torch.cuda.current_stream().cuda_stream
         config = LaunchConfig(self.sms, 1, 1, THREADS, 1, 1, shared, stream, attrs, 2 if p.barriers else 1)
         args = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(p), ctypes.c_void_p))
-        if p.barriers and self.cu.cuLaunchKernelEx(ctypes.byref(config), self.fn, args, None) == 0:
-            return
-        if p.barriers:  # the driver refused both attributes together: cooperative only, as the product falls back
-            config.attrs, config.num_attrs = ctypes.pointer(attrs[1]), 1
-        self._check(self.cu.cuLaunchKernelEx(ctypes.byref(config), self.fn, args, None), "cuLaunchKernelEx")
+        return config, args, (p, attrs)
 
-    def calls(self, v: dict, traces=None) -> list[list[Params]]:
-        """Each weight copy's call: its kernels' parameters."""
+    def launch(self, prepared: tuple) -> None:
+        config, args, (_p, attrs) = prepared
+        rc = self.cu.cuLaunchKernelEx(ctypes.byref(config), self.fn, args, None)
+        if rc != 0 and config.num_attrs == 2:  # both attributes refused: cooperative only from now on, as the product
+            config.attrs, config.num_attrs = ctypes.pointer(attrs[1]), 1
+            rc = self.cu.cuLaunchKernelEx(ctypes.byref(config), self.fn, args, None)
+        self._check(rc, "cuLaunchKernelEx")
+
+    def calls(self, v: dict, traces=None) -> list[list[tuple]]:
+        """Each weight copy's call: its kernels' prepared launches."""
         return [
-            [self.params(v, k, c, traces[i] if traces else None) for i, k in enumerate(KERNELS[v["kind"]])]
+            [
+                self.prepared(self.params(v, k, c, traces[i] if traces else None))
+                for i, k in enumerate(KERNELS[v["kind"]])
+            ]
             for c in range(self.copies)
         ]
 
-    def time_us(self, v: dict, iters: int = 60, rounds: int = 7) -> float:
-        """Median over rounds of the us per call of `iters` calls in turn over the weight copies."""
-        torch = self.torch
-        calls = self.calls(v)
-        for i in range(2 * self.copies):
-            for p in calls[i % self.copies]:
-                self.launch(p)
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(rounds):
-            start.record()
-            for i in range(iters):
-                for p in calls[i % self.copies]:
-                    self.launch(p)
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) * 1e3 / iters)
-        return statistics.median(times)
+    def time_us(self, v: dict) -> float:
+        """us per call, calls in turn over the weight copies (gpu_job_common.time_ms: median of batches)."""
+        from gpu_job_common import time_ms
+
+        calls, turn = self.calls(v), itertools.count()
+
+        def call():
+            for launch in calls[next(turn) % self.copies]:
+                self.launch(launch)
+
+        return time_ms(call, self.torch.cuda.synchronize) * 1e3
 
     def trace(self, v: dict) -> list[list[list[float]]]:
         """Each kernel's blocks' stamps in us from the call's first block's start (the last of three rounds over
@@ -262,8 +264,8 @@ class Bound:
         calls = self.calls(v, traces)
         for _ in range(3):
             for call in calls:
-                for p in call:
-                    self.launch(p)
+                for launch in call:
+                    self.launch(launch)
         torch.cuda.synchronize()
         stamps = [t.view(-1, EVENTS).double().cpu() for t in traces]
         t0 = float(stamps[0][:, 0].min())
@@ -272,16 +274,8 @@ class Bound:
 
 def _steps(rows: list[list[float]]) -> dict:
     """min / median / max over the blocks of each stamp, named by the kernel's steps."""
-    names = {
-        2: "step 1 outputs",
-        3: "step 1 passed",
-        4: "step 2 outputs",
-        5: "step 2 passed",
-        6: "step 3 outputs",
-        7: "step 3 passed",
-        8: "streams done",
-        9: "end",
-    }
+    names = {2 * step + i: f"step {step} {what}" for step in range(1, MAX_STEPS) for i, what in enumerate(STAMPED)}
+    names.update({2 * MAX_STEPS: "streams done", 2 * MAX_STEPS + 1: "end"})
     out = {}
     for e, name in names.items():
         col = sorted(r[e] for r in rows if r[e] == r[e])
@@ -306,7 +300,7 @@ BARS = [
 
 
 def x_floors(folder: Path) -> dict[str, float]:
-    """x the floor of each variant and product figure in a gpu_bound.sh folder."""
+    """x the floor of each variant and product figure in a gpu_bound.sh folder (its device: `device`)."""
     report = json.loads((folder / "bound" / "stream_bound.json").read_text())
     out = {name: v["x_floor"] for name, v in report["variants"].items()}
     trace, block = folder / "tr" / "q4mlp_trace.json", folder / "q4" / "gpu_job.json"
@@ -317,8 +311,11 @@ def x_floors(folder: Path) -> dict[str, float]:
         out.update({"product block": v for k, v in job.get("q4_floor", {}).items() if k.endswith("_n1_over_floor")})
         qkv = [r for r in job.get("q4_kernel", []) if r["shape"] == "qkv" and r["rows"] == 1]
         out.update({"product qkv": 100 / qkv[0]["graph_pct_copy"]} if qkv else {})
-    out["device"] = report.get("device", folder.name)
     return out
+
+
+def device(folder: Path) -> str:
+    return json.loads((folder / "bound" / "stream_bound.json").read_text()).get("device", folder.name)
 
 
 def plot(folders: dict[str, Path], path: Path) -> None:
@@ -333,13 +330,13 @@ def plot(folders: dict[str, Path], path: Path) -> None:
     for j, (label, xs) in enumerate(runs.items()):
         ys = [i + j * height for i, (_, key) in enumerate(BARS) if key in xs]
         vals = [xs[key] for _, key in BARS if key in xs]
-        ax.barh(ys, vals, height=height, label=f"{label}: {xs['device']}")
+        ax.barh(ys, vals, height=height, label=f"{label}: {device(folders[label])}")
         for y, v in zip(ys, vals):
             ax.text(v + 0.005, y, f"{v:.3f}", va="center", fontsize=7)
     ax.set_yticks([i + 0.4 - height / 2 for i in range(len(BARS))], [name for name, _ in BARS], fontsize=8)
     ax.invert_yaxis()
     ax.axvline(1.3, color="#d62728", linestyle="--", linewidth=1, label="issue 26's goal for the block: 1.3x")
-    ax.set_xlim(1.0, max(max(v for k, v in xs.items() if k != "device") for xs in runs.values()) + 0.08)
+    ax.set_xlim(1.0, max(max(xs.values()) for xs in runs.values()) + 0.08)
     ax.set_xlabel("time a call / the floor (its weight bytes at the measured copy rate)")
     ax.set_title("The q4f16 7B block at n = 1: the design without arithmetic against the product", fontsize=10)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1 - 1.0 / (len(BARS) * len(runs) + 4)), ncol=2)
@@ -374,8 +371,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     copy_gbs = copy_bandwidth()
     bound = Bound(Path(tempfile.mkdtemp()))
-    device = bound.torch.cuda.get_device_name()
-    report = {"device": device, "copy_gbs": copy_gbs, "sms": bound.sms, "variants": {}}
+    report = {"device": bound.torch.cuda.get_device_name(), "copy_gbs": copy_gbs, "sms": bound.sms, "variants": {}}
     lines = ["| variant | MB | us a call | floor (us) | x floor | last block's end (us) |", "|---|---|---|---|---|---|"]
     for name, v in variants.items():
         moved = bound.bytes(v["kind"])
