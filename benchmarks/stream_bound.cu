@@ -32,8 +32,13 @@ struct BoundParams {  // must match stream_bound.py's Params
   unsigned int* arrived;
   int reduce;
   int prefetch;  // > 0: where the producer stops at a barrier, it first asks L2 for the step's next `prefetch` slots
+  // dynamic: the blocks claim a step's tiles (one slot of each of its segments, rows alike) from tiles[step] instead
+  // of streaming a fixed share, so that a block whose memory is fast takes more. Each launch takes every step's tiles
+  // and one claim past them a block, so the counters need no reset: a claim's tile is its value % (tiles + blocks)
+  int dynamic;
+  unsigned long long* tiles;
 };
-static_assert(sizeof(BoundSegment) == 40 && sizeof(BoundParams) == 424, "stream_bound.py's Segment and Params");
+static_assert(sizeof(BoundSegment) == 40 && sizeof(BoundParams) == 440, "stream_bound.py's Segment and Params");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // `bytes` (a multiple of 16) from global `src` into L2, nothing waiting on them
@@ -41,7 +46,118 @@ __device__ __forceinline__ void prefetch_l2(const char* src, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 }
 
+// the product's barrier (kinds 0, 1), or kRelaxedBarrier: its count barrier with no ordering at all (the outputs are
+// not made visible; only what the meeting itself takes)
+constexpr int kRelaxedBarrier = 2;
+__device__ __forceinline__ void bound_grid_barrier(int kind) {
+  if (kind != kRelaxedBarrier) return q4mlp_grid_barrier(kBoundConsumers, kind);
+  asm volatile("bar.sync 1, %0;" ::"r"(kBoundConsumers) : "memory");
+  if (threadIdx.x == 0) {
+    unsigned long long old, now;
+    asm volatile("atom.add.relaxed.gpu.global.u64 %0, [%1], 1;" : "=l"(old) : "l"(&relaxtune_q4mlp_arrivals) : "memory");
+    const unsigned long long target = (old / gridDim.x + 1) * gridDim.x;
+    do {
+      asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(&relaxtune_q4mlp_arrivals) : "memory");
+    } while (now < target);
+  }
+  asm volatile("bar.sync 1, %0;" ::"r"(kBoundConsumers) : "memory");
+}
+
 __device__ __forceinline__ void bound_stamp(const BoundParams& p, int e) { globaltimer_stamp<kBoundEvents>(p, e); }
+#endif
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// p.dynamic: the producer claims a step's tiles until none is left, then ends the step with a slot of tile -1; the
+// consumers write each tile's outputs as they read it
+__device__ void bound_dynamic(const BoundParams& p, uint64_t* full, uint64_t* empty, volatile int* passed,
+                              unsigned char* ring, int* slot_tile) {
+  const int last_step = p.seg[p.segments - 1].step;
+  auto first_of = [&](int step) {
+    int j = 0;
+    while (p.seg[j].step != step) ++j;
+    return j;
+  };
+  if (threadIdx.x >= kBoundConsumers) {
+    if (threadIdx.x != kBoundConsumers) return;
+    int s = 0;
+    for (int step = 0; step <= last_step; ++step) {
+      const int j0 = first_of(step);
+      int j1 = j0;
+      while (j1 < p.segments && p.seg[j1].step == step) ++j1;
+      const BoundSegment& lead = p.seg[j0];
+      const unsigned long long tiles = (lead.rows + lead.rows_per_slot - 1) / lead.rows_per_slot;
+      for (int n = 0;;) {
+        int slot = s % p.stages;
+        if (s >= p.stages) barrier_wait(&empty[slot], (s / p.stages - 1) & 1);
+        const unsigned long long t = atomicAdd(p.tiles + step, 1ull) % (tiles + gridDim.x);
+        if (t >= tiles) {
+          slot_tile[slot] = -1;
+          barrier_arrive(&full[slot]);
+          ++s;
+          break;
+        }
+        const int r = static_cast<int>(t) * lead.rows_per_slot, here = min(lead.rows_per_slot, lead.rows - r);
+        for (int j = j0; j < j1; ++j, ++s, ++n) {
+          const BoundSegment& sg = p.seg[j];
+          slot = s % p.stages;
+          if (j > j0 && s >= p.stages) barrier_wait(&empty[slot], (s / p.stages - 1) & 1);
+          if (p.barriers && n >= p.ahead && *passed < step) while (*passed < step) __nanosleep(64);
+          slot_tile[slot] = j << 16 | r;
+          unsigned char* dst = ring + static_cast<size_t>(slot) * p.stage_bytes;
+          barrier_expect_bytes(&full[slot], here * (sg.row_bytes + sg.scale_bytes));
+          bulk_copy(dst, sg.w + static_cast<size_t>(r) * sg.row_bytes, here * sg.row_bytes, &full[slot]);
+          bulk_copy(dst + sg.rows_per_slot * sg.row_bytes, sg.s + static_cast<size_t>(r) * sg.scale_bytes,
+                    here * sg.scale_bytes, &full[slot]);
+        }
+      }
+    }
+    return;
+  }
+  const bool stamps = threadIdx.x == 0;
+  if (stamps) bound_stamp(p, 0);
+  unsigned int seen = 0;
+  auto read_back = [&](int step) {
+    const uint4* back = reinterpret_cast<const uint4*>(p.out + p.readfrom[step]);
+    for (int v = threadIdx.x; v < p.readback[step] / 16; v += kBoundConsumers) seen ^= __ldcg(back + v).x;
+  };
+  if (p.readback[0] > 0) {
+    wait_for_previous_kernel();
+    read_back(0);
+  }
+  Q4RingSlot ring_slot;
+  for (int step = 0; step <= last_step; ++step) {
+    if (step > 0) {
+      if (stamps) bound_stamp(p, 2 * step);
+      if (p.barriers) {
+        bound_grid_barrier(p.barrier_kind);
+        if (threadIdx.x == 0) *passed = step;
+      }
+      if (stamps) bound_stamp(p, 2 * step + 1);
+      read_back(step);
+    }
+    for (;;) {
+      const int slot = ring_slot.slot;
+      barrier_wait(&full[slot], ring_slot.phase);
+      ring_slot.next(p.stages);
+      const int tile = slot_tile[slot];
+      if (tile >= 0) {
+        const BoundSegment& sg = p.seg[tile >> 16];
+        const int r = tile & 0xFFFF, here = min(sg.rows_per_slot, sg.rows - r);
+        const int slot_bytes = sg.rows_per_slot * (sg.row_bytes + sg.scale_bytes);
+        const uint4* data = reinterpret_cast<const uint4*>(ring + static_cast<size_t>(slot) * p.stage_bytes);
+        for (int v = threadIdx.x; v < slot_bytes / 16; v += kBoundConsumers) seen += data[v].y;
+        if (threadIdx.x < here) reinterpret_cast<unsigned short*>(p.out + sg.out)[r + threadIdx.x] = seen;
+      }
+      __syncwarp();
+      if (threadIdx.x % 32 == 0) barrier_arrive(&empty[slot]);
+      if (tile < 0) break;
+    }
+  }
+  if (stamps) bound_stamp(p, 2 * kBoundMaxSteps);
+  seen = __reduce_add_sync(0xffffffffu, seen);
+  if (threadIdx.x % 32 == 0) atomicAdd(p.sink + blockIdx.x, seen);
+  if (stamps) bound_stamp(p, 2 * kBoundMaxSteps + 1);
+}
 #endif
 
 extern "C" __global__ void __launch_bounds__(kBoundConsumers + 32, 1) relaxtune_stream_bound(BoundParams p) {
@@ -59,6 +175,11 @@ extern "C" __global__ void __launch_bounds__(kBoundConsumers + 32, 1) relaxtune_
     asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;" ::: "memory");
   }
   __syncthreads();
+  int* slot_tile = reinterpret_cast<int*>(full + p.stages);  // dynamic: each slot's (segment << 16 | row), -1 ends
+  if (p.dynamic) {
+    bound_dynamic(p, full, empty, passed, ring, slot_tile);
+    return;
+  }
   if (threadIdx.x >= kBoundConsumers) {  // the producer warp, as qmlp_stream.cu's
     if (threadIdx.x == kBoundConsumers) {
       int s = 0;
@@ -114,7 +235,7 @@ extern "C" __global__ void __launch_bounds__(kBoundConsumers + 32, 1) relaxtune_
       write_outputs(step - 1);
       if (stamps) bound_stamp(p, 2 * step);
       if (p.barriers) {
-        q4mlp_grid_barrier(kBoundConsumers, p.barrier_kind);
+        bound_grid_barrier(p.barrier_kind);
         if (threadIdx.x == 0) *passed = step;
       }
       if (stamps) bound_stamp(p, 2 * step + 1);

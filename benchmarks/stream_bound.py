@@ -18,8 +18,12 @@ costs while the weights stream. Variants:
   writes y);
 - suffixes: `-stream` no barriers (the ring's own rate), `-noread` no read back, `-aheadN` the producer copies N
   slots of a step before its barrier (default 2, as the product), `-stN` N ring slots (default 3), `-gen` the
-  generation barrier instead of the count barrier, `-l2N` where the producer stops at a barrier it first has the
-  step's next N slots prefetched into L2 (cp.async.bulk.prefetch.L2), so the memory keeps streaming meanwhile.
+  generation barrier instead of the count barrier, `-relaxed` the count barrier with no ordering (wrong outputs;
+  what meeting takes without the fence), `-half` half the rows a slot (room for twice the slots), `-l2N` where the
+  producer stops at a barrier it first has the step's next N slots prefetched into L2 (cp.async.bulk.prefetch.L2),
+  so the memory keeps streaming meanwhile;
+  `-dyn` the blocks claim each step's tiles (a slot's rows of each of its segments) from a global counter instead
+  of streaming a fixed share, so that the blocks whose memory is faster take more and the step ends more evenly.
 
     python3 benchmarks/stream_bound.py --out $OUT/bound [--variants block,block-stream,...]
     bash benchmarks/gpu_bound.sh $OUT          # the same beside the product's kernel and block, one GPU call
@@ -98,6 +102,8 @@ class Params(ctypes.Structure):  # stream_bound.cu's BoundParams
         ("arrived", ctypes.c_void_p),
         ("reduce", ctypes.c_int),
         ("prefetch", ctypes.c_int),
+        ("dynamic", ctypes.c_int),
+        ("tiles", ctypes.c_void_p),
     ]
 
 
@@ -125,6 +131,7 @@ def parse_variant(name: str) -> dict:
     if kind not in KERNELS:
         raise SystemExit(f"stream_bound: variant {name!r}: starts with one of {', '.join(KERNELS)}")
     v = {"kind": kind, "barriers": True, "read": True, "ahead": 2, "stages": 3, "barrier_kind": 1, "prefetch": 0}
+    v["dynamic"] = v["half"] = False
     for flag in flags:
         if flag == "stream":
             v["barriers"] = False
@@ -132,12 +139,21 @@ def parse_variant(name: str) -> dict:
             v["read"] = False
         elif flag == "gen":
             v["barrier_kind"] = 0
+        elif flag == "relaxed":
+            v["barrier_kind"] = 2
+        elif flag == "half":
+            v["half"] = True
+        elif flag == "dyn":
+            v["dynamic"] = True
         elif m := re.fullmatch(r"(ahead|st|l2)(\d+)", flag):
             v[{"ahead": "ahead", "st": "stages", "l2": "prefetch"}[m[1]]] = int(m[2])
         else:
             raise SystemExit(
-                f"stream_bound: variant {name!r}: unknown {flag!r} (stream, noread, gen, aheadN, stN, l2N)"
+                f"stream_bound: variant {name!r}: unknown {flag!r} "
+                "(stream, noread, gen, relaxed, half, dyn, aheadN, stN, l2N)"
             )
+    if v["dynamic"] and (KERNELS[kind][-1][-1][0] == "down_k" or v["prefetch"]):
+        raise SystemExit(f"stream_bound: variant {name!r}: dyn goes with block, mlp, split or qkv and no l2N")
     return v
 
 
@@ -166,6 +182,7 @@ class Bound:
         self.sink = torch.zeros(self.sms, dtype=torch.int32, device="cuda")
         self.red = torch.zeros(H, dtype=torch.float32, device="cuda")
         self.arrived = torch.zeros(1, dtype=torch.int32, device="cuda")
+        self.tiles = torch.zeros(max(map(len, KERNELS.values())) * MAX_STEPS, dtype=torch.int64, device="cuda")
         self.shared = 0
 
     def _check(self, rc: int, what: str) -> None:
@@ -190,12 +207,14 @@ class Bound:
         for i, (name, step) in enumerate(kernel):
             w, s = self.sets[copy][name]
             rows, k = SEGMENTS[name]
-            rps = 8 if k > H else 16  # relaxtune_q4mlp_h1f4's rows a slot: 2 groups x RH = 8, RF = 4
+            # relaxtune_q4mlp_h1f4's rows a slot (2 groups x RH = 8, RF = 4), or half
+            rps = (8 if k > H else 16) // (2 if v["half"] else 1)
             p.seg[i] = Segment(w.data_ptr(), s.data_ptr(), rows, k // 2, 2 * (k // GROUP), rps, step, OUT[name])
         p.segments = len(kernel)
         p.stage_bytes = max(seg.rows_per_slot * (seg.row_bytes + seg.scale_bytes) for seg in p.seg[: p.segments])
         p.stages, p.ahead, p.barriers, p.barrier_kind = v["stages"], v["ahead"], int(v["barriers"]), v["barrier_kind"]
-        p.prefetch = v["prefetch"]
+        p.prefetch, p.dynamic = v["prefetch"], int(v["dynamic"])
+        p.tiles = self.tiles.data_ptr() + 8 * MAX_STEPS * KERNELS[v["kind"]].index(kernel)
         p.out, p.sink = self.out.data_ptr(), self.sink.data_ptr()
         p.red, p.arrived = self.red.data_ptr(), self.arrived.data_ptr()
         p.reduce = H if kernel[-1][0] == "down_k" else 0

@@ -31,9 +31,18 @@ def bound_module():
 def test_variants_parse_or_name_what_is_allowed(bound_module):
     v = bound_module.parse_variant("block-st4-ahead3-gen-noread-l22")
     expected = {"kind": "block", "barriers": True, "read": False, "ahead": 3, "stages": 4, "barrier_kind": 0}
-    assert v == {**expected, "prefetch": 2}
+    assert v == {**expected, "prefetch": 2, "dynamic": False, "half": False}
     assert bound_module.parse_variant("mlp-stream")["barriers"] is False
-    with pytest.raises(SystemExit, match="unknown 'fast'.*aheadN, stN, l2N"):
+    assert bound_module.parse_variant("split-dyn")["dynamic"] is True
+    assert bound_module.parse_variant("block-relaxed-half") | {"kind": "block"} == {
+        **bound_module.parse_variant("block"),
+        "barrier_kind": 2,
+        "half": True,
+    }
+    for name in ("splitk-dyn", "block-dyn-l24"):
+        with pytest.raises(SystemExit, match=f"{name!r}: dyn goes with block, mlp, split or qkv and no l2N"):
+            bound_module.parse_variant(name)
+    with pytest.raises(SystemExit, match="unknown 'fast'.*relaxed, half, dyn, aheadN, stN, l2N"):
         bound_module.parse_variant("block-fast")
     with pytest.raises(SystemExit, match="starts with one of block, mlp, split"):
         bound_module.parse_variant("layer")
@@ -47,11 +56,12 @@ def _cpu_bound(module):
     bound.sets = [{name: (zeros(rows, k // 2), zeros(rows, k // 16)) for name, (rows, k) in module.SEGMENTS.items()}]
     bound.out, bound.sink = torch.zeros(1 << 20, dtype=torch.uint8), torch.zeros(132, dtype=torch.int32)
     bound.red, bound.arrived = torch.zeros(4096), torch.zeros(1, dtype=torch.int32)
+    bound.tiles = torch.zeros(2 * module.MAX_STEPS, dtype=torch.int64)
     return bound
 
 
 def test_params_cover_the_block_and_read_back_what_the_product_does(bound_module):
-    assert ctypes.sizeof(bound_module.Segment) == 40 and ctypes.sizeof(bound_module.Params) == 424  # the .cu's
+    assert ctypes.sizeof(bound_module.Segment) == 40 and ctypes.sizeof(bound_module.Params) == 440  # the .cu's
     assert ctypes.sizeof(bound_module.LaunchAttribute) == 72 and ctypes.sizeof(bound_module.LaunchConfig) == 56
     bound = _cpu_bound(bound_module)
     # the q4f16 7B block's 4-bit weights and fp16 scales (the norms' 16 KB aside), in one kernel or two
@@ -76,6 +86,16 @@ def test_params_cover_the_block_and_read_back_what_the_product_does(bound_module
         block.prefetch == 0
         and bound.params(bound_module.parse_variant("block-l24"), bound_module.KERNELS["block"][0], 0).prefetch == 4
     )
+    # claimed tiles: every step's segments alike in rows and rows a slot; each kernel of a call its own counters
+    first, second = [bound.params(bound_module.parse_variant("split-dyn"), k, 0) for k in bound_module.KERNELS["split"]]
+    assert first.dynamic == 1 and block.dynamic == 0 and second.tiles - first.tiles == 8 * bound_module.MAX_STEPS
+    for kind in ("block", "split", "mlp"):
+        for kernel in bound_module.KERNELS[kind]:
+            for step in {s for _, s in kernel}:
+                shapes = {
+                    (bound_module.SEGMENTS[n][0], bound_module.SEGMENTS[n][1] > 4096) for n, s in kernel if s == step
+                }
+                assert len(shapes) == 1, (kind, step)
     quiet = bound.params(bound_module.parse_variant("mlp-noread-stream"), bound_module.KERNELS["mlp"][0], 0)
     assert list(quiet.readback)[1:] == [0, 0, 0] and quiet.barriers == 0
 
