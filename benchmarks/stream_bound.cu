@@ -33,8 +33,8 @@ struct BoundParams {  // must match stream_bound.py's Params
   int reduce;
   int prefetch;  // > 0: where the producer stops at a barrier, it first asks L2 for the step's next `prefetch` slots
   // dynamic: the blocks claim a step's tiles (one slot of each of its segments, rows alike) from tiles[step] instead
-  // of streaming a fixed share, so that a block whose memory is fast takes more. Each launch takes every step's tiles
-  // and one claim past them a block, so the counters need no reset: a claim's tile is its value % (tiles + blocks)
+  // of streaming a fixed share, so that a block whose memory is fast takes more. tiles[kBoundMaxSteps] counts the
+  // blocks done; the last one zeroes every count for the next launch
   int dynamic;
   unsigned long long* tiles;
 };
@@ -46,19 +46,26 @@ __device__ __forceinline__ void prefetch_l2(const char* src, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 }
 
-// the product's barrier (kinds 0, 1), or kRelaxedBarrier: its count barrier with no ordering at all (the outputs are
-// not made visible; only what the meeting itself takes)
-constexpr int kRelaxedBarrier = 2;
+// the product's barrier (kinds 0, 1), or its count barrier with no ordering at all (kRelaxedBarrier: the outputs are
+// not made visible; only what the meeting itself takes), or polled relaxed with one acquire fence once the count is
+// met (kPolledBarrier: the same ordering as the product's, one fence instead of one a poll)
+constexpr int kRelaxedBarrier = 2, kPolledBarrier = 3;
 __device__ __forceinline__ void bound_grid_barrier(int kind) {
-  if (kind != kRelaxedBarrier) return q4mlp_grid_barrier(kBoundConsumers, kind);
+  if (kind != kRelaxedBarrier && kind != kPolledBarrier) return q4mlp_grid_barrier(kBoundConsumers, kind);
   asm volatile("bar.sync 1, %0;" ::"r"(kBoundConsumers) : "memory");
   if (threadIdx.x == 0) {
     unsigned long long old, now;
-    asm volatile("atom.add.relaxed.gpu.global.u64 %0, [%1], 1;" : "=l"(old) : "l"(&relaxtune_q4mlp_arrivals) : "memory");
+    unsigned long long* count = &relaxtune_q4mlp_arrivals;
+    if (kind == kRelaxedBarrier) {
+      asm volatile("atom.add.relaxed.gpu.global.u64 %0, [%1], 1;" : "=l"(old) : "l"(count) : "memory");
+    } else {
+      asm volatile("atom.add.release.gpu.global.u64 %0, [%1], 1;" : "=l"(old) : "l"(count) : "memory");
+    }
     const unsigned long long target = (old / gridDim.x + 1) * gridDim.x;
     do {
-      asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(&relaxtune_q4mlp_arrivals) : "memory");
+      asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(count) : "memory");
     } while (now < target);
+    if (kind == kPolledBarrier) asm volatile("fence.acq_rel.gpu;" ::: "memory");
   }
   asm volatile("bar.sync 1, %0;" ::"r"(kBoundConsumers) : "memory");
 }
@@ -89,7 +96,7 @@ __device__ void bound_dynamic(const BoundParams& p, uint64_t* full, uint64_t* em
       for (int n = 0;;) {
         int slot = s % p.stages;
         if (s >= p.stages) barrier_wait(&empty[slot], (s / p.stages - 1) & 1);
-        const unsigned long long t = atomicAdd(p.tiles + step, 1ull) % (tiles + gridDim.x);
+        const unsigned long long t = atomicAdd(p.tiles + step, 1ull);
         if (t >= tiles) {
           slot_tile[slot] = -1;
           barrier_arrive(&full[slot]);
@@ -156,6 +163,9 @@ __device__ void bound_dynamic(const BoundParams& p, uint64_t* full, uint64_t* em
   if (stamps) bound_stamp(p, 2 * kBoundMaxSteps);
   seen = __reduce_add_sync(0xffffffffu, seen);
   if (threadIdx.x % 32 == 0) atomicAdd(p.sink + blockIdx.x, seen);
+  if (threadIdx.x == 0 && atomicAdd(p.tiles + kBoundMaxSteps, 1ull) == gridDim.x - 1) {  // every claim is made
+    for (int step = 0; step <= kBoundMaxSteps; ++step) atomicExch(p.tiles + step, 0ull);
+  }
   if (stamps) bound_stamp(p, 2 * kBoundMaxSteps + 1);
 }
 #endif

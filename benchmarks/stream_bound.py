@@ -19,9 +19,10 @@ costs while the weights stream. Variants:
 - suffixes: `-stream` no barriers (the ring's own rate), `-noread` no read back, `-aheadN` the producer copies N
   slots of a step before its barrier (default 2, as the product), `-stN` N ring slots (default 3), `-gen` the
   generation barrier instead of the count barrier, `-relaxed` the count barrier with no ordering (wrong outputs;
-  what meeting takes without the fence), `-half` half the rows a slot (room for twice the slots), `-l2N` where the
-  producer stops at a barrier it first has the step's next N slots prefetched into L2 (cp.async.bulk.prefetch.L2),
-  so the memory keeps streaming meanwhile;
+  what meeting takes without the fence), `-poll` the count barrier polled relaxed, one acquire fence once it is met
+  (the product's ordering, one fence instead of one a poll), `-half` half the rows a slot (room for twice the
+  slots), `-l2N` where the producer stops at a barrier it first has the step's next N slots prefetched into L2
+  (cp.async.bulk.prefetch.L2), so the memory keeps streaming meanwhile;
   `-dyn` the blocks claim each step's tiles (a slot's rows of each of its segments) from a global counter instead
   of streaming a fixed share, so that the blocks whose memory is faster take more and the step ends more evenly.
 
@@ -139,8 +140,8 @@ def parse_variant(name: str) -> dict:
             v["read"] = False
         elif flag == "gen":
             v["barrier_kind"] = 0
-        elif flag == "relaxed":
-            v["barrier_kind"] = 2
+        elif flag in ("relaxed", "poll"):
+            v["barrier_kind"] = 2 if flag == "relaxed" else 3
         elif flag == "half":
             v["half"] = True
         elif flag == "dyn":
@@ -150,7 +151,7 @@ def parse_variant(name: str) -> dict:
         else:
             raise SystemExit(
                 f"stream_bound: variant {name!r}: unknown {flag!r} "
-                "(stream, noread, gen, relaxed, half, dyn, aheadN, stN, l2N)"
+                "(stream, noread, gen, relaxed, poll, half, dyn, aheadN, stN, l2N)"
             )
     if v["dynamic"] and (KERNELS[kind][-1][-1][0] == "down_k" or v["prefetch"]):
         raise SystemExit(f"stream_bound: variant {name!r}: dyn goes with block, mlp, split or qkv and no l2N")
@@ -182,7 +183,7 @@ class Bound:
         self.sink = torch.zeros(self.sms, dtype=torch.int32, device="cuda")
         self.red = torch.zeros(H, dtype=torch.float32, device="cuda")
         self.arrived = torch.zeros(1, dtype=torch.int32, device="cuda")
-        self.tiles = torch.zeros(max(map(len, KERNELS.values())) * MAX_STEPS, dtype=torch.int64, device="cuda")
+        self.tiles = torch.zeros(max(map(len, KERNELS.values())) * (MAX_STEPS + 1), dtype=torch.int64, device="cuda")
         self.shared = 0
 
     def _check(self, rc: int, what: str) -> None:
@@ -214,7 +215,7 @@ class Bound:
         p.stage_bytes = max(seg.rows_per_slot * (seg.row_bytes + seg.scale_bytes) for seg in p.seg[: p.segments])
         p.stages, p.ahead, p.barriers, p.barrier_kind = v["stages"], v["ahead"], int(v["barriers"]), v["barrier_kind"]
         p.prefetch, p.dynamic = v["prefetch"], int(v["dynamic"])
-        p.tiles = self.tiles.data_ptr() + 8 * MAX_STEPS * KERNELS[v["kind"]].index(kernel)
+        p.tiles = self.tiles.data_ptr() + 8 * (MAX_STEPS + 1) * KERNELS[v["kind"]].index(kernel)
         p.out, p.sink = self.out.data_ptr(), self.sink.data_ptr()
         p.red, p.arrived = self.red.data_ptr(), self.arrived.data_ptr()
         p.reduce = H if kernel[-1][0] == "down_k" else 0
