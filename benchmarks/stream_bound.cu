@@ -34,7 +34,9 @@ struct BoundParams {  // must match stream_bound.py's Params
   int prefetch;  // > 0: where the producer stops at a barrier, it first asks L2 for the step's next `prefetch` slots
   // dynamic: the blocks claim a step's tiles (one slot of each of its segments, rows alike) from tiles[step] instead
   // of streaming a fixed share, so that a block whose memory is fast takes more. tiles[kBoundMaxSteps] counts the
-  // blocks done; the last one zeroes every count for the next launch
+  // blocks done; the last one zeroes every count for the next launch and bumps the launch's tag,
+  // tiles[kBoundMaxSteps + 1] (kTaggedBarrier: each output a 32-bit word, its value and the tag of the launch that
+  // wrote it; a block after a step's outputs polls them until every word has this launch's tag: no barrier, no fence)
   int dynamic;
   unsigned long long* tiles;
 };
@@ -49,7 +51,7 @@ __device__ __forceinline__ void prefetch_l2(const char* src, uint32_t bytes) {
 // the product's barrier (kinds 0, 1), or its count barrier with no ordering at all (kRelaxedBarrier: the outputs are
 // not made visible; only what the meeting itself takes), or polled relaxed with one acquire fence once the count is
 // met (kPolledBarrier: the same ordering as the product's, one fence instead of one a poll)
-constexpr int kRelaxedBarrier = 2, kPolledBarrier = 3;
+constexpr int kRelaxedBarrier = 2, kPolledBarrier = 3, kTaggedBarrier = 4;
 __device__ __forceinline__ void bound_grid_barrier(int kind) {
   if (kind != kRelaxedBarrier && kind != kPolledBarrier) return q4mlp_grid_barrier(kBoundConsumers, kind);
   asm volatile("bar.sync 1, %0;" ::"r"(kBoundConsumers) : "memory");
@@ -120,12 +122,22 @@ __device__ void bound_dynamic(const BoundParams& p, uint64_t* full, uint64_t* em
     }
     return;
   }
-  const bool stamps = threadIdx.x == 0;
+  const bool stamps = threadIdx.x == 0, tagged = p.barrier_kind == kTaggedBarrier;
   if (stamps) bound_stamp(p, 0);
   unsigned int seen = 0;
+  const unsigned int tag = tagged ? static_cast<unsigned int>(__ldcg(p.tiles + kBoundMaxSteps + 1)) << 16 : 0;
   auto read_back = [&](int step) {
     const uint4* back = reinterpret_cast<const uint4*>(p.out + p.readfrom[step]);
     for (int v = threadIdx.x; v < p.readback[step] / 16; v += kBoundConsumers) seen ^= __ldcg(back + v).x;
+  };
+  auto read_tagged = [&](int step) {  // readback[step] / 2 words, each polled until it has this launch's tag
+    const uint4* back = reinterpret_cast<const uint4*>(p.out + p.readfrom[step]);
+    for (int v = threadIdx.x; v < p.readback[step] / 8; v += kBoundConsumers) {
+      uint4 w;
+      do w = __ldcg(back + v);
+      while (((w.x & w.y & w.z & w.w) >> 16 != tag >> 16) || ((w.x | w.y | w.z | w.w) >> 16 != tag >> 16));
+      seen ^= w.x;
+    }
   };
   if (p.readback[0] > 0) {
     wait_for_previous_kernel();
@@ -135,12 +147,16 @@ __device__ void bound_dynamic(const BoundParams& p, uint64_t* full, uint64_t* em
   for (int step = 0; step <= last_step; ++step) {
     if (step > 0) {
       if (stamps) bound_stamp(p, 2 * step);
-      if (p.barriers) {
+      if (p.barriers && tagged) {
+        read_tagged(step);
+        asm volatile("bar.sync 1, %0;" ::"r"(kBoundConsumers) : "memory");
+        if (threadIdx.x == 0) *passed = step;
+      } else if (p.barriers) {
         bound_grid_barrier(p.barrier_kind);
         if (threadIdx.x == 0) *passed = step;
       }
       if (stamps) bound_stamp(p, 2 * step + 1);
-      read_back(step);
+      if (!(p.barriers && tagged)) read_back(step);
     }
     for (;;) {
       const int slot = ring_slot.slot;
@@ -153,7 +169,11 @@ __device__ void bound_dynamic(const BoundParams& p, uint64_t* full, uint64_t* em
         const int slot_bytes = sg.rows_per_slot * (sg.row_bytes + sg.scale_bytes);
         const uint4* data = reinterpret_cast<const uint4*>(ring + static_cast<size_t>(slot) * p.stage_bytes);
         for (int v = threadIdx.x; v < slot_bytes / 16; v += kBoundConsumers) seen += data[v].y;
-        if (threadIdx.x < here) reinterpret_cast<unsigned short*>(p.out + sg.out)[r + threadIdx.x] = seen;
+        if (threadIdx.x < here && tagged) {
+          __stcg(reinterpret_cast<unsigned int*>(p.out + sg.out) + r + threadIdx.x, (seen & 0xFFFFu) | tag);
+        } else if (threadIdx.x < here) {
+          reinterpret_cast<unsigned short*>(p.out + sg.out)[r + threadIdx.x] = seen;
+        }
       }
       __syncwarp();
       if (threadIdx.x % 32 == 0) barrier_arrive(&empty[slot]);
@@ -165,6 +185,7 @@ __device__ void bound_dynamic(const BoundParams& p, uint64_t* full, uint64_t* em
   if (threadIdx.x % 32 == 0) atomicAdd(p.sink + blockIdx.x, seen);
   if (threadIdx.x == 0 && atomicAdd(p.tiles + kBoundMaxSteps, 1ull) == gridDim.x - 1) {  // every claim is made
     for (int step = 0; step <= kBoundMaxSteps; ++step) atomicExch(p.tiles + step, 0ull);
+    atomicAdd(p.tiles + kBoundMaxSteps + 1, 1ull);
   }
   if (stamps) bound_stamp(p, 2 * kBoundMaxSteps + 1);
 }

@@ -17,14 +17,15 @@ costs while the weights stream. Variants:
   barrier (Wd laid out by feature; every block adds its partial sums of y into one fp32 buffer, the last to arrive
   writes y);
 - suffixes: `-stream` no barriers (the ring's own rate), `-noread` no read back, `-aheadN` the producer copies N
-  slots of a step before its barrier (default 2, as the product), `-stN` N ring slots (default 3), `-gen` the
-  generation barrier instead of the count barrier, `-relaxed` the count barrier with no ordering (wrong outputs;
-  what meeting takes without the fence), `-poll` the count barrier polled relaxed, one acquire fence once it is met
-  (the product's ordering, one fence instead of one a poll), `-half` half the rows a slot (room for twice the
-  slots), `-l2N` where the producer stops at a barrier it first has the step's next N slots prefetched into L2
-  (cp.async.bulk.prefetch.L2), so the memory keeps streaming meanwhile;
-  `-dyn` the blocks claim each step's tiles (a slot's rows of each of its segments) from a global counter instead
-  of streaming a fixed share, so that the blocks whose memory is faster take more and the step ends more evenly.
+  slots of a step before its barrier (default 2, as the product), `-stN` N ring slots (default 3), `-half` half the
+  rows a slot (room for twice the slots), `-l2N` where the producer stops at a barrier it first has the step's next N
+  slots prefetched into L2 (cp.async.bulk.prefetch.L2), so the memory keeps streaming meanwhile; `-dyn` the blocks
+  claim each step's tiles (a slot's rows of each of its segments) from a global counter instead of streaming a fixed
+  share, so that the blocks whose memory is faster take more and the step ends more evenly;
+- the barrier: the product's count barrier by default; `-gen` its generation barrier, `-relaxed` the count barrier
+  with no ordering (wrong outputs; what meeting takes without the fence), `-poll` the count barrier polled relaxed
+  with one acquire fence once it is met (the product's ordering, one fence instead of one a poll), `-tag` (with
+  `-dyn`) none: every output a word tagged with its launch, polled after the step until all have this launch's tag.
 
     python3 benchmarks/stream_bound.py --out $OUT/bound [--variants block,block-stream,...]
     bash benchmarks/gpu_bound.sh $OUT          # the same beside the product's kernel and block, one GPU call
@@ -114,7 +115,7 @@ SEGMENTS = {"qkv": (3 * A, H), "o_proj": (H, A), "gate": (F, H), "up": (F, H), "
 # per feature, as gate), its partial sums of all H outputs then added across the blocks
 SEGMENTS["down_k"] = (F, H)
 X_BYTES = 2 * H
-OUT = {name: X_BYTES + 2 * sum(r for r, _k in list(SEGMENTS.values())[:i]) for i, name in enumerate(SEGMENTS)}
+OUT = {name: X_BYTES + 4 * sum(r for r, _k in list(SEGMENTS.values())[:i]) for i, name in enumerate(SEGMENTS)}
 # the kernels of a call: each a list of (segment, step)
 KERNELS = {
     "block": [[("qkv", 0), ("o_proj", 1), ("gate", 2), ("up", 2), ("down", 3)]],
@@ -140,8 +141,8 @@ def parse_variant(name: str) -> dict:
             v["read"] = False
         elif flag == "gen":
             v["barrier_kind"] = 0
-        elif flag in ("relaxed", "poll"):
-            v["barrier_kind"] = 2 if flag == "relaxed" else 3
+        elif flag in ("relaxed", "poll", "tag"):
+            v["barrier_kind"] = {"relaxed": 2, "poll": 3, "tag": 4}[flag]
         elif flag == "half":
             v["half"] = True
         elif flag == "dyn":
@@ -151,10 +152,12 @@ def parse_variant(name: str) -> dict:
         else:
             raise SystemExit(
                 f"stream_bound: variant {name!r}: unknown {flag!r} "
-                "(stream, noread, gen, relaxed, poll, half, dyn, aheadN, stN, l2N)"
+                "(stream, noread, gen, relaxed, poll, tag, half, dyn, aheadN, stN, l2N)"
             )
     if v["dynamic"] and (KERNELS[kind][-1][-1][0] == "down_k" or v["prefetch"]):
         raise SystemExit(f"stream_bound: variant {name!r}: dyn goes with block, mlp, split or qkv and no l2N")
+    if v["barrier_kind"] == 4 and not v["dynamic"]:
+        raise SystemExit(f"stream_bound: variant {name!r}: tag goes with dyn (its launch count)")
     return v
 
 
@@ -183,7 +186,8 @@ class Bound:
         self.sink = torch.zeros(self.sms, dtype=torch.int32, device="cuda")
         self.red = torch.zeros(H, dtype=torch.float32, device="cuda")
         self.arrived = torch.zeros(1, dtype=torch.int32, device="cuda")
-        self.tiles = torch.zeros(max(map(len, KERNELS.values())) * (MAX_STEPS + 1), dtype=torch.int64, device="cuda")
+        self.tiles = torch.zeros(max(map(len, KERNELS.values())) * (MAX_STEPS + 2), dtype=torch.int64, device="cuda")
+        self.tiles.view(-1, MAX_STEPS + 2)[:, -1] = 1  # -dyn-tag's first launch: no output word has its tag yet
         self.shared = 0
 
     def _check(self, rc: int, what: str) -> None:
@@ -215,7 +219,7 @@ class Bound:
         p.stage_bytes = max(seg.rows_per_slot * (seg.row_bytes + seg.scale_bytes) for seg in p.seg[: p.segments])
         p.stages, p.ahead, p.barriers, p.barrier_kind = v["stages"], v["ahead"], int(v["barriers"]), v["barrier_kind"]
         p.prefetch, p.dynamic = v["prefetch"], int(v["dynamic"])
-        p.tiles = self.tiles.data_ptr() + 8 * (MAX_STEPS + 1) * KERNELS[v["kind"]].index(kernel)
+        p.tiles = self.tiles.data_ptr() + 8 * (MAX_STEPS + 2) * KERNELS[v["kind"]].index(kernel)
         p.out, p.sink = self.out.data_ptr(), self.sink.data_ptr()
         p.red, p.arrived = self.red.data_ptr(), self.arrived.data_ptr()
         p.reduce = H if kernel[-1][0] == "down_k" else 0

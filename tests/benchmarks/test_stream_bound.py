@@ -39,11 +39,14 @@ def test_variants_parse_or_name_what_is_allowed(bound_module):
         "barrier_kind": 2,
         "half": True,
     }
+    assert bound_module.parse_variant("mlp-dyn-tag")["barrier_kind"] == 4
+    with pytest.raises(SystemExit, match="'mlp-tag': tag goes with dyn"):
+        bound_module.parse_variant("mlp-tag")
     for name in ("splitk-dyn", "block-dyn-l24"):
         with pytest.raises(SystemExit, match=f"{name!r}: dyn goes with block, mlp, split or qkv and no l2N"):
             bound_module.parse_variant(name)
     assert bound_module.parse_variant("mlp-poll")["barrier_kind"] == 3
-    with pytest.raises(SystemExit, match="unknown 'fast'.*relaxed, poll, half, dyn, aheadN, stN, l2N"):
+    with pytest.raises(SystemExit, match="unknown 'fast'.*relaxed, poll, tag, half, dyn, aheadN, stN, l2N"):
         bound_module.parse_variant("block-fast")
     with pytest.raises(SystemExit, match="starts with one of block, mlp, split"):
         bound_module.parse_variant("layer")
@@ -57,7 +60,7 @@ def _cpu_bound(module):
     bound.sets = [{name: (zeros(rows, k // 2), zeros(rows, k // 16)) for name, (rows, k) in module.SEGMENTS.items()}]
     bound.out, bound.sink = torch.zeros(1 << 20, dtype=torch.uint8), torch.zeros(132, dtype=torch.int32)
     bound.red, bound.arrived = torch.zeros(4096), torch.zeros(1, dtype=torch.int32)
-    bound.tiles = torch.zeros(2 * (module.MAX_STEPS + 1), dtype=torch.int64)
+    bound.tiles = torch.zeros(2 * (module.MAX_STEPS + 2), dtype=torch.int64)
     return bound
 
 
@@ -89,7 +92,7 @@ def test_params_cover_the_block_and_read_back_what_the_product_does(bound_module
     )
     # claimed tiles: every step's segments alike in rows and rows a slot; each kernel of a call its own counters
     first, second = [bound.params(bound_module.parse_variant("split-dyn"), k, 0) for k in bound_module.KERNELS["split"]]
-    assert first.dynamic == 1 and block.dynamic == 0 and second.tiles - first.tiles == 8 * (bound_module.MAX_STEPS + 1)
+    assert first.dynamic == 1 and block.dynamic == 0 and second.tiles - first.tiles == 8 * (bound_module.MAX_STEPS + 2)
     for kind in ("block", "split", "mlp"):
         for kernel in bound_module.KERNELS[kind]:
             for step in {s for _, s in kernel}:
