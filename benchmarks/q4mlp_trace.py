@@ -30,6 +30,8 @@ H1F4 = {"RELAXTUNE_Q4MLP": "relaxtune_q4mlp_h1f4"}
 VARIANTS = {
     "h1f4": H1F4,  # 3 ring slots, 2 of a step copied before its grid barrier (the defaults)
     "h1f4-gen": {**H1F4, "RELAXTUNE_Q4MLP_BARRIER": "generation"},
+    "h1f4-tag": {**H1F4, "RELAXTUNE_Q4MLP_BARRIER": "tagged"},  # no barrier: h and act as tagged words, polled
+    "h1f4-tag-ahead3": {**H1F4, "RELAXTUNE_Q4MLP_BARRIER": "tagged", "RELAXTUNE_Q4MLP_AHEAD": "3"},
     "h1f4-st4": {**H1F4, "RELAXTUNE_Q4MLP_STAGES": "4"},  # the ring before 2026-12-03 (as many as fit)
     "h1f4-st2": {**H1F4, "RELAXTUNE_Q4MLP_STAGES": "2"},
     "h1f4-ahead0": {**H1F4, "RELAXTUNE_Q4MLP_AHEAD": "0"},  # no copy of a step before its grid barrier

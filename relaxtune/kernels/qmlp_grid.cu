@@ -4,7 +4,12 @@
 
 __device__ unsigned int relaxtune_q4mlp_barrier[2];  // arrivals, generation (zero at module load)
 __device__ unsigned long long relaxtune_q4mlp_arrivals;  // kCountBarrier: every arrival ever (zero at module load)
-enum { kGenerationBarrier = 0, kCountBarrier = 1 };
+enum { kGenerationBarrier = 0, kCountBarrier = 1, kTaggedWords = 2 };
+// kTaggedWords: h and act as 32-bit words (the value's fp16 bits, this launch's tag above them), H then F of them
+// (the kernels' largest: H <= 4096 * 3, F <= 4096 * 4), and the blocks done in this launch and the launches so far
+constexpr int kQ4MlpTaggedWords = 4096 * 3 + 4096 * 4;
+__device__ unsigned int relaxtune_q4mlp_tagged[kQ4MlpTaggedWords];
+__device__ unsigned int relaxtune_q4mlp_launches[2];
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // every consumer thread of every block: what each wrote before is visible to all after. kGenerationBarrier: the last
@@ -38,5 +43,66 @@ __device__ __forceinline__ void q4mlp_grid_barrier(int consumers, int kind) {
     __threadfence();
   }
   asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
+}
+
+// kTaggedWords, the grid barrier's alternative: a step's outputs are words tagged with the launch (launch L writes
+// (L + 1) mod 2^16 above each value; the words of the module's load are zeros, no launch's), and each block polls the
+// words it needs until all carry this launch's tag. The words of one launch are its own, since every launch rewrites
+// every word it reads; no fence and no shared count stand between a writer and its readers, only the words' own round
+// trip. Right while one launch at a time runs (as the count barrier), each to its end (q4mlp_tagged_done).
+__device__ __forceinline__ unsigned int q4mlp_tag() {
+  unsigned int launches;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(launches) : "l"(&relaxtune_q4mlp_launches[1]) : "memory");
+  return ((launches + 1) & 0xFFFFu) << 16;
+}
+
+__device__ __forceinline__ void q4mlp_put_tagged(int at, __half v, unsigned int tag) {
+  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(relaxtune_q4mlp_tagged + at),
+               "r"(static_cast<unsigned int>(__half_as_ushort(v)) | tag)
+               : "memory");
+}
+
+// this thread's PMAX pieces of the K values at word `first` (as q4mlp_load's, zeros past K), polled until every word
+// has `tag`: all loads of a round issued together
+template <int PMAX>
+__device__ __forceinline__ void q4mlp_load_tagged(int first, int k, int t, unsigned int tag, uint4 (&pv)[PMAX][2]) {
+  const uint4* words = reinterpret_cast<const uint4*>(relaxtune_q4mlp_tagged + first);
+  for (;;) {
+    uint4 w[PMAX][2][2];  // each piece's 8 values: two uint4 of words
+#pragma unroll
+    for (int j = 0; j < PMAX; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int at = 2 * (t + j * kQ4PieceThreads) + e / 2;
+        uint4& v = w[j][e / 2][e % 2];
+        v = make_uint4(tag, tag, tag, tag);  // past K: zeros, as if written
+        if (at < k / 8)
+          asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                       : "l"(words + 2 * at + e % 2)
+                       : "memory");
+      }
+    unsigned int all = 0xFFFFFFFFu, any = 0;
+#pragma unroll
+    for (int j = 0; j < PMAX; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const uint4 &lo = w[j][e][0], &hi = w[j][e][1];
+        all &= lo.x & lo.y & lo.z & lo.w & hi.x & hi.y & hi.z & hi.w;
+        any |= lo.x | lo.y | lo.z | lo.w | hi.x | hi.y | hi.z | hi.w;
+        pv[j][e] = make_uint4(__byte_perm(lo.x, lo.y, 0x5410), __byte_perm(lo.z, lo.w, 0x5410),
+                              __byte_perm(hi.x, hi.y, 0x5410), __byte_perm(hi.z, hi.w, 0x5410));
+      }
+    if ((all >> 16) == (tag >> 16) && (any >> 16) == (tag >> 16)) return;
+  }
+}
+
+// kTaggedWords: the block's end; the last block of the launch counts the launch (the next one's tag)
+__device__ __forceinline__ void q4mlp_tagged_done() {
+  if (threadIdx.x != 0) return;
+  if (atomicAdd(&relaxtune_q4mlp_launches[0], 1u) == gridDim.x - 1) {
+    atomicExch(&relaxtune_q4mlp_launches[0], 0u);
+    atomicAdd(&relaxtune_q4mlp_launches[1], 1u);
+  }
 }
 #endif

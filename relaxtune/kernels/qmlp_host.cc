@@ -23,7 +23,7 @@ struct Q4MlpArgs {  // must match qmlp_stream.cu's Q4MlpParams
   float eps;
   int stages, stage_bytes;
   void* trace;
-  int barrier;  // qmlp_stream.cu's kGenerationBarrier / kCountBarrier
+  int barrier;  // qmlp_grid.cu's kGenerationBarrier / kCountBarrier / kTaggedWords
   int x_bytes;  // > 0: x is the attention of the row (attn), in that much shared memory
   int ahead;    // slots of a step copied before its grid barrier (Q4MlpAhead)
   AttnParams attn;
@@ -40,11 +40,12 @@ constexpr int kQ4MlpTraceEvents = 16;  // qmlp_stream.cu's stamps per block
 constexpr int kQ4MlpWarps = 8, kQ4MlpScratch = 4 * kQ4MlpWarps;  // partial sums per row; the norm's per-warp sums
 
 // qmlp_stream.cu's grid barrier: the count barrier where every launch's grid is the SM count (`whole`), unless
-// RELAXTUNE_Q4MLP_BARRIER=generation (read per launch, for measurements)
+// RELAXTUNE_Q4MLP_BARRIER=generation, or =tagged for no barrier (qmlp_grid.cu's kTaggedWords; read per launch)
 int Q4MlpBarrier(bool whole) {
   const char* value = std::getenv("RELAXTUNE_Q4MLP_BARRIER");
-  const bool generation = value != nullptr && std::string(value) == "generation";
-  return whole && !generation ? 1 : 0;
+  const std::string asked = value != nullptr ? value : "";
+  if (asked == "tagged") return 2;
+  return whole && asked != "generation" ? 1 : 0;
 }
 
 // the producer copies at most kQ4MlpAhead slots of gate / up and of down before the grid barrier that starts their

@@ -20,7 +20,9 @@
 //   - every block reads the whole a and quantizes it; Wd; y = sum + h.
 // The grid barrier is the consumers' (the producer only reads their count of it), on state in this module's global
 // memory (qmlp_grid.cu's q4mlp_grid_barrier). h and a are outputs (the caller's memory): written once by their owner
-// block, read by all after the barrier. Each step's time in the kernel: benchmarks/q4mlp_trace.py (the `trace` stamps).
+// block, read by all after the barrier. With kTaggedWords there is no barrier: h and a are also written as words
+// tagged with the launch (qmlp_grid.cu), which every block polls until all carry this launch's tag. Each step's time
+// in the kernel: benchmarks/q4mlp_trace.py (the `trace` stamps).
 // Where x_bytes > 0, x is no input: every block first computes it, the attention of the step's one row (q, k, v and
 // the rotary tables in `attn`, gemv_prologue.cu's attention_rows), into shared memory before the ring.
 
@@ -39,7 +41,7 @@ struct Q4MlpParams {  // must match qmlp_host.cc
   float eps;
   int stages, stage_bytes;
   unsigned long long* trace;  // null, or per block kQ4MlpTraceEvents globaltimer stamps (benchmarks/q4mlp_trace.py)
-  int barrier;                // kGenerationBarrier / kCountBarrier (q4mlp_grid_barrier)
+  int barrier;                // kGenerationBarrier / kCountBarrier (q4mlp_grid_barrier) / kTaggedWords
   int x_bytes;                // > 0: x is the attention of one row (attn), computed into that much shared memory
   int ahead;                  // slots of a step the producer copies before the consumers pass its grid barrier
   AttnParams attn;            // gemv_prologue.cu's: q, k, v, the tables, the heads (x null)
@@ -118,7 +120,8 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
   __half* act = static_cast<__half*>(p.act);
   __half* y = static_cast<__half*>(p.y);
   Q4RingSlot s;
-  const bool stamps = threadIdx.x == 0;
+  const bool stamps = threadIdx.x == 0, tagged = p.barrier == kTaggedWords;
+  const unsigned int tag = tagged ? q4mlp_tag() : 0;  // kTaggedWords: this launch's (qmlp_grid.cu)
   if (stamps) q4mlp_stamp(p, 0);
   {  // h = x @ Wo^T + res for this block's rows
     uint32_t xq[PH][4];
@@ -139,17 +142,24 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
       float sum = __half2float(res[r0 + r]);
 #pragma unroll
       for (int q = 0; q < kWarps; ++q) sum += part[r * kWarps + q];
-      h[r0 + r] = __float2half_rn(sum);
+      const __half v = __float2half_rn(sum);
+      h[r0 + r] = v;
+      if (tagged) q4mlp_put_tagged(r0 + r, v, tag);
     }
   }
   uint4 gv[PH][2];  // the norm's weight for this thread's pieces, read before the barrier
   q4mlp_load<PH, false>(p.g, p.hidden, t, gv);
-  q4mlp_grid_barrier(kConsumers, p.barrier);
+  uint4 xv[PH][2];  // h: after the grid barrier, or its tagged words as soon as every block has written its rows
+  if (tagged) {
+    q4mlp_load_tagged<PH>(0, p.hidden, t, tag, xv);
+    asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
+  } else {
+    q4mlp_grid_barrier(kConsumers, p.barrier);
+  }
   if (threadIdx.x == 0) *passed = 1;
   if (stamps) q4mlp_stamp(p, 3);
+  if (!tagged) q4mlp_load<PH, true>(h, p.hidden, t, xv);
   {  // n = rms_norm(h) * g; gate and up of this block's features; act = silu(gate) * up
-    uint4 xv[PH][2];
-    q4mlp_load<PH, true>(h, p.hidden, t, xv);
     float sq = 0.0f;
 #pragma unroll
     for (int j = 0; j < PH; ++j) {
@@ -197,17 +207,27 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
       float gate = 0.0f, up = 0.0f;
 #pragma unroll
       for (int q = 0; q < kWarps; ++q) gate += part[r * kWarps + q], up += part[(frows + r) * kWarps + q];
-      act[f0 + r] = __float2half_rn(silu_times<__half>(round_to<__half>(gate), round_to<__half>(up)));
+      const __half v = __float2half_rn(silu_times<__half>(round_to<__half>(gate), round_to<__half>(up)));
+      act[f0 + r] = v;
+      if (tagged) q4mlp_put_tagged(p.hidden + f0 + r, v, tag);
     }
   }
-  q4mlp_grid_barrier(kConsumers, p.barrier);
+  uint4 av[PF][2];  // act, as h
+  if (tagged) {
+    q4mlp_load_tagged<PF>(p.hidden, p.f, t, tag, av);
+    asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
+  } else {
+    q4mlp_grid_barrier(kConsumers, p.barrier);
+  }
   if (threadIdx.x == 0) *passed = 2;
   if (stamps) q4mlp_stamp(p, 6);
   {  // y = act @ Wd^T + h for this block's rows
     uint32_t xq[PF][4];
     int corr[PF];
     float scale[PF];
-    q4mlp_quantize<PF, true>(act, p.f, t, xq, corr, scale);
+    if (!tagged) q4mlp_load<PF, true>(act, p.f, t, av);
+#pragma unroll
+    for (int j = 0; j < PF; ++j) quantize_piece(av[j], xq[j], corr[j], scale[j]);
     if (stamps) q4mlp_stamp(p, 7);
     q4mlp_consume<GR, RF, PF>(seg[3], s, p.stages, p.stage_bytes, ring, full, empty, p.f, xq, corr, scale, part);
     if (stamps) q4mlp_stamp(p, 8);
@@ -219,6 +239,7 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
       y[r0 + r] = __float2half_rn(sum);
     }
   }
+  if (tagged) q4mlp_tagged_done();
   if (stamps) q4mlp_stamp(p, 9);
 #endif
 }

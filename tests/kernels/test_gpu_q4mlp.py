@@ -40,8 +40,13 @@ def _q4_mlp_reference(x, res, wo, g, wgu, wd, eps):
     return h, act, y
 
 
-# the grid barriers (qmlp_host.cc, read per launch): the count barrier (the default on an SM-count grid), the other
-SETTINGS = {"default": {}, "generation": {"RELAXTUNE_Q4MLP_BARRIER": "generation"}}
+# the grid barriers (qmlp_host.cc, read per launch): the count barrier (the default on an SM-count grid), the other,
+# and none (h and act as words tagged with the launch, polled)
+SETTINGS = {
+    "default": {},
+    "generation": {"RELAXTUNE_Q4MLP_BARRIER": "generation"},
+    "tagged": {"RELAXTUNE_Q4MLP_BARRIER": "tagged"},
+}
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
