@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # One GPU-machine call (issue 26): the fused 4-bit design without its arithmetic (benchmarks/stream_bound.py) beside
 # the product on the same device: relaxtune_q4mlp_i8 alone (q4mlp_trace.py) and the q4f16 7B block at n = 1 as built
-# (gpu_job.py), each against the floor for its bytes; then stream_bound.png of the three.
+# (gpu_job.py), each with its grid barriers and with tagged words instead (RELAXTUNE_Q4MLP_BARRIER=tagged), against
+# the floor for its bytes; then stream_bound.png of them all.
 #   bash benchmarks/gpu_bound.sh OUT [stream_bound variants]
 set -uo pipefail
 out=${1:?usage: gpu_bound.sh OUT [variants]}
-variants=${2:-split,block,block-stream,block-noread,block-l24,splitk,mlp,mlp-stream,mlpsplitk,qkv}
+variants=${2:-split,block,block-stream,block-dyn-stream,block-dyn-tag,split-dyn-tag,mlp,mlp-stream,mlp-dyn-tag,qkv}
 mkdir -p "$out"
 site=$(bash scripts/device_install.sh) || exit 1
 export PYTHONPATH=$site:$PWD/benchmarks PYTHONUNBUFFERED=1
 nvidia-smi -L
 python3 benchmarks/stream_bound.py --out "$out/bound" --variants "$variants" 2>&1 | grep -v "^\s*$" | tail -30
-python3 benchmarks/q4mlp_trace.py --out "$out/tr" --variants h1f4 2>&1 | tail -3
+python3 benchmarks/q4mlp_trace.py --out "$out/tr" --variants h1f4,h1f4-tag 2>&1 | tail -6
 art=/tmp/gjbound
 python3 benchmarks/gpu_job.py build --art "$art" --only llama7b-q4-rf-cublas-flash-graph 2>&1 | tail -1
-python3 benchmarks/gpu_job.py run --art "$art" --out "$out/q4" --seqs 1 \
-  --skip flash,gemv,tiny,kernels,runtime,compile,modes,fp16 2>&1 | grep -E "q4f16 (floor|block n = 1)"
+for sync in count tagged; do  # the product's count barrier (the default), then tagged words
+  RELAXTUNE_Q4MLP_BARRIER=$sync python3 benchmarks/gpu_job.py run --art "$art" --out "$out/q4-$sync" --seqs 1 \
+    --skip flash,gemv,tiny,kernels,runtime,compile,modes,fp16 2>&1 | grep -E "q4f16 (floor|block n = 1)" | sed "s/^/$sync: /"
+done
 python3 benchmarks/stream_bound.py --out "$out" --plot "$out"  # labelled by the folder and the device

@@ -311,11 +311,17 @@ def _steps(rows: list[list[float]]) -> dict:
 # the bars drawn: (label, the skeleton's variant or the product's figure)
 BARS = [
     ("block's weights streamed, no dependency (block-stream)", "block-stream"),
+    ("the same, tiles claimed (block-dyn-stream)", "block-dyn-stream"),
     ("one kernel, 3 grid barriers and read backs (block)", "block"),
+    ("one kernel, tiles claimed, tagged words (block-dyn-tag)", "block-dyn-tag"),
     ("two kernels as relaxtune runs it (split)", "split"),
+    ("two kernels, tiles claimed, tagged words (split-dyn-tag)", "split-dyn-tag"),
     ("relaxtune's q4f16 block as built", "product block"),
+    ("relaxtune's q4f16 block, tagged words", "product block tagged"),
     ("o_proj .. down alone, 2 barriers (mlp)", "mlp"),
+    ("o_proj .. down, tiles claimed, tagged words (mlp-dyn-tag)", "mlp-dyn-tag"),
     ("relaxtune_q4mlp_i8 alone", "product mlp"),
+    ("relaxtune_q4mlp_i8 alone, tagged words", "product mlp tagged"),
     ("one kernel, down split over K: 2 barriers (splitk)", "splitk"),
     ("o_proj .. down, down split over K: 1 barrier (mlpsplitk)", "mlpsplitk"),
     ("q/k/v alone (qkv)", "qkv"),
@@ -324,17 +330,21 @@ BARS = [
 
 
 def x_floors(folder: Path) -> dict[str, float]:
-    """x the floor of each variant and product figure in a gpu_bound.sh folder (its device: `device`)."""
+    """x the floor of each variant and product figure in a gpu_bound.sh folder (its device: `device`); the
+    product's with its grid barriers (q4-count, or q4 before 2026-12-06) and with tagged words (q4-tagged)."""
     report = json.loads((folder / "bound" / "stream_bound.json").read_text())
     out = {name: v["x_floor"] for name, v in report["variants"].items()}
-    trace, block = folder / "tr" / "q4mlp_trace.json", folder / "q4" / "gpu_job.json"
+    trace = folder / "tr" / "q4mlp_trace.json"
     if trace.exists():
-        out["product mlp"] = 100 / json.loads(trace.read_text())["variants"]["h1f4"]["pct_copy"]
-    if block.exists():
-        job = json.loads(block.read_text())
-        out.update({"product block": v for k, v in job.get("q4_floor", {}).items() if k.endswith("_n1_over_floor")})
-        qkv = [r for r in job.get("q4_kernel", []) if r["shape"] == "qkv" and r["rows"] == 1]
-        out.update({"product qkv": 100 / qkv[0]["graph_pct_copy"]} if qkv else {})
+        traced = json.loads(trace.read_text())["variants"]
+        for name, key in (("h1f4", "product mlp"), ("h1f4-tag", "product mlp tagged")):
+            out.update({key: 100 / traced[name]["pct_copy"]} if name in traced else {})
+    for sub, key in (("q4", "product block"), ("q4-count", "product block"), ("q4-tagged", "product block tagged")):
+        if (folder / sub / "gpu_job.json").exists():
+            job = json.loads((folder / sub / "gpu_job.json").read_text())
+            out.update({key: v for k, v in job.get("q4_floor", {}).items() if k.endswith("_n1_over_floor")})
+            qkv = [r for r in job.get("q4_kernel", []) if r["shape"] == "qkv" and r["rows"] == 1]
+            out.update({"product qkv": 100 / qkv[0]["graph_pct_copy"]} if qkv else {})
     return out
 
 

@@ -111,8 +111,12 @@ def test_plot_draws_a_folder_with_or_without_the_product(bound_module, tmp_path)
         report = {"device": "NVIDIA H200", "variants": variants}
         (tmp_path / name / "bound" / "stream_bound.json").write_text(json.dumps(report))
     (tmp_path / "full" / "tr").mkdir()
-    (tmp_path / "full" / "tr" / "q4mlp_trace.json").write_text(json.dumps({"variants": {"h1f4": {"pct_copy": 80.0}}}))
+    traced = {"variants": {"h1f4": {"pct_copy": 80.0}, "h1f4-tag": {"pct_copy": 90.0}}}
+    (tmp_path / "full" / "tr" / "q4mlp_trace.json").write_text(json.dumps(traced))
     (tmp_path / "full" / "q4").mkdir()
+    (tmp_path / "full" / "q4-tagged").mkdir()
+    tagged = {"q4_floor": {"llama7b-q4-rf-cublas-flash-graph_n1_over_floor": 1.3}}
+    (tmp_path / "full" / "q4-tagged" / "gpu_job.json").write_text(json.dumps(tagged))
     floor = {
         "q4_floor": {"weight_MB": 113.85, "llama7b-q4-rf-cublas-flash-graph_n1_over_floor": 1.42},
         "q4_kernel": [
@@ -125,6 +129,7 @@ def test_plot_draws_a_folder_with_or_without_the_product(bound_module, tmp_path)
     assert (
         xs["product mlp"] == pytest.approx(1.25) and xs["product block"] == 1.42 and xs["split"] == pytest.approx(1.3)
     )
+    assert xs["product mlp tagged"] == pytest.approx(100 / 90) and xs["product block tagged"] == 1.3
     assert "product block" not in bound_module.x_floors(tmp_path / "bare")
     bound_module.plot({"a": tmp_path / "full", "b": tmp_path / "bare"}, tmp_path / "bound.png")
     assert (tmp_path / "bound.png").stat().st_size > 10_000
