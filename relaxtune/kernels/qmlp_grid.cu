@@ -62,39 +62,47 @@ __device__ __forceinline__ void q4mlp_put_tagged(int at, __half v, unsigned int 
                : "memory");
 }
 
-// this thread's PMAX pieces of the K values at word `first` (as q4mlp_load's, zeros past K), polled until every word
-// has `tag`: all loads of a round issued together
+// one uint4 of tagged words (4 values): the two words of fp16 pairs it packs to, and whether all carry `tag`
+__device__ __forceinline__ bool q4mlp_tagged_quad(const uint4* at, unsigned int tag, unsigned int& lo,
+                                                  unsigned int& hi) {
+  uint4 v;
+  asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(at)
+               : "memory");
+  lo = __byte_perm(v.x, v.y, 0x5410), hi = __byte_perm(v.z, v.w, 0x5410);
+  const unsigned int all = v.x & v.y & v.z & v.w, any = v.x | v.y | v.z | v.w;
+  return (all >> 16) == (tag >> 16) && (any >> 16) == (tag >> 16);
+}
+
+// this thread's PMAX pieces of the K values at word `first` (as q4mlp_load's, zeros past K): one round of all their
+// loads, then each word still without this launch's tag polled alone, with a pause between polls (every thread
+// polling all its words at once would load L2 with the blocks' polls while the weights stream through it)
 template <int PMAX>
 __device__ __forceinline__ void q4mlp_load_tagged(int first, int k, int t, unsigned int tag, uint4 (&pv)[PMAX][2]) {
   const uint4* words = reinterpret_cast<const uint4*>(relaxtune_q4mlp_tagged + first);
-  for (;;) {
-    uint4 w[PMAX][2][2];  // each piece's 8 values: two uint4 of words
+  unsigned int pending = 0;  // bit 4 j + e: the e-th uint4 of words of piece j (two for each half of pv[j])
 #pragma unroll
-    for (int j = 0; j < PMAX; ++j)
+  for (int j = 0; j < PMAX; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int at = 2 * (t + j * kQ4PieceThreads) + e / 2;
-        uint4& v = w[j][e / 2][e % 2];
-        v = make_uint4(tag, tag, tag, tag);  // past K: zeros, as if written
-        if (at < k / 8)
-          asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                       : "l"(words + 2 * at + e % 2)
-                       : "memory");
-      }
-    unsigned int all = 0xFFFFFFFFu, any = 0;
+    for (int e = 0; e < 4; ++e) {
+      unsigned int lo = 0, hi = 0;  // past K: zeros
+      if (2 * (t + j * kQ4PieceThreads) + e / 2 < k / 8 &&
+          !q4mlp_tagged_quad(words + 4 * (t + j * kQ4PieceThreads) + e, tag, lo, hi))
+        pending |= 1u << (4 * j + e);
+      if (e % 2 == 0) pv[j][e / 2].x = lo, pv[j][e / 2].y = hi;
+      else pv[j][e / 2].z = lo, pv[j][e / 2].w = hi;
+    }
 #pragma unroll
-    for (int j = 0; j < PMAX; ++j)
+  for (int j = 0; j < PMAX; ++j)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const uint4 &lo = w[j][e][0], &hi = w[j][e][1];
-        all &= lo.x & lo.y & lo.z & lo.w & hi.x & hi.y & hi.z & hi.w;
-        any |= lo.x | lo.y | lo.z | lo.w | hi.x | hi.y | hi.z | hi.w;
-        pv[j][e] = make_uint4(__byte_perm(lo.x, lo.y, 0x5410), __byte_perm(lo.z, lo.w, 0x5410),
-                              __byte_perm(hi.x, hi.y, 0x5410), __byte_perm(hi.z, hi.w, 0x5410));
-      }
-    if ((all >> 16) == (tag >> 16) && (any >> 16) == (tag >> 16)) return;
-  }
+    for (int e = 0; e < 4; ++e) {
+      if (!(pending >> (4 * j + e) & 1u)) continue;
+      unsigned int lo, hi;
+      while (!q4mlp_tagged_quad(words + 4 * (t + j * kQ4PieceThreads) + e, tag, lo, hi)) __nanosleep(64);
+      if (e % 2 == 0) pv[j][e / 2].x = lo, pv[j][e / 2].y = hi;
+      else pv[j][e / 2].z = lo, pv[j][e / 2].w = hi;
+    }
 }
 
 // kTaggedWords: the block's end; the last block of the launch counts the launch (the next one's tag)
