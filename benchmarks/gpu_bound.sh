@@ -6,7 +6,7 @@
 #   bash benchmarks/gpu_bound.sh OUT [stream_bound variants]
 set -uo pipefail
 out=${1:?usage: gpu_bound.sh OUT [variants]}
-variants=${2:-split,block,block-stream,block-dyn-stream,block-dyn-tag,split-dyn-tag,mlp,mlp-stream,mlp-dyn-tag,qkv}
+variants=${2:-split,block,block-stream,block-dyn-stream,block-tag,block-dyn-tag,split-dyn-tag,mlp,mlp-tag,mlp-dyn-tag,qkv}
 mkdir -p "$out"
 site=$(bash scripts/device_install.sh) || exit 1
 export PYTHONPATH=$site:$PWD/benchmarks PYTHONUNBUFFERED=1

@@ -33,10 +33,11 @@ struct BoundParams {  // must match stream_bound.py's Params
   int reduce;
   int prefetch;  // > 0: where the producer stops at a barrier, it first asks L2 for the step's next `prefetch` slots
   // dynamic: the blocks claim a step's tiles (one slot of each of its segments, rows alike) from tiles[step] instead
-  // of streaming a fixed share, so that a block whose memory is fast takes more. tiles[kBoundMaxSteps] counts the
-  // blocks done; the last one zeroes every count for the next launch and bumps the launch's tag,
-  // tiles[kBoundMaxSteps + 1] (kTaggedBarrier: each output a 32-bit word, its value and the tag of the launch that
-  // wrote it; a block after a step's outputs polls them until every word has this launch's tag: no barrier, no fence)
+  // of streaming a fixed share, so that a block whose memory is fast takes more. With dynamic or kTaggedBarrier,
+  // tiles[kBoundMaxSteps] counts the blocks done; the last one zeroes every count for the next launch and bumps the
+  // launch's tag, tiles[kBoundMaxSteps + 1] (kTaggedBarrier: each output a 32-bit word, its value and the tag of the
+  // launch that wrote it; a block after a step's outputs polls them until every word has this launch's tag: no
+  // barrier, no fence)
   int dynamic;
   unsigned long long* tiles;
 };
@@ -73,6 +74,33 @@ __device__ __forceinline__ void bound_grid_barrier(int kind) {
 }
 
 __device__ __forceinline__ void bound_stamp(const BoundParams& p, int e) { globaltimer_stamp<kBoundEvents>(p, e); }
+
+// kTaggedBarrier: this launch's tag, above each output's 16 bits
+__device__ __forceinline__ unsigned int bound_tag(const BoundParams& p) {
+  return p.barrier_kind == kTaggedBarrier ? static_cast<unsigned int>(__ldcg(p.tiles + kBoundMaxSteps + 1)) << 16 : 0;
+}
+
+// kTaggedBarrier: the step's read back, readback[step] / 2 words, each polled until it has this launch's tag
+__device__ __forceinline__ void bound_read_tagged(const BoundParams& p, int step, unsigned int tag,
+                                                  unsigned int& seen) {
+  const uint4* back = reinterpret_cast<const uint4*>(p.out + p.readfrom[step]);
+  for (int v = threadIdx.x; v < p.readback[step] / 8; v += kBoundConsumers) {
+    uint4 w;
+    do w = __ldcg(back + v);
+    while (((w.x & w.y & w.z & w.w) >> 16 != tag >> 16) || ((w.x | w.y | w.z | w.w) >> 16 != tag >> 16));
+    seen ^= w.x;
+  }
+  asm volatile("bar.sync 1, %0;" ::"r"(kBoundConsumers) : "memory");
+}
+
+// the block's end where the launch keeps counts (dynamic, kTaggedBarrier): the last block zeroes the claims and
+// bumps the tag
+__device__ __forceinline__ void bound_launch_done(const BoundParams& p) {
+  if (threadIdx.x == 0 && atomicAdd(p.tiles + kBoundMaxSteps, 1ull) == gridDim.x - 1) {  // every claim is made
+    for (int step = 0; step <= kBoundMaxSteps; ++step) atomicExch(p.tiles + step, 0ull);
+    atomicAdd(p.tiles + kBoundMaxSteps + 1, 1ull);
+  }
+}
 #endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -125,19 +153,10 @@ __device__ void bound_dynamic(const BoundParams& p, uint64_t* full, uint64_t* em
   const bool stamps = threadIdx.x == 0, tagged = p.barrier_kind == kTaggedBarrier;
   if (stamps) bound_stamp(p, 0);
   unsigned int seen = 0;
-  const unsigned int tag = tagged ? static_cast<unsigned int>(__ldcg(p.tiles + kBoundMaxSteps + 1)) << 16 : 0;
+  const unsigned int tag = bound_tag(p);
   auto read_back = [&](int step) {
     const uint4* back = reinterpret_cast<const uint4*>(p.out + p.readfrom[step]);
     for (int v = threadIdx.x; v < p.readback[step] / 16; v += kBoundConsumers) seen ^= __ldcg(back + v).x;
-  };
-  auto read_tagged = [&](int step) {  // readback[step] / 2 words, each polled until it has this launch's tag
-    const uint4* back = reinterpret_cast<const uint4*>(p.out + p.readfrom[step]);
-    for (int v = threadIdx.x; v < p.readback[step] / 8; v += kBoundConsumers) {
-      uint4 w;
-      do w = __ldcg(back + v);
-      while (((w.x & w.y & w.z & w.w) >> 16 != tag >> 16) || ((w.x | w.y | w.z | w.w) >> 16 != tag >> 16));
-      seen ^= w.x;
-    }
   };
   if (p.readback[0] > 0) {
     wait_for_previous_kernel();
@@ -147,12 +166,9 @@ __device__ void bound_dynamic(const BoundParams& p, uint64_t* full, uint64_t* em
   for (int step = 0; step <= last_step; ++step) {
     if (step > 0) {
       if (stamps) bound_stamp(p, 2 * step);
-      if (p.barriers && tagged) {
-        read_tagged(step);
-        asm volatile("bar.sync 1, %0;" ::"r"(kBoundConsumers) : "memory");
-        if (threadIdx.x == 0) *passed = step;
-      } else if (p.barriers) {
-        bound_grid_barrier(p.barrier_kind);
+      if (p.barriers) {
+        if (tagged) bound_read_tagged(p, step, tag, seen);
+        else bound_grid_barrier(p.barrier_kind);
         if (threadIdx.x == 0) *passed = step;
       }
       if (stamps) bound_stamp(p, 2 * step + 1);
@@ -183,10 +199,7 @@ __device__ void bound_dynamic(const BoundParams& p, uint64_t* full, uint64_t* em
   if (stamps) bound_stamp(p, 2 * kBoundMaxSteps);
   seen = __reduce_add_sync(0xffffffffu, seen);
   if (threadIdx.x % 32 == 0) atomicAdd(p.sink + blockIdx.x, seen);
-  if (threadIdx.x == 0 && atomicAdd(p.tiles + kBoundMaxSteps, 1ull) == gridDim.x - 1) {  // every claim is made
-    for (int step = 0; step <= kBoundMaxSteps; ++step) atomicExch(p.tiles + step, 0ull);
-    atomicAdd(p.tiles + kBoundMaxSteps + 1, 1ull);
-  }
+  bound_launch_done(p);
   if (stamps) bound_stamp(p, 2 * kBoundMaxSteps + 1);
 }
 #endif
@@ -239,9 +252,10 @@ extern "C" __global__ void __launch_bounds__(kBoundConsumers + 32, 1) relaxtune_
     }
     return;
   }
-  const bool stamps = threadIdx.x == 0;
+  const bool stamps = threadIdx.x == 0, tagged = p.barrier_kind == kTaggedBarrier;
   if (stamps) bound_stamp(p, 0);
   unsigned int seen = 0;
+  const unsigned int tag = bound_tag(p);
   auto read_back = [&](int step) {  // readback[step] bytes of `out`, through L2
     const uint4* back = reinterpret_cast<const uint4*>(p.out + p.readfrom[step]);
     for (int v = threadIdx.x; v < p.readback[step] / 16; v += kBoundConsumers) seen ^= __ldcg(back + v).x;
@@ -250,8 +264,12 @@ extern "C" __global__ void __launch_bounds__(kBoundConsumers + 32, 1) relaxtune_
     for (int j = 0; j < p.segments; ++j) {
       if (p.seg[j].step != step) continue;
       const int r0 = share(p.seg[j].rows, b), rows = share(p.seg[j].rows, b + 1) - r0;
-      for (int r = threadIdx.x; r < rows; r += kBoundConsumers)
-        reinterpret_cast<unsigned short*>(p.out + p.seg[j].out)[r0 + r] = static_cast<unsigned short>(seen + r);
+      unsigned short* half = reinterpret_cast<unsigned short*>(p.out + p.seg[j].out);
+      unsigned int* word = reinterpret_cast<unsigned int*>(half);  // tagged
+      for (int r = threadIdx.x; r < rows; r += kBoundConsumers) {
+        if (tagged) __stcg(word + r0 + r, ((seen + r) & 0xFFFFu) | tag);
+        else half[r0 + r] = static_cast<unsigned short>(seen + r);
+      }
     }
   };
   if (p.readback[0] > 0) {
@@ -266,11 +284,12 @@ extern "C" __global__ void __launch_bounds__(kBoundConsumers + 32, 1) relaxtune_
       write_outputs(step - 1);
       if (stamps) bound_stamp(p, 2 * step);
       if (p.barriers) {
-        bound_grid_barrier(p.barrier_kind);
+        if (tagged) bound_read_tagged(p, step, tag, seen);
+        else bound_grid_barrier(p.barrier_kind);
         if (threadIdx.x == 0) *passed = step;
       }
       if (stamps) bound_stamp(p, 2 * step + 1);
-      read_back(step);
+      if (!(p.barriers && tagged)) read_back(step);
     }
     const int r0 = share(sg.rows, b), rows = share(sg.rows, b + 1) - r0;
     const int slot_bytes = sg.rows_per_slot * (sg.row_bytes + sg.scale_bytes);
@@ -289,6 +308,7 @@ extern "C" __global__ void __launch_bounds__(kBoundConsumers + 32, 1) relaxtune_
   write_outputs(p.seg[p.segments - 1].step);
   seen = __reduce_add_sync(0xffffffffu, seen);
   if (threadIdx.x % 32 == 0) atomicAdd(p.sink + b, seen);
+  if (tagged) bound_launch_done(p);
   if (p.reduce > 0) {  // split-K: this block's partial sums into red; the last block to arrive finishes y
     const float part = static_cast<float>(seen & 0xFF);
     for (int v = threadIdx.x; v < p.reduce / 4; v += kBoundConsumers)
