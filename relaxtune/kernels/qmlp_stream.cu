@@ -121,13 +121,14 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
   __half* y = static_cast<__half*>(p.y);
   Q4RingSlot s;
   const bool stamps = threadIdx.x == 0, tagged = p.barrier == kTaggedWords;
-  const unsigned int tag = tagged ? q4mlp_tag() : 0;  // kTaggedWords: this launch's (qmlp_grid.cu)
+  unsigned int tag = 0;  // kTaggedWords: this launch's (qmlp_grid.cu), once the previous launch is seen whole
   if (stamps) q4mlp_stamp(p, 0);
   {  // h = x @ Wo^T + res for this block's rows
     uint32_t xq[PH][4];
     int corr[PH];
     float scale[PH];
     wait_for_previous_kernel();  // x and res only after the previous kernel
+    if (tagged) tag = q4mlp_tag();
     if (p.x_bytes > 0) {  // x = the attention of the one row (gemv_prologue.cu), into shared memory
       attention_rows<__half, 1>(1, p.a, p.attn, xs, kConsumers);
       asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
