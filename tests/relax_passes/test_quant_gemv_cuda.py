@@ -250,7 +250,9 @@ def test_mlp_kernels_assemble_without_spills_stream_in_bulk_and_meet_at_release_
     """qmlp_stream.cu for sm_90: the kernels qmlp_host.cc lists exist and fit one block of 2 x 256 + 32 threads per
     SM without spills; the PTX waits for the previous kernel once, streams the four weights by bulk copies counted on
     mbarriers, multiplies with dp4a, and meets the other blocks with a release-add and acquire loads (the count
-    barrier) or atomics on the generation (the other), and stamps the globaltimer only for a trace."""
+    barrier) or atomics on the generation (the other), or, with no barrier, writes h and act also as words tagged
+    with the launch and polls them with relaxed loads, no fence (kTaggedWords), and stamps the globaltimer only for a
+    trace."""
     host = (Path(gemv_module.__file__).parent / "qmlp_host.cc").read_text()
     table = host[host.index("kQ4MlpKernels[] = {") : host.index("};", host.index("kQ4MlpKernels[] = {"))]
     assert tuple(re.findall(r'\{"(relaxtune_q4mlp_\w+)"', table)) == Q4_MLP_KERNELS
@@ -266,3 +268,7 @@ def test_mlp_kernels_assemble_without_spills_stream_in_bulk_and_meet_at_release_
         assert "mbarrier.try_wait.parity" in body and "dp4a.u32.s32" in body, name
         assert "atom.add.release.gpu.global.u64" in body and "ld.acquire.gpu.global.u64" in body, name
         assert "atom.global.add.u32" in body and "%globaltimer" in body, name
+        # tagged words: h and act stored relaxed beside their fp16 outputs (loops unrolled), the tag read once, polls of
+        # four words at a time with a pause between the polls of one word
+        assert body.count("st.relaxed.gpu.global.u32") >= 2 and body.count("ld.relaxed.gpu.global.u32 ") == 1, name
+        assert "ld.relaxed.gpu.global.v4.u32" in body and "nanosleep.u32" in body, name
