@@ -75,6 +75,22 @@ __device__ __forceinline__ void bound_grid_barrier(int kind) {
 
 __device__ __forceinline__ void bound_stamp(const BoundParams& p, int e) { globaltimer_stamp<kBoundEvents>(p, e); }
 
+// `here` rows of segment sg from its row `row` into ring slot `slot`, counted on the slot's full barrier
+__device__ __forceinline__ void bound_copy_rows(const BoundParams& p, const BoundSegment& sg, unsigned char* ring,
+                                                uint64_t* full, int slot, int row, int here) {
+  unsigned char* dst = ring + static_cast<size_t>(slot) * p.stage_bytes;
+  barrier_expect_bytes(&full[slot], here * (sg.row_bytes + sg.scale_bytes));
+  bulk_copy(dst, sg.w + static_cast<size_t>(row) * sg.row_bytes, here * sg.row_bytes, &full[slot]);
+  bulk_copy(dst + sg.rows_per_slot * sg.row_bytes, sg.s + static_cast<size_t>(row) * sg.scale_bytes,
+            here * sg.scale_bytes, &full[slot]);
+}
+
+// readback[step] bytes of `out` from readfrom[step], through L2, into `seen`
+__device__ __forceinline__ void bound_read_back(const BoundParams& p, int step, unsigned int& seen) {
+  const uint4* back = reinterpret_cast<const uint4*>(p.out + p.readfrom[step]);
+  for (int v = threadIdx.x; v < p.readback[step] / 16; v += kBoundConsumers) seen ^= __ldcg(back + v).x;
+}
+
 // kTaggedBarrier: this launch's tag, above each output's 16 bits
 __device__ __forceinline__ unsigned int bound_tag(const BoundParams& p) {
   return p.barrier_kind == kTaggedBarrier ? static_cast<unsigned int>(__ldcg(p.tiles + kBoundMaxSteps + 1)) << 16 : 0;
@@ -91,6 +107,21 @@ __device__ __forceinline__ void bound_read_tagged(const BoundParams& p, int step
     seen ^= w.x;
   }
   asm volatile("bar.sync 1, %0;" ::"r"(kBoundConsumers) : "memory");
+}
+
+// the consumers at the start of step > 0: the barrier and the read back of the step before's outputs, or the
+// tagged words polled (stamps 2 step and 2 step + 1 around it); `passed` tells the producer
+__device__ __forceinline__ void bound_meet(const BoundParams& p, int step, unsigned int tag, volatile int* passed,
+                                           unsigned int& seen) {
+  const bool stamps = threadIdx.x == 0, tagged = p.barrier_kind == kTaggedBarrier;
+  if (stamps) bound_stamp(p, 2 * step);
+  if (p.barriers) {
+    if (tagged) bound_read_tagged(p, step, tag, seen);
+    else bound_grid_barrier(p.barrier_kind);
+    if (threadIdx.x == 0) *passed = step;
+  }
+  if (stamps) bound_stamp(p, 2 * step + 1);
+  if (!(p.barriers && tagged)) bound_read_back(p, step, seen);
 }
 
 // the block's end where the launch keeps counts (dynamic, kTaggedBarrier): the last block zeroes the claims and
@@ -140,11 +171,7 @@ __device__ void bound_dynamic(const BoundParams& p, uint64_t* full, uint64_t* em
           if (j > j0 && s >= p.stages) barrier_wait(&empty[slot], (s / p.stages - 1) & 1);
           if (p.barriers && n >= p.ahead && *passed < step) while (*passed < step) __nanosleep(64);
           slot_tile[slot] = j << 16 | r;
-          unsigned char* dst = ring + static_cast<size_t>(slot) * p.stage_bytes;
-          barrier_expect_bytes(&full[slot], here * (sg.row_bytes + sg.scale_bytes));
-          bulk_copy(dst, sg.w + static_cast<size_t>(r) * sg.row_bytes, here * sg.row_bytes, &full[slot]);
-          bulk_copy(dst + sg.rows_per_slot * sg.row_bytes, sg.s + static_cast<size_t>(r) * sg.scale_bytes,
-                    here * sg.scale_bytes, &full[slot]);
+          bound_copy_rows(p, sg, ring, full, slot, r, here);
         }
       }
     }
@@ -154,25 +181,14 @@ __device__ void bound_dynamic(const BoundParams& p, uint64_t* full, uint64_t* em
   if (stamps) bound_stamp(p, 0);
   unsigned int seen = 0;
   const unsigned int tag = bound_tag(p);
-  auto read_back = [&](int step) {
-    const uint4* back = reinterpret_cast<const uint4*>(p.out + p.readfrom[step]);
-    for (int v = threadIdx.x; v < p.readback[step] / 16; v += kBoundConsumers) seen ^= __ldcg(back + v).x;
-  };
   if (p.readback[0] > 0) {
     wait_for_previous_kernel();
-    read_back(0);
+    bound_read_back(p, 0, seen);
   }
   Q4RingSlot ring_slot;
   for (int step = 0; step <= last_step; ++step) {
     if (step > 0) {
-      if (stamps) bound_stamp(p, 2 * step);
-      if (p.barriers) {
-        if (tagged) bound_read_tagged(p, step, tag, seen);
-        else bound_grid_barrier(p.barrier_kind);
-        if (threadIdx.x == 0) *passed = step;
-      }
-      if (stamps) bound_stamp(p, 2 * step + 1);
-      if (!(p.barriers && tagged)) read_back(step);
+      bound_meet(p, step, tag, passed, seen);
     }
     for (;;) {
       const int slot = ring_slot.slot;
@@ -242,11 +258,7 @@ extern "C" __global__ void __launch_bounds__(kBoundConsumers + 32, 1) relaxtune_
             }
             while (*passed < sg.step) __nanosleep(64);
           }
-          unsigned char* dst = ring + static_cast<size_t>(slot) * p.stage_bytes;
-          barrier_expect_bytes(&full[slot], here * (sg.row_bytes + sg.scale_bytes));
-          bulk_copy(dst, sg.w + static_cast<size_t>(r0 + r) * sg.row_bytes, here * sg.row_bytes, &full[slot]);
-          bulk_copy(dst + sg.rows_per_slot * sg.row_bytes, sg.s + static_cast<size_t>(r0 + r) * sg.scale_bytes,
-                    here * sg.scale_bytes, &full[slot]);
+          bound_copy_rows(p, sg, ring, full, slot, r0 + r, here);
         }
       }
     }
@@ -256,10 +268,6 @@ extern "C" __global__ void __launch_bounds__(kBoundConsumers + 32, 1) relaxtune_
   if (stamps) bound_stamp(p, 0);
   unsigned int seen = 0;
   const unsigned int tag = bound_tag(p);
-  auto read_back = [&](int step) {  // readback[step] bytes of `out`, through L2
-    const uint4* back = reinterpret_cast<const uint4*>(p.out + p.readfrom[step]);
-    for (int v = threadIdx.x; v < p.readback[step] / 16; v += kBoundConsumers) seen ^= __ldcg(back + v).x;
-  };
   auto write_outputs = [&](int step) {  // this block's rows of the step's outputs
     for (int j = 0; j < p.segments; ++j) {
       if (p.seg[j].step != step) continue;
@@ -274,7 +282,7 @@ extern "C" __global__ void __launch_bounds__(kBoundConsumers + 32, 1) relaxtune_
   };
   if (p.readback[0] > 0) {
     wait_for_previous_kernel();
-    read_back(0);
+    bound_read_back(p, 0, seen);
   }
   Q4RingSlot ring_slot;
   for (int i = 0; i < p.segments; ++i) {
@@ -282,14 +290,7 @@ extern "C" __global__ void __launch_bounds__(kBoundConsumers + 32, 1) relaxtune_
     if (i > 0 && sg.step != p.seg[i - 1].step) {  // the step before is done: its outputs, the barrier, the read back
       const int step = sg.step;
       write_outputs(step - 1);
-      if (stamps) bound_stamp(p, 2 * step);
-      if (p.barriers) {
-        if (tagged) bound_read_tagged(p, step, tag, seen);
-        else bound_grid_barrier(p.barrier_kind);
-        if (threadIdx.x == 0) *passed = step;
-      }
-      if (stamps) bound_stamp(p, 2 * step + 1);
-      if (!(p.barriers && tagged)) read_back(step);
+      bound_meet(p, step, tag, passed, seen);
     }
     const int r0 = share(sg.rows, b), rows = share(sg.rows, b + 1) - r0;
     const int slot_bytes = sg.rows_per_slot * (sg.row_bytes + sg.scale_bytes);
