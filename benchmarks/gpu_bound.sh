@@ -3,10 +3,11 @@
 # the product on the same device: relaxtune_q4mlp_i8 alone (q4mlp_trace.py) and the q4f16 7B block at n = 1 as built
 # (gpu_job.py), each with its grid barriers and with tagged words instead (RELAXTUNE_Q4MLP_BARRIER=tagged), against
 # the floor for its bytes; then stream_bound.png of them all.
-#   bash benchmarks/gpu_bound.sh OUT [stream_bound variants]
+#   bash benchmarks/gpu_bound.sh OUT [stream_bound variants] [tests]   # tests: the fused kernel's gpu tests too
 set -uo pipefail
-out=${1:?usage: gpu_bound.sh OUT [variants]}
-variants=${2:-split,block,block-stream,block-dyn-stream,block-tag,block-dyn-tag,split-dyn-tag,mlp,mlp-tag,mlp-dyn-tag,qkv}
+out=${1:?usage: gpu_bound.sh OUT [variants] [tests]}
+default=split,block,block-stream,block-dyn-stream,block-tag,block-dyn-tag,split-dyn-tag,mlp,mlp-tag,mlp-dyn-tag,qkv
+variants=${2:-$default}  # "" too: the default
 mkdir -p "$out"
 site=$(bash scripts/device_install.sh) || exit 1
 export PYTHONPATH=$site:$PWD/benchmarks PYTHONUNBUFFERED=1
@@ -17,6 +18,12 @@ art=/tmp/gjbound
 python3 benchmarks/gpu_job.py build --art "$art" --only llama7b-q4-rf-cublas-flash-graph 2>&1 | tail -1
 for sync in count tagged; do  # the product's count barrier (the default), then tagged words
   RELAXTUNE_Q4MLP_BARRIER=$sync python3 benchmarks/gpu_job.py run --art "$art" --out "$out/q4-$sync" --seqs 1 \
-    --skip flash,gemv,tiny,kernels,runtime,compile,modes,fp16 2>&1 | grep -E "q4f16 (floor|block n = 1)" | sed "s/^/$sync: /"
+    --skip flash,gemv,tiny,kernels,runtime,compile,modes,fp16 2>&1 | grep -E "q4f16 (floor|block n = 1)" |
+    sed "s/^/$sync: /"
 done
 python3 benchmarks/stream_bound.py --out "$out" --plot "$out"  # labelled by the folder and the device
+if [ "${3:-}" = tests ]; then  # from a folder of its own: the checkout's conftest and rootdir, no cache written
+  root=$PWD
+  (cd "$(mktemp -d)" && python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$root" \
+    "$root/tests/kernels/test_gpu_q4mlp.py" 2>&1 | tail -4)
+fi
