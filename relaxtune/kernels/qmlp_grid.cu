@@ -81,6 +81,10 @@ __device__ __forceinline__ bool q4mlp_tagged_quad(const uint4* at, unsigned int 
 template <int PMAX>
 __device__ __forceinline__ void q4mlp_load_tagged(int first, int k, int t, unsigned int tag, uint4 (&pv)[PMAX][2]) {
   const uint4* words = reinterpret_cast<const uint4*>(relaxtune_q4mlp_tagged + first);
+  auto put = [&](int j, int e, unsigned int lo, unsigned int hi) {  // the e-th quarter of pv[j]'s 8 values
+    if (e % 2 == 0) pv[j][e / 2].x = lo, pv[j][e / 2].y = hi;
+    else pv[j][e / 2].z = lo, pv[j][e / 2].w = hi;
+  };
   unsigned int pending = 0;  // bit 4 j + e: the e-th uint4 of words of piece j (two for each half of pv[j])
 #pragma unroll
   for (int j = 0; j < PMAX; ++j)
@@ -90,8 +94,7 @@ __device__ __forceinline__ void q4mlp_load_tagged(int first, int k, int t, unsig
       if (2 * (t + j * kQ4PieceThreads) + e / 2 < k / 8 &&
           !q4mlp_tagged_quad(words + 4 * (t + j * kQ4PieceThreads) + e, tag, lo, hi))
         pending |= 1u << (4 * j + e);
-      if (e % 2 == 0) pv[j][e / 2].x = lo, pv[j][e / 2].y = hi;
-      else pv[j][e / 2].z = lo, pv[j][e / 2].w = hi;
+      put(j, e, lo, hi);
     }
 #pragma unroll
   for (int j = 0; j < PMAX; ++j)
@@ -100,8 +103,7 @@ __device__ __forceinline__ void q4mlp_load_tagged(int first, int k, int t, unsig
       if (!(pending >> (4 * j + e) & 1u)) continue;
       unsigned int lo, hi;
       while (!q4mlp_tagged_quad(words + 4 * (t + j * kQ4PieceThreads) + e, tag, lo, hi)) __nanosleep(64);
-      if (e % 2 == 0) pv[j][e / 2].x = lo, pv[j][e / 2].y = hi;
-      else pv[j][e / 2].z = lo, pv[j][e / 2].w = hi;
+      put(j, e, lo, hi);
     }
 }
 

@@ -63,6 +63,29 @@ __device__ __forceinline__ void globaltimer_stamp(const Params& p, int e) {
 __device__ __forceinline__ void q4mlp_stamp(const Q4MlpParams& p, int e) { globaltimer_stamp<kQ4MlpTraceEvents>(p, e); }
 #endif
 
+// the consumers after a step whose outputs every block reads (v, K of them; with kTaggedWords also the tagged words
+// from word `first`): the grid barrier, then this thread's pieces of v through L2, or the tagged words polled;
+// `passed` = step tells the producer, stamp `event` once the step may start
+template <int PMAX>
+__device__ __forceinline__ void q4mlp_meet(const Q4MlpParams& p, int consumers, unsigned int tag, volatile int* passed,
+                                           int step, int event, int first, const void* v, int k, int t,
+                                           uint4 (&pv)[PMAX][2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const bool tagged = p.barrier == kTaggedWords;
+  if (tagged) {
+    q4mlp_load_tagged<PMAX>(first, k, t, tag, pv);
+    asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
+  } else {
+    q4mlp_grid_barrier(consumers, p.barrier);
+  }
+  if (threadIdx.x == 0) {
+    *passed = step;
+    q4mlp_stamp(p, event);
+  }
+  if (!tagged) q4mlp_load<PMAX, true>(v, k, t, pv);
+#endif
+}
+
 // GR row groups of 8 consumer warps; RH / RF: rows per row group and slot for the K = A, H segments / the K = F
 // one; PH / PF: pieces per thread
 template <int GR, int RH, int PH, int RF, int PF>
@@ -151,15 +174,7 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
   uint4 gv[PH][2];  // the norm's weight for this thread's pieces, read before the barrier
   q4mlp_load<PH, false>(p.g, p.hidden, t, gv);
   uint4 xv[PH][2];  // h: after the grid barrier, or its tagged words as soon as every block has written its rows
-  if (tagged) {
-    q4mlp_load_tagged<PH>(0, p.hidden, t, tag, xv);
-    asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
-  } else {
-    q4mlp_grid_barrier(kConsumers, p.barrier);
-  }
-  if (threadIdx.x == 0) *passed = 1;
-  if (stamps) q4mlp_stamp(p, 3);
-  if (!tagged) q4mlp_load<PH, true>(h, p.hidden, t, xv);
+  q4mlp_meet<PH>(p, kConsumers, tag, passed, 1, 3, 0, h, p.hidden, t, xv);
   {  // n = rms_norm(h) * g; gate and up of this block's features; act = silu(gate) * up
     float sq = 0.0f;
 #pragma unroll
@@ -214,19 +229,11 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
     }
   }
   uint4 av[PF][2];  // act, as h
-  if (tagged) {
-    q4mlp_load_tagged<PF>(p.hidden, p.f, t, tag, av);
-    asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
-  } else {
-    q4mlp_grid_barrier(kConsumers, p.barrier);
-  }
-  if (threadIdx.x == 0) *passed = 2;
-  if (stamps) q4mlp_stamp(p, 6);
+  q4mlp_meet<PF>(p, kConsumers, tag, passed, 2, 6, p.hidden, act, p.f, t, av);
   {  // y = act @ Wd^T + h for this block's rows
     uint32_t xq[PF][4];
     int corr[PF];
     float scale[PF];
-    if (!tagged) q4mlp_load<PF, true>(act, p.f, t, av);
 #pragma unroll
     for (int j = 0; j < PF; ++j) quantize_piece(av[j], xq[j], corr[j], scale[j]);
     if (stamps) q4mlp_stamp(p, 7);
