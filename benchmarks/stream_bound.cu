@@ -96,6 +96,16 @@ __device__ __forceinline__ unsigned int bound_tag(const BoundParams& p) {
   return p.barrier_kind == kTaggedBarrier ? static_cast<unsigned int>(__ldcg(p.tiles + kBoundMaxSteps + 1)) << 16 : 0;
 }
 
+// output `row` of the segment whose outputs start at `out`: 2 bytes, or with kTaggedBarrier a word under `tag`
+__device__ __forceinline__ void bound_put_output(const BoundParams& p, int out, int row, unsigned int value,
+                                                 unsigned int tag) {
+  if (p.barrier_kind == kTaggedBarrier) {
+    __stcg(reinterpret_cast<unsigned int*>(p.out + out) + row, (value & 0xFFFFu) | tag);
+  } else {
+    reinterpret_cast<unsigned short*>(p.out + out)[row] = static_cast<unsigned short>(value);
+  }
+}
+
 // kTaggedBarrier: the step's read back, readback[step] / 2 words, each polled until it has this launch's tag
 __device__ __forceinline__ void bound_read_tagged(const BoundParams& p, int step, unsigned int tag,
                                                   unsigned int& seen) {
@@ -177,7 +187,7 @@ __device__ void bound_dynamic(const BoundParams& p, uint64_t* full, uint64_t* em
     }
     return;
   }
-  const bool stamps = threadIdx.x == 0, tagged = p.barrier_kind == kTaggedBarrier;
+  const bool stamps = threadIdx.x == 0;
   if (stamps) bound_stamp(p, 0);
   unsigned int seen = 0;
   const unsigned int tag = bound_tag(p);
@@ -201,11 +211,7 @@ __device__ void bound_dynamic(const BoundParams& p, uint64_t* full, uint64_t* em
         const int slot_bytes = sg.rows_per_slot * (sg.row_bytes + sg.scale_bytes);
         const uint4* data = reinterpret_cast<const uint4*>(ring + static_cast<size_t>(slot) * p.stage_bytes);
         for (int v = threadIdx.x; v < slot_bytes / 16; v += kBoundConsumers) seen += data[v].y;
-        if (threadIdx.x < here && tagged) {
-          __stcg(reinterpret_cast<unsigned int*>(p.out + sg.out) + r + threadIdx.x, (seen & 0xFFFFu) | tag);
-        } else if (threadIdx.x < here) {
-          reinterpret_cast<unsigned short*>(p.out + sg.out)[r + threadIdx.x] = seen;
-        }
+        if (threadIdx.x < here) bound_put_output(p, sg.out, r + threadIdx.x, seen, tag);
       }
       __syncwarp();
       if (threadIdx.x % 32 == 0) barrier_arrive(&empty[slot]);
@@ -272,12 +278,8 @@ extern "C" __global__ void __launch_bounds__(kBoundConsumers + 32, 1) relaxtune_
     for (int j = 0; j < p.segments; ++j) {
       if (p.seg[j].step != step) continue;
       const int r0 = share(p.seg[j].rows, b), rows = share(p.seg[j].rows, b + 1) - r0;
-      unsigned short* half = reinterpret_cast<unsigned short*>(p.out + p.seg[j].out);
-      unsigned int* word = reinterpret_cast<unsigned int*>(half);  // tagged
-      for (int r = threadIdx.x; r < rows; r += kBoundConsumers) {
-        if (tagged) __stcg(word + r0 + r, ((seen + r) & 0xFFFFu) | tag);
-        else half[r0 + r] = static_cast<unsigned short>(seen + r);
-      }
+      for (int r = threadIdx.x; r < rows; r += kBoundConsumers)
+        bound_put_output(p, p.seg[j].out, r0 + r, seen + r, tag);
     }
   };
   if (p.readback[0] > 0) {
