@@ -198,6 +198,8 @@ Q4_VARIANTS = {
     # o_proj .. down as five kernels, not relaxtune_q4mlp_i8 (FuseQuantMlpCuda)
     "llama7b-q4-nomlp-rf-cublas-flash-graph": ("relaxtune", True, CudaLibraries(q4_mlp=False)),
     "llama7b-q4-nomlp-rf-cublas-flash": ("relaxtune", False, CudaLibraries(q4_mlp=False)),
+    # the one-kernel layer without the q/k/v projection in it (its own GEMV before: FuseQuantBlockCuda off)
+    "llama7b-q4-noblock-rf-cublas-flash-graph": ("relaxtune", True, CudaLibraries(q4_block=False)),
     # the MLP kernel without the n = 1 attention in it (the flash kernel before it: FuseQuantMlpCuda(attention=False))
     "llama7b-q4-noattn-rf-cublas-flash-graph": ("relaxtune", True, CudaLibraries(gemv_attention=False)),
     # int8 activations, the q/k/v's RMSNorm its own kernel (FuseQuantGemvPrologueCuda off)

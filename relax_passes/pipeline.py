@@ -34,6 +34,7 @@ from .fuse_attention_gemv_cuda import FuseAttentionGemvCuda
 from .fuse_attention_prologue import FuseAttentionPrologue
 from .fuse_gemv_prologue_cuda import FuseGemvPrologueCuda
 from .fuse_norm_gemv import FuseNormIntoGemv
+from .fuse_quant_block_cuda import FuseQuantBlockCuda
 from .fuse_quant_gemv_prologue_cuda import FuseQuantGemvPrologueCuda
 from .fuse_quant_mlp_cuda import FuseQuantMlpCuda
 from .fuse_swiglu import FuseSwiGLU
@@ -150,6 +151,7 @@ def fusion_passes(
         # one-row (attention and) o_proj .. down over 4-bit weights: one kernel
         *([FuseQuantMlpCuda(attention=libs.gemv_attention and flash_on)] if quant_mlp else []),
         *([FuseQuantGemvPrologueCuda()] if quant_prologue else []),  # q/k/v's RMSNorm in the int8 GEMV
+        *([FuseQuantBlockCuda()] if quant_mlp and quant_prologue and libs.q4_block else []),  # and that GEMV in it
         *([RewriteGemmToCublas(min_rows=libs.min_rows, decode_wide=libs.decode_wide)] if library else []),
         *([RewriteResidualAddToCublas(min_rows=libs.residual_min_rows)] if library and libs.residual else []),
         *([RewriteBatchedGemmToCublas(min_rows=libs.batched_min_rows)] if library and libs.batched else []),

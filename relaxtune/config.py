@@ -159,6 +159,7 @@ class CudaLibraries:
     gemv_glu: bool = True  # and gate/up's GEMV the SwiGLU after it, where it can (else down's prologue does)
     gemv_attention: bool = True  # and o_proj's the attention before it in 1-2 row buckets (FuseAttentionGemvCuda)
     q4_mlp: bool = True  # sm_90+, int8 activations: a 4-bit decode MLP as one kernel (FuseQuantMlpCuda)
+    q4_block: bool = True  # and the q/k/v projection before its attention in it too (FuseQuantBlockCuda)
     residual: bool = True  # a residual add as the cuBLASLt GEMM's epilogue (RewriteResidualAddToCublas)
     residual_min_rows: int = 17
     batched: bool = True  # attention's batched GEMMs on cuBLAS (RewriteBatchedGemmToCublas)

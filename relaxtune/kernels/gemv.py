@@ -50,7 +50,10 @@ Emitted by `RewriteGemvToCuda` (relax_passes/gemv_cuda.py) in the small (decode)
   activations); `relaxtune_q4mlp_i8_kernel` names its kernel or says why none applies. Emitted by
   `FuseQuantMlpCuda` (relax_passes/fuse_quant_mlp_cuda.py). `relaxtune_q4mlp_attn_i8(q, k, v, cos, sin, heads, causal,
   scale, rope, res, wo, ..., y)`: the same where x is the attention of the one row, which every block computes first
-  (gemv_prologue.cu's attention_rows) into shared memory before its ring.
+  (gemv_prologue.cu's attention_rows) into shared memory before its ring. `relaxtune_q4block_i8(x, gin, wqkv, sqkv,
+  eps_in, cos, sin, heads, causal, scale, rope, res, wo, ..., eps, qkv, h, act, y)`: the whole decoder layer, q, k and
+  v too (`qkv = rms_norm(x, gin, eps_in) @ wqkv^T`, a first step with its own grid barrier, which the attention reads
+  as q, k and v); emitted by `FuseQuantBlockCuda` (relax_passes/fuse_quant_block_cuda.py).
 
 The (K, N) kernel (gemv.cu) gives each block 64 output columns: 8 threads x 16-byte vectors per
 weight row, 32 or 64 K lanes per block each taking 8 consecutive rows (x: one vector load per row),
@@ -107,6 +110,7 @@ Q4_I8_ADD_FUNCTION = "relaxtune_q4gemv_i8_add"
 Q4_I8_KERNEL_FUNCTION = "relaxtune_q4gemv_i8_kernel"
 Q4_MLP_FUNCTION = "relaxtune_q4mlp_i8"  # o_proj + residual, RMSNorm, gate/up, SwiGLU, down + residual: one kernel
 Q4_MLP_ATTN_FUNCTION = "relaxtune_q4mlp_attn_i8"  # the same with x the attention of the one row (q, k, v, ...)
+Q4_BLOCK_FUNCTION = "relaxtune_q4block_i8"  # the same with q, k, v = rms_norm(x) @ Wqkv^T computed first
 Q4_MLP_KERNEL_FUNCTION = "relaxtune_q4mlp_i8_kernel"  # (the same operands) -> its kernel, or "none: why"
 Q4_MLP_MAX_K = (12288, 16384)  # qmlp_stream.cu's widest A, H and F
 Q4_MLP_MIN_ARCH = 90  # bulk copies into a shared-memory ring, as qgemv_stream.cu

@@ -125,12 +125,13 @@ struct AttnParams {  // must match gemv_host.cc
   float scale;
 };
 
-// one lane's 8 elements of a head (vector `at` of src, zeros where !ok), rotated by the table row at `table` if asked
-template <typename T>
+// one lane's 8 elements of a head (vector `at` of src, zeros where !ok), rotated by the table row at `table` if asked;
+// src through L2 (kCoherent) where the same kernel wrote it
+template <typename T, bool kCoherent>
 __device__ __forceinline__ void load_part(const uint4* src, size_t at, bool ok, bool rotate, const uint4* cos,
                                           const uint4* sin, size_t table, int partner_lanes, bool first_half,
                                           float (&out)[8]) {
-  unpack8<T>(ok ? __ldg(src + at) : make_uint4(0, 0, 0, 0), out);
+  unpack8<T>(ok ? (kCoherent ? __ldcg(src + at) : __ldg(src + at)) : make_uint4(0, 0, 0, 0), out);
   if (!rotate) return;  // uniform over the warp
   float c[8], s[8];
   unpack8<T>(ok ? __ldg(cos + table) : make_uint4(0, 0, 0, 0), c);
@@ -143,8 +144,8 @@ __device__ __forceinline__ void load_part(const uint4* src, size_t at, bool ok, 
 }
 
 // the attention of `rows` (<= M) rows into xs (rows x K), by threads [0, threads) of the block (whole warps); no
-// barrier
-template <typename T, int M>
+// barrier; q, k and v through L2 (kCoherent) where the same kernel wrote them
+template <typename T, int M, bool kCoherent = false>
 __device__ __forceinline__ void attention_rows(int rows, int k_features, const AttnParams& a, uint4* xs, int threads) {
   const int d = k_features / a.heads, lanes = d / 8, sub = threadIdx.x % lanes, per_warp = 32 / lanes;
   const int groups = threads / lanes;
@@ -161,11 +162,11 @@ __device__ __forceinline__ void attention_rows(int rows, int k_features, const A
     for (int j = 0; j < M; ++j) {
       if (j >= rows) break;
       const size_t table = static_cast<size_t>(j) * lanes + sub;
-      load_part<T>(k, (static_cast<size_t>(j) * a.k_row + (a.k_head0 + kv) * d) / 8 + sub, ok, a.rope == 2, cos, sin,
+      load_part<T, kCoherent>(k, (static_cast<size_t>(j) * a.k_row + (a.k_head0 + kv) * d) / 8 + sub, ok, a.rope == 2, cos, sin,
                    table, lanes / 2, first_half, keys[j]);
-      load_part<T>(v, (static_cast<size_t>(j) * a.v_row + (a.v_head0 + kv) * d) / 8 + sub, ok, false, cos, sin, table,
+      load_part<T, kCoherent>(v, (static_cast<size_t>(j) * a.v_row + (a.v_head0 + kv) * d) / 8 + sub, ok, false, cos, sin, table,
                    lanes / 2, first_half, values[j]);
-      load_part<T>(q, (static_cast<size_t>(j) * a.q_row + (a.q_head0 + h) * d) / 8 + sub, ok, a.rope >= 1, cos, sin,
+      load_part<T, kCoherent>(q, (static_cast<size_t>(j) * a.q_row + (a.q_head0 + h) * d) / 8 + sub, ok, a.rope >= 1, cos, sin,
                    table, lanes / 2, first_half, query[j]);
     }
 #pragma unroll

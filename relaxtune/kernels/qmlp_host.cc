@@ -3,6 +3,9 @@
 // needs) on TVM's current stream, a programmatic dependent one on compute capability 9.0+ unless RELAXTUNE_GEMV_PDL=0,
 // with no allocation: CUDA graphs capture it.
 // relaxtune_q4mlp_i8(x, res, wo, so, g, wgu, sgu, wd, sd, eps, h, act, y): one row, fp16, int8 activations;
+// relaxtune_q4mlp_attn_i8(q, k, v, cos, sin, heads, causal, scale, rope, res, ...) computes x, the attention of the
+// row, in every block; relaxtune_q4block_i8(x, gin, wqkv, sqkv, eps_in, cos, sin, heads, causal, scale, rope, res, ...,
+// qkv, h, act, y) computes q, k and v too (qkv = rms_norm(x, gin, eps_in) @ Wqkv^T, the whole decoder layer);
 // relaxtune_q4mlp_i8_kernel(...) names the kernel it would launch, or says why none applies (for tests);
 // relaxtune_q4mlp_i8_trace(..., trace) launches it with a globaltimer stamp per block and event in trace (int64,
 // blocks x 16: benchmarks/q4mlp_trace.py). For measurements, read per launch: RELAXTUNE_Q4MLP=NAME picks the kernel,
@@ -27,6 +30,10 @@ struct Q4MlpArgs {  // must match qmlp_stream.cu's Q4MlpParams
   int x_bytes;  // > 0: x is the attention of the row (attn), in that much shared memory
   int ahead;    // slots of a step copied before its grid barrier (Q4MlpAhead)
   AttnParams attn;
+  const void *wqkv, *sqkv, *gin;  // the q/k/v step (Q4MlpFirst), or null
+  void* qkv;
+  int nqkv, shift_qkv;
+  float eps_in;
 };
 struct Q4MlpKernel {
   const char* name;
@@ -83,11 +90,12 @@ int64_t Q4MlpSlotBytes(int64_t k, int shift, int groups, int rows_per_group) {
   return groups * rows_per_group * (k / 2 + 2 * (k >> (5 + shift)));
 }
 
-Q4MlpPlan PlanQ4Mlp(int64_t a, int64_t hidden, int64_t f, const int (&shifts)[3], int major, int sms, int shared,
-                    int x_bytes) {
+// shifts: o, gate / up, down and q / k / v's groups; nqkv: the q/k/v step's rows (0: none)
+Q4MlpPlan PlanQ4Mlp(int64_t a, int64_t hidden, int64_t f, const int (&shifts)[4], int64_t nqkv, int major, int sms,
+                    int shared, int x_bytes) {
   Q4MlpPlan plan;
-  const int64_t ks[3] = {a, hidden, f};
-  for (int i = 0; i < 3; ++i) {
+  const int64_t ks[4] = {a, hidden, f, hidden};
+  for (int i = 0; i < (nqkv > 0 ? 4 : 3); ++i) {
     if ((ks[i] >> (5 + shifts[i])) % 8 != 0) {
       plan.why = "K = " + std::to_string(ks[i]) + " is not a multiple of 8 groups";
       return plan;
@@ -111,11 +119,13 @@ Q4MlpPlan PlanQ4Mlp(int64_t a, int64_t hidden, int64_t f, const int (&shifts)[3]
   }
   plan.blocks = static_cast<int>(std::min<int64_t>({sms, hidden, f}));
   const int64_t rows = (hidden + plan.blocks - 1) / plan.blocks, frows = (f + plan.blocks - 1) / plan.blocks;
-  const int64_t part = (std::max(rows, 2 * frows) * kQ4MlpWarps + kQ4MlpScratch) * 4;
+  const int64_t qrows = (nqkv + plan.blocks - 1) / plan.blocks;
+  const int64_t part = (std::max({rows, 2 * frows, qrows}) * kQ4MlpWarps + kQ4MlpScratch) * 4;
   const int gr = plan.kernel->groups;
   const int64_t slot = std::max({Q4MlpSlotBytes(a, shifts[0], gr, plan.kernel->rows_h),
                                  Q4MlpSlotBytes(hidden, shifts[1], gr, plan.kernel->rows_h),
-                                 Q4MlpSlotBytes(f, shifts[2], gr, plan.kernel->rows_f)});
+                                 Q4MlpSlotBytes(f, shifts[2], gr, plan.kernel->rows_f),
+                                 nqkv > 0 ? Q4MlpSlotBytes(hidden, shifts[3], gr, plan.kernel->rows_h) : 0});
   // kQ4MlpStages slots, or RELAXTUNE_Q4MLP_STAGES (for measurements), as far as they fit (the last of the
   // kQ4MaxStages full barriers' places holds the kernel's count of barriers passed)
   const char* asked = std::getenv("RELAXTUNE_Q4MLP_STAGES");
@@ -132,26 +142,48 @@ Q4MlpPlan PlanQ4Mlp(int64_t a, int64_t hidden, int64_t f, const int (&shifts)[3]
   return plan;
 }
 
+// the q/k/v step of relaxtune_q4block_i8: its input (x: H values), norm weight and epsilon, weight, output
+struct Q4MlpFirst {
+  const tvm::ffi::TensorView *x, *gin, *wqkv, *sqkv, *qkv;
+  double eps;
+};
+
 // checks the operands, then launches (or, with `chosen`, puts the kernel's name or why none applies there)
-// x: the o_proj input, or null with `attn`: x is the attention of the row (CheckAttention), computed by each block
+// x: the o_proj input, or null with `attn`: x is the attention of the row (CheckAttention), computed by each block;
+// `first`: and q, k, v (attn's) the q/k/v step's output
 void LaunchQ4Mlp(const tvm::ffi::TensorView* x, const tvm::ffi::TensorView& res, const tvm::ffi::TensorView& wo,
                  const tvm::ffi::TensorView& so, const tvm::ffi::TensorView& g, const tvm::ffi::TensorView& wgu,
                  const tvm::ffi::TensorView& sgu, const tvm::ffi::TensorView& wd, const tvm::ffi::TensorView& sd,
                  double eps, const tvm::ffi::TensorView& h, const tvm::ffi::TensorView& act,
                  const tvm::ffi::TensorView& y, std::string* chosen = nullptr,
-                 const tvm::ffi::TensorView* trace = nullptr, const AttnParams* attn = nullptr) {
+                 const tvm::ffi::TensorView* trace = nullptr, const AttnParams* attn = nullptr,
+                 const Q4MlpFirst* first = nullptr) {
   const Q4Weight o = CheckQ4Weight("q4mlp (o)", wo, so), gu = CheckQ4Weight("q4mlp (gate/up)", wgu, sgu);
   const Q4Weight d = CheckQ4Weight("q4mlp (down)", wd, sd);
   const int64_t hidden = o.n, f = d.k;
   TVM_FFI_ICHECK(gu.k == hidden && gu.n == 2 * f && d.n == hidden)
       << "q4mlp: gate/up must be (2F, H) and down (H, F) for o_proj (H = " << hidden << ", A), not (" << gu.n << ", "
       << gu.k << ") and (" << d.n << ", " << d.k << ")";
+  Q4Weight qkv{0, hidden, 0};
+  if (first != nullptr) {
+    qkv = CheckQ4Weight("q4block (q/k/v)", *first->wqkv, *first->sqkv);
+    TVM_FFI_ICHECK(qkv.k == hidden && first->qkv->numel() == qkv.n)
+        << "q4block: q/k/v must be (N, H) for H = " << hidden << " with an N-value output, not (" << qkv.n << ", "
+        << qkv.k << ") and " << first->qkv->numel();
+  }
   const struct {
     const tvm::ffi::TensorView* t;
     int64_t n;
     const char* what;
-  } vectors[] = {{x, o.k, "x"}, {&res, hidden, "res"}, {&g, hidden, "g"}, {&h, hidden, "h"}, {&act, f, "act"},
-                 {&y, hidden, "y"}};
+  } vectors[] = {{x, o.k, "x"},
+                 {&res, hidden, "res"},
+                 {&g, hidden, "g"},
+                 {&h, hidden, "h"},
+                 {&act, f, "act"},
+                 {&y, hidden, "y"},
+                 {first != nullptr ? first->x : nullptr, hidden, "x (q/k/v's input)"},
+                 {first != nullptr ? first->gin : nullptr, hidden, "gin (q/k/v's norm)"},
+                 {first != nullptr ? first->qkv : nullptr, qkv.n, "qkv"}};
   for (const auto& v : vectors) {
     if (v.t == nullptr) continue;  // the attention's x
     TVM_FFI_ICHECK(IsHalf(v.t->dtype()) && v.t->numel() == v.n && v.t->IsContiguous())
@@ -166,9 +198,10 @@ void LaunchQ4Mlp(const tvm::ffi::TensorView* x, const tvm::ffi::TensorView& res,
   Driver* drv = LoadDriver();
   DLDevice dev = y.device();
   const int major = Attribute(drv, dev.device_id, kComputeMajor), sms = Attribute(drv, dev.device_id, kMultiprocessors);
-  const int shifts[3] = {o.shift, gu.shift, d.shift}, shared_limit = Attribute(drv, dev.device_id, kMaxSharedOptIn);
+  const int shifts[4] = {o.shift, gu.shift, d.shift, qkv.shift};
+  const int shared_limit = Attribute(drv, dev.device_id, kMaxSharedOptIn);
   const int x_bytes = attn != nullptr ? static_cast<int>((o.k * 2 + 127) / 128 * 128) : 0;
-  const Q4MlpPlan plan = PlanQ4Mlp(o.k, hidden, f, shifts, major, sms, shared_limit, x_bytes);
+  const Q4MlpPlan plan = PlanQ4Mlp(o.k, hidden, f, shifts, qkv.n, major, sms, shared_limit, x_bytes);
   if (chosen != nullptr) {
     *chosen = plan.kernel != nullptr ? std::string(plan.kernel->name) : "none: " + plan.why;
     return;
@@ -176,12 +209,17 @@ void LaunchQ4Mlp(const tvm::ffi::TensorView* x, const tvm::ffi::TensorView& res,
   TVM_FFI_ICHECK(plan.kernel != nullptr) << "q4mlp: the kernel does not apply: " << plan.why;
   TVM_FFI_ICHECK(drv->launch_ex != nullptr) << "q4mlp: a cooperative launch needs cuLaunchKernelEx (a CUDA 12+ driver)";
   Ptr fn = Kernel(drv, relaxtune_gemv_fatbin, dev.device_id, plan.kernel->name, shared_limit);
-  Q4MlpArgs p{x != nullptr ? Data(*x) : nullptr, Data(res), Data(wo), Data(so), Data(g),
+  Q4MlpArgs p{x != nullptr ? Data(*x) : first != nullptr ? Data(*first->x) : nullptr,
+              Data(res), Data(wo), Data(so), Data(g),
               Data(wgu), Data(sgu), Data(wd), Data(sd), Data(h),
               Data(act), Data(y),   static_cast<int>(o.k), static_cast<int>(hidden), static_cast<int>(f),
               o.shift,   gu.shift,  d.shift,  static_cast<float>(eps), plan.stages, plan.stage_bytes, nullptr,
               Q4MlpBarrier(plan.blocks == sms), x_bytes, Q4MlpAhead(plan.stages),
               attn != nullptr ? *attn : AttnParams{}};
+  if (first != nullptr) {
+    p.wqkv = Data(*first->wqkv), p.sqkv = Data(*first->sqkv), p.gin = Data(*first->gin), p.qkv = Data(*first->qkv);
+    p.nqkv = static_cast<int>(qkv.n), p.shift_qkv = qkv.shift, p.eps_in = static_cast<float>(first->eps);
+  }
   if (trace != nullptr) {
     TVM_FFI_ICHECK(trace->dtype().code == kDLInt && trace->dtype().bits == 64 && trace->IsContiguous() &&
                    trace->numel() >= kQ4MlpTraceEvents * plan.blocks)
@@ -240,6 +278,21 @@ void Q4MlpAttnI8(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::Tenso
                                       res.dtype(), &rows);
   LaunchQ4Mlp(nullptr, res, wo, so, g, wgu, sgu, wd, sd, eps, h, act, y, nullptr, nullptr, &a);
 }
+// the whole decoder layer's step: q, k and v too, from x (Q4MlpFirst), into qkv (1, 1, heads, D), which the
+// attention reads as q, k and v (heads: their first heads; FuseQuantBlockCuda)
+void Q4BlockI8(tvm::ffi::TensorView x, tvm::ffi::TensorView gin, tvm::ffi::TensorView wqkv, tvm::ffi::TensorView sqkv,
+               double eps_in, tvm::ffi::TensorView cos, tvm::ffi::TensorView sin, tvm::ffi::Shape heads, int64_t causal,
+               double scale, int64_t rope, tvm::ffi::TensorView res, tvm::ffi::TensorView wo, tvm::ffi::TensorView so,
+               tvm::ffi::TensorView g, tvm::ffi::TensorView wgu, tvm::ffi::TensorView sgu, tvm::ffi::TensorView wd,
+               tvm::ffi::TensorView sd, double eps, tvm::ffi::TensorView qkv, tvm::ffi::TensorView h,
+               tvm::ffi::TensorView act, tvm::ffi::TensorView y) {
+  TVM_FFI_ICHECK(wo.ndim() == 2) << "q4block: the o_proj weight must be (H, A / 8)";
+  int64_t rows = 0;
+  const AttnParams a = CheckAttention("q4block", qkv, qkv, qkv, cos, sin, heads, causal, scale, rope, wo.size(1) * 8,
+                                      1, res.dtype(), &rows);
+  const Q4MlpFirst first{&x, &gin, &wqkv, &sqkv, &qkv, eps_in};
+  LaunchQ4Mlp(nullptr, res, wo, so, g, wgu, sgu, wd, sd, eps, h, act, y, nullptr, nullptr, &a, &first);
+}
 // the launch attributes the kernel's launches take in this process with the variables as they are now (after one
 // launch: for measurements)
 std::string Q4MlpI8Launch() {
@@ -250,6 +303,7 @@ std::string Q4MlpI8Launch() {
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4mlp_i8, Q4MlpI8);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4mlp_attn_i8, Q4MlpAttnI8);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4block_i8, Q4BlockI8);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4mlp_i8_launch, Q4MlpI8Launch);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4mlp_i8_trace, Q4MlpI8Trace);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4mlp_i8_kernel, Q4MlpI8Kernel);

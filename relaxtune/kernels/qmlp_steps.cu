@@ -43,6 +43,49 @@ __device__ __forceinline__ void q4mlp_quantize(const void* v, int k, int t, uint
   for (int j = 0; j < PMAX; ++j) quantize_piece(pv[j], xq[j], corr[j], scale[j]);
 }
 
+// this thread's PMAX pieces of a row of K values (the row group's 256 threads hold all of it) normalised as TVM's
+// legalized rms_norm computes it: v * rsqrt(sum(v^2) / K + eps) * g in fp32, one rounding to fp16 (as qgemv_stream.cu's
+// kRmsX), then as int8 (quantize_piece); `scratch`: the row group's 8 floats, apart from the partial sums the step
+// after writes
+template <int PMAX>
+__device__ __forceinline__ void q4mlp_rms_quantize(uint4 (&v)[PMAX][2], const uint4 (&g)[PMAX][2], int k, float eps,
+                                                   float* scratch, uint32_t (&xq)[PMAX][4], int (&corr)[PMAX],
+                                                   float (&scale)[PMAX]) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x % kQ4PieceThreads / 32, group = threadIdx.x / kQ4PieceThreads;
+  float sq = 0.0f;
+#pragma unroll
+  for (int j = 0; j < PMAX; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float f[8];
+      unpack8<__half>(v[j][e], f);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sq = fmaf(f[i], f[i], sq);
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+  if (lane == 0) scratch[warp] = sq;
+  asm volatile("bar.sync %0, %1;" ::"r"(2 + group), "r"(kQ4PieceThreads) : "memory");  // this row group's warps
+  float total = 0.0f;
+#pragma unroll
+  for (int q = 0; q < kQ4PieceThreads / 32; ++q) total += scratch[q];
+  const float inv = rsqrtf(total / static_cast<float>(k) + eps);
+#pragma unroll
+  for (int j = 0; j < PMAX; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float f[8], gf[8];
+      unpack8<__half>(v[j][e], f);
+      unpack8<__half>(g[j][e], gf);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) f[i] = inv * f[i] * gf[i];
+      v[j][e] = pack8<__half>(f);
+    }
+    quantize_piece(v[j], xq[j], corr[j], scale[j]);
+  }
+}
+
 // the consumers' side of one segment: RPG rows per row group and slot; row sums into part[row * 8 + warp]
 template <int GR, int RPG, int PMAX>
 __device__ __forceinline__ void q4mlp_consume(const Q4MlpSegment& sg, Q4RingSlot& s, int stages, int stage_bytes,

@@ -25,6 +25,11 @@
 // in the kernel: benchmarks/q4mlp_trace.py (the `trace` stamps).
 // Where x_bytes > 0, x is no input: every block first computes it, the attention of the step's one row (q, k, v and
 // the rotary tables in `attn`, gemv_prologue.cu's attention_rows), into shared memory before the ring.
+// Where nqkv > 0, q, k and v are no input either (the whole decoder layer, relaxtune_q4block_i8): a first step,
+// before o_proj, computes qkv = rms_norm(x, gin, eps_in) @ Wqkv^T (the row's merged q | k | v, which `attn` points
+// into) as the o_proj step computes h: the block's share of the rows (segment 0 of the ring, Wqkv's rows streamed
+// ahead of Wo's), written out, then a grid barrier (the generation barrier where the others are tagged words) before
+// every block reads them for the attention.
 
 struct Q4MlpParams {  // must match qmlp_host.cc
   const void* x;          // (A) fp16: the o_proj input
@@ -45,6 +50,11 @@ struct Q4MlpParams {  // must match qmlp_host.cc
   int x_bytes;                // > 0: x is the attention of one row (attn), computed into that much shared memory
   int ahead;                  // slots of a step the producer copies before the consumers pass its grid barrier
   AttnParams attn;            // gemv_prologue.cu's: q, k, v, the tables, the heads (x null)
+  const void *wqkv, *sqkv;    // nqkv > 0: (nqkv, H / 8), (nqkv, H / group): the merged q | k | v projection
+  const void* gin;            // (H) fp16: its norm's weight (x, then, is that norm's input, H values)
+  void* qkv;                  // (nqkv) fp16: rms_norm(x, gin, eps_in) @ Wqkv^T, where attn's q, k and v point
+  int nqkv, shift_qkv;
+  float eps_in;
 };
 
 constexpr int kQ4MlpTraceEvents = 16;
@@ -102,13 +112,16 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
   auto share = [&](int n, int i) { return static_cast<int>(static_cast<long long>(i) * n / blocks); };
   const int r0 = share(p.hidden, b), rows = share(p.hidden, b + 1) - r0;
   const int f0 = share(p.f, b), frows = share(p.f, b + 1) - f0;
-  const Q4MlpSegment seg[4] = {
+  const int q0 = share(p.nqkv, b), qrows = share(p.nqkv, b + 1) - q0;  // none without the q/k/v step
+  const int first = p.nqkv > 0 ? 1 : 0;  // the grid barriers before o_proj's step
+  const Q4MlpSegment seg[5] = {
+      q4mlp_segment(p.wqkv, p.sqkv, p.hidden, p.shift_qkv, q0, qrows),
       q4mlp_segment(p.wo, p.so, p.a, p.shift_o, r0, rows),
       q4mlp_segment(p.wgu, p.sgu, p.hidden, p.shift_gu, f0, frows),
       q4mlp_segment(p.wgu, p.sgu, p.hidden, p.shift_gu, p.f + f0, frows),
       q4mlp_segment(p.wd, p.sd, p.f, p.shift_d, r0, rows),
   };
-  // the grid barriers the consumers passed (0, 1, 2), in full[] past the ring's slots (the host keeps them < 64)
+  // the grid barriers the consumers passed (0 .. 3), in full[] past the ring's slots (the host keeps them < 64)
   volatile int* passed = reinterpret_cast<volatile int*>(full + kQ4StreamMaxStages - 1);
   if (threadIdx.x == 0) {
     for (int s = 0; s < p.stages; ++s) barrier_init(&full[s], 1), barrier_init(&empty[s], GR * kWarps);
@@ -116,13 +129,13 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
     asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;" ::: "memory");
   }
   __syncthreads();
-  if (threadIdx.x >= kConsumers) {  // the producer warp: all four segments' weights, never waiting for activations
+  if (threadIdx.x >= kConsumers) {  // the producer warp: all five segments' weights, never waiting for activations
     if (threadIdx.x == kConsumers) {  // (but for `ahead` slots of each step after the first before its barrier)
       q4mlp_stamp(p, 10);
       int s = 0;
-      for (int i = 0; i < 4; ++i) {
-        const int rs = GR * (i == 3 ? RF : RH), step = i == 0 ? 0 : i < 3 ? 1 : 2;
-        for (int r = 0, n = i == 2 ? (seg[1].rows + rs - 1) / rs : 0; r < seg[i].rows; r += rs, ++s, ++n) {
+      for (int i = 0; i < 5; ++i) {
+        const int rs = GR * (i == 4 ? RF : RH), step = i == 0 ? 0 : i == 1 ? first : i < 4 ? first + 1 : first + 2;
+        for (int r = 0, n = i == 3 ? (seg[2].rows + rs - 1) / rs : 0; r < seg[i].rows; r += rs, ++s, ++n) {
           const int slot = s % p.stages, here = min(rs, seg[i].rows - r);
           if (s >= p.stages) barrier_wait(&empty[slot], (s / p.stages - 1) & 1);
           if (n >= p.ahead)
@@ -133,32 +146,57 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
           bulk_copy(dst + rs * seg[i].row_bytes, seg[i].s + static_cast<size_t>(r) * seg[i].scale_bytes,
                     here * seg[i].scale_bytes, &full[slot]);
         }
-        q4mlp_stamp(p, 11 + i);  // the segment's last copy issued
+        if (i > 0) q4mlp_stamp(p, 10 + i);  // the segment's last copy issued
       }
     }
     return;
   }
-  const int t = threadIdx.x % kQ4PieceThreads, g = threadIdx.x / kQ4PieceThreads, lane = t % 32, warp = t / 32;
+  const int t = threadIdx.x % kQ4PieceThreads, g = threadIdx.x / kQ4PieceThreads;
   __half* h = static_cast<__half*>(p.h);
   __half* act = static_cast<__half*>(p.act);
   __half* y = static_cast<__half*>(p.y);
   Q4RingSlot s;
   const bool stamps = threadIdx.x == 0, tagged = p.barrier == kTaggedWords;
   unsigned int tag = 0;  // kTaggedWords: this launch's (qmlp_grid.cu), once the previous launch is seen whole
+  // the norms' per-warp sums of squares, after the partial sums of gate and up (or of q | k | v)
+  float* scratch = part + static_cast<size_t>(max(2 * frows, qrows)) * kWarps + g * kWarps;
   if (stamps) q4mlp_stamp(p, 0);
+  wait_for_previous_kernel();  // x and res only after the previous kernel
+  if (tagged) tag = q4mlp_tag();
+  if (p.nqkv > 0) {  // qkv = rms_norm(x, gin) @ Wqkv^T for this block's rows, then every block's for the attention
+    uint4 xv[PH][2], gv[PH][2];
+    q4mlp_load<PH, false>(p.x, p.hidden, t, xv);
+    q4mlp_load<PH, false>(p.gin, p.hidden, t, gv);
+    uint32_t xq[PH][4];
+    int corr[PH];
+    float scale[PH];
+    q4mlp_rms_quantize<PH>(xv, gv, p.hidden, p.eps_in, scratch, xq, corr, scale);
+    q4mlp_consume<GR, RH, PH>(seg[0], s, p.stages, p.stage_bytes, ring, full, empty, p.hidden, xq, corr, scale, part);
+    asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
+    __half* qkv = static_cast<__half*>(p.qkv);
+    for (int r = threadIdx.x; r < qrows; r += kConsumers) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int q = 0; q < kWarps; ++q) sum += part[r * kWarps + q];
+      qkv[q0 + r] = __float2half_rn(sum);
+    }
+    q4mlp_grid_barrier(kConsumers, tagged ? kGenerationBarrier : p.barrier);
+    if (threadIdx.x == 0) {
+      *passed = 1;
+      q4mlp_stamp(p, 15);
+    }
+  }
   {  // h = x @ Wo^T + res for this block's rows
     uint32_t xq[PH][4];
     int corr[PH];
     float scale[PH];
-    wait_for_previous_kernel();  // x and res only after the previous kernel
-    if (tagged) tag = q4mlp_tag();
-    if (p.x_bytes > 0) {  // x = the attention of the one row (gemv_prologue.cu), into shared memory
-      attention_rows<__half, 1>(1, p.a, p.attn, xs, kConsumers);
+    if (p.x_bytes > 0) {  // x = the attention of the one row (gemv_prologue.cu), into shared memory; q, k and v
+      attention_rows<__half, 1, true>(1, p.a, p.attn, xs, kConsumers);  // through L2 (the q/k/v step's)
       asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
     }
     q4mlp_quantize<PH, false>(p.x_bytes > 0 ? xs : p.x, p.a, t, xq, corr, scale, p.x_bytes > 0);
     if (stamps) q4mlp_stamp(p, 1);
-    q4mlp_consume<GR, RH, PH>(seg[0], s, p.stages, p.stage_bytes, ring, full, empty, p.a, xq, corr, scale, part);
+    q4mlp_consume<GR, RH, PH>(seg[1], s, p.stages, p.stage_bytes, ring, full, empty, p.a, xq, corr, scale, part);
     if (stamps) q4mlp_stamp(p, 2);
     asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
     const __half* res = static_cast<const __half*>(p.res);
@@ -174,48 +212,16 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
   uint4 gv[PH][2];  // the norm's weight for this thread's pieces, read before the barrier
   q4mlp_load<PH, false>(p.g, p.hidden, t, gv);
   uint4 xv[PH][2];  // h: after the grid barrier, or its tagged words as soon as every block has written its rows
-  q4mlp_meet<PH>(p, kConsumers, tag, passed, 1, 3, 0, h, p.hidden, t, xv);
+  q4mlp_meet<PH>(p, kConsumers, tag, passed, first + 1, 3, 0, h, p.hidden, t, xv);
   {  // n = rms_norm(h) * g; gate and up of this block's features; act = silu(gate) * up
-    float sq = 0.0f;
-#pragma unroll
-    for (int j = 0; j < PH; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float f[8];
-        unpack8<__half>(xv[j][e], f);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) sq = fmaf(f[i], f[i], sq);
-      }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, o);
-    float* scratch = part + 2 * static_cast<size_t>(frows) * kWarps + g * kWarps;  // after gate's and up's sums
-    if (lane == 0) scratch[warp] = sq;
-    asm volatile("bar.sync %0, %1;" ::"r"(2 + g), "r"(kQ4PieceThreads) : "memory");  // this row group's warps
-    float total = 0.0f;
-#pragma unroll
-    for (int q = 0; q < kWarps; ++q) total += scratch[q];
-    const float inv = rsqrtf(total / static_cast<float>(p.hidden) + p.eps);
     uint32_t xq[PH][4];
     int corr[PH];
     float scale[PH];
-#pragma unroll
-    for (int j = 0; j < PH; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float f[8], gf[8];
-        unpack8<__half>(xv[j][e], f);
-        unpack8<__half>(gv[j][e], gf);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) f[i] = inv * f[i] * gf[i];
-        xv[j][e] = pack8<__half>(f);
-      }
-      quantize_piece(xv[j], xq[j], corr[j], scale[j]);
-    }
+    q4mlp_rms_quantize<PH>(xv, gv, p.hidden, p.eps, scratch, xq, corr, scale);
     if (stamps) q4mlp_stamp(p, 4);
-    q4mlp_consume<GR, RH, PH>(seg[1], s, p.stages, p.stage_bytes, ring, full, empty, p.hidden, xq, corr, scale,
-                              part);
     q4mlp_consume<GR, RH, PH>(seg[2], s, p.stages, p.stage_bytes, ring, full, empty, p.hidden, xq, corr, scale,
+                              part);
+    q4mlp_consume<GR, RH, PH>(seg[3], s, p.stages, p.stage_bytes, ring, full, empty, p.hidden, xq, corr, scale,
                               part + static_cast<size_t>(frows) * kWarps);
     if (stamps) q4mlp_stamp(p, 5);
     asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
@@ -229,7 +235,7 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
     }
   }
   uint4 av[PF][2];  // act, as h
-  q4mlp_meet<PF>(p, kConsumers, tag, passed, 2, 6, p.hidden, act, p.f, t, av);
+  q4mlp_meet<PF>(p, kConsumers, tag, passed, first + 2, 6, p.hidden, act, p.f, t, av);
   {  // y = act @ Wd^T + h for this block's rows
     uint32_t xq[PF][4];
     int corr[PF];
@@ -237,7 +243,7 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
 #pragma unroll
     for (int j = 0; j < PF; ++j) quantize_piece(av[j], xq[j], corr[j], scale[j]);
     if (stamps) q4mlp_stamp(p, 7);
-    q4mlp_consume<GR, RF, PF>(seg[3], s, p.stages, p.stage_bytes, ring, full, empty, p.f, xq, corr, scale, part);
+    q4mlp_consume<GR, RF, PF>(seg[4], s, p.stages, p.stage_bytes, ring, full, empty, p.f, xq, corr, scale, part);
     if (stamps) q4mlp_stamp(p, 8);
     asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
     for (int r = threadIdx.x; r < rows; r += kConsumers) {

@@ -1,6 +1,7 @@
 """On an NVIDIA GPU of compute capability 9.0+ (`python -m pytest -m gpu`): the fused 4-bit decode MLP kernel
 (relaxtune_q4mlp_i8, kernels/qmlp_stream.cu) against the composed int8 reference of the five kernels it replaces,
-with each grid barrier (kernels/qmlp_grid.cu), and its attention-fed form. Skipped where no GPU is (CI has none)."""
+with each grid barrier (kernels/qmlp_grid.cu), its attention-fed form and the whole layer's (relaxtune_q4block_i8).
+Skipped where no GPU is (CI has none)."""
 
 from __future__ import annotations
 
@@ -130,6 +131,65 @@ def test_q4mlp_with_the_attention_matches_it_fed_the_attention(gemv_library, hid
         gemv_library["relaxtune_q4mlp_attn_i8"](*attention, *weights, *(ffi(o) for o in outs[1]))
         torch.cuda.synchronize()
         for name, got, want in zip(("h", "act", "y"), outs[1], outs[0]):
+            assert torch.equal(got, want), (name, (got.float() - want.float()).abs().max().item())
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("hidden,heads,kv_heads,ffn", [(4096, 32, 32, 11008), (2048, 32, 8, 5632), (512, 8, 2, 1024)])
+def test_q4block_matches_the_two_kernels_it_replaces(gemv_library, monkeypatch, hidden, heads, kv_heads, ffn, setting):
+    """relaxtune_q4block_i8: q, k and v computed first (rms_norm(x, gin) @ Wqkv^T, then a grid barrier) against
+    relaxtune_q4gemv_i8_rms then relaxtune_q4mlp_attn_i8 on its output; qkv, h, act and y equal to the bit, for two
+    rows launched one after the other, with each grid barrier (SETTINGS)."""
+    import tvm_ffi
+
+    from relaxtune.kernels import quant_formats as qf
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the fused MLP kernel needs compute capability 9.0+")
+    for name, value in SETTINGS[setting].items():
+        monkeypatch.setenv(name, value)
+    gen = torch.Generator(device="cpu").manual_seed(hidden + heads + kv_heads)
+    dim, qkv_heads = hidden // heads, heads + 2 * kv_heads
+    ffi = tvm_ffi.from_dlpack
+
+    def weight(n, k):
+        w = (torch.randn(n, k, generator=gen) / k**0.5).numpy()
+        parts = qf.quantize(qf.own_format(4, 32), w)
+        return [
+            ffi(torch.from_numpy(np.ascontiguousarray(v)).cuda())
+            for v in (qf.pack_q4_gpu(parts["qweight"]), parts["scale"])
+        ]
+
+    def half(*shape, scale=1.0, offset=0.0):
+        return (offset + scale * torch.randn(*shape, generator=gen)).half().cuda()
+
+    wqkv, wo, wgu, wd = (
+        weight(qkv_heads * dim, hidden),
+        weight(hidden, hidden),
+        weight(2 * ffn, hidden),
+        weight(hidden, ffn),
+    )
+    gin, g, tables = half(hidden, scale=0.1, offset=1.0), half(hidden, scale=0.1, offset=1.0), half(2, 1, dim)
+    attention = [ffi(tables[0]), ffi(tables[1]), tvm_ffi.Shape((0, heads, heads + kv_heads, kv_heads)), 1, dim**-0.5, 2]
+    for _ in range(2):
+        x = half(1, hidden)
+        weights = [ffi(x), *wo, ffi(g), *wgu, *wd, 1e-5]
+        outs = [
+            [
+                torch.full(shape, float("nan"), device="cuda", dtype=torch.float16)
+                for shape in ((1, 1, qkv_heads, dim), (1, hidden), (1, ffn), (1, hidden))
+            ]
+            for _ in range(2)
+        ]
+        flat = outs[0][0].view(1, -1)  # the GEMV's (rows, N) output, the attention's (1, rows, heads, D) input
+        gemv_library["relaxtune_q4gemv_i8_rms"](ffi(x), ffi(gin), *wqkv, 1e-5, ffi(flat))
+        qkv = ffi(outs[0][0])
+        gemv_library["relaxtune_q4mlp_attn_i8"](qkv, qkv, qkv, *attention, *weights, *(ffi(o) for o in outs[0][1:]))
+        gemv_library["relaxtune_q4block_i8"](
+            ffi(x), ffi(gin), *wqkv, 1e-5, *attention, *weights, *(ffi(o) for o in outs[1])
+        )
+        torch.cuda.synchronize()
+        for name, got, want in zip(("qkv", "h", "act", "y"), outs[1], outs[0]):
             assert torch.equal(got, want), (name, (got.float() - want.float()).abs().max().item())
 
 

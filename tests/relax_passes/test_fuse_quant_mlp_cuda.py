@@ -123,10 +123,11 @@ def test_pipeline_fuses_the_decode_bucket_of_a_q4_block_only():
     job = JobConfig(compile=CompileConfig(use_cache=False), buckets=BucketConfig(edges={"n": (1, 16, 128)}))
     plan = api.bucket_plan(workload, job)
     found = {}
+    mlp_only = CudaLibraries(q4_block=False)  # the q/k/v projection not in it (FuseQuantBlockCuda)
     for arch, options in (
-        ("sm_90", CompileConfig(use_cache=False)),
-        ("sm_80", CompileConfig(use_cache=False)),  # no bulk copies
-        ("sm_90", CompileConfig(use_cache=False, int8_activations=False)),
+        ("sm_90", CompileConfig(use_cache=False, cublas=mlp_only)),
+        ("sm_80", CompileConfig(use_cache=False, cublas=mlp_only)),  # no bulk copies
+        ("sm_90", CompileConfig(use_cache=False, cublas=mlp_only, int8_activations=False)),
         ("sm_90", CompileConfig(use_cache=False, cublas=CudaLibraries(q4_mlp=False))),
     ):
         target = targets.resolve(f"cuda:{arch}").target
@@ -151,7 +152,7 @@ def test_pipeline_gives_the_fused_kernel_the_decode_bucket_s_attention():
     workload = load("llama-block", config, quantize=QuantizeConfig("q4f16", 32))
     target = targets.resolve("cuda:sm_90").target
     texts = []
-    for libraries in (CudaLibraries(), CudaLibraries(gemv_attention=False)):
+    for libraries in (CudaLibraries(q4_block=False), CudaLibraries(gemv_attention=False)):
         options = CompileConfig(use_cache=False, cublas=libraries)
         plan = api.bucket_plan(workload, JobConfig(compile=options))
         with target:
