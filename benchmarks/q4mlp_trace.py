@@ -26,12 +26,16 @@ from relaxtune.kernels import quant_formats as qf
 H, F, GROUP = 4096, 11008, 32
 EVENTS = ["start", "x ready", "o_proj", "barrier 1", "norm", "gate/up", "barrier 2", "act ready", "down", "end"]
 PRODUCER = ["producer start", "o_proj issued", "gate issued", "up issued", "down issued"]
+TRACE_EVENTS = 20  # qmlp_stream.cu's kQ4MlpTraceEvents stamps per block: EVENTS, PRODUCER, then the q/k/v step's
 H1F4 = {"RELAXTUNE_Q4MLP": "relaxtune_q4mlp_h1f4"}
 VARIANTS = {
     "h1f4": H1F4,  # 3 ring slots, 2 of a step copied before its grid barrier (the defaults)
     "h1f4-gen": {**H1F4, "RELAXTUNE_Q4MLP_BARRIER": "generation"},
     "h1f4-tag": {**H1F4, "RELAXTUNE_Q4MLP_BARRIER": "tagged"},  # no barrier: h and act as tagged words, polled
     "h1f4-tag-ahead3": {**H1F4, "RELAXTUNE_Q4MLP_BARRIER": "tagged", "RELAXTUNE_Q4MLP_AHEAD": "3"},
+    # tagged words, each polled in turn in a tight loop by relaxed loads / by ld.global.cg (as stream_bound.cu's -tag)
+    "h1f4-tag-spin": {**H1F4, "RELAXTUNE_Q4MLP_BARRIER": "tagged", "RELAXTUNE_Q4MLP_POLL": "spin"},
+    "h1f4-tag-cg": {**H1F4, "RELAXTUNE_Q4MLP_BARRIER": "tagged", "RELAXTUNE_Q4MLP_POLL": "cg"},
     "h1f4-st4": {**H1F4, "RELAXTUNE_Q4MLP_STAGES": "4"},  # the ring before 2026-12-03 (as many as fit)
     "h1f4-st2": {**H1F4, "RELAXTUNE_Q4MLP_STAGES": "2"},
     "h1f4-ahead0": {**H1F4, "RELAXTUNE_Q4MLP_AHEAD": "0"},  # no copy of a step before its grid barrier
@@ -163,14 +167,14 @@ def measure(args) -> None:
                 lib["relaxtune_q4mlp_i8_kernel"](xt, rt, *ws[0]["o"], gt, *ws[0]["gu"], *ws[0]["d"], 1e-5, ht, at, yt)
             )
             us = _graph_timed(fused, copies)
-            stamps = torch.zeros(132 * 16, dtype=torch.int64, device="cuda")
+            stamps = torch.zeros(132 * TRACE_EVENTS, dtype=torch.int64, device="cuda")
             for _ in range(3):  # the last of three, the weights warm in no cache (a different copy each)
                 for i in range(copies):
                     trace(xt, rt, *ws[i]["o"], gt, *ws[i]["gu"], *ws[i]["d"], 1e-5, ht, at, yt, T(stamps))
             torch.cuda.synchronize()
         out = y.float().cpu().numpy()
         reference = out if reference is None else reference
-        t = stamps.view(-1, 16).cpu().numpy().astype(np.float64)
+        t = stamps.view(-1, TRACE_EVENTS).cpu().numpy().astype(np.float64)
         t = t[t[:, 0] > 0]
         t = (t - t[:, 0].min()) / 1e3  # us from the first block's start
         cols = [*EVENTS, *PRODUCER]

@@ -8,9 +8,10 @@
 // qkv, h, act, y) computes q, k and v too (qkv = rms_norm(x, gin, eps_in) @ Wqkv^T, the whole decoder layer);
 // relaxtune_q4mlp_i8_kernel(...) names the kernel it would launch, or says why none applies (for tests);
 // relaxtune_q4mlp_i8_trace(..., trace) launches it with a globaltimer stamp per block and event in trace (int64,
-// blocks x 16: benchmarks/q4mlp_trace.py). For measurements, read per launch: RELAXTUNE_Q4MLP=NAME picks the kernel,
+// blocks x 20: benchmarks/q4mlp_trace.py). For measurements, read per launch: RELAXTUNE_Q4MLP=NAME picks the kernel,
 // RELAXTUNE_Q4MLP_STAGES=N sets its ring's slots (as far as they fit), RELAXTUNE_Q4MLP_AHEAD=N how far its producer
 // runs ahead of a grid barrier, RELAXTUNE_Q4MLP_BARRIER=generation takes the other grid barrier,
+// RELAXTUNE_Q4MLP_POLL=spin|cg how the tagged words are polled (Q4MlpPoll),
 // RELAXTUNE_Q4MLP_COOPERATIVE=0 launches it as a programmatic dependent only (Q4MlpCooperative);
 // relaxtune_q4mlp_i8_launch() says which launch attributes the launches so far took.
 
@@ -29,6 +30,7 @@ struct Q4MlpArgs {  // must match qmlp_stream.cu's Q4MlpParams
   int barrier;  // qmlp_grid.cu's kGenerationBarrier / kCountBarrier / kTaggedWords
   int x_bytes;  // > 0: x is the attention of the row (attn), in that much shared memory
   int ahead;    // slots of a step copied before its grid barrier (Q4MlpAhead)
+  int poll;     // kTaggedWords' polls (Q4MlpPoll)
   AttnParams attn;
   const void *wqkv, *sqkv, *gin;  // the q/k/v step (Q4MlpFirst), or null
   void* qkv;
@@ -43,7 +45,7 @@ struct Q4MlpKernel {
 constexpr Q4MlpKernel kQ4MlpKernels[] = {{"relaxtune_q4mlp_h1f4", 2, 8, 1, 4, 4},
                                          {"relaxtune_q4mlp_h3f4", 2, 4, 3, 4, 4}};
 std::atomic<bool> both_refused{false};  // the driver refused a cooperative programmatic launch: cooperative only
-constexpr int kQ4MlpTraceEvents = 16;  // qmlp_stream.cu's stamps per block
+constexpr int kQ4MlpTraceEvents = 20;  // qmlp_stream.cu's stamps per block
 constexpr int kQ4MlpWarps = 8, kQ4MlpScratch = 4 * kQ4MlpWarps;  // partial sums per row; the norm's per-warp sums
 
 // qmlp_stream.cu's grid barrier: the count barrier where every launch's grid is the SM count (`whole`), unless
@@ -53,6 +55,14 @@ int Q4MlpBarrier(bool whole) {
   const std::string asked = value != nullptr ? value : "";
   if (asked == "tagged") return 2;
   return whole && asked != "generation" ? 1 : 0;
+}
+
+// with tagged words, how they are polled (qmlp_grid.cu): RELAXTUNE_Q4MLP_POLL=spin or =cg (read per launch, for
+// measurements), else one round of all, then the words still untagged one by one with pauses
+int Q4MlpPoll() {
+  const char* value = std::getenv("RELAXTUNE_Q4MLP_POLL");
+  const std::string asked = value != nullptr ? value : "";
+  return asked == "spin" ? 1 : asked == "cg" ? 2 : 0;
 }
 
 // the producer copies at most kQ4MlpAhead slots of gate / up and of down before the grid barrier that starts their
@@ -214,7 +224,7 @@ void LaunchQ4Mlp(const tvm::ffi::TensorView* x, const tvm::ffi::TensorView& res,
               Data(wgu), Data(sgu), Data(wd), Data(sd), Data(h),
               Data(act), Data(y),   static_cast<int>(o.k), static_cast<int>(hidden), static_cast<int>(f),
               o.shift,   gu.shift,  d.shift,  static_cast<float>(eps), plan.stages, plan.stage_bytes, nullptr,
-              Q4MlpBarrier(plan.blocks == sms), x_bytes, Q4MlpAhead(plan.stages),
+              Q4MlpBarrier(plan.blocks == sms), x_bytes, Q4MlpAhead(plan.stages), Q4MlpPoll(),
               attn != nullptr ? *attn : AttnParams{}};
   if (first != nullptr) {
     p.wqkv = Data(*first->wqkv), p.sqkv = Data(*first->sqkv), p.gin = Data(*first->gin), p.qkv = Data(*first->qkv);
@@ -280,18 +290,41 @@ void Q4MlpAttnI8(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::Tenso
 }
 // the whole decoder layer's step: q, k and v too, from x (Q4MlpFirst), into qkv (1, 1, heads, D), which the
 // attention reads as q, k and v (heads: their first heads; FuseQuantBlockCuda)
+// (relaxtune_q4block_i8_trace: with the stamps of LaunchQ4Mlp's `trace`, benchmarks/q4block_trace.py)
+void LaunchQ4Block(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& gin, const tvm::ffi::TensorView& wqkv,
+                   const tvm::ffi::TensorView& sqkv, double eps_in, const tvm::ffi::TensorView& cos,
+                   const tvm::ffi::TensorView& sin, const tvm::ffi::Shape& heads, int64_t causal, double scale,
+                   int64_t rope, const tvm::ffi::TensorView& res, const tvm::ffi::TensorView& wo,
+                   const tvm::ffi::TensorView& so, const tvm::ffi::TensorView& g, const tvm::ffi::TensorView& wgu,
+                   const tvm::ffi::TensorView& sgu, const tvm::ffi::TensorView& wd, const tvm::ffi::TensorView& sd,
+                   double eps, const tvm::ffi::TensorView& qkv, const tvm::ffi::TensorView& h,
+                   const tvm::ffi::TensorView& act, const tvm::ffi::TensorView& y,
+                   const tvm::ffi::TensorView* trace = nullptr) {
+  TVM_FFI_ICHECK(wo.ndim() == 2) << "q4block: the o_proj weight must be (H, A / 8)";
+  int64_t rows = 0;
+  const AttnParams a = CheckAttention("q4block", qkv, qkv, qkv, cos, sin, heads, causal, scale, rope, wo.size(1) * 8,
+                                      1, res.dtype(), &rows);
+  const Q4MlpFirst first{&x, &gin, &wqkv, &sqkv, &qkv, eps_in};
+  LaunchQ4Mlp(nullptr, res, wo, so, g, wgu, sgu, wd, sd, eps, h, act, y, nullptr, trace, &a, &first);
+}
 void Q4BlockI8(tvm::ffi::TensorView x, tvm::ffi::TensorView gin, tvm::ffi::TensorView wqkv, tvm::ffi::TensorView sqkv,
                double eps_in, tvm::ffi::TensorView cos, tvm::ffi::TensorView sin, tvm::ffi::Shape heads, int64_t causal,
                double scale, int64_t rope, tvm::ffi::TensorView res, tvm::ffi::TensorView wo, tvm::ffi::TensorView so,
                tvm::ffi::TensorView g, tvm::ffi::TensorView wgu, tvm::ffi::TensorView sgu, tvm::ffi::TensorView wd,
                tvm::ffi::TensorView sd, double eps, tvm::ffi::TensorView qkv, tvm::ffi::TensorView h,
                tvm::ffi::TensorView act, tvm::ffi::TensorView y) {
-  TVM_FFI_ICHECK(wo.ndim() == 2) << "q4block: the o_proj weight must be (H, A / 8)";
-  int64_t rows = 0;
-  const AttnParams a = CheckAttention("q4block", qkv, qkv, qkv, cos, sin, heads, causal, scale, rope, wo.size(1) * 8,
-                                      1, res.dtype(), &rows);
-  const Q4MlpFirst first{&x, &gin, &wqkv, &sqkv, &qkv, eps_in};
-  LaunchQ4Mlp(nullptr, res, wo, so, g, wgu, sgu, wd, sd, eps, h, act, y, nullptr, nullptr, &a, &first);
+  LaunchQ4Block(x, gin, wqkv, sqkv, eps_in, cos, sin, heads, causal, scale, rope, res, wo, so, g, wgu, sgu, wd, sd, eps,
+                qkv, h, act, y);
+}
+void Q4BlockI8Trace(tvm::ffi::TensorView x, tvm::ffi::TensorView gin, tvm::ffi::TensorView wqkv,
+                    tvm::ffi::TensorView sqkv, double eps_in, tvm::ffi::TensorView cos, tvm::ffi::TensorView sin,
+                    tvm::ffi::Shape heads, int64_t causal, double scale, int64_t rope, tvm::ffi::TensorView res,
+                    tvm::ffi::TensorView wo, tvm::ffi::TensorView so, tvm::ffi::TensorView g,
+                    tvm::ffi::TensorView wgu, tvm::ffi::TensorView sgu, tvm::ffi::TensorView wd,
+                    tvm::ffi::TensorView sd, double eps, tvm::ffi::TensorView qkv, tvm::ffi::TensorView h,
+                    tvm::ffi::TensorView act, tvm::ffi::TensorView y, tvm::ffi::TensorView trace) {
+  LaunchQ4Block(x, gin, wqkv, sqkv, eps_in, cos, sin, heads, causal, scale, rope, res, wo, so, g, wgu, sgu, wd, sd, eps,
+                qkv, h, act, y, &trace);
 }
 // the launch attributes the kernel's launches take in this process with the variables as they are now (after one
 // launch: for measurements)
@@ -304,6 +337,7 @@ std::string Q4MlpI8Launch() {
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4mlp_i8, Q4MlpI8);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4mlp_attn_i8, Q4MlpAttnI8);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4block_i8, Q4BlockI8);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4block_i8_trace, Q4BlockI8Trace);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4mlp_i8_launch, Q4MlpI8Launch);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4mlp_i8_trace, Q4MlpI8Trace);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4mlp_i8_kernel, Q4MlpI8Kernel);

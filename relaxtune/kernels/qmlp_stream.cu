@@ -49,6 +49,7 @@ struct Q4MlpParams {  // must match qmlp_host.cc
   int barrier;                // kGenerationBarrier / kCountBarrier (q4mlp_grid_barrier) / kTaggedWords
   int x_bytes;                // > 0: x is the attention of one row (attn), computed into that much shared memory
   int ahead;                  // slots of a step the producer copies before the consumers pass its grid barrier
+  int poll;                   // kTaggedWords: how the words are polled (qmlp_grid.cu's kPollRound / Spin / Cg)
   AttnParams attn;            // gemv_prologue.cu's: q, k, v, the tables, the heads (x null)
   const void *wqkv, *sqkv;    // nqkv > 0: (nqkv, H / 8), (nqkv, H / group): the merged q | k | v projection
   const void* gin;            // (H) fp16: its norm's weight (x, then, is that norm's input, H values)
@@ -57,7 +58,7 @@ struct Q4MlpParams {  // must match qmlp_host.cc
   float eps_in;
 };
 
-constexpr int kQ4MlpTraceEvents = 16;
+constexpr int kQ4MlpTraceEvents = 20;
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // event `e` of this block's trace of `events` stamps a block (the globaltimer, ns) in p.trace, where one is asked for
@@ -83,7 +84,7 @@ __device__ __forceinline__ void q4mlp_meet(const Q4MlpParams& p, int consumers, 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const bool tagged = p.barrier == kTaggedWords;
   if (tagged) {
-    q4mlp_load_tagged<PMAX>(first, k, t, tag, pv);
+    q4mlp_load_tagged<PMAX>(first, k, t, tag, p.poll, pv);
     asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
   } else {
     q4mlp_grid_barrier(consumers, p.barrier);
@@ -146,7 +147,7 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
           bulk_copy(dst + rs * seg[i].row_bytes, seg[i].s + static_cast<size_t>(r) * seg[i].scale_bytes,
                     here * seg[i].scale_bytes, &full[slot]);
         }
-        if (i > 0) q4mlp_stamp(p, 10 + i);  // the segment's last copy issued
+        q4mlp_stamp(p, i > 0 ? 10 + i : 18);  // the segment's last copy issued
       }
     }
     return;
@@ -172,6 +173,7 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
     float scale[PH];
     q4mlp_rms_quantize<PH>(xv, gv, p.hidden, p.eps_in, scratch, xq, corr, scale);
     q4mlp_consume<GR, RH, PH>(seg[0], s, p.stages, p.stage_bytes, ring, full, empty, p.hidden, xq, corr, scale, part);
+    if (stamps) q4mlp_stamp(p, 16);
     asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
     __half* qkv = static_cast<__half*>(p.qkv);
     for (int r = threadIdx.x; r < qrows; r += kConsumers) {
@@ -193,6 +195,7 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
     if (p.x_bytes > 0) {  // x = the attention of the one row (gemv_prologue.cu), into shared memory; q, k and v
       attention_rows<__half, 1, true>(1, p.a, p.attn, xs, kConsumers);  // through L2 (the q/k/v step's)
       asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
+      if (stamps) q4mlp_stamp(p, 17);
     }
     q4mlp_quantize<PH, false>(p.x_bytes > 0 ? xs : p.x, p.a, t, xq, corr, scale, p.x_bytes > 0);
     if (stamps) q4mlp_stamp(p, 1);
