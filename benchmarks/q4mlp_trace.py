@@ -41,6 +41,8 @@ VARIANTS = {
     "h1f4-ahead0": {**H1F4, "RELAXTUNE_Q4MLP_AHEAD": "0"},  # no copy of a step before its grid barrier
     "h1f4-ahead1": {**H1F4, "RELAXTUNE_Q4MLP_AHEAD": "1"},
     "h1f4-ahead64": {**H1F4, "RELAXTUNE_Q4MLP_AHEAD": "64"},  # as many as the ring holds (before 2026-12-03)
+    "h1f4-ahead3": {**H1F4, "RELAXTUNE_Q4MLP_AHEAD": "3"},  # the whole 3-slot ring
+    "h1f4-st4-ahead3": {**H1F4, "RELAXTUNE_Q4MLP_STAGES": "4", "RELAXTUNE_Q4MLP_AHEAD": "3"},
     "h1f4-before": {**H1F4, "RELAXTUNE_Q4MLP_STAGES": "64", "RELAXTUNE_Q4MLP_AHEAD": "64"},  # both as before
     "h1f4-nocoop": {**H1F4, "RELAXTUNE_Q4MLP_COOPERATIVE": "0"},  # a programmatic dependent, not cooperative
     "h3f4": {"RELAXTUNE_Q4MLP": "relaxtune_q4mlp_h3f4"},  # 3 pieces of K = H per thread, 4 rows per group
