@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One GPU-machine call (issue 26): the fused 4-bit design without its arithmetic (benchmarks/stream_bound.py) beside
-# the product on the same device: relaxtune_q4mlp_i8 alone (q4mlp_trace.py) and the q4f16 7B block at n = 1 as built
-# (gpu_job.py), in one kernel (relaxtune_q4block_i8) and with its q/k/v GEMV before it, each with its grid barriers
-# and with tagged words instead (RELAXTUNE_Q4MLP_BARRIER=tagged), against the floor for its bytes; then
-# stream_bound.png of them all.
-#   bash benchmarks/gpu_bound.sh OUT [stream_bound variants] [tests]   # tests: the fused kernel's gpu tests too
+# the product on the same device: relaxtune_q4mlp_i8 alone (q4mlp_trace.py), the whole layer's relaxtune_q4block_i8
+# alone (q4block_trace.py) and the q4f16 7B block at n = 1 as built (gpu_job.py), in one kernel and with its q/k/v
+# GEMV before it, each with its grid barriers and with tagged words instead (RELAXTUNE_Q4MLP_BARRIER=tagged), against
+# the floor for its bytes; then stream_bound.png of them all.
+#   bash benchmarks/gpu_bound.sh OUT [stream_bound variants] [tests]   # tests: the fused kernels' gpu tests too
 set -uo pipefail
 out=${1:?usage: gpu_bound.sh OUT [variants] [tests]}
 default=split,block,block-stream,block-dyn-stream,block-tag,block-dyn-tag,split-dyn-tag,mlp,mlp-tag,mlp-dyn-tag,qkv
@@ -15,17 +15,19 @@ export PYTHONPATH=$site:$PWD/benchmarks PYTHONUNBUFFERED=1
 nvidia-smi -L
 python3 benchmarks/stream_bound.py --out "$out/bound" --variants "$variants" 2>&1 | grep -v "^\s*$" | tail -30
 python3 benchmarks/q4mlp_trace.py --out "$out/tr" --variants h1f4,h1f4-tag 2>&1 | tail -6
+python3 benchmarks/q4block_trace.py --out "$out/blk" --variants h1f4,h1f4-tag 2>&1 | tail -5
 art=/tmp/gjbound  # the block in one kernel (relaxtune_q4block_i8) and with the q/k/v GEMV before it
 python3 benchmarks/gpu_job.py build --art "$art" \
   --only llama7b-q4-rf-cublas-flash-graph,llama7b-q4-noblock-rf-cublas-flash-graph 2>&1 | tail -2
 for sync in count tagged; do  # the product's count barrier (the default), then tagged words
   RELAXTUNE_Q4MLP_BARRIER=$sync python3 benchmarks/gpu_job.py run --art "$art" --out "$out/q4-$sync" --seqs 1 \
-    --skip flash,gemv,tiny,kernels,runtime,compile,modes,fp16 2>&1 | grep -E "q4f16 (floor|block n = 1)|n=1: .*rel err" |
-    sed "s/^/$sync: /"
+    --skip flash,gemv,tiny,kernels,runtime,compile,modes,fp16 2>&1 |
+    grep -E "q4f16 (floor|block n = 1)|n=1: .*rel err" | sed "s/^/$sync: /"
 done
 python3 benchmarks/stream_bound.py --out "$out" --plot "$out"  # labelled by the folder and the device
 if [ "${3:-}" = tests ]; then  # from a folder of its own: the checkout's conftest and rootdir, no cache written
   root=$PWD
   (cd "$(mktemp -d)" && python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$root" \
-    "$root/tests/kernels/test_gpu_q4mlp.py" 2>&1 | tail -4)
+    "$root/tests/kernels/test_gpu_q4mlp.py" \
+    "$root/tests/kernels/test_gpu_kernels.py::test_gemv_nk_attn_matches_fp32_torch" 2>&1 | tail -4)
 fi

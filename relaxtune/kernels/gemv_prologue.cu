@@ -125,17 +125,25 @@ struct AttnParams {  // must match gemv_host.cc
   float scale;
 };
 
-// one lane's 8 elements of a head (vector `at` of src, zeros where !ok), rotated by the table row at `table` if asked;
-// src through L2 (kCoherent) where the same kernel wrote it
-template <typename T, bool kCoherent>
-__device__ __forceinline__ void load_part(const uint4* src, size_t at, bool ok, bool rotate, const uint4* cos,
-                                          const uint4* sin, size_t table, int partner_lanes, bool first_half,
-                                          float (&out)[8]) {
-  unpack8<T>(ok ? (kCoherent ? __ldcg(src + at) : __ldg(src + at)) : make_uint4(0, 0, 0, 0), out);
+// one lane's 16-byte vector `at` of src, zeros where !ok, loaded without a branch (a valid address either way);
+// through L2 (kCoherent) where the same kernel wrote src
+template <bool kCoherent>
+__device__ __forceinline__ uint4 load_vector(const uint4* src, size_t at, bool ok) {
+  const uint4* from = src + (ok ? at : 0);
+  const uint4 v = kCoherent ? __ldcg(from) : __ldg(from);
+  return ok ? v : make_uint4(0, 0, 0, 0);
+}
+
+// one lane's 8 elements of a head (raw), rotated by its table vectors c, s if asked (rotate-half: the partner value
+// `partner_lanes` lanes away, negated in the first half)
+template <typename T>
+__device__ __forceinline__ void rotate_part(const uint4& raw, bool rotate, const uint4& cos, const uint4& sin,
+                                            int partner_lanes, bool first_half, float (&out)[8]) {
+  unpack8<T>(raw, out);
   if (!rotate) return;  // uniform over the warp
   float c[8], s[8];
-  unpack8<T>(ok ? __ldg(cos + table) : make_uint4(0, 0, 0, 0), c);
-  unpack8<T>(ok ? __ldg(sin + table) : make_uint4(0, 0, 0, 0), s);
+  unpack8<T>(cos, c);
+  unpack8<T>(sin, s);
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
     const float partner = __shfl_xor_sync(0xffffffffu, out[e], partner_lanes);
@@ -159,15 +167,22 @@ __device__ __forceinline__ void attention_rows(int rows, int k_features, const A
     const bool ok = h < a.heads;
     float keys[M][8], values[M][8], query[M][8];
 #pragma unroll
-    for (int j = 0; j < M; ++j) {
+    for (int j = 0; j < M; ++j) {  // a row's loads first (one round trip to L2, not one per vector), then its rotations
       if (j >= rows) break;
-      const size_t table = static_cast<size_t>(j) * lanes + sub;
-      load_part<T, kCoherent>(k, (static_cast<size_t>(j) * a.k_row + (a.k_head0 + kv) * d) / 8 + sub, ok, a.rope == 2, cos, sin,
-                   table, lanes / 2, first_half, keys[j]);
-      load_part<T, kCoherent>(v, (static_cast<size_t>(j) * a.v_row + (a.v_head0 + kv) * d) / 8 + sub, ok, false, cos, sin, table,
-                   lanes / 2, first_half, values[j]);
-      load_part<T, kCoherent>(q, (static_cast<size_t>(j) * a.q_row + (a.q_head0 + h) * d) / 8 + sub, ok, a.rope >= 1, cos, sin,
-                   table, lanes / 2, first_half, query[j]);
+      auto at = [&](int row, int head0, int head) {  // the lane's vector of `head` in row j
+        return (static_cast<size_t>(j) * row + (head0 + head) * d) / 8 + sub;
+      };
+      const uint4 kr = load_vector<kCoherent>(k, at(a.k_row, a.k_head0, kv), ok);
+      const uint4 vr = load_vector<kCoherent>(v, at(a.v_row, a.v_head0, kv), ok);
+      const uint4 qr = load_vector<kCoherent>(q, at(a.q_row, a.q_head0, h), ok);
+      uint4 c = make_uint4(0, 0, 0, 0), sn = c;  // the row's table vectors, where a.rope > 0
+      if (a.rope >= 1) {
+        c = load_vector<false>(cos, static_cast<size_t>(j) * lanes + sub, ok);
+        sn = load_vector<false>(sin, static_cast<size_t>(j) * lanes + sub, ok);
+      }
+      rotate_part<T>(kr, a.rope == 2, c, sn, lanes / 2, first_half, keys[j]);
+      rotate_part<T>(vr, false, c, sn, lanes / 2, first_half, values[j]);
+      rotate_part<T>(qr, a.rope >= 1, c, sn, lanes / 2, first_half, query[j]);
     }
 #pragma unroll
     for (int r = 0; r < M; ++r) {
