@@ -315,8 +315,12 @@ BARS = [
     ("one kernel, tiles claimed, tagged words (block-dyn-tag)", "block-dyn-tag"),
     ("two kernels as relaxtune runs it (split)", "split"),
     ("two kernels, tiles claimed, tagged words (split-dyn-tag)", "split-dyn-tag"),
-    ("relaxtune's q4f16 block as built", "product block"),
+    ("relaxtune's q4f16 block as built (one kernel since ff42cde)", "product block"),
     ("relaxtune's q4f16 block, tagged words", "product block tagged"),
+    ("relaxtune's q4f16 block, its q/k/v GEMV before the kernel", "product block split"),
+    ("the same, tagged words", "product block split tagged"),
+    ("relaxtune_q4block_i8 alone (the layer's kernel)", "product layer"),
+    ("relaxtune_q4block_i8 alone, tagged words", "product layer tagged"),
     ("o_proj .. down alone, 2 barriers (mlp)", "mlp"),
     ("o_proj .. down, tagged words (mlp-tag)", "mlp-tag"),
     ("o_proj .. down, tiles claimed, tagged words (mlp-dyn-tag)", "mlp-dyn-tag"),
@@ -331,7 +335,8 @@ BARS = [
 
 def x_floors(folder: Path) -> dict[str, float]:
     """x the floor of each variant and product figure in a gpu_bound.sh folder (its device: `device`); the
-    product's with its grid barriers (q4-count, or q4 before 2026-12-06) and with tagged words (q4-tagged)."""
+    product's with its grid barriers (q4-count, or q4 before 2026-12-06) and with tagged words (q4-tagged), the block
+    built in one kernel and with its q/k/v GEMV apart (-noblock), the layer's kernel alone (blk)."""
     report = json.loads((folder / "bound" / "stream_bound.json").read_text())
     out = {name: v["x_floor"] for name, v in report["variants"].items()}
     trace = folder / "tr" / "q4mlp_trace.json"
@@ -339,10 +344,17 @@ def x_floors(folder: Path) -> dict[str, float]:
         traced = json.loads(trace.read_text())["variants"]
         for name, key in (("h1f4", "product mlp"), ("h1f4-tag", "product mlp tagged")):
             out.update({key: 100 / traced[name]["pct_copy"]} if name in traced else {})
+    block = folder / "blk" / "q4block_trace.json"
+    if block.exists():
+        traced = json.loads(block.read_text())
+        for name, key in (("h1f4", "product layer"), ("h1f4-tag", "product layer tagged")):
+            out.update({key: traced["variants"][name]["us"] / traced["floor_us"]} if name in traced["variants"] else {})
     for sub, key in (("q4", "product block"), ("q4-count", "product block"), ("q4-tagged", "product block tagged")):
         if (folder / sub / "gpu_job.json").exists():
             job = json.loads((folder / sub / "gpu_job.json").read_text())
-            out.update({key: v for k, v in job.get("q4_floor", {}).items() if k.endswith("_n1_over_floor")})
+            for k, v in job.get("q4_floor", {}).items():  # the build with its q/k/v GEMV apart: -noblock
+                if k.endswith("_n1_over_floor"):
+                    out[key.replace("block", "block split") if "-noblock-" in k else key] = v
             qkv = [r for r in job.get("q4_kernel", []) if r["shape"] == "qkv" and r["rows"] == 1]
             out.update({"product qkv": 100 / qkv[0]["graph_pct_copy"]} if qkv else {})
     return out

@@ -221,10 +221,11 @@ def test_q4gemv_i8_rms_matches_the_norm_then_the_gemv(gemv_library, rows, k, n):
         assert "K = 16384" in str(raised.value).splitlines()[-1]
 
 
-@pytest.mark.parametrize("q4_mlp", [True, False])
-def test_q4f16_one_row_block_with_and_without_the_fused_mlp(tmp_path, q4_mlp):
-    """max_batch 1: the n = 1 bucket's o_proj .. down as relaxtune_q4mlp_i8 (FuseQuantMlpCuda) or as its five
-    kernels, against torch's reference on the dequantized weights at n = 1, 2, 17."""
+@pytest.mark.parametrize("q4_mlp,q4_block", [(True, True), (True, False), (False, False)])
+def test_q4f16_one_row_block_with_and_without_the_fused_mlp(tmp_path, q4_mlp, q4_block):
+    """max_batch 1: the n = 1 bucket's whole layer as relaxtune_q4block_i8 (FuseQuantBlockCuda), its o_proj .. down
+    as relaxtune_q4mlp_i8 (FuseQuantMlpCuda) after the q/k/v GEMV, or as its five kernels, against torch's reference
+    on the dequantized weights at n = 1, 2, 17."""
     from relaxtune import api, targets
     from relaxtune.config import CompileConfig, CudaLibraries, JobConfig, QuantizeConfig
     from relaxtune.runtime.artifact import Artifact
@@ -233,7 +234,8 @@ def test_q4f16_one_row_block_with_and_without_the_fused_mlp(tmp_path, q4_mlp):
     config = parse_config("hidden=256,heads=4,kv_heads=2,ffn=512,max_seq=128,max_batch=1")
     workload = load("llama-block", config, quantize=QuantizeConfig("q4f16", 32))
     arch = "cuda:sm_{}{}".format(*torch.cuda.get_device_capability())
-    job = JobConfig(cache_dir=tmp_path / "cache", compile=CompileConfig(cublas=CudaLibraries(q4_mlp=q4_mlp)))
+    libraries = CudaLibraries(q4_mlp=q4_mlp, q4_block=q4_block)
+    job = JobConfig(cache_dir=tmp_path / "cache", compile=CompileConfig(cublas=libraries))
     api.compile(workload, targets.resolve(arch), job, tmp_path / "q.so")
     art = Artifact.load(tmp_path / "q.so")
     for n in (1, 2, 17, 1):
