@@ -41,11 +41,10 @@ def _fields_only(var: relax.Var, users: dict) -> bool:
     return bool(readers) and all(isinstance(r, relax.TupleGetItem) and r.tuple_value.same_as(var) for r in readers)
 
 
-def block_matches(func: relax.Function) -> tuple[dict, set]:
-    """({fused call's variable: (operands, output types)} for each chain above in `func`, the variables whose
-    bindings go: the q/k/v call and its reshape)."""
+def block_matches(func: relax.Function) -> dict:
+    """{the fused MLP call's variable: (the layer call's operands, output types)} for each chain above in `func`."""
     var2val, uses, users = relax.analysis.get_var2val(func), use_counts(func), consumers(func)
-    fused, dropped = {}, set()
+    fused = {}
     for var, value in var2val.items():
         mlp = extern_call(value, (Q4_MLP_ATTN_FUNCTION,))
         if mlp is None or not _fields_only(var, users):
@@ -66,19 +65,19 @@ def block_matches(func: relax.Function) -> tuple[dict, set]:
         if weight is None or weight[1] != hidden or static_shape(x) != static_shape(res):
             continue
         fused[var] = ([x, gin, wqkv, sqkv, eps_in, *attention, *mlp[1][9:]], [q.ty, *value.ty.fields])
-        dropped.update([q, qkv])
-    return fused, dropped
+    return fused
 
 
 @mutator
 class _Rewriter(PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, fused: dict, dropped: set):
+    """The fused MLP calls of `fused` as layer calls, their fields one on; the q/k/v call and its reshape are then
+    read by nothing (remove_all_unused)."""
+
+    def __init__(self, mod: tvm.IRModule, fused: dict):
         super().__init__(mod)
-        self.fused, self.dropped, self.blocks = fused, dropped, {}
+        self.fused, self.blocks = fused, {}
 
     def visit_var_binding_(self, binding):
-        if binding.var in self.dropped:  # computed by the fused kernel, read by nothing else
-            return
         found = self.fused.get(binding.var)
         if found is None:
             super().visit_var_binding_(binding)
@@ -103,9 +102,9 @@ class FuseQuantBlockCuda:
         for gvar, func in mod.functions_items():
             if not isinstance(func, relax.Function):
                 continue
-            fused, dropped = block_matches(func)
+            fused = block_matches(func)
             if not fused:
                 continue
-            updates[gvar] = _Rewriter(mod, fused, dropped).visit_expr(func)
+            updates[gvar] = relax.analysis.remove_all_unused(_Rewriter(mod, fused).visit_expr(func))
             logger.info("%s: %d 4-bit decoder layer(s) as one kernel each", gvar.name_hint, len(fused))
         return with_functions(mod, updates)

@@ -84,20 +84,21 @@ def chosen_passes():
 
 @pytest.fixture(scope="session")
 def decode_bucket_calls():
-    """`decode_bucket_calls(config, libraries)`: the kernels the fp16 llama-block's (`config`, a parse_config string)
-    n = 1 bucket calls in its cuda build with CudaLibraries `libraries`, in order: an extern's name, or "tir"."""
+    """`decode_bucket_calls(config, libraries[, quantize])`: the kernels the fp16 llama-block's (`config`, a
+    parse_config string; `quantize`: a QuantizeConfig of its weights) n = 1 bucket calls in its cuda build with
+    CudaLibraries `libraries`, in order: an extern's name, or "tir"."""
     import tvm
     from tvm import relax
 
     from relaxtune import api, targets
-    from relaxtune.config import CompileConfig, JobConfig
+    from relaxtune.config import CompileConfig, JobConfig, QuantizeConfig
     from relaxtune.relax_passes.pipeline import fuse
     from relaxtune.workloads import load, parse_config
 
     dps, tir = tvm.ir.Op.get("relax.call_dps_packed"), tvm.ir.Op.get("relax.call_tir")
 
-    def calls(config: str, libraries) -> list[str]:
-        workload = load("llama-block", parse_config(config), "float16")
+    def calls(config: str, libraries, quantize=None) -> list[str]:
+        workload = load("llama-block", parse_config(config), "float16", quantize=quantize or QuantizeConfig())
         job = JobConfig(compile=CompileConfig(use_cache=False, cublas=libraries))
         mod = fuse(workload.mod, targets.resolve("cuda").target, api.bucket_plan(workload, job), job.compile)
         (func,) = [f for gv, f in mod.functions_items() if gv.name_hint.startswith("main_n1_")]

@@ -1,6 +1,6 @@
 """FuseQuantBlockCuda: the q/k/v projection (relaxtune_q4gemv_i8_rms) feeding a relaxtune_q4mlp_attn_i8 call through
 one reshape joins it as one relaxtune_q4block_i8 call; q/k/v read by anything else, or separate q, k and v, stay; in
-the pipeline it fires in the n = 1 bucket of a q4f16 block only, and not with CudaLibraries(q4_block=False). The
+the pipeline the n = 1 bucket of a q4f16 block is that one call, and not with CudaLibraries(q4_block=False). The
 kernel's numerics: tests/kernels/test_gpu_q4mlp.py (GPU)."""
 
 from __future__ import annotations
@@ -83,24 +83,11 @@ def test_chains_the_kernel_cannot_take_stay(kwargs):
     tvm.ir.assert_structural_equal(FuseQuantBlockCuda()(before), before)
 
 
-def test_pipeline_fuses_the_decode_bucket_of_a_q4_block_only():
-    from relaxtune import api, targets
-    from relaxtune.config import BucketConfig, CompileConfig, CudaLibraries, JobConfig, QuantizeConfig
-    from relaxtune.relax_passes.pipeline import fusion_passes
-    from relaxtune.workloads import load, parse_config
+def test_pipeline_puts_the_decode_bucket_s_layer_in_one_kernel(decode_bucket_calls):
+    from relaxtune.config import CudaLibraries, QuantizeConfig
 
-    config = parse_config("hidden=256,heads=4,kv_heads=2,ffn=512,max_seq=128,max_batch=1")
-    workload = load("llama-block", config, quantize=QuantizeConfig("q4f16", 32))
-    job = JobConfig(compile=CompileConfig(use_cache=False), buckets=BucketConfig(edges={"n": (1, 16, 128)}))
-    plan = api.bucket_plan(workload, job)
-    target = targets.resolve("cuda:sm_90").target
-    found = []
-    for libraries in (CudaLibraries(), CudaLibraries(q4_block=False)):
-        with target:
-            options = CompileConfig(use_cache=False, cublas=libraries)
-            mod = tvm.transform.Sequential(fusion_passes(target, plan, options))(workload.mod)
-        names = (Q4_BLOCK_FUNCTION, Q4_MLP_ATTN_FUNCTION, Q4_I8_RMS_FUNCTION)
-        calls = {g.name_hint: [f.script().count(f'"{name}"') for name in names] for g, f in mod.functions_items()}
-        found.append({k: v for k, v in calls.items() if any(v)})
-    assert found[0] == {"main_n1_b1": [1, 0, 0]}, found[0]  # n > 1 keeps its kernels
-    assert found[1] == {"main_n1_b1": [0, 1, 1]}, found[1]
+    config, q4 = "hidden=256,heads=4,kv_heads=2,ffn=512,max_seq=128,max_batch=1", QuantizeConfig("q4f16", 32)
+    fused = decode_bucket_calls(config, CudaLibraries(), q4)
+    apart = decode_bucket_calls(config, CudaLibraries(q4_block=False), q4)
+    assert [c for c in fused if c != "tir"] == [Q4_BLOCK_FUNCTION], fused  # the tables: folded constants
+    assert [c for c in apart if c != "tir"] == [Q4_I8_RMS_FUNCTION, Q4_MLP_ATTN_FUNCTION], apart
