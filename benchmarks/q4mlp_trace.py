@@ -33,9 +33,6 @@ VARIANTS = {
     "h1f4-gen": {**H1F4, "RELAXTUNE_Q4MLP_BARRIER": "generation"},
     "h1f4-tag": {**H1F4, "RELAXTUNE_Q4MLP_BARRIER": "tagged"},  # no barrier: h and act as tagged words, polled
     "h1f4-tag-ahead3": {**H1F4, "RELAXTUNE_Q4MLP_BARRIER": "tagged", "RELAXTUNE_Q4MLP_AHEAD": "3"},
-    # tagged words, each polled in turn in a tight loop by relaxed loads / by ld.global.cg (as stream_bound.cu's -tag)
-    "h1f4-tag-spin": {**H1F4, "RELAXTUNE_Q4MLP_BARRIER": "tagged", "RELAXTUNE_Q4MLP_POLL": "spin"},
-    "h1f4-tag-cg": {**H1F4, "RELAXTUNE_Q4MLP_BARRIER": "tagged", "RELAXTUNE_Q4MLP_POLL": "cg"},
     "h1f4-st4": {**H1F4, "RELAXTUNE_Q4MLP_STAGES": "4"},  # the ring before 2026-12-03 (as many as fit)
     "h1f4-st2": {**H1F4, "RELAXTUNE_Q4MLP_STAGES": "2"},
     "h1f4-ahead0": {**H1F4, "RELAXTUNE_Q4MLP_AHEAD": "0"},  # no copy of a step before its grid barrier

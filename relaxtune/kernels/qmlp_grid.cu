@@ -5,9 +5,6 @@
 __device__ unsigned int relaxtune_q4mlp_barrier[2];  // arrivals, generation (zero at module load)
 __device__ unsigned long long relaxtune_q4mlp_arrivals;  // kCountBarrier: every arrival ever (zero at module load)
 enum { kGenerationBarrier = 0, kCountBarrier = 1, kTaggedWords = 2 };
-// kTaggedWords' polls (q4mlp_load_tagged): one round of all, then each word still untagged with pauses; or each word in
-// turn in a tight loop, by relaxed loads or by ld.global.cg (as benchmarks/stream_bound.cu's -tag)
-enum { kPollRound = 0, kPollSpin = 1, kPollCg = 2 };
 // kTaggedWords: h and act as 32-bit words (the value's fp16 bits, this launch's tag above them), H then F of them
 // (the kernels' largest: H <= 4096 * 3, F <= 4096 * 4), and the blocks done in this launch and the launches so far
 constexpr int kQ4MlpTaggedWords = 4096 * 3 + 4096 * 4;
@@ -65,49 +62,30 @@ __device__ __forceinline__ void q4mlp_put_tagged(int at, __half v, unsigned int 
                : "memory");
 }
 
-// one uint4 of tagged words (4 values): the two words of fp16 pairs it packs to, and whether all carry `tag`; a
-// relaxed load, or ld.global.cg where `cg`
+// one uint4 of tagged words (4 values): the two words of fp16 pairs it packs to, and whether all carry `tag`
 __device__ __forceinline__ bool q4mlp_tagged_quad(const uint4* at, unsigned int tag, unsigned int& lo,
-                                                  unsigned int& hi, bool cg = false) {
+                                                  unsigned int& hi) {
   uint4 v;
-  if (cg) {
-    v = __ldcg(at);
-  } else {
-    asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(at)
-                 : "memory");
-  }
+  asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(at)
+               : "memory");
   lo = __byte_perm(v.x, v.y, 0x5410), hi = __byte_perm(v.z, v.w, 0x5410);
   const unsigned int all = v.x & v.y & v.z & v.w, any = v.x | v.y | v.z | v.w;
   return (all >> 16) == (tag >> 16) && (any >> 16) == (tag >> 16);
 }
 
-// this thread's PMAX pieces of the K values at word `first` (as q4mlp_load's, zeros past K): kPollRound, one round of
-// all their loads, then each word still without this launch's tag polled alone, with a pause between polls (every
-// thread polling all its words at once would load L2 with the blocks' polls while the weights stream through it);
-// kPollSpin / kPollCg: each uint4 in turn polled until tagged, no pause
+// this thread's PMAX pieces of the K values at word `first` (as q4mlp_load's, zeros past K): one round of all their
+// loads, then each word still without this launch's tag polled alone, with a pause between polls (every thread
+// polling all its words at once would load L2 with the blocks' polls while the weights stream through it; each word
+// in turn in a tight loop, by relaxed loads or ld.global.cg, measured slower still: docs/results.md, 3916d36)
 template <int PMAX>
-__device__ __forceinline__ void q4mlp_load_tagged(int first, int k, int t, unsigned int tag, int poll,
-                                                  uint4 (&pv)[PMAX][2]) {
+__device__ __forceinline__ void q4mlp_load_tagged(int first, int k, int t, unsigned int tag, uint4 (&pv)[PMAX][2]) {
   const uint4* words = reinterpret_cast<const uint4*>(relaxtune_q4mlp_tagged + first);
   auto put = [&](int j, int e, unsigned int lo, unsigned int hi) {  // the e-th quarter of pv[j]'s 8 values
     if (e % 2 == 0) pv[j][e / 2].x = lo, pv[j][e / 2].y = hi;
     else pv[j][e / 2].z = lo, pv[j][e / 2].w = hi;
   };
-  if (poll != kPollRound) {
-#pragma unroll
-    for (int j = 0; j < PMAX; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        unsigned int lo = 0, hi = 0;  // past K: zeros
-        if (2 * (t + j * kQ4PieceThreads) + e / 2 < k / 8)
-          while (!q4mlp_tagged_quad(words + 4 * (t + j * kQ4PieceThreads) + e, tag, lo, hi, poll == kPollCg)) {
-          }
-        put(j, e, lo, hi);
-      }
-    return;
-  }
   unsigned int pending = 0;  // bit 4 j + e: the e-th uint4 of words of piece j (two for each half of pv[j])
 #pragma unroll
   for (int j = 0; j < PMAX; ++j)

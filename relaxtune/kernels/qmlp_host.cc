@@ -11,7 +11,6 @@
 // blocks x 20: benchmarks/q4mlp_trace.py). For measurements, read per launch: RELAXTUNE_Q4MLP=NAME picks the kernel,
 // RELAXTUNE_Q4MLP_STAGES=N sets its ring's slots (as far as they fit), RELAXTUNE_Q4MLP_AHEAD=N how far its producer
 // runs ahead of a grid barrier, RELAXTUNE_Q4MLP_BARRIER=generation takes the other grid barrier,
-// RELAXTUNE_Q4MLP_POLL=spin|cg how the tagged words are polled (Q4MlpPoll),
 // RELAXTUNE_Q4MLP_COOPERATIVE=0 launches it as a programmatic dependent only (Q4MlpCooperative);
 // relaxtune_q4mlp_i8_launch() says which launch attributes the launches so far took.
 
@@ -30,7 +29,6 @@ struct Q4MlpArgs {  // must match qmlp_stream.cu's Q4MlpParams
   int barrier;  // qmlp_grid.cu's kGenerationBarrier / kCountBarrier / kTaggedWords
   int x_bytes;  // > 0: x is the attention of the row (attn), in that much shared memory
   int ahead;    // slots of a step copied before its grid barrier (Q4MlpAhead)
-  int poll;     // kTaggedWords' polls (Q4MlpPoll)
   AttnParams attn;
   const void *wqkv, *sqkv, *gin;  // the q/k/v step (Q4MlpFirst), or null
   void* qkv;
@@ -55,14 +53,6 @@ int Q4MlpBarrier(bool whole) {
   const std::string asked = value != nullptr ? value : "";
   if (asked == "tagged") return 2;
   return whole && asked != "generation" ? 1 : 0;
-}
-
-// with tagged words, how they are polled (qmlp_grid.cu): RELAXTUNE_Q4MLP_POLL=spin or =cg (read per launch, for
-// measurements), else one round of all, then the words still untagged one by one with pauses
-int Q4MlpPoll() {
-  const char* value = std::getenv("RELAXTUNE_Q4MLP_POLL");
-  const std::string asked = value != nullptr ? value : "";
-  return asked == "spin" ? 1 : asked == "cg" ? 2 : 0;
 }
 
 // the producer copies at most kQ4MlpAhead slots of gate / up and of down before the grid barrier that starts their
@@ -224,7 +214,7 @@ void LaunchQ4Mlp(const tvm::ffi::TensorView* x, const tvm::ffi::TensorView& res,
               Data(wgu), Data(sgu), Data(wd), Data(sd), Data(h),
               Data(act), Data(y),   static_cast<int>(o.k), static_cast<int>(hidden), static_cast<int>(f),
               o.shift,   gu.shift,  d.shift,  static_cast<float>(eps), plan.stages, plan.stage_bytes, nullptr,
-              Q4MlpBarrier(plan.blocks == sms), x_bytes, Q4MlpAhead(plan.stages), Q4MlpPoll(),
+              Q4MlpBarrier(plan.blocks == sms), x_bytes, Q4MlpAhead(plan.stages),
               attn != nullptr ? *attn : AttnParams{}};
   if (first != nullptr) {
     p.wqkv = Data(*first->wqkv), p.sqkv = Data(*first->sqkv), p.gin = Data(*first->gin), p.qkv = Data(*first->qkv);

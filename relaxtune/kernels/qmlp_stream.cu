@@ -49,7 +49,6 @@ struct Q4MlpParams {  // must match qmlp_host.cc
   int barrier;                // kGenerationBarrier / kCountBarrier (q4mlp_grid_barrier) / kTaggedWords
   int x_bytes;                // > 0: x is the attention of one row (attn), computed into that much shared memory
   int ahead;                  // slots of a step the producer copies before the consumers pass its grid barrier
-  int poll;                   // kTaggedWords: how the words are polled (qmlp_grid.cu's kPollRound / Spin / Cg)
   AttnParams attn;            // gemv_prologue.cu's: q, k, v, the tables, the heads (x null)
   const void *wqkv, *sqkv;    // nqkv > 0: (nqkv, H / 8), (nqkv, H / group): the merged q | k | v projection
   const void* gin;            // (H) fp16: its norm's weight (x, then, is that norm's input, H values)
@@ -84,7 +83,7 @@ __device__ __forceinline__ void q4mlp_meet(const Q4MlpParams& p, int consumers, 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const bool tagged = p.barrier == kTaggedWords;
   if (tagged) {
-    q4mlp_load_tagged<PMAX>(first, k, t, tag, p.poll, pv);
+    q4mlp_load_tagged<PMAX>(first, k, t, tag, pv);
     asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
   } else {
     q4mlp_grid_barrier(consumers, p.barrier);
