@@ -86,6 +86,13 @@ __device__ __forceinline__ void q4mlp_rms_quantize(uint4 (&v)[PMAX][2], const ui
   }
 }
 
+// row `r`'s sum: `init` plus its 8 warps' partial sums in part (q4mlp_consume's), in warp order
+__device__ __forceinline__ float q4mlp_row_sum(const float* part, int r, float init) {
+#pragma unroll
+  for (int q = 0; q < kQ4PieceThreads / 32; ++q) init += part[r * (kQ4PieceThreads / 32) + q];
+  return init;
+}
+
 // the consumers' side of one segment: RPG rows per row group and slot; row sums into part[row * 8 + warp]
 template <int GR, int RPG, int PMAX>
 __device__ __forceinline__ void q4mlp_consume(const Q4MlpSegment& sg, Q4RingSlot& s, int stages, int stage_bytes,

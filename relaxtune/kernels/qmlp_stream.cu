@@ -175,12 +175,7 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
     if (stamps) q4mlp_stamp(p, 16);
     asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
     __half* qkv = static_cast<__half*>(p.qkv);
-    for (int r = threadIdx.x; r < qrows; r += kConsumers) {
-      float sum = 0.0f;
-#pragma unroll
-      for (int q = 0; q < kWarps; ++q) sum += part[r * kWarps + q];
-      qkv[q0 + r] = __float2half_rn(sum);
-    }
+    for (int r = threadIdx.x; r < qrows; r += kConsumers) qkv[q0 + r] = __float2half_rn(q4mlp_row_sum(part, r, 0.0f));
     q4mlp_grid_barrier(kConsumers, tagged ? kGenerationBarrier : p.barrier);
     if (threadIdx.x == 0) {
       *passed = 1;
@@ -203,10 +198,7 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
     asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
     const __half* res = static_cast<const __half*>(p.res);
     for (int r = threadIdx.x; r < rows; r += kConsumers) {
-      float sum = __half2float(res[r0 + r]);
-#pragma unroll
-      for (int q = 0; q < kWarps; ++q) sum += part[r * kWarps + q];
-      const __half v = __float2half_rn(sum);
+      const __half v = __float2half_rn(q4mlp_row_sum(part, r, __half2float(res[r0 + r])));
       h[r0 + r] = v;
       if (tagged) q4mlp_put_tagged(r0 + r, v, tag);
     }
@@ -228,9 +220,7 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
     if (stamps) q4mlp_stamp(p, 5);
     asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
     for (int r = threadIdx.x; r < frows; r += kConsumers) {
-      float gate = 0.0f, up = 0.0f;
-#pragma unroll
-      for (int q = 0; q < kWarps; ++q) gate += part[r * kWarps + q], up += part[(frows + r) * kWarps + q];
+      const float gate = q4mlp_row_sum(part, r, 0.0f), up = q4mlp_row_sum(part, frows + r, 0.0f);
       const __half v = __float2half_rn(silu_times<__half>(round_to<__half>(gate), round_to<__half>(up)));
       act[f0 + r] = v;
       if (tagged) q4mlp_put_tagged(p.hidden + f0 + r, v, tag);
@@ -248,12 +238,8 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
     q4mlp_consume<GR, RF, PF>(seg[4], s, p.stages, p.stage_bytes, ring, full, empty, p.f, xq, corr, scale, part);
     if (stamps) q4mlp_stamp(p, 8);
     asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
-    for (int r = threadIdx.x; r < rows; r += kConsumers) {
-      float sum = __half2float(__ldcg(h + r0 + r));
-#pragma unroll
-      for (int q = 0; q < kWarps; ++q) sum += part[r * kWarps + q];
-      y[r0 + r] = __float2half_rn(sum);
-    }
+    for (int r = threadIdx.x; r < rows; r += kConsumers)
+      y[r0 + r] = __float2half_rn(q4mlp_row_sum(part, r, __half2float(__ldcg(h + r0 + r))));
   }
   if (tagged) q4mlp_tagged_done();
   if (stamps) q4mlp_stamp(p, 9);
