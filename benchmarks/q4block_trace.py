@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from gemv_check import _graph_timed
-from q4mlp_trace import EVENTS, PRODUCER, TRACE_EVENTS, VARIANTS, F, H, _weight
+from q4mlp_trace import EVENTS, PRODUCER, VARIANTS, F, H, _weight, traced_steps
 from qgemv_sweep import _settings, library
 
 HEADS, DIM = 32, 128
@@ -24,7 +24,6 @@ BLOCK_EVENTS = ["q/k/v passed", "q/k/v done", "attention ready", "q/k/v issued"]
 
 
 def main() -> None:
-    import numpy as np
     import torch
     import tvm
     import tvm_ffi
@@ -73,16 +72,9 @@ def main() -> None:
     for name in args.variants.split(","):
         with _settings(VARIANTS[name]):
             us_two, us = _graph_timed(two, copies), _graph_timed(block, copies)
-            stamps = torch.zeros(132 * TRACE_EVENTS, dtype=torch.int64, device="cuda")
-            for _ in range(3):  # the last of three, the weights warm in no cache (a different copy each)
-                for i in range(copies):
-                    lib["relaxtune_q4block_i8_trace"](*operands(i), T(stamps))
-            torch.cuda.synchronize()
-        t = stamps.view(-1, TRACE_EVENTS).cpu().numpy().astype(np.float64)
-        t = t[t[:, 0] > 0]
-        t = (t - t[:, 0].min()) / 1e3  # us from the first block's start
-        steps = {e: [round(float(f(t[:, i])), 2) for f in (np.min, np.median, np.max)] for i, e in enumerate(cols)}
-        last = round(float(t[:, 9].max()), 2)
+            steps, last = traced_steps(
+                lambda i, stamps: lib["relaxtune_q4block_i8_trace"](*operands(i), stamps), copies, cols
+            )
         report["variants"][name] = {"us": us, "us_two_kernels": us_two, "steps_us_min_median_max": steps}
         print(
             f"{name}: relaxtune_q4block_i8 {us:.2f} us ({us / floor:.3f} x floor), the two kernels {us_two:.2f} us "

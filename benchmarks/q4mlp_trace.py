@@ -122,6 +122,26 @@ def main() -> None:
     measure(args)
 
 
+def traced_steps(launch, copies: int, cols: list[str]) -> tuple[dict, float]:
+    """({stamp: [min, median, max] us over the blocks from the first block's start} for `cols`, the kernel's stamps
+    in order; the last block's end) from the last of three rounds of `launch(i, stamps)` over the weight copies
+    (each copy's weights warm in no cache)."""
+    import numpy as np
+    import torch
+    import tvm_ffi
+
+    stamps = torch.zeros(132 * TRACE_EVENTS, dtype=torch.int64, device="cuda")
+    for _ in range(3):
+        for i in range(copies):
+            launch(i, tvm_ffi.from_dlpack(stamps))
+    torch.cuda.synchronize()
+    t = stamps.view(-1, TRACE_EVENTS).cpu().numpy().astype(np.float64)
+    t = t[t[:, 0] > 0]
+    t = (t - t[:, 0].min()) / 1e3
+    steps = {e: [round(float(f(t[:, i])), 2) for f in (np.min, np.median, np.max)] for i, e in enumerate(cols)}
+    return steps, round(float(t[:, cols.index("end")].max()), 2)
+
+
 def measure(args) -> None:
     """Time and trace args.variants on the GPU into args.out (q4mlp_trace.json and its timeline)."""
     import numpy as np
@@ -166,19 +186,13 @@ def measure(args) -> None:
                 lib["relaxtune_q4mlp_i8_kernel"](xt, rt, *ws[0]["o"], gt, *ws[0]["gu"], *ws[0]["d"], 1e-5, ht, at, yt)
             )
             us = _graph_timed(fused, copies)
-            stamps = torch.zeros(132 * TRACE_EVENTS, dtype=torch.int64, device="cuda")
-            for _ in range(3):  # the last of three, the weights warm in no cache (a different copy each)
-                for i in range(copies):
-                    trace(xt, rt, *ws[i]["o"], gt, *ws[i]["gu"], *ws[i]["d"], 1e-5, ht, at, yt, T(stamps))
-            torch.cuda.synchronize()
+            steps, last = traced_steps(
+                lambda i, stamps: trace(xt, rt, *ws[i]["o"], gt, *ws[i]["gu"], *ws[i]["d"], 1e-5, ht, at, yt, stamps),
+                copies,
+                [*EVENTS, *PRODUCER],
+            )
         out = y.float().cpu().numpy()
         reference = out if reference is None else reference
-        t = stamps.view(-1, TRACE_EVENTS).cpu().numpy().astype(np.float64)
-        t = t[t[:, 0] > 0]
-        t = (t - t[:, 0].min()) / 1e3  # us from the first block's start
-        cols = [*EVENTS, *PRODUCER]
-        steps = {e: [round(float(f(t[:, i])), 2) for f in (np.min, np.median, np.max)] for i, e in enumerate(cols)}
-        last = round(float(t[:, 9].max()), 2)
         diff = float(np.max(np.abs(out - reference)))
         report["variants"][name] = {
             "kernel": kernel,
