@@ -28,10 +28,12 @@ e.g. by torch). `object_file()` compiles this source with the host C++ compiler 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -53,10 +55,21 @@ def object_file(cache_dir: Path | None = None) -> Path:
     digest = hashlib.sha1((SOURCE + include).encode()).hexdigest()[:12]
     folder = Path(cache_dir or os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "relaxtune"
     obj = folder / f"cublas_gemm_{digest}.o"
+    return build_once(
+        obj, lambda: compile_host_object(SOURCE, folder / f"cublas_gemm_{digest}.cc", obj, "the cuBLAS kernel")
+    )
+
+
+def build_once(obj: Path, build: Callable[[], Path]) -> Path:
+    """`obj` if it exists, else what `build()` returns, run under an exclusive lock on `<obj>.lock`:
+    processes building the same cache entry at once (pytest workers, two jobs) build it once, and
+    none reads or renames another's half-written files."""
     if obj.exists():
         return obj
-    folder.mkdir(parents=True, exist_ok=True)
-    return compile_host_object(SOURCE, folder / f"cublas_gemm_{digest}.cc", obj, "the cuBLAS kernel")
+    obj.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{obj}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        return obj if obj.exists() else build()
 
 
 def compile_host_object(source: str, src: Path, obj: Path, what: str) -> Path:
@@ -65,6 +78,7 @@ def compile_host_object(source: str, src: Path, obj: Path, what: str) -> Path:
     import tvm_ffi.libinfo
 
     src.write_text(source)
+    tmp = f"{obj}.{os.getpid()}.tmp"
     includes = {tvm_ffi.libinfo.find_include_path(), tvm_ffi.libinfo.find_dlpack_include_path()}
     cmd = [
         os.environ.get("CXX", "g++"),
@@ -75,11 +89,11 @@ def compile_host_object(source: str, src: Path, obj: Path, what: str) -> Path:
         "-c",
         str(src),
         "-o",
-        str(obj) + ".tmp",
+        tmp,
     ]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"compiling {what} failed ({' '.join(cmd)}):\n{done.stderr[-3000:]}")
-    os.replace(str(obj) + ".tmp", obj)
+    os.replace(tmp, obj)
     logger.info("compiled %s", obj)
     return obj

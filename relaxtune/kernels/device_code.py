@@ -107,7 +107,7 @@ def embedded_fatbin_object(
     digest taken over both sources, the arch and the tvm_ffi headers it compiles against."""
     import tvm_ffi.libinfo
 
-    from .cublas import compile_host_object
+    from .cublas import build_once, compile_host_object
 
     include = tvm_ffi.libinfo.find_include_path()
     digest = hashlib.sha1((kernel_source + host_source + arch + include).encode()).hexdigest()[:12]
@@ -117,17 +117,19 @@ def embedded_fatbin_object(
         / f"{name}_{arch}_{digest}"
     )
     obj = folder / f"{stem}.o"
-    if obj.exists():
-        return obj
-    fatbin = make_fatbin(arch, folder)
-    symbol = f"relaxtune_{name}_fatbin"
-    embed = (
-        f'asm(".section .rodata\\n.balign 16\\n.globl {symbol}\\n.hidden {symbol}\\n'
-        f'{symbol}:\\n.incbin \\"{fatbin}\\"\\n.byte 0\\n.previous\\n");\n'
-    )
-    return compile_host_object(
-        host_source + embed, folder / f"{stem}_host.cc", obj, f"{what} (fatbin {fatbin.stat().st_size} bytes)"
-    )
+
+    def build() -> Path:
+        fatbin = make_fatbin(arch, folder)
+        symbol = f"relaxtune_{name}_fatbin"
+        embed = (
+            f'asm(".section .rodata\\n.balign 16\\n.globl {symbol}\\n.hidden {symbol}\\n'
+            f'{symbol}:\\n.incbin \\"{fatbin}\\"\\n.byte 0\\n.previous\\n");\n'
+        )
+        return compile_host_object(
+            host_source + embed, folder / f"{stem}_host.cc", obj, f"{what} (fatbin {fatbin.stat().st_size} bytes)"
+        )
+
+    return build_once(obj, build)
 
 
 INF_PRELUDE = "#define inff (__int_as_float(0x7f800000))  // what TVM's `inff` means: a float infinity\n"
