@@ -2,8 +2,8 @@
 # One GPU-machine call (issue 26): the fused 4-bit design without its arithmetic (benchmarks/stream_bound.py) beside
 # the product on the same device: relaxtune_q4mlp_i8 alone (q4mlp_trace.py), the whole layer's relaxtune_q4block_i8
 # alone (q4block_trace.py) and the q4f16 7B block at n = 1 as built (gpu_job.py), in one kernel and with its q/k/v
-# GEMV before it, each with its grid barriers and with tagged words instead (RELAXTUNE_Q4MLP_BARRIER=tagged), against
-# the floor for its bytes; then stream_bound.png of them all.
+# GEMV before it, each with its grid barriers, with tagged words instead (RELAXTUNE_Q4MLP_BARRIER=tagged) and with
+# each step's tiles claimed too (=claimed), against the floor for its bytes; then stream_bound.png of them all.
 #   bash benchmarks/gpu_bound.sh OUT [stream_bound variants] [tests]   # tests: the fused kernels' gpu tests too
 set -uo pipefail
 out=${1:?usage: gpu_bound.sh OUT [variants] [tests]}
@@ -14,12 +14,12 @@ site=$(bash scripts/device_install.sh) || exit 1
 export PYTHONPATH=$site:$PWD/benchmarks PYTHONUNBUFFERED=1
 nvidia-smi -L
 python3 benchmarks/stream_bound.py --out "$out/bound" --variants "$variants" 2>&1 | grep -v "^\s*$" | tail -30
-python3 benchmarks/q4mlp_trace.py --out "$out/tr" --variants h1f4,h1f4-tag 2>&1 | tail -6
-python3 benchmarks/q4block_trace.py --out "$out/blk" --variants h1f4,h1f4-tag 2>&1 | tail -5
+python3 benchmarks/q4mlp_trace.py --out "$out/tr" --variants h1f4,h1f4-tag,h1f4-claim 2>&1 | tail -7
+python3 benchmarks/q4block_trace.py --out "$out/blk" --variants h1f4,h1f4-tag,h1f4-claim 2>&1 | tail -6
 art=/tmp/gjbound  # the block in one kernel (relaxtune_q4block_i8) and with the q/k/v GEMV before it
 python3 benchmarks/gpu_job.py build --art "$art" \
   --only llama7b-q4-rf-cublas-flash-graph,llama7b-q4-noblock-rf-cublas-flash-graph 2>&1 | tail -2
-for sync in count tagged; do  # the product's count barrier (the default), then tagged words
+for sync in count tagged claimed; do  # the product's count barrier (the default), tagged words, claimed tiles
   RELAXTUNE_Q4MLP_BARRIER=$sync python3 benchmarks/gpu_job.py run --art "$art" --out "$out/q4-$sync" --seqs 1 \
     --skip flash,gemv,tiny,kernels,runtime,compile,modes,fp16 2>&1 |
     grep -E "q4f16 (floor|block n = 1)|n=1: .*rel err" | sed "s/^/$sync: /"

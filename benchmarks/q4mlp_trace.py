@@ -33,6 +33,8 @@ VARIANTS = {
     "h1f4-gen": {**H1F4, "RELAXTUNE_Q4MLP_BARRIER": "generation"},
     "h1f4-tag": {**H1F4, "RELAXTUNE_Q4MLP_BARRIER": "tagged"},  # no barrier: h and act as tagged words, polled
     "h1f4-tag-ahead3": {**H1F4, "RELAXTUNE_Q4MLP_BARRIER": "tagged", "RELAXTUNE_Q4MLP_AHEAD": "3"},
+    "h1f4-claim": {**H1F4, "RELAXTUNE_Q4MLP_BARRIER": "claimed"},  # tagged words, each step's tiles claimed
+    "h1f4-claim-ahead3": {**H1F4, "RELAXTUNE_Q4MLP_BARRIER": "claimed", "RELAXTUNE_Q4MLP_AHEAD": "3"},
     "h1f4-st4": {**H1F4, "RELAXTUNE_Q4MLP_STAGES": "4"},  # the ring before 2026-12-03 (as many as fit)
     "h1f4-st2": {**H1F4, "RELAXTUNE_Q4MLP_STAGES": "2"},
     "h1f4-ahead0": {**H1F4, "RELAXTUNE_Q4MLP_AHEAD": "0"},  # no copy of a step before its grid barrier

@@ -143,6 +143,7 @@ KERNEL_SOURCE = "\n".join(
         "qgemv_stream.cu",
         "qmlp_grid.cu",
         "qmlp_steps.cu",
+        "qmlp_claim.cu",
         "qmlp_stream.cu",
     )
 )

@@ -4,12 +4,16 @@
 
 __device__ unsigned int relaxtune_q4mlp_barrier[2];  // arrivals, generation (zero at module load)
 __device__ unsigned long long relaxtune_q4mlp_arrivals;  // kCountBarrier: every arrival ever (zero at module load)
-enum { kGenerationBarrier = 0, kCountBarrier = 1, kTaggedWords = 2 };
+enum { kGenerationBarrier = 0, kCountBarrier = 1, kTaggedWords = 2, kClaimedTiles = 3 };
 // kTaggedWords: h and act as 32-bit words (the value's fp16 bits, this launch's tag above them), H then F of them
 // (the kernels' largest: H <= 4096 * 3, F <= 4096 * 4), and the blocks done in this launch and the launches so far
 constexpr int kQ4MlpTaggedWords = 4096 * 3 + 4096 * 4;
 __device__ unsigned int relaxtune_q4mlp_tagged[kQ4MlpTaggedWords];
 __device__ unsigned int relaxtune_q4mlp_launches[2];
+// kClaimedTiles: tagged words, and the tiles of each step (q/k/v, o_proj, gate / up, down) claimed from a count of
+// its own by the blocks' producers (qmlp_claim.cu); the launch's last block zeroes them (q4mlp_tagged_done)
+constexpr int kQ4MlpSteps = 4;
+__device__ unsigned int relaxtune_q4mlp_claims[kQ4MlpSteps];
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // every consumer thread of every block: what each wrote before is visible to all after. kGenerationBarrier: the last
@@ -75,43 +79,45 @@ __device__ __forceinline__ bool q4mlp_tagged_quad(const uint4* at, unsigned int 
   return (all >> 16) == (tag >> 16) && (any >> 16) == (tag >> 16);
 }
 
-// this thread's PMAX pieces of the K values at word `first` (as q4mlp_load's, zeros past K): one round of all their
-// loads, then each word still without this launch's tag polled alone, with a pause between polls (every thread
-// polling all its words at once would load L2 with the blocks' polls while the weights stream through it; each word
-// in turn in a tight loop, by relaxed loads or ld.global.cg, measured slower still: docs/results.md, 3916d36)
-template <int PMAX>
-__device__ __forceinline__ void q4mlp_load_tagged(int first, int k, int t, unsigned int tag, uint4 (&pv)[PMAX][2]) {
+// every consumer thread of the block (`consumers`): the K values of the tagged words from word `first` into `stage`
+// (K fp16 in shared memory), then the consumers' barrier. The block reads each word once: a thread's uint4s of words
+// are loaded in one round, then each still without this launch's tag is polled alone, with a pause between polls
+// (every thread polling all its words at once loads L2 with the blocks' polls while the weights stream through it;
+// each word in turn in a tight loop, by relaxed loads or ld.global.cg, measured slower still: docs/results.md,
+// 3916d36). QMAX: the most uint4s of words a thread polls (K / 4 / consumers, rounded up; <= 32)
+template <int QMAX>
+__device__ __forceinline__ void q4mlp_stage_tagged(int first, int k, unsigned int tag, int consumers, uint2* stage) {
+  static_assert(QMAX <= 32, "a bit of `pending` a uint4 of words");
   const uint4* words = reinterpret_cast<const uint4*>(relaxtune_q4mlp_tagged + first);
-  auto put = [&](int j, int e, unsigned int lo, unsigned int hi) {  // the e-th quarter of pv[j]'s 8 values
-    if (e % 2 == 0) pv[j][e / 2].x = lo, pv[j][e / 2].y = hi;
-    else pv[j][e / 2].z = lo, pv[j][e / 2].w = hi;
-  };
-  unsigned int pending = 0;  // bit 4 j + e: the e-th uint4 of words of piece j (two for each half of pv[j])
+  unsigned int pending = 0;
 #pragma unroll
-  for (int j = 0; j < PMAX; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      unsigned int lo = 0, hi = 0;  // past K: zeros
-      if (2 * (t + j * kQ4PieceThreads) + e / 2 < k / 8 &&
-          !q4mlp_tagged_quad(words + 4 * (t + j * kQ4PieceThreads) + e, tag, lo, hi))
-        pending |= 1u << (4 * j + e);
-      put(j, e, lo, hi);
+  for (int j = 0; j < QMAX; ++j) {
+    const int at = threadIdx.x + j * consumers;
+    unsigned int lo, hi;
+    if (at >= k / 4) break;
+    if (q4mlp_tagged_quad(words + at, tag, lo, hi)) {
+      stage[at] = make_uint2(lo, hi);
+    } else {
+      pending |= 1u << j;
     }
+  }
 #pragma unroll
-  for (int j = 0; j < PMAX; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (!(pending >> (4 * j + e) & 1u)) continue;
-      unsigned int lo, hi;
-      while (!q4mlp_tagged_quad(words + 4 * (t + j * kQ4PieceThreads) + e, tag, lo, hi)) __nanosleep(64);
-      put(j, e, lo, hi);
-    }
+  for (int j = 0; j < QMAX; ++j) {
+    if (!(pending >> j & 1u)) continue;
+    const int at = threadIdx.x + j * consumers;
+    unsigned int lo, hi;
+    while (!q4mlp_tagged_quad(words + at, tag, lo, hi)) __nanosleep(64);
+    stage[at] = make_uint2(lo, hi);
+  }
+  asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
 }
 
-// kTaggedWords: the block's end; the last block of the launch counts the launch (the next one's tag)
+// kTaggedWords, kClaimedTiles: the block's end (every claim of its producer made); the last block of the launch zeroes
+// the claims and counts the launch (the next one's tag)
 __device__ __forceinline__ void q4mlp_tagged_done() {
   if (threadIdx.x != 0) return;
   if (atomicAdd(&relaxtune_q4mlp_launches[0], 1u) == gridDim.x - 1) {
+    for (int step = 0; step < kQ4MlpSteps; ++step) atomicExch(&relaxtune_q4mlp_claims[step], 0u);
     atomicExch(&relaxtune_q4mlp_launches[0], 0u);
     atomicAdd(&relaxtune_q4mlp_launches[1], 1u);
   }

@@ -10,7 +10,8 @@
 // relaxtune_q4mlp_i8_trace(..., trace) launches it with a globaltimer stamp per block and event in trace (int64,
 // blocks x 20: benchmarks/q4mlp_trace.py). For measurements, read per launch: RELAXTUNE_Q4MLP=NAME picks the kernel,
 // RELAXTUNE_Q4MLP_STAGES=N sets its ring's slots (as far as they fit), RELAXTUNE_Q4MLP_AHEAD=N how far its producer
-// runs ahead of a grid barrier, RELAXTUNE_Q4MLP_BARRIER=generation takes the other grid barrier,
+// runs ahead of a grid barrier, RELAXTUNE_Q4MLP_BARRIER=generation takes the other grid barrier (=tagged: none, the
+// step's outputs as tagged words; =claimed: those, with each step's tiles claimed by the blocks),
 // RELAXTUNE_Q4MLP_COOPERATIVE=0 launches it as a programmatic dependent only (Q4MlpCooperative);
 // relaxtune_q4mlp_i8_launch() says which launch attributes the launches so far took.
 
@@ -34,6 +35,7 @@ struct Q4MlpArgs {  // must match qmlp_stream.cu's Q4MlpParams
   void* qkv;
   int nqkv, shift_qkv;
   float eps_in;
+  int tag_bytes;  // with tagged words (kTaggedWords, kClaimedTiles): shared memory for h and act as read back
 };
 struct Q4MlpKernel {
   const char* name;
@@ -47,11 +49,14 @@ constexpr int kQ4MlpTraceEvents = 20;  // qmlp_stream.cu's stamps per block
 constexpr int kQ4MlpWarps = 8, kQ4MlpScratch = 4 * kQ4MlpWarps;  // partial sums per row; the norm's per-warp sums
 
 // qmlp_stream.cu's grid barrier: the count barrier where every launch's grid is the SM count (`whole`), unless
-// RELAXTUNE_Q4MLP_BARRIER=generation, or =tagged for no barrier (qmlp_grid.cu's kTaggedWords; read per launch)
+// RELAXTUNE_Q4MLP_BARRIER=generation, or =tagged for no barrier (qmlp_grid.cu's kTaggedWords), or =claimed for no
+// barrier and tiles claimed (kClaimedTiles; read per launch)
+constexpr int kQ4MlpTagged = 2, kQ4MlpClaimed = 3;
 int Q4MlpBarrier(bool whole) {
   const char* value = std::getenv("RELAXTUNE_Q4MLP_BARRIER");
   const std::string asked = value != nullptr ? value : "";
-  if (asked == "tagged") return 2;
+  if (asked == "tagged") return kQ4MlpTagged;
+  if (asked == "claimed") return kQ4MlpClaimed;
   return whole && asked != "generation" ? 1 : 0;
 }
 
@@ -62,7 +67,10 @@ constexpr int kQ4MlpAhead = 2;
 // the ring's slots: more than 3 (4 fit at the 7B sizes) only queue more copies in front of the grid barriers' round
 // trips (docs/results.md)
 constexpr int kQ4MlpStages = 3;
-static_assert(kQ4MlpStages < kQ4MaxStages, "the last full barrier's place holds the count of barriers passed");
+// the ring's slots at most: past them, the full barriers' places hold each slot's claimed tile (qmlp_claim.cu's
+// q4mlp_slot_tiles) and the count of barriers passed
+constexpr int kQ4MlpMaxStages = kQ4MaxStages / 2;
+static_assert(kQ4MlpStages <= kQ4MlpMaxStages, "the ring's slots");
 int Q4MlpAhead(int stages) {
   const char* value = std::getenv("RELAXTUNE_Q4MLP_AHEAD");
   return std::min(value != nullptr && std::atoi(value) >= 0 ? std::atoi(value) : kQ4MlpAhead, stages);
@@ -90,9 +98,10 @@ int64_t Q4MlpSlotBytes(int64_t k, int shift, int groups, int rows_per_group) {
   return groups * rows_per_group * (k / 2 + 2 * (k >> (5 + shift)));
 }
 
-// shifts: o, gate / up, down and q / k / v's groups; nqkv: the q/k/v step's rows (0: none)
+// shifts: o, gate / up, down and q / k / v's groups; nqkv: the q/k/v step's rows (0: none); x_bytes, tag_bytes:
+// the shared memory of the attention's x and of the tagged words read back; claimed: the tiles are (kClaimedTiles)
 Q4MlpPlan PlanQ4Mlp(int64_t a, int64_t hidden, int64_t f, const int (&shifts)[4], int64_t nqkv, int major, int sms,
-                    int shared, int x_bytes) {
+                    int shared, int x_bytes, int tag_bytes, bool claimed) {
   Q4MlpPlan plan;
   const int64_t ks[4] = {a, hidden, f, hidden};
   for (int i = 0; i < (nqkv > 0 ? 4 : 3); ++i) {
@@ -120,25 +129,26 @@ Q4MlpPlan PlanQ4Mlp(int64_t a, int64_t hidden, int64_t f, const int (&shifts)[4]
   plan.blocks = static_cast<int>(std::min<int64_t>({sms, hidden, f}));
   const int64_t rows = (hidden + plan.blocks - 1) / plan.blocks, frows = (f + plan.blocks - 1) / plan.blocks;
   const int64_t qrows = (nqkv + plan.blocks - 1) / plan.blocks;
-  const int64_t part = (std::max({rows, 2 * frows, qrows}) * kQ4MlpWarps + kQ4MlpScratch) * 4;
   const int gr = plan.kernel->groups;
+  // the partial sums: of the block's rows, or with claimed tiles two tiles' of two segments; then the norm's
+  const int64_t tile_rows = 4 * gr * std::max(plan.kernel->rows_h, plan.kernel->rows_f);
+  const int64_t part = ((claimed ? tile_rows : std::max({rows, 2 * frows, qrows})) * kQ4MlpWarps + kQ4MlpScratch) * 4;
   const int64_t slot = std::max({Q4MlpSlotBytes(a, shifts[0], gr, plan.kernel->rows_h),
                                  Q4MlpSlotBytes(hidden, shifts[1], gr, plan.kernel->rows_h),
                                  Q4MlpSlotBytes(f, shifts[2], gr, plan.kernel->rows_f),
                                  nqkv > 0 ? Q4MlpSlotBytes(hidden, shifts[3], gr, plan.kernel->rows_h) : 0});
-  // kQ4MlpStages slots, or RELAXTUNE_Q4MLP_STAGES (for measurements), as far as they fit (the last of the
-  // kQ4MaxStages full barriers' places holds the kernel's count of barriers passed)
+  // kQ4MlpStages slots, or RELAXTUNE_Q4MLP_STAGES (for measurements), as far as they fit
   const char* asked = std::getenv("RELAXTUNE_Q4MLP_STAGES");
   const int64_t want = asked != nullptr && std::atoi(asked) > 0 ? std::atoi(asked) : kQ4MlpStages;
-  const int64_t fit = (shared - kQ4BarrierBytes - x_bytes - part) / slot;
-  const int64_t stages = std::min<int64_t>({want, kQ4MaxStages - 1, fit});
+  const int64_t fit = (shared - kQ4BarrierBytes - x_bytes - tag_bytes - part) / slot;
+  const int64_t stages = std::min<int64_t>({want, kQ4MlpMaxStages, fit});
   if (stages < 2) {
     plan.kernel = nullptr;
     plan.why = "two ring slots of " + std::to_string(slot) + " bytes do not fit in shared memory";
     return plan;
   }
   plan.stages = static_cast<int>(stages), plan.stage_bytes = static_cast<int>(slot);
-  plan.shared_bytes = static_cast<int>(kQ4BarrierBytes + x_bytes + stages * slot + part);
+  plan.shared_bytes = static_cast<int>(kQ4BarrierBytes + x_bytes + tag_bytes + stages * slot + part);
   return plan;
 }
 
@@ -201,7 +211,11 @@ void LaunchQ4Mlp(const tvm::ffi::TensorView* x, const tvm::ffi::TensorView& res,
   const int shifts[4] = {o.shift, gu.shift, d.shift, qkv.shift};
   const int shared_limit = Attribute(drv, dev.device_id, kMaxSharedOptIn);
   const int x_bytes = attn != nullptr ? static_cast<int>((o.k * 2 + 127) / 128 * 128) : 0;
-  const Q4MlpPlan plan = PlanQ4Mlp(o.k, hidden, f, shifts, qkv.n, major, sms, shared_limit, x_bytes);
+  const int barrier = Q4MlpBarrier(std::min<int64_t>({sms, hidden, f}) == sms);
+  // tagged words: h and act as the block read them back, each rounded up to 128 bytes (qmlp_stream.cu's staged_h, _a)
+  const int tag_bytes = barrier >= kQ4MlpTagged ? static_cast<int>(((hidden + 63) / 64 + (f + 63) / 64) * 128) : 0;
+  const Q4MlpPlan plan =
+      PlanQ4Mlp(o.k, hidden, f, shifts, qkv.n, major, sms, shared_limit, x_bytes, tag_bytes, barrier == kQ4MlpClaimed);
   if (chosen != nullptr) {
     *chosen = plan.kernel != nullptr ? std::string(plan.kernel->name) : "none: " + plan.why;
     return;
@@ -214,12 +228,13 @@ void LaunchQ4Mlp(const tvm::ffi::TensorView* x, const tvm::ffi::TensorView& res,
               Data(wgu), Data(sgu), Data(wd), Data(sd), Data(h),
               Data(act), Data(y),   static_cast<int>(o.k), static_cast<int>(hidden), static_cast<int>(f),
               o.shift,   gu.shift,  d.shift,  static_cast<float>(eps), plan.stages, plan.stage_bytes, nullptr,
-              Q4MlpBarrier(plan.blocks == sms), x_bytes, Q4MlpAhead(plan.stages),
+              barrier,   x_bytes,   Q4MlpAhead(plan.stages),
               attn != nullptr ? *attn : AttnParams{}};
   if (first != nullptr) {
     p.wqkv = Data(*first->wqkv), p.sqkv = Data(*first->sqkv), p.gin = Data(*first->gin), p.qkv = Data(*first->qkv);
     p.nqkv = static_cast<int>(qkv.n), p.shift_qkv = qkv.shift, p.eps_in = static_cast<float>(first->eps);
   }
+  p.tag_bytes = tag_bytes;
   if (trace != nullptr) {
     TVM_FFI_ICHECK(trace->dtype().code == kDLInt && trace->dtype().bits == 64 && trace->IsContiguous() &&
                    trace->numel() >= kQ4MlpTraceEvents * plan.blocks)

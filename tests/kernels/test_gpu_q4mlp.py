@@ -1,7 +1,7 @@
 """On an NVIDIA GPU of compute capability 9.0+ (`python -m pytest -m gpu`): the fused 4-bit decode MLP kernel
 (relaxtune_q4mlp_i8, kernels/qmlp_stream.cu) against the composed int8 reference of the five kernels it replaces,
-with each grid barrier (kernels/qmlp_grid.cu), its attention-fed form and the whole layer's (relaxtune_q4block_i8).
-Skipped where no GPU is (CI has none)."""
+with each grid barrier (kernels/qmlp_grid.cu) and with claimed tiles, its attention-fed form and the whole layer's
+(relaxtune_q4block_i8). Skipped where no GPU is (CI has none)."""
 
 from __future__ import annotations
 
@@ -42,11 +42,12 @@ def _q4_mlp_reference(x, res, wo, g, wgu, wd, eps):
 
 
 # the grid barriers (qmlp_host.cc, read per launch): the count barrier (the default on an SM-count grid), the other,
-# and none (h and act as words tagged with the launch, polled)
+# and none (h and act as words tagged with the launch, polled), with each step's tiles claimed by the blocks too
 SETTINGS = {
     "default": {},
     "generation": {"RELAXTUNE_Q4MLP_BARRIER": "generation"},
     "tagged": {"RELAXTUNE_Q4MLP_BARRIER": "tagged"},
+    "claimed": {"RELAXTUNE_Q4MLP_BARRIER": "claimed"},
 }
 
 
@@ -92,6 +93,43 @@ def test_q4mlp_matches_its_int8_reference(gemv_library, monkeypatch, hidden, ffn
             err = np.max(np.abs(got.float().cpu().numpy() - ref)) / max(1.0, np.max(np.abs(ref)))
             # float32 sum order against the reference: a float16 rounding apart, then carried through the norm's int8
             assert err == err and err < 1e-2, (launch, name, err)
+
+
+@pytest.mark.parametrize("hidden,ffn,group", [(4096, 11008, 32), (256, 512, 32), (4096, 14336, 128)])
+def test_every_barrier_gives_the_default_s_outputs_to_the_bit(gemv_library, monkeypatch, hidden, ffn, group):
+    """A row's sums do not depend on which block computes it (its share, or a tile it claimed), nor on how the blocks
+    meet: h, act and y of each setting (SETTINGS) equal the default's to the bit, over four launches one after the
+    other (each must find the claim counts and the tags its launch needs: the launch before's end resets them)."""
+    import tvm_ffi
+
+    from relaxtune.kernels import quant_formats as qf
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the fused MLP kernel needs compute capability 9.0+")
+    gen = torch.Generator(device="cpu").manual_seed(hidden + ffn + group)
+    ffi = tvm_ffi.from_dlpack
+
+    def weight(n, k):
+        parts = qf.quantize(qf.own_format(4, group), (torch.randn(n, k, generator=gen) / k**0.5).numpy())
+        packed = (qf.pack_q4_gpu(parts["qweight"]), parts["scale"])
+        return [ffi(torch.from_numpy(np.ascontiguousarray(v)).cuda()) for v in packed]
+
+    res, g = torch.randn(1, hidden, generator=gen).half().cuda(), (1 + 0.1 * torch.randn(hidden, generator=gen)).half()
+    weights = [ffi(res), *weight(hidden, hidden), ffi(g.cuda()), *weight(2 * ffn, hidden), *weight(hidden, ffn), 1e-5]
+    for launch in range(4):
+        x = ffi(torch.randn(1, hidden, generator=gen).half().cuda())
+        got = {}
+        for setting, env in SETTINGS.items():
+            monkeypatch.delenv("RELAXTUNE_Q4MLP_BARRIER", raising=False)
+            for name, value in env.items():
+                monkeypatch.setenv(name, value)
+            outs = [torch.full((1, n), float("nan"), device="cuda", dtype=torch.float16) for n in (hidden, ffn, hidden)]
+            gemv_library["relaxtune_q4mlp_i8"](x, *weights, *(ffi(o) for o in outs))
+            torch.cuda.synchronize()
+            got[setting] = outs
+        for setting, outs in got.items():
+            for name, out, want in zip(("h", "act", "y"), outs, got["default"]):
+                assert torch.equal(out, want), (launch, setting, name, (out.float() - want.float()).abs().max().item())
 
 
 @pytest.mark.parametrize("hidden,heads,kv_heads,ffn", [(4096, 32, 32, 11008), (2048, 32, 8, 5632), (512, 8, 2, 1024)])

@@ -251,8 +251,9 @@ def test_mlp_kernels_assemble_without_spills_stream_in_bulk_and_meet_at_release_
     SM without spills; the PTX waits for the previous kernel once, streams the four weights by bulk copies counted on
     mbarriers, multiplies with dp4a, and meets the other blocks with a release-add and acquire loads (the count
     barrier) or atomics on the generation (the other), or, with no barrier, writes h and act also as words tagged
-    with the launch and polls them with relaxed loads, no fence (kTaggedWords), and stamps the globaltimer only for a
-    trace."""
+    with the launch and polls them with relaxed loads, no fence (kTaggedWords), with claimed tiles (kClaimedTiles)
+    claiming them from the step counts, its producer waiting for the previous kernel once before its first claim, and
+    stamps the globaltimer only for a trace."""
     host = (Path(gemv_module.__file__).parent / "qmlp_host.cc").read_text()
     table = host[host.index("kQ4MlpKernels[] = {") : host.index("};", host.index("kQ4MlpKernels[] = {"))]
     assert tuple(re.findall(r'\{"(relaxtune_q4mlp_\w+)"', table)) == Q4_MLP_KERNELS
@@ -263,7 +264,7 @@ def test_mlp_kernels_assemble_without_spills_stream_in_bulk_and_meet_at_release_
     bodies = dict(re.findall(r"\.entry (relaxtune_q4mlp_\w+)\((.*?)(?=\.entry|\Z)", ptx, re.S))
     assert sorted(bodies) == sorted(Q4_MLP_KERNELS)
     for name, body in bodies.items():
-        assert ".maxntid 544, 1, 1" in body and body.count("griddepcontrol.wait") == 1, name
+        assert ".maxntid 544, 1, 1" in body and body.count("griddepcontrol.wait") == 2, name  # consumers, producer
         assert len(re.findall(r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier::complete_tx", body)) >= 2, name
         assert "mbarrier.try_wait.parity" in body and "dp4a.u32.s32" in body, name
         assert "atom.add.release.gpu.global.u64" in body and "ld.acquire.gpu.global.u64" in body, name
@@ -272,3 +273,5 @@ def test_mlp_kernels_assemble_without_spills_stream_in_bulk_and_meet_at_release_
         # four words at a time with a pause between the polls of one word
         assert body.count("st.relaxed.gpu.global.u32") >= 2 and body.count("ld.relaxed.gpu.global.u32 ") == 1, name
         assert "ld.relaxed.gpu.global.v4.u32" in body and "nanosleep.u32" in body, name
+        # claimed tiles: the steps' counts of claims
+        assert "relaxtune_q4mlp_claims" in body, name
