@@ -125,12 +125,16 @@ struct AttnParams {  // must match gemv_host.cc
   float scale;
 };
 
-// one lane's 16-byte vector `at` of src, zeros where !ok, loaded without a branch (a valid address either way);
-// through L2 (kCoherent) where the same kernel wrote src
-template <bool kCoherent>
+// how attention_rows reads q, k and v: read-only, through L2 (where the same kernel wrote them), or by generic loads
+// (where the kernel put them in shared memory)
+enum AttnLoad { kAttnReadOnly = 0, kAttnCoherent = 1, kAttnGeneric = 2 };
+
+// one lane's 16-byte vector `at` of src, zeros where !ok, loaded without a branch (a valid address either way), as
+// kLoad (an AttnLoad) says
+template <int kLoad>
 __device__ __forceinline__ uint4 load_vector(const uint4* src, size_t at, bool ok) {
   const uint4* from = src + (ok ? at : 0);
-  const uint4 v = kCoherent ? __ldcg(from) : __ldg(from);
+  const uint4 v = kLoad == kAttnCoherent ? __ldcg(from) : kLoad == kAttnGeneric ? *from : __ldg(from);
   return ok ? v : make_uint4(0, 0, 0, 0);
 }
 
@@ -152,8 +156,8 @@ __device__ __forceinline__ void rotate_part(const uint4& raw, bool rotate, const
 }
 
 // the attention of `rows` (<= M) rows into xs (rows x K), by threads [0, threads) of the block (whole warps); no
-// barrier; q, k and v through L2 (kCoherent) where the same kernel wrote them
-template <typename T, int M, bool kCoherent = false>
+// barrier; q, k and v loaded as kLoad (an AttnLoad) says
+template <typename T, int M, int kLoad = kAttnReadOnly>
 __device__ __forceinline__ void attention_rows(int rows, int k_features, const AttnParams& a, uint4* xs, int threads) {
   const int d = k_features / a.heads, lanes = d / 8, sub = threadIdx.x % lanes, per_warp = 32 / lanes;
   const int groups = threads / lanes;
@@ -172,13 +176,13 @@ __device__ __forceinline__ void attention_rows(int rows, int k_features, const A
       auto at = [&](int row, int head0, int head) {  // the lane's vector of `head` in row j
         return (static_cast<size_t>(j) * row + (head0 + head) * d) / 8 + sub;
       };
-      const uint4 kr = load_vector<kCoherent>(k, at(a.k_row, a.k_head0, kv), ok);
-      const uint4 vr = load_vector<kCoherent>(v, at(a.v_row, a.v_head0, kv), ok);
-      const uint4 qr = load_vector<kCoherent>(q, at(a.q_row, a.q_head0, h), ok);
+      const uint4 kr = load_vector<kLoad>(k, at(a.k_row, a.k_head0, kv), ok);
+      const uint4 vr = load_vector<kLoad>(v, at(a.v_row, a.v_head0, kv), ok);
+      const uint4 qr = load_vector<kLoad>(q, at(a.q_row, a.q_head0, h), ok);
       uint4 c = make_uint4(0, 0, 0, 0), sn = c;  // the row's table vectors, where a.rope > 0
       if (a.rope >= 1) {
-        c = load_vector<false>(cos, static_cast<size_t>(j) * lanes + sub, ok);
-        sn = load_vector<false>(sin, static_cast<size_t>(j) * lanes + sub, ok);
+        c = load_vector<kAttnReadOnly>(cos, static_cast<size_t>(j) * lanes + sub, ok);
+        sn = load_vector<kAttnReadOnly>(sin, static_cast<size_t>(j) * lanes + sub, ok);
       }
       rotate_part<T>(kr, a.rope == 2, c, sn, lanes / 2, first_half, keys[j]);
       rotate_part<T>(vr, false, c, sn, lanes / 2, first_half, values[j]);

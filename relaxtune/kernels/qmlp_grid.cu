@@ -5,9 +5,10 @@
 __device__ unsigned int relaxtune_q4mlp_barrier[2];  // arrivals, generation (zero at module load)
 __device__ unsigned long long relaxtune_q4mlp_arrivals;  // kCountBarrier: every arrival ever (zero at module load)
 enum { kGenerationBarrier = 0, kCountBarrier = 1, kTaggedWords = 2, kClaimedTiles = 3 };
-// kTaggedWords: h and act as 32-bit words (the value's fp16 bits, this launch's tag above them), H then F of them
-// (the kernels' largest: H <= 4096 * 3, F <= 4096 * 4), and the blocks done in this launch and the launches so far
-constexpr int kQ4MlpTaggedWords = 4096 * 3 + 4096 * 4;
+// kTaggedWords: h, act and q | k | v as 32-bit words (the value's fp16 bits, this launch's tag above them), H, F and
+// nqkv of them (the kernels' largest: H <= 4096 * 3, F <= 4096 * 4, nqkv <= 3 H), and the blocks done in this launch
+// and the launches so far
+constexpr int kQ4MlpTaggedWords = 4 * 4096 * 3 + 4096 * 4;
 __device__ unsigned int relaxtune_q4mlp_tagged[kQ4MlpTaggedWords];
 __device__ unsigned int relaxtune_q4mlp_launches[2];
 // kClaimedTiles: tagged words, and the tiles of each step (q/k/v, o_proj, gate / up, down) claimed from a count of

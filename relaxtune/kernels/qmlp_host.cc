@@ -99,9 +99,9 @@ int64_t Q4MlpSlotBytes(int64_t k, int shift, int groups, int rows_per_group) {
 }
 
 // shifts: o, gate / up, down and q / k / v's groups; nqkv: the q/k/v step's rows (0: none); x_bytes, tag_bytes:
-// the shared memory of the attention's x and of the tagged words read back; claimed: the tiles are (kClaimedTiles)
+// the shared memory of the attention's x and of the tagged words read back; barrier: Q4MlpBarrier's
 Q4MlpPlan PlanQ4Mlp(int64_t a, int64_t hidden, int64_t f, const int (&shifts)[4], int64_t nqkv, int major, int sms,
-                    int shared, int x_bytes, int tag_bytes, bool claimed) {
+                    int shared, int x_bytes, int tag_bytes, int barrier) {
   Q4MlpPlan plan;
   const int64_t ks[4] = {a, hidden, f, hidden};
   for (int i = 0; i < (nqkv > 0 ? 4 : 3); ++i) {
@@ -126,6 +126,13 @@ Q4MlpPlan PlanQ4Mlp(int64_t a, int64_t hidden, int64_t f, const int (&shifts)[4]
     plan.why = "A, H <= " + std::to_string(4096 * 3) + " and F <= " + std::to_string(4096 * 4) + " only";
     return plan;
   }
+  if (barrier >= kQ4MlpTagged && nqkv > 3 * 4096 * plan.kernel->pieces_h) {  // the tagged words' and their poll's
+    plan.why = "q/k/v's " + std::to_string(nqkv) + " rows are over " +
+               std::to_string(3 * 4096 * plan.kernel->pieces_h) + " (" + plan.kernel->name + " with tagged words)";
+    plan.kernel = nullptr;
+    return plan;
+  }
+  const bool claimed = barrier == kQ4MlpClaimed;
   plan.blocks = static_cast<int>(std::min<int64_t>({sms, hidden, f}));
   const int64_t rows = (hidden + plan.blocks - 1) / plan.blocks, frows = (f + plan.blocks - 1) / plan.blocks;
   const int64_t qrows = (nqkv + plan.blocks - 1) / plan.blocks;
@@ -212,10 +219,12 @@ void LaunchQ4Mlp(const tvm::ffi::TensorView* x, const tvm::ffi::TensorView& res,
   const int shared_limit = Attribute(drv, dev.device_id, kMaxSharedOptIn);
   const int x_bytes = attn != nullptr ? static_cast<int>((o.k * 2 + 127) / 128 * 128) : 0;
   const int barrier = Q4MlpBarrier(std::min<int64_t>({sms, hidden, f}) == sms);
-  // tagged words: h and act as the block read them back, each rounded up to 128 bytes (qmlp_stream.cu's staged_h, _a)
-  const int tag_bytes = barrier >= kQ4MlpTagged ? static_cast<int>(((hidden + 63) / 64 + (f + 63) / 64) * 128) : 0;
+  // tagged words: h, and act or q | k | v, as the block read them back, each rounded up to 128 bytes (qmlp_stream.cu's
+  // staged_h, staged_a)
+  const int64_t staged = (hidden + 63) / 64 + (std::max(f, qkv.n) + 63) / 64;
+  const int tag_bytes = barrier >= kQ4MlpTagged ? static_cast<int>(staged * 128) : 0;
   const Q4MlpPlan plan =
-      PlanQ4Mlp(o.k, hidden, f, shifts, qkv.n, major, sms, shared_limit, x_bytes, tag_bytes, barrier == kQ4MlpClaimed);
+      PlanQ4Mlp(o.k, hidden, f, shifts, qkv.n, major, sms, shared_limit, x_bytes, tag_bytes, barrier);
   if (chosen != nullptr) {
     *chosen = plan.kernel != nullptr ? std::string(plan.kernel->name) : "none: " + plan.why;
     return;

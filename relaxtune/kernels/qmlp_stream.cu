@@ -30,8 +30,8 @@
 // Where nqkv > 0, q, k and v are no input either (the whole decoder layer, relaxtune_q4block_i8): a first step,
 // before o_proj, computes qkv = rms_norm(x, gin, eps_in) @ Wqkv^T (the row's merged q | k | v, which `attn` points
 // into) as the o_proj step computes h: the block's share of the rows (segment 0 of the ring, Wqkv's rows streamed
-// ahead of Wo's), written out, then a grid barrier (the generation barrier where the others are tagged words) before
-// every block reads them for the attention.
+// ahead of Wo's), written out, then the grid barrier before every block reads them for the attention (with tagged
+// words: written as tagged words too, polled into shared memory, and the attention reads them there).
 
 struct Q4MlpParams {  // must match qmlp_host.cc
   const void* x;          // (A) fp16: the o_proj input
@@ -51,7 +51,7 @@ struct Q4MlpParams {  // must match qmlp_host.cc
   int barrier;                // kGenerationBarrier / kCountBarrier (q4mlp_grid_barrier) / kTaggedWords
   int x_bytes;                // > 0: x is the attention of one row (attn), computed into that much shared memory
   int ahead;                  // slots of a step the producer copies before the consumers pass its grid barrier
-  AttnParams attn;            // gemv_prologue.cu's: q, k, v, the tables, the heads (x null)
+  AttnParams attn;            // gemv_prologue.cu's: q, k, v (each qkv where nqkv > 0), the tables, the heads (x null)
   const void *wqkv, *sqkv;    // nqkv > 0: (nqkv, H / 8), (nqkv, H / group): the merged q | k | v projection
   const void* gin;            // (H) fp16: its norm's weight (x, then, is that norm's input, H values)
   void* qkv;                  // (nqkv) fp16: rms_norm(x, gin, eps_in) @ Wqkv^T, where attn's q, k and v point
@@ -138,12 +138,14 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int kConsumers = GR * kQ4PieceThreads, kWarps = kQ4PieceThreads / 32;
   constexpr int kQuads = (4096 * (PH > PF ? PH : PF) / 4 + kConsumers - 1) / kConsumers;  // tagged uint4s a thread
+  constexpr int kQkvQuads = (3 * 4096 * PH / 4 + kConsumers - 1) / kConsumers;  // those of q | k | v (<= 3 H)
   constexpr int kTileSums = 4 * GR * (RH > RF ? RH : RF) * kWarps;  // kClaimedTiles: two tiles' of two segments
   extern __shared__ __align__(128) unsigned char smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem);
   uint64_t* empty = full + kQ4StreamMaxStages;
   uint4* xs = reinterpret_cast<uint4*>(smem + kQ4BarrierBytes);  // x_bytes: the attention's x, where asked
-  // tag_bytes, with tagged words: h, then act, as the block read them back (each rounded up to 128 bytes)
+  // tag_bytes, with tagged words: h, then act (or before it q | k | v), as the block read them back (each rounded up
+  // to 128 bytes)
   __half* staged_h = reinterpret_cast<__half*>(smem + kQ4BarrierBytes + p.x_bytes);
   __half* staged_a = staged_h + (p.hidden + 63) / 64 * 64;
   unsigned char* ring = smem + kQ4BarrierBytes + p.x_bytes + p.tag_bytes;
@@ -225,10 +227,17 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
     float scale[PH];
     q4mlp_rms_quantize<PH>(xv, gv, p.hidden, p.eps_in, scratch, xq, corr, scale);
     __half* qkv = static_cast<__half*>(p.qkv);
-    q4mlp_step<GR, RH, PH, 1>(
-        p, seg, q0, s, ring, full, empty, p.hidden, xq, corr, scale, part, 16,
-        [&](int row, const float* sums, int i, int) { qkv[row] = __float2half_rn(q4mlp_row_sum(sums, i, 0.0f)); });
-    q4mlp_grid_barrier(kConsumers, tagged ? kGenerationBarrier : p.barrier);
+    q4mlp_step<GR, RH, PH, 1>(p, seg, q0, s, ring, full, empty, p.hidden, xq, corr, scale, part, 16,
+                              [&](int row, const float* sums, int i, int) {
+                                const __half v = __float2half_rn(q4mlp_row_sum(sums, i, 0.0f));
+                                qkv[row] = v;
+                                if (tagged) q4mlp_put_tagged(p.hidden + p.f + row, v, tag);
+                              });
+    if (tagged) {  // every block's q | k | v, polled into shared memory (where act will be) for the attention
+      q4mlp_stage_tagged<kQkvQuads>(p.hidden + p.f, p.nqkv, tag, kConsumers, reinterpret_cast<uint2*>(staged_a));
+    } else {
+      q4mlp_grid_barrier(kConsumers, p.barrier);
+    }
     if (threadIdx.x == 0) {
       *passed = 1;
       q4mlp_stamp(p, 15);
@@ -238,8 +247,14 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
     uint32_t xq[PH][4];
     int corr[PH];
     float scale[PH];
-    if (p.x_bytes > 0) {  // x = the attention of the one row (gemv_prologue.cu), into shared memory; q, k and v
-      attention_rows<__half, 1, true>(1, p.a, p.attn, xs, kConsumers);  // through L2 (the q/k/v step's)
+    if (p.x_bytes > 0 && p.nqkv > 0 && tagged) {  // x = the attention of the one row (gemv_prologue.cu), into
+      AttnParams a = p.attn;  // shared memory; q, k and v (all three qkv, the host's) where the meeting put them
+      a.q = a.k = a.v = staged_a;
+      attention_rows<__half, 1, kAttnGeneric>(1, p.a, a, xs, kConsumers);
+      asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
+      if (stamps) q4mlp_stamp(p, 17);
+    } else if (p.x_bytes > 0) {  // the same, q, k and v through L2 (the q/k/v step's outputs, or the inputs)
+      attention_rows<__half, 1, kAttnCoherent>(1, p.a, p.attn, xs, kConsumers);
       asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
       if (stamps) q4mlp_stamp(p, 17);
     }
