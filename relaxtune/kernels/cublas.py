@@ -28,13 +28,10 @@ e.g. by torch). `object_file()` compiles this source with the host C++ compiler 
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import logging
-import os
-import subprocess
-from collections.abc import Callable
 from pathlib import Path
+
+from . import kernel_cache
 
 logger = logging.getLogger(__name__)
 
@@ -48,52 +45,11 @@ SOURCE = Path(__file__).with_name("cublas_host.cc").read_text()  # the host code
 
 
 def object_file(cache_dir: Path | None = None) -> Path:
-    """The compiled object (cached by the hash of the source and the tvm-ffi headers' location)."""
-    import tvm_ffi.libinfo
-
-    include = tvm_ffi.libinfo.find_include_path()
-    digest = hashlib.sha1((SOURCE + include).encode()).hexdigest()[:12]
-    folder = Path(cache_dir or os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "relaxtune"
+    """The compiled object (kernel_cache: keyed by the source, the host compiler and the tvm-ffi headers)."""
+    digest = kernel_cache.entry_digest(SOURCE, kernel_cache.toolchain(kernel_cache.host_compiler()))
+    folder = kernel_cache.cache_root(cache_dir)
     obj = folder / f"cublas_gemm_{digest}.o"
-    return build_once(
-        obj, lambda: compile_host_object(SOURCE, folder / f"cublas_gemm_{digest}.cc", obj, "the cuBLAS kernel")
+    return kernel_cache.build_once(
+        obj,
+        lambda: kernel_cache.compile_host_object(SOURCE, folder / f"cublas_gemm_{digest}.cc", obj, "the cuBLAS kernel"),
     )
-
-
-def build_once(obj: Path, build: Callable[[], Path]) -> Path:
-    """`obj` if it exists, else what `build()` returns, run under an exclusive lock on `<obj>.lock`:
-    processes building the same cache entry at once (pytest workers, two jobs) build it once, and
-    none reads or renames another's half-written files."""
-    if obj.exists():
-        return obj
-    obj.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{obj}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        return obj if obj.exists() else build()
-
-
-def compile_host_object(source: str, src: Path, obj: Path, what: str) -> Path:
-    """Compile C++ `source` (written to `src`) against the tvm-ffi headers into `obj` with the host
-    compiler ($CXX, else g++); written to a temporary name and renamed, so a reader never sees half a file."""
-    import tvm_ffi.libinfo
-
-    src.write_text(source)
-    tmp = f"{obj}.{os.getpid()}.tmp"
-    includes = {tvm_ffi.libinfo.find_include_path(), tvm_ffi.libinfo.find_dlpack_include_path()}
-    cmd = [
-        os.environ.get("CXX", "g++"),
-        "-std=c++17",
-        "-O2",
-        "-fPIC",
-        *(f"-I{p}" for p in includes),
-        "-c",
-        str(src),
-        "-o",
-        tmp,
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"compiling {what} failed ({' '.join(cmd)}):\n{done.stderr[-3000:]}")
-    os.replace(tmp, obj)
-    logger.info("compiled %s", obj)
-    return obj

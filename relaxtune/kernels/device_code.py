@@ -19,7 +19,6 @@ data string (u64 length + bytes) — the data comes last, so the table is kept b
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -103,19 +102,13 @@ def embedded_fatbin_object(
 ) -> Path:
     """The host object of one of relaxtune's CUDA externs (flash attention, GEMV): `host_source` with
     the fatbin `make_fatbin(arch, folder)` writes embedded as the hidden symbol
-    `relaxtune_<name>_fatbin`. Cached as <cache>/relaxtune/<name>_<arch>_<digest>/<stem>.o, the
-    digest taken over both sources, the arch and the tvm_ffi headers it compiles against."""
-    import tvm_ffi.libinfo
+    `relaxtune_<name>_fatbin`. Cached as <cache>/relaxtune/<name>_<arch>_<digest>/<stem>.o (kernel_cache: the
+    digest taken over both sources, the arch, nvcc's and the host compiler's versions and the tvm-ffi headers)."""
+    from . import kernel_cache
 
-    from .cublas import build_once, compile_host_object
-
-    include = tvm_ffi.libinfo.find_include_path()
-    digest = hashlib.sha1((kernel_source + host_source + arch + include).encode()).hexdigest()[:12]
-    folder = (
-        Path(cache_dir or os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-        / "relaxtune"
-        / f"{name}_{arch}_{digest}"
-    )
+    tools = kernel_cache.toolchain(find_nvcc(), kernel_cache.host_compiler())
+    digest = kernel_cache.entry_digest(kernel_source, host_source, arch, tools)
+    folder = kernel_cache.cache_root(cache_dir) / f"{name}_{arch}_{digest}"
     obj = folder / f"{stem}.o"
 
     def build() -> Path:
@@ -125,11 +118,11 @@ def embedded_fatbin_object(
             f'asm(".section .rodata\\n.balign 16\\n.globl {symbol}\\n.hidden {symbol}\\n'
             f'{symbol}:\\n.incbin \\"{fatbin}\\"\\n.byte 0\\n.previous\\n");\n'
         )
-        return compile_host_object(
+        return kernel_cache.compile_host_object(
             host_source + embed, folder / f"{stem}_host.cc", obj, f"{what} (fatbin {fatbin.stat().st_size} bytes)"
         )
 
-    return build_once(obj, build)
+    return kernel_cache.build_once(obj, build)
 
 
 INF_PRELUDE = "#define inff (__int_as_float(0x7f800000))  // what TVM's `inff` means: a float infinity\n"
