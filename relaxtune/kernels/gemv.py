@@ -150,7 +150,9 @@ KERNEL_SOURCE = "\n".join(
 
 HOST_SOURCE = extern_host_source(
     "relaxtune gemv",
-    "\n".join((_HERE / name).read_text() for name in ("gemv_host.cc", "qgemv_host.cc", "qmlp_host.cc")),
+    "\n".join(
+        (_HERE / name).read_text() for name in ("gemv_host.cc", "qgemv_host.cc", "qmlp_host.cc", "qblock_host.cc")
+    ),
 )
 
 NVCC_FLAGS = ("-O3", "-std=c++17")

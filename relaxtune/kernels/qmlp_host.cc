@@ -5,7 +5,8 @@
 // relaxtune_q4mlp_i8(x, res, wo, so, g, wgu, sgu, wd, sd, eps, h, act, y): one row, fp16, int8 activations;
 // relaxtune_q4mlp_attn_i8(q, k, v, cos, sin, heads, causal, scale, rope, res, ...) computes x, the attention of the
 // row, in every block; relaxtune_q4block_i8(x, gin, wqkv, sqkv, eps_in, cos, sin, heads, causal, scale, rope, res, ...,
-// qkv, h, act, y) computes q, k and v too (qkv = rms_norm(x, gin, eps_in) @ Wqkv^T, the whole decoder layer);
+// qkv, h, act, y) computes q, k and v too (qkv = rms_norm(x, gin, eps_in) @ Wqkv^T, the whole decoder layer;
+// qblock_host.cc);
 // relaxtune_q4mlp_i8_kernel(...) names the kernel it would launch, or says why none applies (for tests);
 // relaxtune_q4mlp_i8_trace(..., trace) launches it with a globaltimer stamp per block and event in trace (int64,
 // blocks x 20: benchmarks/q4mlp_trace.py). For measurements, read per launch: RELAXTUNE_Q4MLP=NAME picks the kernel,
@@ -302,44 +303,6 @@ void Q4MlpAttnI8(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::Tenso
                                       res.dtype(), &rows);
   LaunchQ4Mlp(nullptr, res, wo, so, g, wgu, sgu, wd, sd, eps, h, act, y, nullptr, nullptr, &a);
 }
-// the whole decoder layer's step: q, k and v too, from x (Q4MlpFirst), into qkv (1, 1, heads, D), which the
-// attention reads as q, k and v (heads: their first heads; FuseQuantBlockCuda)
-// (relaxtune_q4block_i8_trace: with the stamps of LaunchQ4Mlp's `trace`, benchmarks/q4block_trace.py)
-void LaunchQ4Block(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& gin, const tvm::ffi::TensorView& wqkv,
-                   const tvm::ffi::TensorView& sqkv, double eps_in, const tvm::ffi::TensorView& cos,
-                   const tvm::ffi::TensorView& sin, const tvm::ffi::Shape& heads, int64_t causal, double scale,
-                   int64_t rope, const tvm::ffi::TensorView& res, const tvm::ffi::TensorView& wo,
-                   const tvm::ffi::TensorView& so, const tvm::ffi::TensorView& g, const tvm::ffi::TensorView& wgu,
-                   const tvm::ffi::TensorView& sgu, const tvm::ffi::TensorView& wd, const tvm::ffi::TensorView& sd,
-                   double eps, const tvm::ffi::TensorView& qkv, const tvm::ffi::TensorView& h,
-                   const tvm::ffi::TensorView& act, const tvm::ffi::TensorView& y,
-                   const tvm::ffi::TensorView* trace = nullptr) {
-  TVM_FFI_ICHECK(wo.ndim() == 2) << "q4block: the o_proj weight must be (H, A / 8)";
-  int64_t rows = 0;
-  const AttnParams a = CheckAttention("q4block", qkv, qkv, qkv, cos, sin, heads, causal, scale, rope, wo.size(1) * 8,
-                                      1, res.dtype(), &rows);
-  const Q4MlpFirst first{&x, &gin, &wqkv, &sqkv, &qkv, eps_in};
-  LaunchQ4Mlp(nullptr, res, wo, so, g, wgu, sgu, wd, sd, eps, h, act, y, nullptr, trace, &a, &first);
-}
-void Q4BlockI8(tvm::ffi::TensorView x, tvm::ffi::TensorView gin, tvm::ffi::TensorView wqkv, tvm::ffi::TensorView sqkv,
-               double eps_in, tvm::ffi::TensorView cos, tvm::ffi::TensorView sin, tvm::ffi::Shape heads, int64_t causal,
-               double scale, int64_t rope, tvm::ffi::TensorView res, tvm::ffi::TensorView wo, tvm::ffi::TensorView so,
-               tvm::ffi::TensorView g, tvm::ffi::TensorView wgu, tvm::ffi::TensorView sgu, tvm::ffi::TensorView wd,
-               tvm::ffi::TensorView sd, double eps, tvm::ffi::TensorView qkv, tvm::ffi::TensorView h,
-               tvm::ffi::TensorView act, tvm::ffi::TensorView y) {
-  LaunchQ4Block(x, gin, wqkv, sqkv, eps_in, cos, sin, heads, causal, scale, rope, res, wo, so, g, wgu, sgu, wd, sd, eps,
-                qkv, h, act, y);
-}
-void Q4BlockI8Trace(tvm::ffi::TensorView x, tvm::ffi::TensorView gin, tvm::ffi::TensorView wqkv,
-                    tvm::ffi::TensorView sqkv, double eps_in, tvm::ffi::TensorView cos, tvm::ffi::TensorView sin,
-                    tvm::ffi::Shape heads, int64_t causal, double scale, int64_t rope, tvm::ffi::TensorView res,
-                    tvm::ffi::TensorView wo, tvm::ffi::TensorView so, tvm::ffi::TensorView g,
-                    tvm::ffi::TensorView wgu, tvm::ffi::TensorView sgu, tvm::ffi::TensorView wd,
-                    tvm::ffi::TensorView sd, double eps, tvm::ffi::TensorView qkv, tvm::ffi::TensorView h,
-                    tvm::ffi::TensorView act, tvm::ffi::TensorView y, tvm::ffi::TensorView trace) {
-  LaunchQ4Block(x, gin, wqkv, sqkv, eps_in, cos, sin, heads, causal, scale, rope, res, wo, so, g, wgu, sgu, wd, sd, eps,
-                qkv, h, act, y, &trace);
-}
 // the launch attributes the kernel's launches take in this process with the variables as they are now (after one
 // launch: for measurements)
 std::string Q4MlpI8Launch() {
@@ -350,8 +313,6 @@ std::string Q4MlpI8Launch() {
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4mlp_i8, Q4MlpI8);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4mlp_attn_i8, Q4MlpAttnI8);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4block_i8, Q4BlockI8);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4block_i8_trace, Q4BlockI8Trace);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4mlp_i8_launch, Q4MlpI8Launch);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4mlp_i8_trace, Q4MlpI8Trace);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relaxtune_q4mlp_i8_kernel, Q4MlpI8Kernel);
