@@ -91,6 +91,7 @@ std::string Q4MlpForced() {
 struct Q4MlpPlan {
   const Q4MlpKernel* kernel = nullptr;
   int blocks = 0, stages = 0, stage_bytes = 0, shared_bytes = 0;
+  int barrier = 0, tag_bytes = 0;  // Q4MlpBarrier's for the grid; the tagged words' shared memory (0 without them)
   std::string why;  // why none applies, when kernel is null
 };
 
@@ -99,10 +100,10 @@ int64_t Q4MlpSlotBytes(int64_t k, int shift, int groups, int rows_per_group) {
   return groups * rows_per_group * (k / 2 + 2 * (k >> (5 + shift)));
 }
 
-// shifts: o, gate / up, down and q / k / v's groups; nqkv: the q/k/v step's rows (0: none); x_bytes, tag_bytes:
-// the shared memory of the attention's x and of the tagged words read back; barrier: Q4MlpBarrier's
+// shifts: o, gate / up, down and q / k / v's groups; nqkv: the q/k/v step's rows (0: none); x_bytes: the shared
+// memory of the attention's x
 Q4MlpPlan PlanQ4Mlp(int64_t a, int64_t hidden, int64_t f, const int (&shifts)[4], int64_t nqkv, int major, int sms,
-                    int shared, int x_bytes, int tag_bytes, int barrier) {
+                    int shared, int x_bytes) {
   Q4MlpPlan plan;
   const int64_t ks[4] = {a, hidden, f, hidden};
   for (int i = 0; i < (nqkv > 0 ? 4 : 3); ++i) {
@@ -127,14 +128,19 @@ Q4MlpPlan PlanQ4Mlp(int64_t a, int64_t hidden, int64_t f, const int (&shifts)[4]
     plan.why = "A, H <= " + std::to_string(4096 * 3) + " and F <= " + std::to_string(4096 * 4) + " only";
     return plan;
   }
-  if (barrier >= kQ4MlpTagged && nqkv > 3 * 4096 * plan.kernel->pieces_h) {  // the tagged words' and their poll's
+  plan.blocks = static_cast<int>(std::min<int64_t>({sms, hidden, f}));
+  plan.barrier = Q4MlpBarrier(plan.blocks == sms);
+  if (plan.barrier >= kQ4MlpTagged && nqkv > 3 * 4096 * plan.kernel->pieces_h) {  // the tagged words' and their poll's
     plan.why = "q/k/v's " + std::to_string(nqkv) + " rows are over " +
                std::to_string(3 * 4096 * plan.kernel->pieces_h) + " (" + plan.kernel->name + " with tagged words)";
     plan.kernel = nullptr;
     return plan;
   }
-  const bool claimed = barrier == kQ4MlpClaimed;
-  plan.blocks = static_cast<int>(std::min<int64_t>({sms, hidden, f}));
+  // tagged words: h, and act or q | k | v, as the block read them back, each rounded up to 128 bytes (qmlp_stream.cu's
+  // staged_h, staged_a)
+  const int64_t staged = (hidden + 63) / 64 + (std::max(f, nqkv) + 63) / 64;
+  const int tag_bytes = plan.barrier >= kQ4MlpTagged ? static_cast<int>(staged * 128) : 0;
+  const bool claimed = plan.barrier == kQ4MlpClaimed;
   const int64_t rows = (hidden + plan.blocks - 1) / plan.blocks, frows = (f + plan.blocks - 1) / plan.blocks;
   const int64_t qrows = (nqkv + plan.blocks - 1) / plan.blocks;
   const int gr = plan.kernel->groups;
@@ -155,7 +161,7 @@ Q4MlpPlan PlanQ4Mlp(int64_t a, int64_t hidden, int64_t f, const int (&shifts)[4]
     plan.why = "two ring slots of " + std::to_string(slot) + " bytes do not fit in shared memory";
     return plan;
   }
-  plan.stages = static_cast<int>(stages), plan.stage_bytes = static_cast<int>(slot);
+  plan.stages = static_cast<int>(stages), plan.stage_bytes = static_cast<int>(slot), plan.tag_bytes = tag_bytes;
   plan.shared_bytes = static_cast<int>(kQ4BarrierBytes + x_bytes + tag_bytes + stages * slot + part);
   return plan;
 }
@@ -219,13 +225,7 @@ void LaunchQ4Mlp(const tvm::ffi::TensorView* x, const tvm::ffi::TensorView& res,
   const int shifts[4] = {o.shift, gu.shift, d.shift, qkv.shift};
   const int shared_limit = Attribute(drv, dev.device_id, kMaxSharedOptIn);
   const int x_bytes = attn != nullptr ? static_cast<int>((o.k * 2 + 127) / 128 * 128) : 0;
-  const int barrier = Q4MlpBarrier(std::min<int64_t>({sms, hidden, f}) == sms);
-  // tagged words: h, and act or q | k | v, as the block read them back, each rounded up to 128 bytes (qmlp_stream.cu's
-  // staged_h, staged_a)
-  const int64_t staged = (hidden + 63) / 64 + (std::max(f, qkv.n) + 63) / 64;
-  const int tag_bytes = barrier >= kQ4MlpTagged ? static_cast<int>(staged * 128) : 0;
-  const Q4MlpPlan plan =
-      PlanQ4Mlp(o.k, hidden, f, shifts, qkv.n, major, sms, shared_limit, x_bytes, tag_bytes, barrier);
+  const Q4MlpPlan plan = PlanQ4Mlp(o.k, hidden, f, shifts, qkv.n, major, sms, shared_limit, x_bytes);
   if (chosen != nullptr) {
     *chosen = plan.kernel != nullptr ? std::string(plan.kernel->name) : "none: " + plan.why;
     return;
@@ -238,13 +238,13 @@ void LaunchQ4Mlp(const tvm::ffi::TensorView* x, const tvm::ffi::TensorView& res,
               Data(wgu), Data(sgu), Data(wd), Data(sd), Data(h),
               Data(act), Data(y),   static_cast<int>(o.k), static_cast<int>(hidden), static_cast<int>(f),
               o.shift,   gu.shift,  d.shift,  static_cast<float>(eps), plan.stages, plan.stage_bytes, nullptr,
-              barrier,   x_bytes,   Q4MlpAhead(plan.stages),
+              plan.barrier, x_bytes, Q4MlpAhead(plan.stages),
               attn != nullptr ? *attn : AttnParams{}};
   if (first != nullptr) {
     p.wqkv = Data(*first->wqkv), p.sqkv = Data(*first->sqkv), p.gin = Data(*first->gin), p.qkv = Data(*first->qkv);
     p.nqkv = static_cast<int>(qkv.n), p.shift_qkv = qkv.shift, p.eps_in = static_cast<float>(first->eps);
   }
-  p.tag_bytes = tag_bytes;
+  p.tag_bytes = plan.tag_bytes;
   if (trace != nullptr) {
     TVM_FFI_ICHECK(trace->dtype().code == kDLInt && trace->dtype().bits == 64 && trace->IsContiguous() &&
                    trace->numel() >= kQ4MlpTraceEvents * plan.blocks)

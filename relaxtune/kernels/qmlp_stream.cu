@@ -247,14 +247,14 @@ __device__ __forceinline__ void q4mlp_body(const Q4MlpParams& p) {
     uint32_t xq[PH][4];
     int corr[PH];
     float scale[PH];
-    if (p.x_bytes > 0 && p.nqkv > 0 && tagged) {  // x = the attention of the one row (gemv_prologue.cu), into
-      AttnParams a = p.attn;  // shared memory; q, k and v (all three qkv, the host's) where the meeting put them
-      a.q = a.k = a.v = staged_a;
-      attention_rows<__half, 1, kAttnGeneric>(1, p.a, a, xs, kConsumers);
-      asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
-      if (stamps) q4mlp_stamp(p, 17);
-    } else if (p.x_bytes > 0) {  // the same, q, k and v through L2 (the q/k/v step's outputs, or the inputs)
-      attention_rows<__half, 1, kAttnCoherent>(1, p.a, p.attn, xs, kConsumers);
+    if (p.x_bytes > 0) {  // x = the attention of the one row (gemv_prologue.cu), into shared memory
+      if (p.nqkv > 0 && tagged) {  // q, k and v (all three qkv, the host's) where the meeting put them
+        AttnParams a = p.attn;
+        a.q = a.k = a.v = staged_a;
+        attention_rows<__half, 1, kAttnGeneric>(1, p.a, a, xs, kConsumers);
+      } else {  // q, k and v through L2 (the q/k/v step's outputs, or the inputs)
+        attention_rows<__half, 1, kAttnCoherent>(1, p.a, p.attn, xs, kConsumers);
+      }
       asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
       if (stamps) q4mlp_stamp(p, 17);
     }
